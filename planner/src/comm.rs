@@ -1,0 +1,223 @@
+//! Collective communication: where a group's ranks sit, and how long a collective
+//! takes on them.
+//!
+//! Placement follows the rank order (Megatron's default `tp-cp-ep-dp-pp`: TP ranks
+//! are consecutive, then CP, then DP, then PP). A group with stride `s` and `n`
+//! members puts `domain / s` of them in each NVLink domain when `s < domain`, one
+//! per domain otherwise.
+//!
+//! Time is a latency-bandwidth model using nccl-tests' bus-bandwidth convention
+//! (NCCL `doc/PERFORMANCE.md`): an all-reduce of `S` bytes on `n` ranks moves
+//! `2(n-1)/n * S` per rank, all-gather and reduce-scatter `(n-1)/n * S` (S the full
+//! gathered size), all-to-all `(n-1)/n * S` (S what a rank sends in total).
+//! Across domains, the `k` members a domain contributes each drive their own NIC,
+//! so the group gets `k` NICs per domain. NCCL picks between a flat ring and a
+//! hierarchical (tree / NVLS-tree) all-reduce; we take the faster of the two.
+
+use serde::{Deserialize, Serialize};
+
+use crate::hardware::HardwareProfile;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    SendRecv,
+}
+
+/// Where a communication group's members sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Members of the group.
+    pub size: u64,
+    /// Members inside one NVLink domain.
+    pub per_domain: u64,
+    /// NVLink domains the group spans.
+    pub domains: u64,
+}
+
+/// Which link limits a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// All members in one NVLink domain.
+    Nvlink,
+    /// Members in several domains: the network is on the path.
+    Network,
+    /// Group of one: no communication.
+    Local,
+}
+
+impl Placement {
+    /// Places a group of `size` ranks spaced `stride` apart on domains of `domain` GPUs.
+    pub fn new(size: u64, stride: u64, domain: u64) -> Placement {
+        let size = size.max(1);
+        let stride = stride.max(1);
+        let per_domain = if size == 1 {
+            1
+        } else if stride >= domain {
+            1
+        } else {
+            (domain / stride).clamp(1, size)
+        };
+        Placement { size, per_domain, domains: size.div_ceil(per_domain) }
+    }
+
+    pub fn tier(&self) -> Tier {
+        if self.size <= 1 {
+            Tier::Local
+        } else if self.domains == 1 {
+            Tier::Nvlink
+        } else {
+            Tier::Network
+        }
+    }
+}
+
+/// Steps of latency for a phase over `n` ranks: a ring needs n-1, NCCL's tree and
+/// PAT algorithms about 2 log2(n); NCCL uses the latter when latency dominates.
+fn latency_steps(n: u64) -> f64 {
+    let ring = (n - 1) as f64;
+    let log = 2.0 * (n as f64).log2().ceil();
+    ring.min(log.max(1.0))
+}
+
+/// Seconds for one collective of `bytes` on a group placed as `p`.
+pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Placement) -> f64 {
+    if p.size <= 1 || bytes <= 0.0 {
+        return 0.0;
+    }
+    let e = &hw.efficiency;
+    let n = p.size as f64;
+    let k = p.per_domain as f64;
+    let d = p.domains as f64;
+    let nvl_ring = hw.node.nvlink_gbytes_per_s * 1e9 * e.nvlink_busbw;
+    let nvl_alpha = e.nvlink_latency_us * 1e-6;
+    let net_alpha = hw.network.latency_us * 1e-6;
+    // Bandwidth the group gets across the network: one NIC per member in a domain.
+    let net = hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw * k;
+    let nvls = if hw.node.nvls { Some(hw.node.nvlink_gbytes_per_s * 1e9 * e.nvls_busbw) } else { None };
+
+    match c {
+        Collective::SendRecv => {
+            if p.domains > 1 {
+                bytes / (hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw) + net_alpha
+            } else {
+                bytes / (hw.node.nvlink_gbytes_per_s * 1e9 * e.nvlink_busbw) + nvl_alpha
+            }
+        }
+        Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter => {
+            let phases = if c == Collective::AllReduce { 2.0 } else { 1.0 };
+            let factor = phases * (n - 1.0) / n;
+            if p.domains == 1 {
+                let bw = match (c, nvls) {
+                    (Collective::AllReduce, Some(b)) => b,
+                    _ => nvl_ring,
+                };
+                return factor * bytes / bw + phases * latency_steps(p.size) * nvl_alpha;
+            }
+            // Flat ring over all n ranks: every NIC carries factor * S / k.
+            let ring = factor * bytes / net + phases * latency_steps(p.size) * net_alpha;
+            // Hierarchical (NCCL tree / NVLS-tree): reduce-scatter inside the domain,
+            // collective across domains on S/k per member, all-gather inside the
+            // domain; NCCL pipelines the phases, so the slower one sets the time.
+            let intra = if p.per_domain > 1 { phases * (k - 1.0) / k * bytes / nvl_ring + phases * latency_steps(p.per_domain) * nvl_alpha } else { 0.0 };
+            let inter = phases * (d - 1.0) / d * bytes / net + phases * latency_steps(p.domains) * net_alpha;
+            ring.min(intra.max(inter))
+        }
+        Collective::AllToAll => {
+            // A rank keeps 1/n of its data, sends (k-1)/n over NVLink and (n-k)/n
+            // over its NIC; both run at once.
+            let over_nvl = (k - 1.0) / n * bytes / nvl_ring;
+            if p.domains == 1 {
+                return over_nvl + nvl_alpha * latency_steps(p.size);
+            }
+            let over_net = (n - k) / n * bytes / (hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw);
+            over_nvl.max(over_net) + net_alpha * latency_steps(p.size)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::builtin_profile;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * b.abs()
+    }
+
+    #[test]
+    fn placement_follows_stride() {
+        // TP 8 on 8-GPU nodes: one domain.
+        assert_eq!(Placement::new(8, 1, 8), Placement { size: 8, per_domain: 8, domains: 1 });
+        // DP with TP 8 under it: one member per node.
+        assert_eq!(Placement::new(16, 8, 8), Placement { size: 16, per_domain: 1, domains: 16 });
+        // DP 16 with TP 2: 4 per node over 4 nodes.
+        assert_eq!(Placement::new(16, 2, 8), Placement { size: 16, per_domain: 4, domains: 4 });
+        // NVL72 rack: TP 4 x DP 18 inside one domain of 72.
+        assert_eq!(Placement::new(18, 4, 72).tier(), Tier::Nvlink);
+        assert_eq!(Placement::new(1, 1, 8).tier(), Tier::Local);
+    }
+
+    #[test]
+    fn all_reduce_on_nvlink_matches_bus_bandwidth() {
+        // 8x A100 ring all-reduce of 1 GiB: bus bandwidth 0.78 * 300 GB/s.
+        let hw = builtin_profile("a100-80g").unwrap();
+        let s = 1u64 << 30;
+        let t = collective_secs(&hw, Collective::AllReduce, s as f64, Placement::new(8, 1, 8));
+        let busbw = 2.0 * 7.0 / 8.0 * s as f64 / t / 1e9;
+        assert!(close(busbw, 234.0, 0.01), "busbw {busbw}");
+        // H100 uses NVLS for all-reduce: 480 GB/s published (dgxc-benchmarking).
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let t = collective_secs(&hw, Collective::AllReduce, 8.0 * s as f64, Placement::new(8, 1, 8));
+        let busbw = 2.0 * 7.0 / 8.0 * 8.0 * s as f64 / t / 1e9;
+        assert!(close(busbw, 480.0, 0.01), "busbw {busbw}");
+    }
+
+    #[test]
+    fn hand_computed_collectives() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let nic = 50e9 * 0.9;
+        let nvl = 450e9 * 0.81;
+        let s = 1e9;
+        // Reduce-scatter over 4 GPUs of one node: 3/4 S over the ring bandwidth.
+        let t = collective_secs(&hw, Collective::ReduceScatter, s, Placement::new(4, 1, 8));
+        assert!(close(t, 0.75 * s / nvl + 3.0 * 1.5e-6, 1e-9), "{t}");
+        // All-gather across 4 nodes, one member per node: one NIC, hierarchical with
+        // nothing inside the node = ring over 4: 3/4 S / nic.
+        let t = collective_secs(&hw, Collective::AllGather, s, Placement::new(4, 8, 8));
+        assert!(close(t, 0.75 * s / nic + 3.0 * 5e-6, 1e-9), "{t}");
+        // All-reduce over 2 nodes x 8: hierarchical beats the flat ring. The
+        // published 2-node H100 figure (338.8 GB/s busbw on 8x200 Gb/s) is what this
+        // formula gives for that network: 2*15/16 / (2*1/2 / (8*25*0.9)) = 337.5.
+        let p = Placement::new(16, 1, 8);
+        let t = collective_secs(&hw, Collective::AllReduce, s, p);
+        let intra = 2.0 * 7.0 / 8.0 * s / nvl + 2.0 * 6.0 * 1.5e-6;
+        let inter = 2.0 * 0.5 * s / (8.0 * nic) + 2.0 * 1.0 * 5e-6;
+        assert!(close(t, intra.max(inter), 1e-9), "{t} vs {}", intra.max(inter));
+        // All-to-all over 16 ranks, 8 per node: 8/16 of the data leaves the node.
+        let t = collective_secs(&hw, Collective::AllToAll, s, p);
+        let expect = (7.0 / 16.0 * s / nvl).max(8.0 / 16.0 * s / nic) + 8.0 * 5e-6;
+        assert!(close(t, expect, 1e-9), "{t} vs {expect}");
+        // Point-to-point across nodes.
+        let t = collective_secs(&hw, Collective::SendRecv, s, Placement::new(2, 64, 8));
+        assert!(close(t, s / nic + 5e-6, 1e-9));
+        // A group of one costs nothing.
+        assert_eq!(collective_secs(&hw, Collective::AllReduce, s, Placement::new(1, 1, 8)), 0.0);
+    }
+
+    #[test]
+    fn published_multi_node_all_reduce_is_bounded() {
+        // 4 nodes x 8 B200 (8x400 Gb/s): 381.8 GB/s busbw measured (collectives.csv).
+        // The model should land within 25% of it.
+        let hw = builtin_profile("b200").unwrap();
+        let s = 16.0 * (1u64 << 30) as f64;
+        let t = collective_secs(&hw, Collective::AllReduce, s, Placement::new(32, 1, 8));
+        let busbw = 2.0 * 31.0 / 32.0 * s / t / 1e9;
+        assert!((busbw - 381.8).abs() / 381.8 < 0.25, "busbw {busbw}");
+    }
+}

@@ -1,0 +1,564 @@
+//! A parallel configuration, the workload it trains, and the rules that make a
+//! configuration valid. A configuration that breaks a rule is a [`Rejection`]: a
+//! value with a reason, which the search counts and `estimate` prints.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hardware::Cluster;
+use crate::model::ModelSpec;
+
+/// Numeric precision of the training GEMMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Bf16,
+    Fp16,
+    /// FP8 GEMMs with per-tensor (delayed or current) scaling; attention, the output
+    /// layer and the router stay in BF16 (Transformer Engine's default recipe).
+    Fp8,
+    /// FP8 GEMMs with MX block scaling (Blackwell).
+    Mxfp8,
+}
+
+impl Precision {
+    pub fn is_fp8(self) -> bool {
+        matches!(self, Precision::Fp8 | Precision::Mxfp8)
+    }
+    pub fn parse(s: &str) -> Option<Precision> {
+        match s.to_ascii_lowercase().as_str() {
+            "bf16" => Some(Precision::Bf16),
+            "fp16" => Some(Precision::Fp16),
+            "fp8" => Some(Precision::Fp8),
+            "mxfp8" => Some(Precision::Mxfp8),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Fp8 => "fp8",
+            Precision::Mxfp8 => "mxfp8",
+        })
+    }
+}
+
+/// What is trained: sequence length, global batch (sequences per step), precision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    pub seq: u64,
+    pub global_batch: u64,
+    pub precision: Precision,
+    /// Busiest expert's load relative to the mean (1.0: perfectly balanced routing).
+    #[serde(default = "one_f64")]
+    pub moe_imbalance: f64,
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+/// Sharding of model state across the data-parallel group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Zero {
+    /// Plain data parallelism: every rank holds all optimizer state.
+    None,
+    /// Megatron's distributed optimizer (= ZeRO-1): optimizer state sharded.
+    DistOpt,
+    /// ZeRO-2: optimizer state and gradients sharded.
+    Zero2,
+    /// ZeRO-3 / FSDP: parameters too, gathered before use.
+    Zero3,
+}
+
+impl fmt::Display for Zero {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Zero::None => "0",
+            Zero::DistOpt => "1/DO",
+            Zero::Zero2 => "2",
+            Zero::Zero3 => "3",
+        })
+    }
+}
+
+/// Activation recomputation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Recompute {
+    None,
+    /// Recompute only core attention (Korthikanti et al. 2022, section 5).
+    Selective,
+    /// Store only each layer's input and recompute the layer in backward.
+    Full,
+}
+
+impl fmt::Display for Recompute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Recompute::None => "none",
+            Recompute::Selective => "sel",
+            Recompute::Full => "full",
+        })
+    }
+}
+
+/// How transformer layers are split across pipeline stages.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Layout {
+    /// Every virtual stage holds layers / (pp * vpp) layers.
+    Even,
+    /// The embedding and the loss each count as one layer (Megatron's
+    /// `--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`):
+    /// (layers + 2) / (pp * vpp) per virtual stage, one fewer on the first and last.
+    AccountEmbeddingLoss,
+    /// Megatron's `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`;
+    /// the rest split evenly over the middle stages.
+    FirstLast { first: u64, last: u64 },
+    /// Layers per virtual stage, in pipeline order (pp * vpp entries).
+    Explicit { layers: Vec<u64> },
+}
+
+impl Layout {
+    /// The layout a practitioner would state for `layers` on `pp x vpp` virtual
+    /// stages: even when it divides; else with the embedding and loss each counted
+    /// as a layer when that divides; else the same idea with the remainder spread
+    /// over the middle stages (an explicit per-stage list).
+    pub fn balanced(layers: u64, pp: u64, vpp: u64) -> Layout {
+        let chunks = pp * vpp;
+        if layers % chunks == 0 {
+            return Layout::Even;
+        }
+        if chunks > 1 && (layers + 2) % chunks == 0 && (layers + 2) / chunks >= 1 {
+            return Layout::AccountEmbeddingLoss;
+        }
+        if chunks == 1 {
+            return Layout::Even;
+        }
+        let total = layers + 2;
+        let base = total / chunks;
+        let rem = total % chunks;
+        // Give the extra layers to the middle chunks, keeping the edges light.
+        let skip = (chunks - rem) / 2;
+        let mut list: Vec<u64> = (0..chunks).map(|i| base + u64::from(i >= skip && i < skip + rem)).collect();
+        list[0] = list[0].saturating_sub(1);
+        let last = list.len() - 1;
+        list[last] = list[last].saturating_sub(1);
+        // Fix the sum if an edge was already 0 (fewer layers than chunks).
+        let sum: u64 = list.iter().sum();
+        if sum != layers {
+            return Layout::Even;
+        }
+        Layout::Explicit { layers: list }
+    }
+}
+
+/// Communication that Megatron can overlap with compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Overlap {
+    /// `--overlap-grad-reduce`: DP gradient reduction overlaps backward.
+    pub grad_reduce: bool,
+    /// `--overlap-param-gather`: distributed-optimizer all-gather overlaps forward.
+    pub param_gather: bool,
+    /// `--tp-comm-overlap`: TP/SP collectives pipelined with their GEMMs.
+    pub tp_comm: bool,
+    /// `--overlap-p2p-communication` (interleaved schedules).
+    pub p2p: bool,
+}
+
+impl Default for Overlap {
+    fn default() -> Self {
+        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, p2p: true }
+    }
+}
+
+/// One point of the search space. `dp` is stored, and checked against the GPU count.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ParallelConfig {
+    pub tp: u64,
+    pub pp: u64,
+    /// Virtual pipeline stages per rank (1: not interleaved).
+    pub vpp: u64,
+    pub cp: u64,
+    pub ep: u64,
+    /// Expert tensor parallelism (Megatron `--expert-tensor-parallel-size`).
+    pub etp: u64,
+    pub dp: u64,
+    /// Sequence parallelism (only with tp > 1).
+    pub sp: bool,
+    /// Micro-batch size in sequences.
+    pub mbs: u64,
+    pub zero: Zero,
+    pub recompute: Recompute,
+    pub layout: Layout,
+    pub overlap: Overlap,
+    /// Main gradients kept and reduced in BF16 (Megatron `--no-accumulate-allreduce-grads-in-fp32`
+    /// / `grad_reduce_in_fp32=False`, NeMo `grad_sync_dtype=bf16`); FP32 otherwise,
+    /// Megatron-LM's default for BF16 training.
+    #[serde(default)]
+    pub bf16_grads: bool,
+}
+
+/// Rank order used to place groups on the machine (Megatron's default).
+pub const RANK_ORDER: &str = "tp-cp-ep-dp-pp";
+
+impl ParallelConfig {
+    /// Gradient-accumulation steps (micro-batches per step per pipeline).
+    pub fn micro_batches(&self, w: &Workload) -> u64 {
+        w.global_batch / (self.mbs * self.dp)
+    }
+
+    pub fn gpus(&self) -> u64 {
+        self.tp * self.pp * self.cp * self.dp
+    }
+
+    /// Ranks that hold expert data-parallel copies of one expert shard.
+    pub fn edp(&self) -> u64 {
+        (self.tp * self.cp * self.dp) / (self.ep * self.etp).max(1)
+    }
+
+    /// Layers held by each virtual stage, in pipeline order (`pp * vpp` entries,
+    /// virtual stage `j * pp + i` lives on rank `i`). Errors say why it cannot split.
+    pub fn stage_layers(&self, layers: u64) -> Result<Vec<u64>, Rejection> {
+        let chunks = self.pp * self.vpp;
+        match &self.layout {
+            Layout::Even => {
+                if layers % chunks != 0 {
+                    return Err(if self.vpp > 1 && layers % self.pp == 0 {
+                        Rejection::VppLayers { vpp: self.vpp, per_stage: layers / self.pp }
+                    } else {
+                        Rejection::PpLayers { pp: self.pp, layers }
+                    });
+                }
+                Ok(vec![layers / chunks; chunks as usize])
+            }
+            Layout::AccountEmbeddingLoss => {
+                if (layers + 2) % chunks != 0 || (layers + 2) / chunks < 2 && chunks > 1 {
+                    return Err(Rejection::Layout {
+                        detail: format!(
+                            "layers + embedding + loss = {} is not a multiple of pp x vpp = {chunks}",
+                            layers + 2
+                        ),
+                    });
+                }
+                let per = (layers + 2) / chunks;
+                let mut v = vec![per; chunks as usize];
+                if chunks == 1 {
+                    v[0] = layers;
+                } else {
+                    v[0] -= 1;
+                    *v.last_mut().unwrap() -= 1;
+                }
+                Ok(v)
+            }
+            Layout::FirstLast { first, last } => {
+                if self.vpp != 1 {
+                    return Err(Rejection::Layout { detail: "first/last stage layer counts are supported here only without virtual stages".into() });
+                }
+                if self.pp < 2 || first + last > layers {
+                    return Err(Rejection::Layout { detail: format!("first {first} + last {last} layers need pp >= 2 and at most {layers} layers") });
+                }
+                let middle = layers - first - last;
+                let mids = self.pp - 2;
+                if (mids == 0 && middle != 0) || (mids > 0 && middle % mids != 0) {
+                    return Err(Rejection::Layout {
+                        detail: format!("the {middle} layers left for the {mids} middle stages do not split evenly"),
+                    });
+                }
+                let mut v = vec![*first];
+                v.extend(std::iter::repeat_n(if mids > 0 { middle / mids } else { 0 }, mids as usize));
+                v.push(*last);
+                Ok(v)
+            }
+            Layout::Explicit { layers: list } => {
+                if list.len() as u64 != chunks || list.iter().sum::<u64>() != layers {
+                    return Err(Rejection::Layout {
+                        detail: format!(
+                            "explicit layout has {} entries summing to {}; need pp x vpp = {chunks} entries summing to {layers}",
+                            list.len(),
+                            list.iter().sum::<u64>()
+                        ),
+                    });
+                }
+                Ok(list.clone())
+            }
+        }
+    }
+
+    /// Checks every structural rule. Memory is checked by the estimator.
+    pub fn check(&self, model: &ModelSpec, cluster: &Cluster, w: &Workload) -> Result<(), Rejection> {
+        let gpus = cluster.gpus;
+        for (name, v) in [("tp", self.tp), ("pp", self.pp), ("vpp", self.vpp), ("cp", self.cp), ("ep", self.ep), ("etp", self.etp), ("dp", self.dp), ("mbs", self.mbs)] {
+            if v == 0 {
+                return Err(Rejection::Zero { name: name.into() });
+            }
+        }
+        if self.gpus() != gpus {
+            return Err(Rejection::GpuProduct { tp: self.tp, pp: self.pp, cp: self.cp, dp: self.dp, gpus });
+        }
+        if self.sp && self.tp == 1 {
+            return Err(Rejection::SpWithoutTp);
+        }
+        if model.heads % self.tp != 0 {
+            return Err(Rejection::TpHeads { tp: self.tp, heads: model.heads, valid: divisors(model.heads) });
+        }
+        if model.mla.is_none() && model.kv_heads % self.tp != 0 && self.tp % model.kv_heads != 0 {
+            return Err(Rejection::TpKvHeads { tp: self.tp, kv_heads: model.kv_heads });
+        }
+        let dense_layers = model.layers - model.moe_layers();
+        if dense_layers > 0 && model.ffn_hidden % self.tp != 0 {
+            return Err(Rejection::TpFfn { tp: self.tp, ffn: model.ffn_hidden });
+        }
+        let domain = cluster.profile.node.nvlink_domain;
+        if self.tp > domain {
+            return Err(Rejection::TpBeyondNvlink { tp: self.tp, domain });
+        }
+        if self.pp > model.layers {
+            return Err(Rejection::PpLayers { pp: self.pp, layers: model.layers });
+        }
+        if self.vpp > 1 && self.pp == 1 {
+            return Err(Rejection::VppWithoutPp);
+        }
+        let chunks = self.stage_layers(model.layers)?;
+        // Only the first and last virtual stage may be empty (holding just the
+        // embedding or the loss), and only when the layout says so.
+        let edge_ok = matches!(self.layout, Layout::AccountEmbeddingLoss | Layout::Explicit { .. });
+        let last = chunks.len() - 1;
+        if chunks.iter().enumerate().any(|(i, &l)| l == 0 && !(edge_ok && (i == 0 || i == last) && last > 0)) {
+            return Err(Rejection::Layout { detail: "a pipeline stage would hold no layer".into() });
+        }
+        if w.seq % (2 * self.cp) != 0 && self.cp > 1 {
+            return Err(Rejection::CpSeq { cp: self.cp, seq: w.seq });
+        }
+        match &model.moe {
+            None => {
+                if self.ep != 1 || self.etp != 1 {
+                    return Err(Rejection::EpDenseModel);
+                }
+            }
+            Some(moe) => {
+                if moe.experts % self.ep != 0 {
+                    return Err(Rejection::EpExperts { ep: self.ep, experts: moe.experts });
+                }
+                let span = self.tp * self.cp * self.dp;
+                if span % (self.ep * self.etp) != 0 {
+                    return Err(Rejection::EpSpan { ep: self.ep, etp: self.etp, span });
+                }
+                if moe.expert_ffn_hidden % self.etp != 0 {
+                    return Err(Rejection::EtpFfn { etp: self.etp, ffn: moe.expert_ffn_hidden });
+                }
+                if self.etp > domain {
+                    return Err(Rejection::TpBeyondNvlink { tp: self.etp, domain });
+                }
+            }
+        }
+        if w.global_batch % (self.mbs * self.dp) != 0 {
+            return Err(Rejection::Batch { gbs: w.global_batch, mbs: self.mbs, dp: self.dp });
+        }
+        Ok(())
+    }
+}
+
+/// All divisors of `n`, ascending.
+pub fn divisors(n: u64) -> Vec<u64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut i = 1;
+    while i * i <= n {
+        if n % i == 0 {
+            small.push(i);
+            if i * i != n {
+                large.push(n / i);
+            }
+        }
+        i += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
+/// Why a configuration cannot be used.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum Rejection {
+    Zero { name: String },
+    GpuProduct { tp: u64, pp: u64, cp: u64, dp: u64, gpus: u64 },
+    SpWithoutTp,
+    TpHeads { tp: u64, heads: u64, valid: Vec<u64> },
+    TpKvHeads { tp: u64, kv_heads: u64 },
+    TpFfn { tp: u64, ffn: u64 },
+    TpBeyondNvlink { tp: u64, domain: u64 },
+    PpLayers { pp: u64, layers: u64 },
+    VppLayers { vpp: u64, per_stage: u64 },
+    VppWithoutPp,
+    Layout { detail: String },
+    CpSeq { cp: u64, seq: u64 },
+    EpDenseModel,
+    EpExperts { ep: u64, experts: u64 },
+    EpSpan { ep: u64, etp: u64, span: u64 },
+    EtpFfn { etp: u64, ffn: u64 },
+    Batch { gbs: u64, mbs: u64, dp: u64 },
+    OutOfMemory { stage: u64, needed_gib: f64, usable_gib: f64, reserve_gib: f64 },
+}
+
+/// Rejection reasons without their numbers, for counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectKind {
+    TpHeads,
+    TpKvHeads,
+    TpFfn,
+    TpBeyondNvlink,
+    PpLayers,
+    VppLayers,
+    Layout,
+    CpSeq,
+    EpExperts,
+    EpSpan,
+    EtpFfn,
+    Batch,
+    OutOfMemory,
+    Other,
+}
+
+impl RejectKind {
+    pub fn describe(self) -> &'static str {
+        match self {
+            RejectKind::TpHeads => "TP does not divide attention heads",
+            RejectKind::TpKvHeads => "TP neither divides nor is a multiple of KV heads",
+            RejectKind::TpFfn => "TP does not divide the FFN hidden size",
+            RejectKind::TpBeyondNvlink => "TP larger than the NVLink domain",
+            RejectKind::PpLayers => "PP does not divide the layers",
+            RejectKind::VppLayers => "virtual stages do not divide layers per stage",
+            RejectKind::Layout => "no valid stage layout",
+            RejectKind::CpSeq => "sequence not divisible into 2 x CP chunks",
+            RejectKind::EpExperts => "EP does not divide the experts",
+            RejectKind::EpSpan => "EP x expert-TP does not divide TP x CP x DP",
+            RejectKind::EtpFfn => "expert-TP does not divide the expert FFN",
+            RejectKind::Batch => "global batch not divisible by micro-batch x DP",
+            RejectKind::OutOfMemory => "does not fit in GPU memory",
+            RejectKind::Other => "other",
+        }
+    }
+}
+
+impl Rejection {
+    pub fn kind(&self) -> RejectKind {
+        match self {
+            Rejection::TpHeads { .. } => RejectKind::TpHeads,
+            Rejection::TpKvHeads { .. } => RejectKind::TpKvHeads,
+            Rejection::TpFfn { .. } => RejectKind::TpFfn,
+            Rejection::TpBeyondNvlink { .. } => RejectKind::TpBeyondNvlink,
+            Rejection::PpLayers { .. } => RejectKind::PpLayers,
+            Rejection::VppLayers { .. } | Rejection::VppWithoutPp => RejectKind::VppLayers,
+            Rejection::Layout { .. } => RejectKind::Layout,
+            Rejection::CpSeq { .. } => RejectKind::CpSeq,
+            Rejection::EpExperts { .. } => RejectKind::EpExperts,
+            Rejection::EpSpan { .. } => RejectKind::EpSpan,
+            Rejection::EtpFfn { .. } => RejectKind::EtpFfn,
+            Rejection::Batch { .. } => RejectKind::Batch,
+            Rejection::OutOfMemory { .. } => RejectKind::OutOfMemory,
+            Rejection::Zero { .. } | Rejection::GpuProduct { .. } | Rejection::SpWithoutTp | Rejection::EpDenseModel => RejectKind::Other,
+        }
+    }
+}
+
+fn list(v: &[u64]) -> String {
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::Zero { name } => write!(f, "{name} must be at least 1"),
+            Rejection::GpuProduct { tp, pp, cp, dp, gpus } => write!(
+                f,
+                "tp x pp x cp x dp = {tp} x {pp} x {cp} x {dp} = {} but the cluster has {gpus} GPUs",
+                tp * pp * cp * dp
+            ),
+            Rejection::SpWithoutTp => write!(f, "sequence parallelism needs tensor parallel size > 1"),
+            Rejection::TpHeads { tp, heads, valid } => write!(
+                f,
+                "tensor parallel size {tp} does not divide {heads} attention heads (valid: {})",
+                list(valid)
+            ),
+            Rejection::TpKvHeads { tp, kv_heads } => write!(
+                f,
+                "tensor parallel size {tp} neither divides {kv_heads} KV heads nor is a multiple of them (KV heads can only be split or replicated whole)"
+            ),
+            Rejection::TpFfn { tp, ffn } => write!(f, "tensor parallel size {tp} does not divide FFN hidden size {ffn}"),
+            Rejection::TpBeyondNvlink { tp, domain } => write!(
+                f,
+                "tensor parallel size {tp} spans more than the NVLink domain of {domain} GPUs (TP must stay on NVLink)"
+            ),
+            Rejection::PpLayers { pp, layers } => write!(
+                f,
+                "pipeline parallel size {pp} does not divide {layers} layers (state an uneven split with --first-stage-layers/--last-stage-layers or --layout)"
+            ),
+            Rejection::VppLayers { vpp, per_stage } => write!(
+                f,
+                "{vpp} virtual stages do not divide the {per_stage} layers per pipeline stage"
+            ),
+            Rejection::VppWithoutPp => write!(f, "virtual pipeline stages need pipeline parallel size > 1"),
+            Rejection::Layout { detail } => write!(f, "stage layout: {detail}"),
+            Rejection::CpSeq { cp, seq } => write!(
+                f,
+                "context parallel size {cp} needs the sequence ({seq}) divisible by 2 x {cp} = {} (two chunks per rank)",
+                2 * cp
+            ),
+            Rejection::EpDenseModel => write!(f, "expert parallelism needs an MoE model (this one is dense): use ep = etp = 1"),
+            Rejection::EpExperts { ep, experts } => write!(f, "expert parallel size {ep} does not divide {experts} experts"),
+            Rejection::EpSpan { ep, etp, span } => write!(
+                f,
+                "expert parallel x expert tensor parallel = {} does not divide tp x cp x dp = {span}, the ranks experts are carved from",
+                ep * etp
+            ),
+            Rejection::EtpFfn { etp, ffn } => write!(f, "expert tensor parallel size {etp} does not divide expert FFN hidden size {ffn}"),
+            Rejection::Batch { gbs, mbs, dp } => write!(
+                f,
+                "global batch {gbs} is not divisible by micro-batch {mbs} x data parallel {dp} = {}",
+                mbs * dp
+            ),
+            Rejection::OutOfMemory { stage, needed_gib, usable_gib, reserve_gib } => write!(
+                f,
+                "pipeline stage {stage} needs {needed_gib:.1} GiB per GPU but only {usable_gib:.1} GiB is usable (HBM less a {reserve_gib:.1} GiB reserve)"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divisors_are_complete_and_sorted() {
+        assert_eq!(divisors(12), vec![1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(1), vec![1]);
+        assert_eq!(divisors(16), vec![1, 2, 4, 8, 16]);
+    }
+
+    fn cfg(pp: u64, vpp: u64, layout: Layout) -> ParallelConfig {
+        ParallelConfig { tp: 1, pp, vpp, cp: 1, ep: 1, etp: 1, dp: 1, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout, overlap: Overlap::default(), bf16_grads: false }
+    }
+
+    #[test]
+    fn layouts_split_layers() {
+        assert_eq!(cfg(4, 2, Layout::Even).stage_layers(80).unwrap(), vec![10; 8]);
+        // Llama 3.1 405B, 126 layers on pp 8 x vpp 8 with embedding and loss counted.
+        let v = cfg(8, 8, Layout::AccountEmbeddingLoss).stage_layers(126).unwrap();
+        assert_eq!(v.len(), 64);
+        assert_eq!(v.iter().sum::<u64>(), 126);
+        assert_eq!((v[0], v[1], v[63]), (1, 2, 1));
+        assert_eq!(cfg(4, 1, Layout::FirstLast { first: 30, last: 30 }).stage_layers(126).unwrap(), vec![30, 33, 33, 30]);
+        assert!(cfg(16, 1, Layout::Even).stage_layers(126).is_err());
+        assert!(cfg(4, 1, Layout::FirstLast { first: 30, last: 31 }).stage_layers(126).is_err());
+    }
+}

@@ -1,0 +1,888 @@
+//! The cost model: one configuration in, one [`Estimate`] (or a [`Rejection`]) out.
+//!
+//! Time of one training step = the pipeline (micro-batches through the slowest
+//! stage, plus the fill/drain bubble), plus pipeline point-to-point time the
+//! schedule cannot hide, plus the data-parallel synchronisation that backward and
+//! forward cannot hide, plus the optimizer step.
+//!
+//! Per layer and micro-batch, each GEMM costs
+//! `max(flops / (peak * eff), bytes / (hbm * eff_hbm)) + overhead` (a roofline with
+//! a launch cost); the backward pass runs two GEMMs of the same size per forward
+//! GEMM (input gradient and weight gradient). Core attention is a fused
+//! (flash) kernel doing causal work, at its own efficiency; its backward does 2.5x
+//! the forward FLOPs (FlashAttention-2 paper, section 3.2: five matmuls against two,
+//! one recomputed). Element-wise kernels (norms, residual adds, activation
+//! functions, rotary, FP8 casts) are bound by HBM bandwidth. Recomputation replays
+//! the forward (full) or the core attention (selective).
+//!
+//! Communication per layer is listed in [`CommKind`]; each kind is costed on the
+//! placement of its group (see [`crate::comm`]) and split into what overlaps
+//! compute and what is exposed, following what Megatron-LM overlaps: DP gradient
+//! reduce-scatter with the backward of the last micro-batch, the distributed
+//! optimizer's all-gather with the forward of the first, the CP ring exchange with
+//! attention, TP collectives only with `--tp-comm-overlap`. Overlapped
+//! communication slows the compute it shares the GPU with by
+//! `efficiency.overlap_slowdown` of its duration.
+
+use serde::{Deserialize, Serialize};
+
+use crate::comm::{collective_secs, Collective, Placement, Tier};
+use crate::config::{ParallelConfig, Precision, Recompute, Rejection, Workload, Zero};
+use crate::hardware::{Cluster, HardwareProfile, GIB};
+use crate::memory::{self, kv_dim_per_rank, LayerKind, StageMemory};
+use crate::model::ModelSpec;
+
+/// Version of the estimate JSON (part of the plan format).
+pub const ESTIMATE_SCHEMA_VERSION: u32 = 1;
+
+/// Megatron's gradient bucket size for overlapped reduction (40M parameters,
+/// `--ddp-bucket-size` default): the last bucket cannot be hidden.
+const BUCKET_PARAMS: f64 = 40e6;
+
+/// Seconds per step by operation class, forward + backward, on the critical stage.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct OpClasses {
+    /// QKV and output projections (and MLA's latent projections).
+    pub attention_proj: f64,
+    /// Fused attention kernel (QK^T, softmax, PV).
+    pub attention_core: f64,
+    /// Dense MLP and shared experts.
+    pub mlp: f64,
+    /// Routed experts' GEMMs.
+    pub moe_experts: f64,
+    /// MoE router GEMM.
+    pub router: f64,
+    /// Output layer (logits) GEMM and cross-entropy.
+    pub output_layer: f64,
+    /// Norms, residuals, activation functions, rotary, casts, embedding.
+    pub elementwise: f64,
+}
+
+impl OpClasses {
+    pub fn total(&self) -> f64 {
+        self.attention_proj + self.attention_core + self.mlp + self.moe_experts + self.router + self.output_layer + self.elementwise
+    }
+    fn add_scaled(&mut self, o: &OpClasses, k: f64) {
+        self.attention_proj += k * o.attention_proj;
+        self.attention_core += k * o.attention_core;
+        self.mlp += k * o.mlp;
+        self.moe_experts += k * o.moe_experts;
+        self.router += k * o.router;
+        self.output_layer += k * o.output_layer;
+        self.elementwise += k * o.elementwise;
+    }
+    fn scaled(&self, k: f64) -> OpClasses {
+        let mut o = OpClasses::default();
+        o.add_scaled(self, k);
+        o
+    }
+}
+
+/// Kinds of communication a step performs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommKind {
+    /// Tensor-parallel all-reduce, or all-gather + reduce-scatter with SP.
+    Tp,
+    /// Context-parallel ring exchange of K and V.
+    Cp,
+    /// Expert-parallel all-to-all dispatch and combine.
+    Ep,
+    /// Expert-tensor-parallel all-gather / reduce-scatter of routed tokens.
+    Etp,
+    /// Pipeline point-to-point sends of activations and gradients.
+    Pp,
+    /// Data-parallel gradient reduction (dense parameters).
+    DpGrad,
+    /// Distributed-optimizer / ZeRO parameter all-gather (dense parameters).
+    DpParam,
+    /// Expert-data-parallel gradient reduction.
+    EdpGrad,
+    /// Expert-data-parallel parameter all-gather.
+    EdpParam,
+}
+
+impl CommKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            CommKind::Tp => "TP",
+            CommKind::Cp => "CP",
+            CommKind::Ep => "EP",
+            CommKind::Etp => "ETP",
+            CommKind::Pp => "PP",
+            CommKind::DpGrad => "DP grad",
+            CommKind::DpParam => "DP param",
+            CommKind::EdpGrad => "EDP grad",
+            CommKind::EdpParam => "EDP param",
+        }
+    }
+}
+
+/// One kind of communication over a step, on the critical stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommTerm {
+    pub kind: CommKind,
+    pub collective: Collective,
+    pub group: Placement,
+    pub tier: Tier,
+    /// Bytes of one call (nccl-tests convention for the collective).
+    pub bytes_per_call: f64,
+    pub calls_per_step: f64,
+    pub total_secs: f64,
+    pub exposed_secs: f64,
+    pub overlapped_secs: f64,
+}
+
+/// Where the step time goes, seconds, on the critical path.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TimeBreakdown {
+    /// Forward + backward compute of all micro-batches on the slowest stage.
+    pub compute: OpClasses,
+    /// Extra forward work replayed by activation recomputation.
+    pub recompute: f64,
+    /// Communication not hidden behind compute (sum of the comm terms' exposed time).
+    pub exposed_comm: f64,
+    /// Pipeline fill and drain.
+    pub bubble: f64,
+    pub optimizer: f64,
+    /// Compute slowed by overlapped communication.
+    pub overlap_slowdown: f64,
+}
+
+/// Per pipeline stage: what it holds and how long one micro-batch takes on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageSummary {
+    pub stage: u64,
+    pub layers: u64,
+    pub moe_layers: u64,
+    /// Forward + backward (+ recompute, + exposed TP/CP/EP) of one micro-batch.
+    pub secs_per_micro_batch: f64,
+    pub memory: StageMemory,
+}
+
+/// The cost of one configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    pub schema_version: u32,
+    pub step_secs: f64,
+    pub tokens_per_sec_per_gpu: f64,
+    /// Model FLOPs utilisation against the BF16 dense peak (Megatron convention:
+    /// forward + backward FLOPs of the model, attention counted as full s^2, no
+    /// recomputation).
+    pub mfu: f64,
+    /// Hardware FLOPs utilisation: MFU plus recomputed FLOPs.
+    pub hfu: f64,
+    pub model_tflops_per_gpu: f64,
+    pub micro_batches: u64,
+    pub bubble_fraction: f64,
+    pub exposed_comm_fraction: f64,
+    pub time: TimeBreakdown,
+    pub comm: Vec<CommTerm>,
+    /// Memory of the stage with the highest peak.
+    pub memory: StageMemory,
+    pub hbm_bytes: f64,
+    pub usable_bytes: f64,
+    pub stages: Vec<StageSummary>,
+    /// The stage whose per-micro-batch time sets the pipeline's pace.
+    pub critical_stage: u64,
+}
+
+/// Software assumptions that are not search knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assumptions {
+    /// Fused (flash) attention; `false` models the unfused softmax of 2021-era Megatron.
+    pub flash_attention: bool,
+}
+
+impl Default for Assumptions {
+    fn default() -> Self {
+        Assumptions { flash_attention: true }
+    }
+}
+
+/// Shared inputs of one estimate.
+struct Ctx<'a> {
+    model: &'a ModelSpec,
+    hw: &'a HardwareProfile,
+    w: &'a Workload,
+    cfg: &'a ParallelConfig,
+    a: Assumptions,
+    /// Tokens of one micro-batch on one CP rank (before SP sharding).
+    tokens: f64,
+    fp8: bool,
+    domain: u64,
+}
+
+impl Ctx<'_> {
+    fn gemm(&self, m: f64, n: f64, k: f64, fp8: bool) -> f64 {
+        if m <= 0.0 || n <= 0.0 || k <= 0.0 {
+            return 0.0;
+        }
+        let e = &self.hw.efficiency;
+        let (peak, eff, elem) = if fp8 && self.fp8 {
+            (self.hw.peak_flops(true), e.gemm_fp8, 1.0)
+        } else {
+            (self.hw.peak_flops(false), e.gemm_bf16, 2.0)
+        };
+        let compute = 2.0 * m * n * k / (peak * eff);
+        let bytes = elem * (m * k + k * n) + 2.0 * m * n;
+        let memory = bytes / self.hbm_bw();
+        compute.max(memory) + e.gemm_overhead_us * 1e-6
+    }
+    fn hbm_bw(&self) -> f64 {
+        self.hw.gpu.hbm_tbytes_per_s * 1e12 * self.hw.efficiency.hbm
+    }
+    fn mem(&self, bytes: f64) -> f64 {
+        bytes / self.hbm_bw()
+    }
+    fn coll(&self, c: Collective, bytes: f64, p: Placement) -> f64 {
+        collective_secs(self.hw, c, bytes, p)
+    }
+    fn tp_group(&self) -> Placement {
+        Placement::new(self.cfg.tp, 1, self.domain)
+    }
+    fn cp_group(&self) -> Placement {
+        Placement::new(self.cfg.cp, self.cfg.tp, self.domain)
+    }
+    /// DP x CP group of dense parameters (ranks with the same TP and PP index).
+    fn dp_group(&self) -> Placement {
+        Placement::new(self.cfg.dp * self.cfg.cp, self.cfg.tp, self.domain)
+    }
+    /// Expert order is etp-ep-edp-pp: EP stride is ETP, EDP stride is ETP x EP.
+    fn ep_group(&self) -> Placement {
+        Placement::new(self.cfg.ep, self.cfg.etp, self.domain)
+    }
+    fn etp_group(&self) -> Placement {
+        Placement::new(self.cfg.etp, 1, self.domain)
+    }
+    fn edp_group(&self) -> Placement {
+        Placement::new(self.cfg.edp(), self.cfg.etp * self.cfg.ep, self.domain)
+    }
+    fn pp_group(&self) -> Placement {
+        Placement::new(2, self.cfg.tp * self.cfg.cp * self.cfg.dp, self.domain)
+    }
+}
+
+/// Costs of one layer for one micro-batch on one GPU.
+#[derive(Debug, Clone, Copy, Default)]
+struct LayerCost {
+    fwd: OpClasses,
+    bwd: OpClasses,
+    /// Extra forward time replayed by recomputation.
+    recompute: f64,
+    attn_core_fwd: f64,
+    attn_core_bwd: f64,
+    /// GEMM time that TP overlap can hide communication behind.
+    gemm: f64,
+    /// Communication of this layer for one micro-batch: (total, exposed) per kind.
+    tp: (f64, f64),
+    cp: (f64, f64),
+    ep: (f64, f64),
+    etp: (f64, f64),
+    tp_calls: f64,
+    cp_calls: f64,
+    ep_calls: f64,
+    etp_calls: f64,
+    /// Overlapped communication time (for the contention slowdown).
+    overlapped: f64,
+    /// Model FLOPs (forward + backward, Megatron convention) of this layer.
+    model_flops: f64,
+    /// Recomputed FLOPs.
+    recompute_flops: f64,
+}
+
+/// Average causal (query, key) pairs per sequence on one CP rank, and the same in
+/// the non-causal convention used for model FLOPs.
+fn attention_pairs(model: &ModelSpec, seq: u64, cp: u64) -> (f64, f64) {
+    let s = seq as f64;
+    let full_causal = s * (s + 1.0) / 2.0;
+    let (causal, dense) = match &model.sliding_window {
+        Some(sw) if sw.window < seq => {
+            let wdw = sw.window as f64;
+            let windowed = s * wdw - wdw * (wdw - 1.0) / 2.0;
+            let frac = sw.layers as f64 / model.layers as f64;
+            (
+                (1.0 - frac) * full_causal + frac * windowed,
+                (1.0 - frac) * s * s + frac * 2.0 * windowed,
+            )
+        }
+        _ => (full_causal, s * s),
+    };
+    (causal / cp as f64, dense / cp as f64)
+}
+
+fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
+    let m = c.model;
+    let cfg = c.cfg;
+    let t = cfg.tp as f64;
+    let h = m.hidden as f64;
+    let tokens = c.tokens;
+    let e = &c.hw.efficiency;
+    let mut lc = LayerCost::default();
+    let mut fwd = OpClasses::default();
+
+    // Attention projections.
+    let kv_rank = kv_dim_per_rank(m, cfg.tp) as f64;
+    let q_rank = m.q_dim() as f64 / t;
+    let out_in = m.attn_out_dim() as f64 / t;
+    match &m.mla {
+        Some(mla) => {
+            let q_lora = mla.q_lora_rank as f64;
+            let kv_lora = mla.kv_lora_rank as f64;
+            let q = if mla.q_lora_rank > 0 {
+                c.gemm(tokens, q_lora, h, true) + c.gemm(tokens, q_rank, q_lora, true)
+            } else {
+                c.gemm(tokens, q_rank, h, true)
+            };
+            let kv_up = m.heads as f64 * (mla.qk_nope_head_dim + mla.v_head_dim) as f64 / t;
+            let kv = c.gemm(tokens, kv_lora + mla.qk_rope_head_dim as f64, h, true) + c.gemm(tokens, kv_up, kv_lora, true);
+            fwd.attention_proj = q + kv + c.gemm(tokens, h, out_in, true);
+        }
+        None => {
+            fwd.attention_proj = c.gemm(tokens, q_rank + 2.0 * kv_rank, h, true) + c.gemm(tokens, h, out_in, true);
+        }
+    }
+
+    // Core attention (always BF16).
+    let (causal_pairs, dense_pairs) = attention_pairs(m, c.w.seq, cfg.cp);
+    let head_flops = (m.qk_head_dim() + m.v_head_dim()) as f64 * m.heads as f64 / t;
+    let attn_fwd_flops = 2.0 * cfg.mbs as f64 * head_flops * causal_pairs;
+    let peak16 = c.hw.peak_flops(false);
+    let (core_fwd, core_bwd) = if c.a.flash_attention {
+        (
+            attn_fwd_flops / (peak16 * e.attention_fwd) + e.gemm_overhead_us * 1e-6,
+            2.5 * attn_fwd_flops / (peak16 * e.attention_bwd) + e.gemm_overhead_us * 1e-6,
+        )
+    } else {
+        // Unfused: batched GEMMs over the full (masked) score matrix plus softmax
+        // and dropout passes over it in HBM.
+        let full_flops = 2.0 * cfg.mbs as f64 * head_flops * dense_pairs;
+        let scores = cfg.mbs as f64 * m.heads as f64 / t * dense_pairs;
+        let gemm = full_flops / (peak16 * e.gemm_bf16);
+        (gemm + c.mem(scores * 2.0 * 5.0), 2.0 * gemm + c.mem(scores * 2.0 * 8.0))
+    };
+    fwd.attention_core = core_fwd;
+    lc.attn_core_fwd = core_fwd;
+    lc.attn_core_bwd = core_bwd;
+
+    // Feed-forward.
+    let first_mats = m.mlp.matrices() as f64 - 1.0;
+    let mlp = |ffn: f64, div: f64, rows: f64| -> f64 {
+        if ffn <= 0.0 {
+            return 0.0;
+        }
+        c.gemm(rows, first_mats * ffn / div, h, true) + c.gemm(rows, h, ffn / div, true)
+    };
+    // Tokens each routed-expert rank processes for this micro-batch.
+    let mut routed_tokens = 0.0;
+    let mut expert_ffn = 0.0;
+    match (kind, &m.moe) {
+        (LayerKind::Moe, Some(moe)) => {
+            let etp = cfg.etp as f64;
+            let local_experts = (moe.experts / cfg.ep) as f64;
+            routed_tokens = tokens / t * moe.top_k as f64 * etp * c.w.moe_imbalance;
+            expert_ffn = moe.expert_ffn_hidden as f64;
+            let per_expert = routed_tokens / local_experts;
+            fwd.moe_experts = local_experts * mlp(expert_ffn, etp, per_expert);
+            fwd.mlp = mlp(moe.shared_hidden() as f64, t, tokens);
+            fwd.router = c.gemm(tokens / t, moe.experts as f64, h, false);
+        }
+        _ => fwd.mlp = mlp(m.ffn_hidden as f64, t, tokens),
+    }
+
+    // Element-wise traffic, bytes per token: norms (read 2h, write 2h) and residual
+    // adds (read 4h, write 2h, +1 mask byte with dropout), twice per layer, split by
+    // SP; activation function (gated: read 2f, write f); rotary on Q and K; FP8 casts
+    // of GEMM inputs (read 2, write 1).
+    let sp_div = if cfg.sp { t } else { 1.0 };
+    let mask = if m.dropout { 1.0 } else { 0.0 };
+    let outside = 2.0 * (4.0 * h + 6.0 * h + mask * h) / sp_div;
+    let act = |ffn: f64, div: f64| (2.0 * (first_mats + 1.0) * ffn) / div;
+    let inner = match kind {
+        LayerKind::Moe => routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + 8.0 * h) + act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t),
+        LayerKind::Dense => act(m.ffn_hidden as f64, t),
+    };
+    let rotary = 4.0 * (q_rank + kv_rank);
+    let casts = if c.fp8 { 3.0 * (2.0 * h / sp_div + out_in + m.ffn_hidden as f64 / t) } else { 0.0 };
+    fwd.elementwise = c.mem(tokens * (outside + inner + rotary + casts));
+
+    // Backward: two GEMMs per forward GEMM; attention backward; element-wise twice.
+    let mut bwd = fwd.scaled(2.0);
+    bwd.attention_core = core_bwd;
+    lc.gemm = fwd.attention_proj + fwd.mlp + fwd.moe_experts;
+
+    // Recomputation replays work in the backward pass.
+    lc.recompute = match cfg.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => core_fwd,
+        Recompute::Full => fwd.total(),
+    };
+
+    // FLOPs for MFU (model) and HFU (recompute). GEMM FLOPs per token from shapes.
+    let proj_params = match &m.mla {
+        Some(mla) => {
+            let q = if mla.q_lora_rank > 0 { h * mla.q_lora_rank as f64 + mla.q_lora_rank as f64 * m.q_dim() as f64 } else { h * m.q_dim() as f64 };
+            q + h * (mla.kv_lora_rank + mla.qk_rope_head_dim) as f64 + mla.kv_lora_rank as f64 * m.heads as f64 * (mla.qk_nope_head_dim + mla.v_head_dim) as f64 + m.attn_out_dim() as f64 * h
+        }
+        None => h * (m.q_dim() + 2 * m.kv_dim() + m.attn_out_dim()) as f64,
+    };
+    let mlp_params = match (kind, &m.moe) {
+        (LayerKind::Moe, Some(moe)) => {
+            m.mlp.matrices() as f64 * h * (moe.top_k * moe.expert_ffn_hidden + moe.shared_hidden()) as f64 + h * moe.experts as f64
+        }
+        _ => m.mlp.matrices() as f64 * h * m.ffn_hidden as f64,
+    };
+    let seq_tokens = (cfg.mbs * c.w.seq) as f64;
+    let fwd_flops_seq = 2.0 * (proj_params + mlp_params) * seq_tokens + 2.0 * cfg.mbs as f64 * head_flops * t * dense_pairs * cfg.cp as f64;
+    // Per GPU: the micro-batch is spread over TP x CP ranks.
+    lc.model_flops = 3.0 * fwd_flops_seq / (t * cfg.cp as f64);
+    lc.recompute_flops = match cfg.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => attn_fwd_flops,
+        Recompute::Full => fwd_flops_seq / (t * cfg.cp as f64),
+    };
+
+    // --- Communication of this layer, one micro-batch. ---
+    let replays = if cfg.recompute == Recompute::Full { 1.0 } else { 0.0 };
+    // TP: the activation is tokens x h in BF16. Per layer: attention and MLP each
+    // need one all-reduce (or AG + RS with SP) forward and one backward. In an MoE
+    // layer with SP, routed experts take their tokens through the all-to-all
+    // instead; shared experts still use AG/RS.
+    if cfg.tp > 1 {
+        let act_bytes = tokens * h * 2.0;
+        let blocks = match (kind, &m.moe) {
+            (LayerKind::Moe, Some(moe)) => 1.0 + if moe.shared_hidden() > 0 { 1.0 } else { 0.0 },
+            _ => 2.0,
+        };
+        let g = c.tp_group();
+        let per_block = if cfg.sp {
+            c.coll(Collective::AllGather, act_bytes, g) + c.coll(Collective::ReduceScatter, act_bytes, g)
+        } else {
+            c.coll(Collective::AllReduce, act_bytes, g)
+        };
+        let passes = 2.0 + replays;
+        let total = blocks * passes * per_block;
+        lc.tp_calls = blocks * passes * if cfg.sp { 2.0 } else { 1.0 };
+        let exposed = if cfg.overlap.tp_comm {
+            // Userbuffers split each collective into tp chunks pipelined with the
+            // GEMM: the first chunk, and whatever outlasts the GEMMs, stays exposed.
+            let hide = (lc.gemm * passes / 1.0).max(0.0);
+            (total - hide).max(0.0) + total / t
+        } else {
+            total
+        };
+        lc.tp = (total, exposed.min(total));
+        lc.overlapped += total - lc.tp.1;
+    }
+    // CP: ring of cp - 1 steps sending this rank's K and V; the backward sends K, V
+    // and their gradients. Each step overlaps the attention on the previous chunk.
+    if cfg.cp > 1 {
+        let kv_bytes = tokens * 2.0 * kv_rank.max(if m.mla.is_some() { m.kv_dim() as f64 / t } else { 0.0 }) * 2.0;
+        let step = c.coll(Collective::SendRecv, kv_bytes, c.cp_group());
+        let steps = (cfg.cp - 1) as f64;
+        let fwd_comm = steps * step;
+        let bwd_comm = 2.0 * steps * step;
+        let per_step_attn_f = core_fwd / cfg.cp as f64;
+        let per_step_attn_b = core_bwd / cfg.cp as f64;
+        let exp_f = steps * (step - per_step_attn_f).max(0.0) + step;
+        let exp_b = steps * (2.0 * step - per_step_attn_b).max(0.0) + 2.0 * step;
+        let total = fwd_comm * (1.0 + replays) + bwd_comm;
+        let exposed = (exp_f * (1.0 + replays) + exp_b).min(total);
+        lc.cp = (total, exposed);
+        lc.cp_calls = steps * (3.0 + replays);
+        lc.overlapped += total - exposed;
+    }
+    // EP: dispatch and combine all-to-all forward, the same backward.
+    if kind == LayerKind::Moe && cfg.ep > 1 {
+        let moe = m.moe.as_ref().expect("MoE layer of an MoE model");
+        let bytes = tokens / t * moe.top_k as f64 * h * 2.0 * c.w.moe_imbalance;
+        let one = c.coll(Collective::AllToAll, bytes, c.ep_group());
+        let calls = 2.0 * (2.0 + replays);
+        lc.ep = (calls * one, calls * one);
+        lc.ep_calls = calls;
+    }
+    if kind == LayerKind::Moe && cfg.etp > 1 {
+        let bytes = routed_tokens * h * 2.0;
+        let g = c.etp_group();
+        let one = c.coll(Collective::AllGather, bytes, g) + c.coll(Collective::ReduceScatter, bytes, g);
+        let calls = 2.0 + replays;
+        lc.etp = (calls * one, calls * one);
+        lc.etp_calls = 2.0 * calls;
+    }
+    lc.fwd = fwd;
+    lc.bwd = bwd;
+    lc
+}
+
+impl LayerCost {
+    /// Critical-path seconds for one micro-batch through this layer.
+    fn secs(&self) -> f64 {
+        self.fwd.total() + self.bwd.total() + self.recompute + self.tp.1 + self.cp.1 + self.ep.1 + self.etp.1
+    }
+}
+
+/// Evaluates one configuration: validity, memory, time.
+pub fn estimate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig) -> Result<Estimate, Rejection> {
+    estimate_with(model, cluster, w, cfg, Assumptions::default())
+}
+
+pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
+    cfg.check(model, cluster, w)?;
+    let hw = &cluster.profile;
+    let c = Ctx {
+        model,
+        hw,
+        w,
+        cfg,
+        a,
+        tokens: (cfg.mbs * w.seq / cfg.cp) as f64,
+        fp8: w.precision.is_fp8() && hw.gpu.peak_tflops.fp8 > 0.0,
+        domain: hw.node.nvlink_domain,
+    };
+    let m = cfg.micro_batches(w);
+    let p = cfg.pp;
+    let v = cfg.vpp;
+    let t = cfg.tp as f64;
+    let h = model.hidden as f64;
+    let tokens = c.tokens;
+
+    let dense = layer_cost(&c, LayerKind::Dense);
+    let moe = if model.moe.is_some() { layer_cost(&c, LayerKind::Moe) } else { dense };
+
+    // Output layer on the last stage: logits GEMM (BF16), fused cross-entropy over
+    // FP32 logits (read 2 + write 4, then read 4 again in backward).
+    let vocab_rank = model.vocab as f64 / t;
+    let logits_fwd = c.gemm(tokens, vocab_rank, h, false);
+    let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
+    let output_secs = 3.0 * logits_fwd + ce;
+    let output_flops = 3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
+    // Embedding lookup on the first stage (gather, and a scatter-add in backward).
+    let embed_secs = c.mem(tokens * h * 2.0 * 3.0 / if cfg.sp { t } else { 1.0 });
+    // The output layer's TP communication (gather the hidden state or all-reduce
+    // its input gradient) is one block's worth.
+    let out_tp = if cfg.tp > 1 {
+        let act = tokens * h * 2.0;
+        let g = c.tp_group();
+        if cfg.sp { c.coll(Collective::AllGather, act, g) + c.coll(Collective::ReduceScatter, act, g) } else { c.coll(Collective::AllReduce, act, g) }
+    } else {
+        0.0
+    };
+
+    // Layers of each physical stage (sum over its virtual chunks).
+    let chunks = cfg.stage_layers(model.layers)?;
+    let mut stage_layers = vec![0u64; p as usize];
+    let mut stage_moe = vec![0u64; p as usize];
+    let mut start = 0u64;
+    for (idx, &n) in chunks.iter().enumerate() {
+        let stage = idx % p as usize;
+        stage_layers[stage] += n;
+        stage_moe[stage] += model.moe_layers_in(start, start + n);
+        start += n;
+    }
+
+    // Parameters per GPU of each stage.
+    let params = model.params();
+    let router_and_shared = params.moe_non_expert as f64;
+    let dense_layer_params = (params.attention + params.dense_mlp) as f64 / t;
+    let moe_dense_params = params.attention as f64 / t + router_and_shared / t;
+    let moe_expert_params = params.routed_experts as f64 / (cfg.ep * cfg.etp) as f64;
+    let embed_params = (model.vocab * model.hidden) as f64 / t;
+    let tied_single = model.tied_embeddings && p == 1;
+
+    let act_dense = memory::layer_activations(model, cfg, w, LayerKind::Dense, a.flash_attention);
+    let act_moe = memory::layer_activations(model, cfg, w, LayerKind::Moe, a.flash_attention);
+
+    let mut stages = Vec::with_capacity(p as usize);
+    let mut worst_mem = StageMemory::default();
+    let mut stage_comm_tp = vec![0.0; p as usize];
+    for i in 0..p {
+        let iu = i as usize;
+        let n_moe = stage_moe[iu] as f64;
+        let n_dense = stage_layers[iu] as f64 - n_moe;
+        let mut secs = n_dense * dense.secs() + n_moe * moe.secs();
+        stage_comm_tp[iu] = n_dense * dense.tp.1 + n_moe * moe.tp.1;
+        let first = i == 0;
+        let last = i == p - 1;
+        if first {
+            secs += embed_secs;
+        }
+        if last {
+            secs += output_secs + 2.0 * out_tp;
+        }
+        // Memory.
+        let mut dense_p = n_dense * dense_layer_params + n_moe * moe_dense_params;
+        let expert_p = n_moe * moe_expert_params;
+        if first {
+            dense_p += embed_params;
+        }
+        if last && !tied_single {
+            dense_p += embed_params;
+        }
+        if last {
+            dense_p += h; // final norm
+        }
+        let (weights, gradients, optimizer) = memory::model_state(cfg, dense_p, expert_p);
+        let flight = memory::in_flight(cfg, m, i);
+        let stored = n_dense * act_dense.stored + n_moe * act_moe.stored;
+        let per_layer_stored = if stage_layers[iu] > 0 { stored / stage_layers[iu] as f64 } else { 0.0 };
+        // Working set: with full recomputation, one layer is rebuilt in full for the
+        // micro-batch being back-propagated.
+        let working = match cfg.recompute {
+            Recompute::Full => act_dense.full.max(if n_moe > 0.0 { act_moe.full } else { 0.0 }) - per_layer_stored,
+            _ => 0.0,
+        };
+        let mut activations = stored * flight + working.max(0.0);
+        if first {
+            // Embedding output kept for its backward (and dropout mask).
+            activations += flight * tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 }) / if cfg.sp { t } else { 1.0 };
+        }
+        let logits = if last { tokens * vocab_rank * (2.0 + 4.0) } else { 0.0 };
+        let fragmentation = hw.memory.fragmentation * (activations + logits);
+        let reserve = hw.memory.reserve_gib * GIB;
+        let total = weights + gradients + optimizer + activations + logits + fragmentation + reserve;
+        let mem = StageMemory {
+            stage: i,
+            params: dense_p + expert_p,
+            weights,
+            gradients,
+            optimizer,
+            activations,
+            logits,
+            fragmentation,
+            reserve,
+            total,
+            in_flight: flight,
+        };
+        if mem.total > worst_mem.total {
+            worst_mem = mem;
+        }
+        stages.push(StageSummary { stage: i, layers: stage_layers[iu], moe_layers: stage_moe[iu], secs_per_micro_batch: secs, memory: mem });
+    }
+
+    if worst_mem.total > hw.hbm_bytes() {
+        return Err(Rejection::OutOfMemory {
+            stage: worst_mem.stage,
+            needed_gib: worst_mem.total / GIB,
+            usable_gib: hw.usable_bytes() / GIB,
+            reserve_gib: hw.memory.reserve_gib,
+        });
+    }
+
+    // Pipeline: m micro-batches through the slowest stage, plus fill and drain
+    // ((p-1)/v passes of an average stage; the closed form for 1F1B and
+    // interleaved 1F1B when stages are equal).
+    let (critical, t_max) = stages
+        .iter()
+        .map(|s| (s.stage, s.secs_per_micro_batch))
+        .fold((0, 0.0f64), |acc, x| if x.1 > acc.1 { x } else { acc });
+    let t_mean = stages.iter().map(|s| s.secs_per_micro_batch).sum::<f64>() / p as f64;
+    let bubble = (p - 1) as f64 / v as f64 * t_mean;
+    let pipe = m as f64 * t_max + bubble;
+
+    // Pipeline point-to-point: activation forward, gradient backward, per
+    // micro-batch and virtual chunk. Sharded over TP (SP, or Megatron's
+    // scatter-gather of the pipeline tensor without SP).
+    let mut comm: Vec<CommTerm> = Vec::new();
+    let crit = &stages[critical as usize];
+    let crit_dense = (crit.layers - crit.moe_layers) as f64;
+    let crit_moe = crit.moe_layers as f64;
+    let mb = m as f64;
+    let mut push_layer_comm = |kind: CommKind, coll: Collective, group: Placement, bytes: f64, d: (f64, f64), mo: (f64, f64), calls_d: f64, calls_m: f64| {
+        let total = mb * (crit_dense * d.0 + crit_moe * mo.0);
+        if total <= 0.0 {
+            return;
+        }
+        let exposed = mb * (crit_dense * d.1 + crit_moe * mo.1);
+        comm.push(CommTerm {
+            kind,
+            collective: coll,
+            group,
+            tier: group.tier(),
+            bytes_per_call: bytes,
+            calls_per_step: mb * (crit_dense * calls_d + crit_moe * calls_m),
+            total_secs: total,
+            exposed_secs: exposed,
+            overlapped_secs: total - exposed,
+        });
+    };
+    let act_bytes = tokens * h * 2.0;
+    push_layer_comm(CommKind::Tp, if cfg.sp { Collective::AllGather } else { Collective::AllReduce }, c.tp_group(), act_bytes, dense.tp, moe.tp, dense.tp_calls, moe.tp_calls);
+    push_layer_comm(CommKind::Cp, Collective::SendRecv, c.cp_group(), 0.0, dense.cp, moe.cp, dense.cp_calls, moe.cp_calls);
+    if let Some(mo) = &model.moe {
+        push_layer_comm(CommKind::Ep, Collective::AllToAll, c.ep_group(), tokens / t * mo.top_k as f64 * h * 2.0, (0.0, 0.0), moe.ep, 0.0, moe.ep_calls);
+        push_layer_comm(CommKind::Etp, Collective::AllGather, c.etp_group(), 0.0, (0.0, 0.0), moe.etp, 0.0, moe.etp_calls);
+    }
+
+    let mut p2p_exposed = 0.0;
+    if p > 1 {
+        let bytes = act_bytes / t;
+        let g = c.pp_group();
+        let one = c.coll(Collective::SendRecv, bytes, g);
+        let transfers = 2.0 * (mb * v as f64 + (p - 1) as f64);
+        let total = transfers * one;
+        p2p_exposed = if v > 1 && cfg.overlap.p2p { 2.0 * (p - 1) as f64 * one } else { total };
+        comm.push(CommTerm { kind: CommKind::Pp, collective: Collective::SendRecv, group: g, tier: g.tier(), bytes_per_call: bytes, calls_per_step: transfers, total_secs: total, exposed_secs: p2p_exposed, overlapped_secs: total - p2p_exposed });
+    }
+
+    // Data-parallel synchronisation, per stage; the step waits for the slowest.
+    // Stage i finishes its last backward i micro-batch-backwards before stage 0
+    // (the drain of 1F1B), which hides that much of its reduction.
+    let mut dp_exposed_max = 0.0f64;
+    let mut dp_terms: Vec<CommTerm> = Vec::new();
+    let mut overlapped_total = mb * (crit_dense * dense.overlapped + crit_moe * moe.overlapped);
+    let mut optimizer_secs = 0.0f64;
+    for s in &stages {
+        let mem = &s.memory;
+        let n_moe = s.moe_layers as f64;
+        let expert_p = n_moe * moe_expert_params;
+        let dense_p = mem.params - expert_p;
+        let t_b = s.secs_per_micro_batch * 2.0 / 3.0;
+        let t_f = s.secs_per_micro_batch / 3.0;
+        let slack = s.stage as f64 * t_b;
+        let mut terms: Vec<CommTerm> = Vec::new();
+        let mut exposed = 0.0;
+        let mut overlapped = 0.0;
+        for (params_local, group, grad_kind, param_kind) in [
+            (dense_p, c.dp_group(), CommKind::DpGrad, CommKind::DpParam),
+            (expert_p, c.edp_group(), CommKind::EdpGrad, CommKind::EdpParam),
+        ] {
+            if params_local <= 0.0 || group.size <= 1 {
+                continue;
+            }
+            let grad_bytes = params_local * memory::grad_bytes(cfg);
+            let param_bytes = params_local * memory::WEIGHT_BYTES;
+            let (grad_coll, grad_calls, gather_calls) = match cfg.zero {
+                Zero::None => (Collective::AllReduce, 1.0, 0.0),
+                Zero::DistOpt | Zero::Zero2 => (Collective::ReduceScatter, 1.0, 1.0),
+                // FSDP: gather before each forward and backward, reduce after each backward.
+                Zero::Zero3 => (Collective::ReduceScatter, mb, 2.0 * mb),
+            };
+            let buckets = (params_local / BUCKET_PARAMS).ceil().max(1.0);
+            let grad_one = c.coll(grad_coll, grad_bytes / buckets, group) * buckets;
+            let grad_total = grad_one * grad_calls;
+            let last_bucket = grad_one / buckets;
+            let grad_exposed = if cfg.zero == Zero::Zero3 {
+                // Per micro-batch reduction overlaps that micro-batch's backward.
+                ((grad_one - t_b).max(last_bucket) * mb).min(grad_total)
+            } else if cfg.overlap.grad_reduce {
+                (grad_total - t_b).max(last_bucket).min(grad_total)
+            } else {
+                grad_total
+            };
+            let gather_one = if gather_calls > 0.0 { c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets } else { 0.0 };
+            let gather_total = gather_one * gather_calls;
+            let gather_exposed = if gather_calls == 0.0 {
+                0.0
+            } else if cfg.zero == Zero::Zero3 {
+                ((gather_one - t_f).max(gather_one / buckets) * gather_calls).min(gather_total)
+            } else if cfg.overlap.param_gather {
+                (gather_total - t_f).max(gather_one / buckets).min(gather_total)
+            } else {
+                gather_total
+            };
+            exposed += grad_exposed + gather_exposed;
+            overlapped += grad_total - grad_exposed + gather_total - gather_exposed;
+            terms.push(CommTerm { kind: grad_kind, collective: grad_coll, group, tier: group.tier(), bytes_per_call: grad_bytes / buckets, calls_per_step: grad_calls * buckets, total_secs: grad_total, exposed_secs: grad_exposed, overlapped_secs: grad_total - grad_exposed });
+            if gather_calls > 0.0 {
+                terms.push(CommTerm { kind: param_kind, collective: Collective::AllGather, group, tier: group.tier(), bytes_per_call: param_bytes / buckets, calls_per_step: gather_calls * buckets, total_secs: gather_total, exposed_secs: gather_exposed, overlapped_secs: gather_total - gather_exposed });
+            }
+        }
+        // Exposure beyond this stage's drain slack delays the step.
+        let stage_exposed = (exposed - slack).max(0.0);
+        if stage_exposed >= dp_exposed_max && (!terms.is_empty() || dp_terms.is_empty()) {
+            dp_exposed_max = stage_exposed;
+            for term in &mut terms {
+                // Attribute the slack proportionally so the terms add up.
+                if exposed > 0.0 {
+                    let kept = stage_exposed / exposed;
+                    let hidden = term.exposed_secs * (1.0 - kept);
+                    term.exposed_secs -= hidden;
+                    term.overlapped_secs += hidden;
+                }
+            }
+            dp_terms = terms;
+            overlapped_total += overlapped;
+        }
+        // Optimizer: Adam reads and writes the FP32 master weight, momentum and
+        // variance, reads the FP32 gradient and writes the BF16 weight (~30 bytes
+        // per parameter), plus the gradient-norm pass (4 bytes): on the shard this
+        // rank owns.
+        let (_, _, opt_bytes) = memory::model_state(cfg, dense_p, expert_p);
+        let owned = opt_bytes / memory::OPTIMIZER_BYTES;
+        optimizer_secs = optimizer_secs.max(c.mem(owned * 34.0));
+    }
+    comm.extend(dp_terms);
+
+    let slowdown = hw.efficiency.overlap_slowdown * overlapped_total;
+    let step = pipe + p2p_exposed + dp_exposed_max + optimizer_secs + slowdown;
+
+    // Breakdown on the critical stage.
+    let mut compute = OpClasses::default();
+    compute.add_scaled(&dense.fwd, mb * crit_dense);
+    compute.add_scaled(&dense.bwd, mb * crit_dense);
+    compute.add_scaled(&moe.fwd, mb * crit_moe);
+    compute.add_scaled(&moe.bwd, mb * crit_moe);
+    if critical == 0 {
+        compute.elementwise += mb * embed_secs;
+    }
+    if critical == p - 1 {
+        compute.output_layer += mb * output_secs;
+    }
+    let recompute = mb * (crit_dense * dense.recompute + crit_moe * moe.recompute);
+    let exposed_layer_comm: f64 = comm.iter().filter(|t| matches!(t.kind, CommKind::Tp | CommKind::Cp | CommKind::Ep | CommKind::Etp)).map(|t| t.exposed_secs).sum::<f64>()
+        + if critical == p - 1 { mb * 2.0 * out_tp } else { 0.0 };
+    if critical == p - 1 && out_tp > 0.0 {
+        if let Some(tp) = comm.iter_mut().find(|t| t.kind == CommKind::Tp) {
+            tp.total_secs += mb * 2.0 * out_tp;
+            tp.exposed_secs += mb * 2.0 * out_tp;
+        }
+    }
+    let exposed_comm = exposed_layer_comm + p2p_exposed + dp_exposed_max;
+
+    // FLOPs of the whole model per step, per GPU.
+    let moe_layers = model.moe_layers() as f64;
+    let dense_layers = model.layers as f64 - moe_layers;
+    // Layer FLOPs are already per GPU of a TP x CP group; every micro-batch of the
+    // step passes all layers once, spread over the PP stages and the DP replicas.
+    let per_gpu_div = (p * cfg.dp) as f64;
+    let total_micro = (w.global_batch / cfg.mbs) as f64;
+    let model_flops = total_micro * (dense_layers * dense.model_flops + moe_layers * moe.model_flops + output_flops) / per_gpu_div;
+    let recompute_flops = total_micro * (dense_layers * dense.recompute_flops + moe_layers * moe.recompute_flops) / per_gpu_div;
+    let peak = hw.peak_flops(false);
+    let mfu = model_flops / (step * peak);
+    let hfu = (model_flops + recompute_flops) / (step * peak);
+    let tokens_per_step = (w.global_batch * w.seq) as f64;
+
+    Ok(Estimate {
+        schema_version: ESTIMATE_SCHEMA_VERSION,
+        step_secs: step,
+        tokens_per_sec_per_gpu: tokens_per_step / step / cluster.gpus as f64,
+        mfu,
+        hfu,
+        model_tflops_per_gpu: model_flops / step / 1e12,
+        micro_batches: m,
+        bubble_fraction: bubble / step,
+        exposed_comm_fraction: exposed_comm / step,
+        time: TimeBreakdown { compute, recompute, exposed_comm, bubble, optimizer: optimizer_secs, overlap_slowdown: slowdown },
+        comm,
+        memory: worst_mem,
+        hbm_bytes: hw.hbm_bytes(),
+        usable_bytes: hw.usable_bytes(),
+        stages,
+        critical_stage: critical,
+    })
+}
+
+/// Tokens/s/GPU that a step time implies.
+pub fn tokens_per_sec_per_gpu(w: &Workload, gpus: u64, step_secs: f64) -> f64 {
+    (w.global_batch * w.seq) as f64 / step_secs / gpus as f64
+}
+
+/// Precision used by the GEMMs, for display.
+pub fn gemm_precision(w: &Workload, hw: &HardwareProfile) -> Precision {
+    if w.precision.is_fp8() && hw.gpu.peak_tflops.fp8 <= 0.0 {
+        Precision::Bf16
+    } else {
+        w.precision
+    }
+}

@@ -1,0 +1,34 @@
+//! Errors of the planner crate, one enum, grouped by what was wrong.
+//!
+//! A configuration that does not fit or does not divide is not an error: it is a
+//! [`crate::config::Rejection`], which the search counts and `estimate` explains.
+
+use thiserror::Error;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum InputError {
+    #[error("unknown model '{name}'{}", suggest(.suggestions))]
+    UnknownModel { name: String, suggestions: Vec<String> },
+    #[error("unknown hardware profile '{name}'{}", suggest(.suggestions))]
+    UnknownProfile { name: String, suggestions: Vec<String> },
+    #[error("model '{model}': {field}: {problem}")]
+    Model { model: String, field: String, problem: String },
+    #[error("hardware profile '{profile}': field '{field}': {problem}")]
+    Profile { profile: String, field: String, problem: String },
+    #[error("{what} JSON is malformed: {detail}")]
+    Json { what: String, detail: String },
+    #[error("Hugging Face config: {0}")]
+    HfConfig(String),
+    #[error("{what} file has schema_version {found}; this Sextant reads version {supported}")]
+    SchemaVersion { what: String, found: u32, supported: u32 },
+    #[error("{0}")]
+    Workload(String),
+}
+
+fn suggest(s: &[String]) -> String {
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!(" (did you mean {}?)", s.join(", "))
+    }
+}

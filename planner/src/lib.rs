@@ -1,0 +1,31 @@
+//! Sextant's planner: a pure cost model and an exhaustive search over parallel
+//! training layouts (TP, PP with virtual stages, DP, CP, SP, EP and expert-TP,
+//! micro-batch, ZeRO stage, recomputation) for dense and mixture-of-experts
+//! transformers.
+//!
+//! Values in, values out: nothing here reads a file, the clock, the environment or
+//! the terminal. Built-in hardware profiles are compiled in from `hwprofiles/`;
+//! the CLI parses user files and passes their text to the `from_json` functions.
+//!
+//! Passes: [`search::enumerate`] -> [`config::ParallelConfig::check`] ->
+//! [`cost::estimate`] -> rank. A configuration that fails a rule is a
+//! [`config::Rejection`] (data, counted by the search), not an error.
+
+pub mod comm;
+pub mod config;
+pub mod cost;
+pub mod error;
+pub mod hardware;
+pub mod hf;
+pub mod memory;
+pub mod model;
+pub mod plan;
+pub mod presets;
+pub mod runs;
+pub mod search;
+
+pub use config::{Layout, Overlap, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero};
+pub use cost::{estimate, Estimate};
+pub use error::InputError;
+pub use hardware::{Cluster, HardwareProfile};
+pub use model::ModelSpec;

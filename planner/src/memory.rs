@@ -1,0 +1,267 @@
+//! Per-GPU memory of one pipeline stage.
+//!
+//! Model state follows Megatron-LM's theoretical memory accounting
+//! (`megatron/training/theoretical_memory_usage.py`): mixed-precision Adam keeps a
+//! 2-byte weight, a 4-byte FP32 main gradient and 12 bytes of optimizer state (FP32
+//! master weight, momentum, variance) per parameter, i.e. 18 bytes, or
+//! `6 + 12 / dp` with the distributed optimizer. ZeRO-2 also shards the gradient,
+//! ZeRO-3 the weight. Dense parameters shard over DP x CP, expert parameters over
+//! the expert-data-parallel group.
+//!
+//! Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation
+//! in Large Transformer Models", arXiv 2205.05198), section 4, generalised term by
+//! term to grouped-query attention, gated MLPs, MLA and MoE. For GPT (MHA, 4h GeLU
+//! MLP, dropout) the per-layer bytes reduce to the paper's `sbh(34 + 5as/h)` without
+//! parallelism, `sbh(10 + 24/t + 5as/(ht))` with TP, `sbh/t (34 + 5as/h)` with TP+SP,
+//! `34 sbh/t` with selective recomputation (and with flash attention, which never
+//! stores the score matrix), and `2sbh/t` per layer with full recomputation.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ParallelConfig, Recompute, Workload, Zero};
+use crate::model::ModelSpec;
+
+/// Bytes per parameter kept for training (Megatron mixed precision with Adam).
+pub const WEIGHT_BYTES: f64 = 2.0;
+pub const GRAD_BYTES: f64 = 4.0;
+pub const OPTIMIZER_BYTES: f64 = 12.0;
+
+/// Memory of one GPU in one pipeline stage, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct StageMemory {
+    pub stage: u64,
+    /// Parameters held (dense + expert), count.
+    pub params: f64,
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer: f64,
+    /// Stored activations of all in-flight micro-batches, plus the working set of
+    /// the layer being recomputed or back-propagated.
+    pub activations: f64,
+    /// Logits and loss buffers on the last stage.
+    pub logits: f64,
+    /// Allocator fragmentation on top of the above.
+    pub fragmentation: f64,
+    /// CUDA context, NCCL and library workspaces.
+    pub reserve: f64,
+    pub total: f64,
+    /// Micro-batches whose activations are stored at the peak.
+    pub in_flight: f64,
+}
+
+/// Activation bytes of one layer for one micro-batch on one GPU, and the bytes of
+/// the same layer when nothing is recomputed (the working set of a recomputed layer).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerActivations {
+    pub stored: f64,
+    pub full: f64,
+}
+
+/// Which flavour of layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Dense,
+    Moe,
+}
+
+/// Activation bytes per layer per micro-batch on one GPU.
+///
+/// `tokens` is the micro-batch's tokens on this CP rank (mbs * seq / cp), before
+/// sequence-parallel sharding.
+pub fn layer_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, kind: LayerKind, flash: bool) -> LayerActivations {
+    let t = cfg.tp as f64;
+    let tokens = (cfg.mbs * w.seq / cfg.cp) as f64;
+    let h = model.hidden as f64;
+    // Tensors outside the TP region are split by SP, replicated without it.
+    let sp_div = if cfg.sp { t } else { 1.0 };
+    let mask = if model.dropout { 1.0 } else { 0.0 };
+
+    // Attention block. LayerNorm input and QKV input (2 bytes each); the dropout
+    // mask after the output projection (1 byte).
+    let mut outside = 2.0 * h + 2.0 * h + mask * h;
+    let kv_rank = kv_dim_per_rank(model, cfg.tp) as f64;
+    // Q, K, V kept for the attention backward and the attention output kept as the
+    // input of the output projection: all split by TP.
+    let mut inside = 2.0 * model.q_dim() as f64 / t + 2.0 * 2.0 * kv_rank + 2.0 * model.attn_out_dim() as f64 / t;
+    if let Some(m) = &model.mla {
+        // Latent projections are replicated across TP: their inputs are kept.
+        outside += 2.0 * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim) as f64;
+    }
+    // Softmax statistics (flash) or the score matrices (unfused: softmax output 2,
+    // dropout mask 1, dropout output 2 bytes per score).
+    let scores = if flash || cfg.recompute == Recompute::Selective {
+        4.0 * model.heads as f64 / t
+    } else {
+        let kv_len = w.seq as f64 / cfg.cp as f64;
+        (2.0 + 3.0 * mask) * model.heads as f64 * kv_len / t
+    };
+    inside += scores;
+
+    // MLP block: LayerNorm input, MLP input, dropout mask.
+    outside += 2.0 * h + 2.0 * h + mask * h;
+    let mlp_inner = |ffn: f64, div: f64| -> f64 {
+        // First projection's output (both halves when gated), activation output.
+        let first = model.mlp.matrices() as f64 - 1.0;
+        (2.0 * first * ffn + 2.0 * ffn) / div
+    };
+    let mut per_token = match (kind, &model.moe) {
+        (LayerKind::Moe, Some(moe)) => {
+            // Routed tokens on this rank: (tokens / tp) * top_k, gathered over expert
+            // TP; each keeps its permuted input (2h), the expert's inner activations
+            // split by expert TP, and the unpermuted output (2h).
+            let etp = cfg.etp as f64;
+            let routed = moe.top_k as f64 * w.moe_imbalance / t * etp;
+            let expert = routed * (2.0 * h + mlp_inner(moe.expert_ffn_hidden as f64, etp) + 2.0 * h);
+            let shared = mlp_inner(moe.shared_hidden() as f64, t);
+            // Router logits and probabilities (fp32) per token.
+            let router = 8.0 * moe.experts as f64 / t;
+            outside / sp_div + inside + expert + shared + router
+        }
+        _ => outside / sp_div + inside + mlp_inner(model.ffn_hidden as f64, t),
+    };
+    if w.precision.is_fp8() {
+        // Transformer Engine saves the FP8 cast of each FP8 GEMM's input for the
+        // weight gradient instead of the BF16 tensor: 1 byte less per element for
+        // the QKV and FC1 inputs (outside the TP region) and for the output
+        // projection and FC2 inputs (inside it).
+        let fc2_in = match (kind, &model.moe) {
+            (LayerKind::Moe, Some(moe)) => moe.top_k as f64 * w.moe_imbalance / t * cfg.etp as f64 * moe.expert_ffn_hidden as f64 / cfg.etp as f64 + moe.shared_hidden() as f64 / t,
+            _ => model.ffn_hidden as f64 / t,
+        };
+        per_token -= 2.0 * h / sp_div + model.attn_out_dim() as f64 / t + fc2_in;
+    }
+    let full = per_token * tokens;
+    let stored = match cfg.recompute {
+        Recompute::Full => 2.0 * h / sp_div * tokens,
+        _ => full,
+    };
+    LayerActivations { stored, full }
+}
+
+/// Width of K (or V) held by one TP rank: KV heads split when TP divides them,
+/// replicated (one head per rank) when TP exceeds them.
+pub fn kv_dim_per_rank(model: &ModelSpec, tp: u64) -> u64 {
+    if model.mla.is_some() {
+        return model.kv_dim() / tp;
+    }
+    let heads_per_rank = (model.kv_heads / tp).max(1);
+    heads_per_rank * model.head_dim
+}
+
+/// Micro-batches (in units of one stage's worth of layers) whose activations stage
+/// `stage` holds at its peak under Megatron's 1F1B schedules.
+///
+/// Non-interleaved 1F1B: stage i warms up with p - i - 1 forwards, so it holds
+/// min(m, p - i). Interleaved with v chunks: rank i runs `(p - i - 1) * 2 + (v - 1) * p`
+/// warm-up chunks (Megatron `get_forward_backward_func` interleaved schedule), each a
+/// 1/v share of the stage, so the first stage holds `p + (p - 1) / v` stage-worths —
+/// Korthikanti et al.'s `L (1 + (p-1)/(p v))` for the whole model.
+pub fn in_flight(cfg: &ParallelConfig, micro_batches: u64, stage: u64) -> f64 {
+    let p = cfg.pp;
+    let v = cfg.vpp;
+    let m = micro_batches;
+    if v == 1 {
+        return (p - stage).min(m) as f64;
+    }
+    let warmup = ((p - stage - 1) * 2 + (v - 1) * p).min(m * v);
+    let chunks = (warmup + 1).min(m * v);
+    chunks as f64 / v as f64
+}
+
+/// Bytes per main-gradient element.
+pub fn grad_bytes(cfg: &ParallelConfig) -> f64 {
+    if cfg.bf16_grads {
+        2.0
+    } else {
+        GRAD_BYTES
+    }
+}
+
+/// Model state bytes (weights, gradients, optimizer) for `dense` and `expert`
+/// parameters held by one GPU.
+pub fn model_state(cfg: &ParallelConfig, dense: f64, expert: f64) -> (f64, f64, f64) {
+    let dp_dense = (cfg.dp * cfg.cp) as f64;
+    let dp_expert = cfg.edp() as f64;
+    let shard = |params: f64, dp: f64, sharded: bool| if sharded { params / dp } else { params };
+    let (w_shard, g_shard, o_shard) = match cfg.zero {
+        Zero::None => (false, false, false),
+        Zero::DistOpt => (false, false, true),
+        Zero::Zero2 => (false, true, true),
+        Zero::Zero3 => (true, true, true),
+    };
+    // FP8 weight casts are transient workspaces, as in Megatron's own accounting;
+    // the BF16 weight stays the stored copy.
+    let weights = WEIGHT_BYTES * (shard(dense, dp_dense, w_shard) + shard(expert, dp_expert, w_shard));
+    let grads = grad_bytes(cfg) * (shard(dense, dp_dense, g_shard) + shard(expert, dp_expert, g_shard));
+    let optim = OPTIMIZER_BYTES * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
+    (weights, grads, optim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Layout, Overlap, Precision};
+    use crate::presets::gpt;
+
+    fn cfg(tp: u64, sp: bool, recompute: Recompute) -> ParallelConfig {
+        ParallelConfig { tp, pp: 1, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp, mbs: 1, zero: Zero::None, recompute, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false }
+    }
+
+    fn w(seq: u64) -> Workload {
+        Workload { seq, global_batch: 1, precision: Precision::Bf16, moe_imbalance: 1.0 }
+    }
+
+    /// Korthikanti et al. 2022, Table 2, evaluated for GPT-3 175B (s=2048, h=12288,
+    /// a=96, b=1, t=8): the per-layer activation bytes of each technique.
+    #[test]
+    fn korthikanti_table_2() {
+        let m = gpt("gpt3-175b", "test", 96, 12288, 96);
+        let (s, h, a, t) = (2048.0, 12288.0, 96.0, 8.0);
+        let sbh = s * h;
+        let cases = [
+            // (tp, sp, recompute, flash, paper formula)
+            (1, false, Recompute::None, false, sbh * (34.0 + 5.0 * a * s / h)),
+            (8, false, Recompute::None, false, sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t))),
+            (8, true, Recompute::None, false, sbh / t * (34.0 + 5.0 * a * s / h)),
+            (8, false, Recompute::Selective, false, sbh * (10.0 + 24.0 / t)),
+            (8, true, Recompute::Selective, false, sbh / t * 34.0),
+            (8, true, Recompute::Full, false, 2.0 * sbh / t),
+            (8, false, Recompute::Full, false, 2.0 * sbh),
+        ];
+        for (tp, sp, rc, flash, expect) in cases {
+            let got = layer_activations(&m, &cfg(tp, sp, rc), &w(2048), LayerKind::Dense, flash).stored;
+            // The flash-attention statistics (4 bytes per head per token) are
+            // counted for selective and are below 0.1% of the total.
+            let err = (got - expect).abs() / expect;
+            assert!(err < 0.001, "tp{tp} sp{sp} {rc:?}: got {got}, paper {expect}, err {err}");
+        }
+    }
+
+    #[test]
+    fn in_flight_matches_schedules() {
+        let mut c = cfg(1, false, Recompute::None);
+        c.pp = 4;
+        assert_eq!(in_flight(&c, 16, 0), 4.0);
+        assert_eq!(in_flight(&c, 16, 3), 1.0);
+        assert_eq!(in_flight(&c, 2, 0), 2.0);
+        c.vpp = 2;
+        // p + (p-1)/v = 4 + 3/2 for the first stage.
+        assert_eq!(in_flight(&c, 16, 0), 5.5);
+    }
+
+    /// Megatron's theoretical memory: 18 bytes per parameter, or 6 + 12/dp with the
+    /// distributed optimizer.
+    #[test]
+    fn model_state_bytes_per_parameter() {
+        let mut c = cfg(1, false, Recompute::None);
+        c.dp = 8;
+        let (wt, g, o) = model_state(&c, 1.0, 0.0);
+        assert_eq!(wt + g + o, 18.0);
+        c.zero = Zero::DistOpt;
+        let (wt, g, o) = model_state(&c, 1.0, 0.0);
+        assert_eq!(wt + g + o, 6.0 + 12.0 / 8.0);
+        c.zero = Zero::Zero3;
+        let (wt, g, o) = model_state(&c, 1.0, 0.0);
+        assert_eq!(wt + g + o, 18.0 / 8.0);
+    }
+}

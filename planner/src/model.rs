@@ -1,0 +1,439 @@
+//! Transformer model description: the shapes that change the cost of training.
+//!
+//! A [`ModelSpec`] is a plain value. It can come from a built-in preset
+//! ([`crate::presets`]), from a Hugging Face `config.json` ([`crate::hf`]) or from
+//! Sextant's own JSON model format (this type, serialised with `schema_version`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::InputError;
+
+/// Version of Sextant's own model JSON format.
+pub const MODEL_SCHEMA_VERSION: u32 = 1;
+
+/// Feed-forward block type. Gated MLPs (SwiGLU, GeGLU) have three weight matrices,
+/// plain ones (GeLU, squared ReLU) two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MlpKind {
+    /// `down(act(gate(x)) * up(x))`: Llama, Mistral, Qwen, DeepSeek, GPT-OSS.
+    Gated,
+    /// `down(act(up(x)))`: GPT-3 (GeLU), Nemotron-4 (squared ReLU).
+    Plain,
+}
+
+impl MlpKind {
+    /// Number of `hidden x ffn` weight matrices.
+    pub fn matrices(self) -> u64 {
+        match self {
+            MlpKind::Gated => 3,
+            MlpKind::Plain => 2,
+        }
+    }
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3) dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mla {
+    /// Rank of the query down-projection; 0 means queries are projected directly.
+    pub q_lora_rank: u64,
+    pub kv_lora_rank: u64,
+    pub qk_nope_head_dim: u64,
+    pub qk_rope_head_dim: u64,
+    pub v_head_dim: u64,
+}
+
+/// Mixture-of-experts feed-forward layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moe {
+    /// Routed experts per MoE layer.
+    pub experts: u64,
+    /// Experts each token is routed to.
+    pub top_k: u64,
+    /// FFN hidden size of one routed expert.
+    pub expert_ffn_hidden: u64,
+    /// Shared experts applied to every token (each of `expert_ffn_hidden`, unless
+    /// `shared_ffn_hidden` is set).
+    #[serde(default)]
+    pub shared_experts: u64,
+    /// Total FFN hidden size of the shared expert(s), when it differs from
+    /// `shared_experts * expert_ffn_hidden` (Qwen2-MoE style).
+    #[serde(default)]
+    pub shared_ffn_hidden: Option<u64>,
+    /// Leading layers that use a dense MLP of `ffn_hidden` (DeepSeek-V3: 3).
+    #[serde(default)]
+    pub dense_leading_layers: u64,
+    /// Every `layer_freq`-th layer after the dense ones is MoE (1: all of them).
+    #[serde(default = "one")]
+    pub layer_freq: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl Moe {
+    pub fn shared_hidden(&self) -> u64 {
+        self.shared_ffn_hidden
+            .unwrap_or(self.shared_experts * self.expert_ffn_hidden)
+    }
+}
+
+/// Sliding-window attention on some of the layers (GPT-OSS alternates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlidingWindow {
+    pub window: u64,
+    /// How many of the layers use the window (the others attend to everything).
+    pub layers: u64,
+}
+
+/// Everything about a model that changes the cost of training it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    #[serde(default = "model_schema")]
+    pub schema_version: u32,
+    pub name: String,
+    /// Where the numbers come from (paper, model card, config.json).
+    #[serde(default)]
+    pub source: String,
+    pub layers: u64,
+    pub hidden: u64,
+    /// Dense MLP hidden size (used by all layers of a dense model and by the dense
+    /// leading layers of an MoE model).
+    pub ffn_hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub vocab: u64,
+    #[serde(default)]
+    pub tied_embeddings: bool,
+    pub mlp: MlpKind,
+    /// Dropout on attention probabilities and hidden states (GPT-3 era: yes; Llama: no).
+    /// Changes activation memory (the masks) and element-wise traffic.
+    #[serde(default)]
+    pub dropout: bool,
+    /// Linear layers carry biases (GPT-3) or not (Llama).
+    #[serde(default)]
+    pub bias: bool,
+    #[serde(default)]
+    pub mla: Option<Mla>,
+    #[serde(default)]
+    pub moe: Option<Moe>,
+    #[serde(default)]
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+fn model_schema() -> u32 {
+    MODEL_SCHEMA_VERSION
+}
+
+/// Parameter counts, split the way sharding treats them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ParamCounts {
+    /// Attention block of one layer (projections and its norm).
+    pub attention: u64,
+    /// Dense MLP of one layer (and its norm).
+    pub dense_mlp: u64,
+    /// Routed experts of one MoE layer (all of them).
+    pub routed_experts: u64,
+    /// Shared experts, router and norm of one MoE layer.
+    pub moe_non_expert: u64,
+    pub embedding: u64,
+    /// Output projection (0 if tied).
+    pub output: u64,
+    pub total: u64,
+    /// Parameters one token touches (MoE: top-k experts only).
+    pub active: u64,
+}
+
+impl ModelSpec {
+    /// Width of the query projection output (heads x head_dim, or MLA's).
+    pub fn q_dim(&self) -> u64 {
+        match &self.mla {
+            Some(m) => self.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
+            None => self.heads * self.head_dim,
+        }
+    }
+
+    /// Width of the key (and, without MLA, value) projection output.
+    pub fn kv_dim(&self) -> u64 {
+        match &self.mla {
+            Some(m) => self.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
+            None => self.kv_heads * self.head_dim,
+        }
+    }
+
+    /// Width of the attention output fed to the output projection.
+    pub fn attn_out_dim(&self) -> u64 {
+        match &self.mla {
+            Some(m) => self.heads * m.v_head_dim,
+            None => self.heads * self.head_dim,
+        }
+    }
+
+    /// Head dimension used in the QK^T product.
+    pub fn qk_head_dim(&self) -> u64 {
+        match &self.mla {
+            Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+            None => self.head_dim,
+        }
+    }
+
+    /// Head dimension of values.
+    pub fn v_head_dim(&self) -> u64 {
+        match &self.mla {
+            Some(m) => m.v_head_dim,
+            None => self.head_dim,
+        }
+    }
+
+    /// Whether layer `index` (0-based) has an MoE feed-forward block.
+    pub fn is_moe_layer(&self, index: u64) -> bool {
+        match &self.moe {
+            Some(m) => {
+                index >= m.dense_leading_layers
+                    && (index - m.dense_leading_layers) % m.layer_freq.max(1) == 0
+            }
+            None => false,
+        }
+    }
+
+    /// Number of MoE layers among layers `[start, end)`.
+    pub fn moe_layers_in(&self, start: u64, end: u64) -> u64 {
+        let Some(m) = &self.moe else { return 0 };
+        let first = m.dense_leading_layers.max(start);
+        if first >= end {
+            return 0;
+        }
+        let f = m.layer_freq.max(1);
+        // Count k >= dense with (k - dense) % f == 0 in [first, end).
+        let lo = (first - m.dense_leading_layers).div_ceil(f);
+        let hi = (end - m.dense_leading_layers).div_ceil(f);
+        hi - lo
+    }
+
+    pub fn moe_layers(&self) -> u64 {
+        self.moe_layers_in(0, self.layers)
+    }
+
+    /// Parameters of the attention projections of one layer (no norm).
+    fn attention_projection_params(&self) -> u64 {
+        let h = self.hidden;
+        let proj = match &self.mla {
+            Some(m) => {
+                let q = if m.q_lora_rank > 0 {
+                    h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.q_dim()
+                } else {
+                    h * self.q_dim()
+                };
+                let kv = h * (m.kv_lora_rank + m.qk_rope_head_dim)
+                    + m.kv_lora_rank
+                    + m.kv_lora_rank * self.heads * (m.qk_nope_head_dim + m.v_head_dim);
+                q + kv + self.attn_out_dim() * h
+            }
+            None => h * (self.q_dim() + 2 * self.kv_dim()) + self.attn_out_dim() * h,
+        };
+        let bias = if self.bias {
+            self.q_dim() + 2 * self.kv_dim() + h
+        } else {
+            0
+        };
+        proj + bias
+    }
+
+    fn mlp_params(&self, ffn: u64) -> u64 {
+        let w = self.mlp.matrices() * self.hidden * ffn;
+        let b = if self.bias {
+            (self.mlp.matrices() - 1) * ffn + self.hidden
+        } else {
+            0
+        };
+        w + b
+    }
+
+    pub fn params(&self) -> ParamCounts {
+        let h = self.hidden;
+        let norm = if self.bias { 2 * h } else { h };
+        let attention = self.attention_projection_params() + norm;
+        let dense_mlp = self.mlp_params(self.ffn_hidden) + norm;
+        let (routed_experts, moe_non_expert, active_expert) = match &self.moe {
+            Some(m) => {
+                let one_expert = self.mlp_params(m.expert_ffn_hidden);
+                let shared = if m.shared_hidden() > 0 {
+                    self.mlp_params(m.shared_hidden())
+                } else {
+                    0
+                };
+                let router = h * m.experts;
+                (
+                    m.experts * one_expert,
+                    shared + router + norm,
+                    m.top_k * one_expert,
+                )
+            }
+            None => (0, 0, 0),
+        };
+        let embedding = self.vocab * h;
+        let output = if self.tied_embeddings { 0 } else { self.vocab * h };
+        let moe_layers = self.moe_layers();
+        let dense_layers = self.layers - moe_layers;
+        let final_norm = norm;
+        let total = self.layers * attention
+            + dense_layers * dense_mlp
+            + moe_layers * (routed_experts + moe_non_expert)
+            + embedding
+            + output
+            + final_norm;
+        let active = self.layers * attention
+            + dense_layers * dense_mlp
+            + moe_layers * (active_expert + moe_non_expert)
+            + embedding
+            + output
+            + final_norm;
+        ParamCounts {
+            attention,
+            dense_mlp,
+            routed_experts,
+            moe_non_expert,
+            embedding,
+            output,
+            total,
+            active,
+        }
+    }
+
+    /// Checks that the numbers describe a buildable model. Returns the first problem.
+    pub fn validate(&self) -> Result<(), InputError> {
+        let bad = |field: &str, why: String| {
+            Err(InputError::Model {
+                model: self.name.clone(),
+                field: field.to_string(),
+                problem: why,
+            })
+        };
+        const MAX: u64 = 1 << 40;
+        for (field, v) in [
+            ("layers", self.layers),
+            ("hidden", self.hidden),
+            ("ffn_hidden", self.ffn_hidden),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab", self.vocab),
+        ] {
+            if v == 0 {
+                return bad(field, "must be at least 1".into());
+            }
+            if v > MAX {
+                return bad(field, format!("{v} is beyond any trainable model (at most {MAX})"));
+            }
+        }
+        if self.layers > 100_000 {
+            return bad("layers", format!("{} layers is not a real model (at most 100000)", self.layers));
+        }
+        if self.heads > 1 << 20 || self.hidden > 1 << 24 || self.head_dim > 1 << 16 {
+            return bad("hidden", "hidden size, heads or head_dim is absurdly large".into());
+        }
+        if self.heads % self.kv_heads != 0 {
+            return bad(
+                "kv_heads",
+                format!(
+                    "{} KV heads do not divide {} attention heads (grouped-query attention needs heads % kv_heads == 0)",
+                    self.kv_heads, self.heads
+                ),
+            );
+        }
+        if let Some(m) = &self.moe {
+            if m.experts == 0 || m.top_k == 0 || m.expert_ffn_hidden == 0 {
+                return bad("moe", "experts, top_k and expert_ffn_hidden must be at least 1".into());
+            }
+            if m.experts > 1 << 20 || m.expert_ffn_hidden > MAX {
+                return bad("moe", "expert count or size is absurdly large".into());
+            }
+            if m.top_k > m.experts {
+                return bad(
+                    "moe.top_k",
+                    format!("top-k {} exceeds the {} experts", m.top_k, m.experts),
+                );
+            }
+            if m.dense_leading_layers >= self.layers {
+                return bad(
+                    "moe.dense_leading_layers",
+                    format!(
+                        "{} dense leading layers leave no MoE layer among {}",
+                        m.dense_leading_layers, self.layers
+                    ),
+                );
+            }
+            if m.layer_freq == 0 {
+                return bad("moe.layer_freq", "must be at least 1".into());
+            }
+        }
+        if let Some(m) = &self.mla {
+            if m.kv_lora_rank == 0 || m.v_head_dim == 0 || m.qk_nope_head_dim + m.qk_rope_head_dim == 0 {
+                return bad("mla", "kv_lora_rank, v_head_dim and qk head dims must be positive".into());
+            }
+        }
+        if let Some(w) = &self.sliding_window {
+            if w.window == 0 || w.layers > self.layers {
+                return bad(
+                    "sliding_window",
+                    format!("window must be positive and layers at most {}", self.layers),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses Sextant's own model JSON.
+    pub fn from_json(text: &str) -> Result<ModelSpec, InputError> {
+        let spec: ModelSpec = serde_json::from_str(text).map_err(|e| InputError::Json {
+            what: "Sextant model".into(),
+            detail: e.to_string(),
+        })?;
+        if spec.schema_version != MODEL_SCHEMA_VERSION {
+            return Err(InputError::SchemaVersion {
+                what: "model".into(),
+                found: spec.schema_version,
+                supported: MODEL_SCHEMA_VERSION,
+            });
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// One line: "80 layers, hidden 8192, 64 heads (8 KV), 70.6B params".
+    pub fn summary(&self) -> String {
+        let p = self.params();
+        let mut s = format!(
+            "{} layers, hidden {}, {} heads ({} KV), ffn {}, vocab {}, {:.1}B params",
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.kv_heads,
+            self.ffn_hidden,
+            self.vocab,
+            p.total as f64 / 1e9
+        );
+        if let Some(m) = &self.moe {
+            s.push_str(&format!(
+                " ({:.1}B active; {} experts top-{}, expert ffn {}",
+                p.active as f64 / 1e9,
+                m.experts,
+                m.top_k,
+                m.expert_ffn_hidden
+            ));
+            if m.shared_experts > 0 {
+                s.push_str(&format!(", {} shared", m.shared_experts));
+            }
+            if m.dense_leading_layers > 0 {
+                s.push_str(&format!(", first {} dense", m.dense_leading_layers));
+            }
+            s.push(')');
+        }
+        if self.mla.is_some() {
+            s.push_str(", MLA");
+        }
+        s
+    }
+}

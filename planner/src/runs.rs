@@ -1,0 +1,259 @@
+//! Published (or measured) training runs in the schema of
+//! `../shared/data/published_runs.csv`, turned into estimator inputs.
+//!
+//! Each row names its model; a row's columns give the shapes, and the model's
+//! published configuration (a built-in preset, when the name resolves) gives what
+//! the columns leave out (gated MLP, head_dim, MLA, dense leading layers, tied
+//! embeddings). Rows that cannot be represented come back as errors with the
+//! reason, never dropped.
+//!
+//! Mapping rules that are not in the columns, applied to every row alike:
+//! - blank micro-batch: 1; blank virtual stages: 1;
+//! - blank or "not stated" recomputation: the least recomputation (none, then
+//!   selective, then full) under which the configuration fits in memory. The run
+//!   was measured, so it fit;
+//! - stage layout: [`Layout::balanced`];
+//! - the `zero` column tells the software stack. `distributed optimizer` rows ran
+//!   Megatron-Core (NeMo, Megatron-Bridge, Megatron-LM 2024+), whose performance
+//!   recipes overlap gradient reduction, parameter gathering and TP communication,
+//!   with fused (flash) attention and BF16 gradient reduction (NeMo launcher's
+//!   `optim.grad_sync_dtype=bf16`, Megatron-Bridge `grad_reduce_in_fp32=False`). Plain data parallelism (`zero = 0`) is the
+//!   2021-22 Megatron-LM stack of SC'21 and Korthikanti et al.: gradients reduced
+//!   after the backward, no TP overlap, unfused softmax attention (FlashAttention
+//!   appeared in May 2022 and reached Megatron-LM in 2023);
+//! - MoE routing is balanced (imbalance 1.0), expert-TP is 1.
+
+use serde::Serialize;
+
+use crate::cost::Assumptions;
+use crate::config::{Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
+use crate::hardware::{builtin_profile, Cluster};
+use crate::model::{MlpKind, ModelSpec, Moe};
+use crate::presets::{gpt, resolve};
+
+/// What a run measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    IterSecs,
+    TokensPerSecPerGpu,
+}
+
+/// One row ready to estimate.
+#[derive(Debug, Clone)]
+pub struct RunCase {
+    pub id: String,
+    pub source: String,
+    pub gpu: String,
+    pub model: ModelSpec,
+    pub cluster: Cluster,
+    pub workload: Workload,
+    pub config: ParallelConfig,
+    pub metric: Metric,
+    pub value: f64,
+    pub moe: bool,
+    /// Software assumptions implied by the row's stack.
+    pub assumptions: Assumptions,
+    /// Whether the row states its recomputation (otherwise [`RunCase::estimate`]
+    /// picks the least that fits).
+    pub recompute_stated: bool,
+}
+
+impl RunCase {
+    /// Estimates the row with its exact configuration and stack.
+    pub fn estimate(&self) -> Result<crate::cost::Estimate, crate::config::Rejection> {
+        let run = |cfg: &ParallelConfig| crate::cost::estimate_with(&self.model, &self.cluster, &self.workload, cfg, self.assumptions);
+        if self.recompute_stated {
+            return run(&self.config);
+        }
+        let mut last = None;
+        for rc in [Recompute::None, Recompute::Selective, Recompute::Full] {
+            let cfg = ParallelConfig { recompute: rc, ..self.config.clone() };
+            match run(&cfg) {
+                Ok(e) => return Ok(e),
+                Err(r @ crate::config::Rejection::OutOfMemory { .. }) => last = Some(r),
+                Err(r) => return Err(r),
+            }
+        }
+        Err(last.expect("three attempts made"))
+    }
+
+    /// The measured step time, seconds (converted from tokens/s/GPU when needed).
+    pub fn measured_step_secs(&self) -> f64 {
+        match self.metric {
+            Metric::IterSecs => self.value,
+            Metric::TokensPerSecPerGpu => (self.workload.global_batch * self.workload.seq) as f64 / (self.value * self.cluster.gpus as f64),
+        }
+    }
+}
+
+/// A row that could not be turned into a case, with the reason.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unrepresentable {
+    pub id: String,
+    pub reason: String,
+}
+
+type Row = std::collections::HashMap<String, String>;
+
+fn get<'a>(r: &'a Row, k: &str) -> &'a str {
+    r.get(k).map(|s| s.trim()).unwrap_or("")
+}
+
+fn num(r: &Row, k: &str) -> Result<Option<u64>, String> {
+    let s = get(r, k);
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse::<u64>().map(Some).map_err(|_| format!("column '{k}' is '{s}', expected a whole number"))
+}
+
+fn req(r: &Row, k: &str) -> Result<u64, String> {
+    num(r, k)?.ok_or_else(|| format!("column '{k}' is empty"))
+}
+
+/// Hardware name in the CSV -> built-in profile.
+fn profile_for(gpu: &str) -> Result<crate::hardware::HardwareProfile, String> {
+    let key = match gpu {
+        "a100-80g" | "a100-80g-sxm" => "a100-80g",
+        "h100-sxm" | "h100" => "h100-sxm",
+        "h200-sxm" | "h200" => "h200-sxm",
+        "gb200" => "gb200-nvl72",
+        other => other,
+    };
+    builtin_profile(key).map_err(|e| e.to_string())
+}
+
+fn model_for(r: &Row) -> Result<ModelSpec, String> {
+    let name = get(r, "model");
+    let layers = req(r, "layers")?;
+    let hidden = req(r, "hidden")?;
+    let heads = req(r, "heads")?;
+    let base = match resolve(name) {
+        Ok(p) => p.spec,
+        Err(_) if name.starts_with("gpt") => gpt(name, "GPT shape from the run's columns (Megatron GPT: GeLU 4h MLP, tied embeddings)", layers, hidden, heads),
+        Err(_) => return Err(format!("model '{name}' is neither a built-in preset nor a GPT shape")),
+    };
+    let mut m = base.clone();
+    m.name = name.to_string();
+    m.layers = layers;
+    m.hidden = hidden;
+    m.heads = heads;
+    if let Some(f) = num(r, "ffn_hidden")? {
+        m.ffn_hidden = f;
+    }
+    m.kv_heads = num(r, "kv_heads")?.unwrap_or(heads);
+    if let Some(v) = num(r, "vocab")? {
+        m.vocab = v;
+    }
+    // Keep the preset's head_dim when its shape matches; otherwise hidden / heads.
+    if base.hidden != hidden || base.heads != heads {
+        m.head_dim = hidden / heads;
+    }
+    if let Some(experts) = num(r, "moe_experts")? {
+        let prev = base.moe;
+        m.moe = Some(Moe {
+            experts,
+            top_k: req(r, "moe_topk")?,
+            expert_ffn_hidden: req(r, "moe_ffn_hidden")?,
+            shared_experts: num(r, "moe_shared_experts")?.unwrap_or(0),
+            shared_ffn_hidden: None,
+            dense_leading_layers: prev.map(|p| p.dense_leading_layers).unwrap_or(0),
+            layer_freq: prev.map(|p| p.layer_freq).unwrap_or(1),
+        });
+        if m.mlp != MlpKind::Gated && prev.is_none() {
+            m.mlp = MlpKind::Gated;
+        }
+    }
+    m.validate().map_err(|e| e.to_string())?;
+    Ok(m)
+}
+
+fn case(r: &Row) -> Result<RunCase, String> {
+    let id = get(r, "id").to_string();
+    let gpu = get(r, "gpu").to_string();
+    let mut profile = profile_for(&gpu)?;
+    let per_node = req(r, "gpus_per_node")?;
+    if per_node != profile.node.gpus_per_node {
+        // The node size is a property of the machine the run used.
+        if profile.node.nvlink_domain == profile.node.gpus_per_node {
+            profile.node.nvlink_domain = per_node;
+        }
+        profile.node.gpus_per_node = per_node;
+    }
+    let gpus = req(r, "gpus")?;
+    let cluster = Cluster::new(profile, gpus).map_err(|e| e.to_string())?;
+    let model = model_for(r)?;
+    let precision = match get(r, "precision") {
+        "bf16" => Precision::Bf16,
+        "fp16" | "mixed (fp16/bf16)" => Precision::Fp16,
+        "fp8" => Precision::Fp8,
+        "mxfp8" => Precision::Mxfp8,
+        other => return Err(format!("precision '{other}' is not one of bf16, fp16, fp8, mxfp8")),
+    };
+    let workload = Workload { seq: req(r, "seq")?, global_batch: req(r, "gbs")?, precision, moe_imbalance: 1.0 };
+    let zero = match get(r, "zero") {
+        "0" | "" => Zero::None,
+        "1" | "distributed optimizer" => Zero::DistOpt,
+        "2" => Zero::Zero2,
+        "3" | "fsdp" => Zero::Zero3,
+        other => return Err(format!("zero '{other}' is not one of 0, 1, 2, 3, distributed optimizer, fsdp")),
+    };
+    let recompute_stated = !matches!(get(r, "recompute"), "" | "not stated");
+    let recompute = match get(r, "recompute") {
+        "" | "none" | "not stated" => Recompute::None,
+        "selective" => Recompute::Selective,
+        "full" => Recompute::Full,
+        other => return Err(format!("recompute '{other}' is not one of none, selective, full")),
+    };
+    let modern = zero != Zero::None;
+    let tp = req(r, "tp")?;
+    let pp = req(r, "pp")?;
+    let vpp = num(r, "vpp")?.unwrap_or(1).max(1);
+    let config = ParallelConfig {
+        tp,
+        pp,
+        vpp,
+        cp: num(r, "cp")?.unwrap_or(1),
+        ep: num(r, "ep")?.unwrap_or(1),
+        etp: 1,
+        dp: req(r, "dp")?,
+        sp: get(r, "sp") == "true",
+        mbs: num(r, "mbs")?.unwrap_or(1),
+        zero,
+        recompute,
+        layout: Layout::balanced(model.layers, pp, vpp),
+        overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm: modern, p2p: true },
+        bf16_grads: modern,
+    };
+    let metric = match get(r, "metric") {
+        "iter_s" => Metric::IterSecs,
+        "tok_per_s_per_gpu" => Metric::TokensPerSecPerGpu,
+        other => return Err(format!("metric '{other}' is not iter_s or tok_per_s_per_gpu")),
+    };
+    let value: f64 = get(r, "value").parse().map_err(|_| format!("value '{}' is not a number", get(r, "value")))?;
+    if !(value.is_finite() && value > 0.0) {
+        return Err(format!("value {value} must be positive"));
+    }
+    let moe = model.moe.is_some();
+    Ok(RunCase { id, source: get(r, "source").to_string(), gpu, model, cluster, workload, config, metric, value, moe, assumptions: Assumptions { flash_attention: modern }, recompute_stated })
+}
+
+/// Parses the CSV text. Each row becomes a case or an explanation.
+pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
+    let mut rdr = csv::ReaderBuilder::new().flexible(false).from_reader(csv_text.as_bytes());
+    let headers = rdr.headers().map_err(|e| format!("CSV header: {e}"))?.clone();
+    for needed in ["id", "gpu", "gpus_per_node", "gpus", "model", "layers", "hidden", "heads", "seq", "tp", "pp", "dp", "gbs", "metric", "value"] {
+        if !headers.iter().any(|h| h == needed) {
+            return Err(format!("CSV has no '{needed}' column (expected the published_runs.csv schema)"));
+        }
+    }
+    let mut out = Vec::new();
+    for (i, rec) in rdr.records().enumerate() {
+        let rec = rec.map_err(|e| format!("CSV row {}: {e}", i + 2))?;
+        let row: Row = headers.iter().zip(rec.iter()).map(|(h, v)| (h.to_string(), v.to_string())).collect();
+        let id = get(&row, "id").to_string();
+        out.push(case(&row).map_err(|reason| Unrepresentable { id, reason }));
+    }
+    Ok(out)
+}
