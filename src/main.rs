@@ -1,1 +1,308 @@
-fn main(){}
+//! The `sextant` command: the only place that reads files, the clock, the
+//! environment and the terminal. Everything it decides comes from the planner.
+
+mod args;
+mod io;
+mod render;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::{Parser, Subcommand};
+use sextant_planner::config::{Layout, ParallelConfig, Recompute, Rejection, Zero};
+use sextant_planner::cost::{estimate_with, evaluate};
+use sextant_planner::plan::PlanFile;
+use sextant_planner::search::{search, SearchSpace};
+
+use args::Common;
+
+#[derive(Parser, Debug)]
+#[command(name = "sextant", version, about = "Plans, costs and explains parallel training layouts for large models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Search every valid parallel configuration and rank the best.
+    Plan(PlanArgs),
+    /// Evaluate one given configuration and print its full cost breakdown.
+    Estimate(EstimateArgs),
+    /// List the built-in models.
+    Models,
+    /// List the built-in hardware profiles.
+    Profiles,
+}
+
+#[derive(clap::Args, Debug)]
+struct PlanArgs {
+    #[command(flatten)]
+    common: Common,
+    /// How many of the best plans to show.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Restrict TP to these values (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    tp: Option<Vec<u64>>,
+    #[arg(long, value_delimiter = ',')]
+    pp: Option<Vec<u64>>,
+    #[arg(long, value_delimiter = ',')]
+    vpp: Option<Vec<u64>>,
+    #[arg(long, value_delimiter = ',')]
+    cp: Option<Vec<u64>>,
+    #[arg(long, value_delimiter = ',')]
+    ep: Option<Vec<u64>>,
+    #[arg(long, value_delimiter = ',')]
+    etp: Option<Vec<u64>>,
+    /// Micro-batch sizes to try.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    mbs: Vec<u64>,
+    /// ZeRO stages to try: 0, 1 (distributed optimizer), 2, 3.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2,3")]
+    zero: Vec<String>,
+    /// Recomputation to try: none, selective, full.
+    #[arg(long, value_delimiter = ',', default_value = "none,selective,full")]
+    recompute: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct EstimateArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 1)]
+    tp: u64,
+    #[arg(long, default_value_t = 1)]
+    pp: u64,
+    /// Virtual pipeline stages per rank.
+    #[arg(long, default_value_t = 1)]
+    vpp: u64,
+    #[arg(long, default_value_t = 1)]
+    cp: u64,
+    #[arg(long, default_value_t = 1)]
+    ep: u64,
+    /// Expert tensor parallel size.
+    #[arg(long, default_value_t = 1)]
+    etp: u64,
+    /// Data parallel size (default: what the GPUs leave).
+    #[arg(long)]
+    dp: Option<u64>,
+    /// Micro-batch size.
+    #[arg(long, default_value_t = 1)]
+    mbs: u64,
+    /// ZeRO stage: 0, 1 (distributed optimizer), 2, 3.
+    #[arg(long, default_value = "1")]
+    zero: String,
+    /// none, selective or full.
+    #[arg(long, default_value = "none")]
+    recompute: String,
+    /// Sequence parallelism (default: on when TP > 1).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    sp: Option<bool>,
+    /// Layers on the first pipeline stage (uneven split; needs --last-stage-layers).
+    #[arg(long = "first-stage-layers", requires = "last_stage_layers")]
+    first_stage_layers: Option<u64>,
+    /// Layers on the last pipeline stage.
+    #[arg(long = "last-stage-layers", requires = "first_stage_layers")]
+    last_stage_layers: Option<u64>,
+    /// Count the embedding and the loss as one layer each when splitting.
+    #[arg(long = "account-embedding-loss", conflicts_with_all = ["first_stage_layers", "layers_per_stage"])]
+    account_embedding_loss: bool,
+    /// Layers of every virtual stage in pipeline order (pp x vpp values).
+    #[arg(long = "layers-per-stage", value_delimiter = ',', conflicts_with = "first_stage_layers")]
+    layers_per_stage: Option<Vec<u64>>,
+}
+
+fn parse_zero(s: &str) -> Result<Zero> {
+    Ok(match s.trim().to_ascii_lowercase().as_str() {
+        "0" | "none" => Zero::None,
+        "1" | "do" | "dist-opt" | "distributed-optimizer" => Zero::DistOpt,
+        "2" => Zero::Zero2,
+        "3" | "fsdp" => Zero::Zero3,
+        other => bail!("--zero '{other}' is not one of 0, 1 (distributed optimizer), 2, 3 (fsdp)"),
+    })
+}
+
+fn parse_recompute(s: &str) -> Result<Recompute> {
+    Ok(match s.trim().to_ascii_lowercase().as_str() {
+        "none" | "no" => Recompute::None,
+        "selective" | "sel" => Recompute::Selective,
+        "full" => Recompute::Full,
+        other => bail!("--recompute '{other}' is not one of none, selective, full"),
+    })
+}
+
+fn emit(common: &Common, plan: &PlanFile, text: String) -> Result<()> {
+    if let Some(out) = &common.out {
+        io::write_new(Path::new(out), &plan.to_json(), common.force)?;
+    }
+    if common.json {
+        println!("{}", plan.to_json());
+    } else {
+        print!("{text}");
+        if let Some(out) = &common.out {
+            println!("Plan written to {out}");
+        }
+    }
+    Ok(())
+}
+
+fn check_knobs(name: &str, values: &Option<Vec<u64>>) -> Result<()> {
+    if let Some(v) = values {
+        if v.is_empty() || v.iter().any(|&x| x == 0 || x > 1 << 24) {
+            bail!("--{name} values must be between 1 and {}", 1u64 << 24);
+        }
+    }
+    Ok(())
+}
+
+fn cmd_plan(a: PlanArgs) -> Result<()> {
+    let inp = a.common.resolve()?;
+    if a.top == 0 || a.top > 10_000 {
+        bail!("--top {} is out of range: use 1 to 10000", a.top);
+    }
+    for (name, v) in [("tp", &a.tp), ("pp", &a.pp), ("vpp", &a.vpp), ("cp", &a.cp), ("ep", &a.ep), ("etp", &a.etp)] {
+        check_knobs(name, v)?;
+    }
+    check_knobs("mbs", &Some(a.mbs.clone()))?;
+    let space = SearchSpace {
+        tp: a.tp,
+        pp: a.pp,
+        vpp: a.vpp,
+        cp: a.cp,
+        ep: a.ep,
+        etp: a.etp,
+        sp: None,
+        mbs: a.mbs,
+        zero: a.zero.iter().map(|z| parse_zero(z)).collect::<Result<_>>()?,
+        recompute: a.recompute.iter().map(|r| parse_recompute(r)).collect::<Result<_>>()?,
+        overlap: inp.overlap,
+        bf16_grads: inp.bf16_grads,
+        assumptions: inp.assumptions,
+    };
+    let start = Instant::now();
+    let res = search(&inp.model, &inp.cluster, &inp.workload, &space, a.top);
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+    let plan = PlanFile::new(
+        inp.model.clone(),
+        inp.cluster.profile.clone(),
+        inp.cluster.gpus,
+        inp.workload.clone(),
+        Some(&res),
+        res.top.iter().map(|c| (c.config.clone(), c.estimate.clone())).collect(),
+    );
+    let mut text = render::assumptions(&inp);
+    text.push('\n');
+    if res.top.is_empty() {
+        text.push_str("No configuration fits. ");
+        text.push_str(&render::search_summary(&res, millis));
+        print!("{text}");
+        bail!("no valid plan for {} on {} GPUs: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, inp.cluster.gpus);
+    }
+    text.push_str(&render::plan_table(&res, &inp));
+    text.push('\n');
+    text.push_str(&render::search_summary(&res, millis));
+    emit(&a.common, &plan, text)
+}
+
+fn cmd_estimate(a: EstimateArgs) -> Result<()> {
+    let inp = a.common.resolve()?;
+    let parts = a.tp.saturating_mul(a.pp).saturating_mul(a.cp);
+    if parts == 0 {
+        bail!("--tp, --pp and --cp must be at least 1");
+    }
+    let dp = match a.dp {
+        Some(d) => d,
+        None => {
+            if inp.cluster.gpus % parts != 0 {
+                bail!("tp x pp x cp = {parts} does not divide {} GPUs, so there is no whole data-parallel size", inp.cluster.gpus);
+            }
+            inp.cluster.gpus / parts
+        }
+    };
+    let layout = if let Some(list) = a.layers_per_stage.clone() {
+        Layout::Explicit { layers: list }
+    } else if let (Some(first), Some(last)) = (a.first_stage_layers, a.last_stage_layers) {
+        Layout::FirstLast { first, last }
+    } else if a.account_embedding_loss {
+        Layout::AccountEmbeddingLoss
+    } else {
+        Layout::Even
+    };
+    let cfg = ParallelConfig {
+        tp: a.tp,
+        pp: a.pp,
+        vpp: a.vpp,
+        cp: a.cp,
+        ep: a.ep,
+        etp: a.etp,
+        dp,
+        sp: a.sp.unwrap_or(a.tp > 1),
+        mbs: a.mbs,
+        zero: parse_zero(&a.zero)?,
+        recompute: parse_recompute(&a.recompute)?,
+        layout,
+        overlap: inp.overlap,
+        bf16_grads: inp.bf16_grads,
+    };
+    let est = match estimate_with(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {
+        Ok(e) => e,
+        Err(r @ Rejection::OutOfMemory { .. }) => {
+            // Show where the memory goes, then say why it is rejected.
+            if let Ok(e) = evaluate(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {
+                print!("{}\n{}", render::assumptions(&inp), render::breakdown(&cfg, &e, &inp.cluster.profile));
+            }
+            bail!("invalid configuration: {r}");
+        }
+        Err(r) => bail!("invalid configuration: {r}"),
+    };
+    let plan = PlanFile::new(inp.model.clone(), inp.cluster.profile.clone(), inp.cluster.gpus, inp.workload.clone(), None, vec![(cfg.clone(), est.clone())]);
+    let mut text = render::assumptions(&inp);
+    text.push('\n');
+    text.push_str(&render::breakdown(&cfg, &est, &inp.cluster.profile));
+    emit(&a.common, &plan, text)
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Plan(a) => cmd_plan(a),
+        Command::Estimate(a) => cmd_estimate(a),
+        Command::Models => {
+            print!("{}", render::models_list());
+            Ok(())
+        }
+        Command::Profiles => {
+            print!("{}", render::profiles_list());
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            }
+            // One line: clap's first line, plus its suggestion when it has one.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            let tip = text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| format!(" ({})", t.trim())).unwrap_or_default();
+            eprintln!("error: {first}{tip}; see 'sextant --help'");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", chain.join(": "));
+            ExitCode::from(1)
+        }
+    }
+}

@@ -500,7 +500,7 @@ impl fmt::Display for Rejection {
             ),
             Rejection::PpLayers { pp, layers } => write!(
                 f,
-                "pipeline parallel size {pp} does not divide {layers} layers (state an uneven split with --first-stage-layers/--last-stage-layers or --layout)"
+                "pipeline parallel size {pp} does not divide {layers} layers (state an uneven split: --account-embedding-loss, --first-stage-layers/--last-stage-layers, or --layers-per-stage)"
             ),
             Rejection::VppLayers { vpp, per_stage } => write!(
                 f,

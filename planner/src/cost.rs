@@ -281,6 +281,9 @@ struct LayerCost {
     etp: (f64, f64),
     tp_calls: f64,
     cp_calls: f64,
+    /// Bytes of one CP ring step and of one ETP all-gather.
+    cp_bytes: f64,
+    etp_bytes: f64,
     ep_calls: f64,
     etp_calls: f64,
     /// Overlapped communication time (for the contention slowdown).
@@ -479,13 +482,16 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     if cfg.cp > 1 {
         let kv_bytes = tokens * 2.0 * kv_rank.max(if m.mla.is_some() { m.kv_dim() as f64 / t } else { 0.0 }) * 2.0;
         let step = c.coll(Collective::SendRecv, kv_bytes, c.cp_group());
+        lc.cp_bytes = kv_bytes;
         let steps = (cfg.cp - 1) as f64;
         let fwd_comm = steps * step;
         let bwd_comm = 2.0 * steps * step;
         let per_step_attn_f = core_fwd / cfg.cp as f64;
         let per_step_attn_b = core_bwd / cfg.cp as f64;
-        let exp_f = steps * (step - per_step_attn_f).max(0.0) + step;
-        let exp_b = steps * (2.0 * step - per_step_attn_b).max(0.0) + 2.0 * step;
+        // Ring attention: transfer k runs while block k is computed on the chunk
+        // already held; only what outlasts the block is exposed.
+        let exp_f = steps * (step - per_step_attn_f).max(0.0);
+        let exp_b = steps * (2.0 * step - per_step_attn_b).max(0.0);
         let total = fwd_comm * (1.0 + replays) + bwd_comm;
         let exposed = (exp_f * (1.0 + replays) + exp_b).min(total);
         lc.cp = (total, exposed);
@@ -503,6 +509,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     }
     if kind == LayerKind::Moe && cfg.etp > 1 {
         let bytes = routed_tokens * h * 2.0;
+        lc.etp_bytes = bytes;
         let g = c.etp_group();
         let one = c.coll(Collective::AllGather, bytes, g) + c.coll(Collective::ReduceScatter, bytes, g);
         let calls = 2.0 + replays;
@@ -527,6 +534,21 @@ pub fn estimate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
 }
 
 pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
+    let e = evaluate(model, cluster, w, cfg, a)?;
+    if e.memory.total > e.hbm_bytes {
+        return Err(Rejection::OutOfMemory {
+            stage: e.memory.stage,
+            needed_gib: e.memory.total / GIB,
+            usable_gib: cluster.profile.usable_bytes() / GIB,
+            reserve_gib: cluster.profile.memory.reserve_gib,
+        });
+    }
+    Ok(e)
+}
+
+/// Like [`estimate_with`] but returns the estimate even when it does not fit in
+/// memory (so that the caller can show why); structural rules still apply.
+pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
     cfg.check(model, cluster, w)?;
     let hw = &cluster.profile;
     let c = Ctx {
@@ -659,15 +681,6 @@ pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
         stages.push(StageSummary { stage: i, layers: stage_layers[iu], moe_layers: stage_moe[iu], secs_per_micro_batch: secs, memory: mem });
     }
 
-    if worst_mem.total > hw.hbm_bytes() {
-        return Err(Rejection::OutOfMemory {
-            stage: worst_mem.stage,
-            needed_gib: worst_mem.total / GIB,
-            usable_gib: hw.usable_bytes() / GIB,
-            reserve_gib: hw.memory.reserve_gib,
-        });
-    }
-
     // Pipeline: m micro-batches through the slowest stage, plus fill and drain
     // ((p-1)/v passes of an average stage; the closed form for 1F1B and
     // interleaved 1F1B when stages are equal).
@@ -707,10 +720,10 @@ pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
     };
     let act_bytes = tokens * h * 2.0;
     push_layer_comm(CommKind::Tp, if cfg.sp { Collective::AllGather } else { Collective::AllReduce }, c.tp_group(), act_bytes, dense.tp, moe.tp, dense.tp_calls, moe.tp_calls);
-    push_layer_comm(CommKind::Cp, Collective::SendRecv, c.cp_group(), 0.0, dense.cp, moe.cp, dense.cp_calls, moe.cp_calls);
+    push_layer_comm(CommKind::Cp, Collective::SendRecv, c.cp_group(), dense.cp_bytes, dense.cp, moe.cp, dense.cp_calls, moe.cp_calls);
     if let Some(mo) = &model.moe {
         push_layer_comm(CommKind::Ep, Collective::AllToAll, c.ep_group(), tokens / t * mo.top_k as f64 * h * 2.0, (0.0, 0.0), moe.ep, 0.0, moe.ep_calls);
-        push_layer_comm(CommKind::Etp, Collective::AllGather, c.etp_group(), 0.0, (0.0, 0.0), moe.etp, 0.0, moe.etp_calls);
+        push_layer_comm(CommKind::Etp, Collective::AllGather, c.etp_group(), moe.etp_bytes, (0.0, 0.0), moe.etp, 0.0, moe.etp_calls);
     }
 
     let mut p2p_exposed = 0.0;
@@ -753,7 +766,10 @@ pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
             let param_bytes = params_local * memory::WEIGHT_BYTES;
             let (grad_coll, grad_calls, gather_calls) = match cfg.zero {
                 Zero::None => (Collective::AllReduce, 1.0, 0.0),
-                Zero::DistOpt | Zero::Zero2 => (Collective::ReduceScatter, 1.0, 1.0),
+                Zero::DistOpt => (Collective::ReduceScatter, 1.0, 1.0),
+                // Sharded gradients cannot accumulate locally: reduce-scatter after
+                // every micro-batch's backward.
+                Zero::Zero2 => (Collective::ReduceScatter, mb, 1.0),
                 // FSDP: gather before each forward and backward, reduce after each backward.
                 Zero::Zero3 => (Collective::ReduceScatter, mb, 2.0 * mb),
             };
@@ -761,7 +777,7 @@ pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
             let grad_one = c.coll(grad_coll, grad_bytes / buckets, group) * buckets;
             let grad_total = grad_one * grad_calls;
             let last_bucket = grad_one / buckets;
-            let grad_exposed = if cfg.zero == Zero::Zero3 {
+            let grad_exposed = if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
                 // Per micro-batch reduction overlaps that micro-batch's backward.
                 ((grad_one - t_b).max(last_bucket) * mb).min(grad_total)
             } else if cfg.overlap.grad_reduce {
@@ -884,5 +900,249 @@ pub fn gemm_precision(w: &Workload, hw: &HardwareProfile) -> Precision {
         Precision::Bf16
     } else {
         w.precision
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Layout, Overlap};
+    use crate::hardware::builtin_profile;
+    use crate::presets::{gpt, resolve};
+
+    fn cfg(tp: u64, pp: u64, cp: u64, dp: u64) -> ParallelConfig {
+        ParallelConfig { tp, pp, vpp: 1, cp, ep: 1, etp: 1, dp, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false }
+    }
+
+    fn wl(seq: u64, gbs: u64) -> Workload {
+        Workload { seq, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0 }
+    }
+
+    fn term(e: &Estimate, kind: CommKind) -> &CommTerm {
+        e.comm.iter().find(|t| t.kind == kind).unwrap_or_else(|| panic!("no {kind:?} term in {:?}", e.comm.iter().map(|t| t.kind).collect::<Vec<_>>()))
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * b.abs().max(1e-30)
+    }
+
+    /// Megatron-LM `theoretical_memory_usage.py` for Llama 2 7B at TP 2, PP 2 on 8
+    /// GPUs (DP 2) with the distributed optimizer: the most loaded shard holds
+    /// (transformer / pp + embedding) / tp parameters at 6 + 12/dp bytes each.
+    #[test]
+    fn llama2_7b_tp2_pp2_distributed_optimizer_matches_megatron() {
+        let m = resolve("llama2-7b").unwrap().spec;
+        let (h, l, f, v) = (4096.0f64, 32.0, 11008.0, 32000.0);
+        // Megatron's formula: 2 L h^2 (attention (1 + kv/heads) + mlp ffn/h * 3/2 + norms 2/h + final norm 1/(L h)).
+        let transformer = 2.0 * l * h * h * ((1.0 + 1.0) + (f / h) * 1.5 + 2.0 / h + 1.0 / (l * h));
+        let shard = (transformer / 2.0 + h * v) / 2.0;
+        let megatron_bytes = shard * (6.0 + 12.0 / 2.0);
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 8).unwrap();
+        let mut k = cfg(2, 2, 1, 2);
+        k.zero = Zero::DistOpt;
+        let e = estimate(&m, &c, &wl(4096, 64), &k).unwrap();
+        let s0 = &e.stages[0].memory;
+        let ours = s0.weights + s0.gradients + s0.optimizer;
+        // Megatron counts the final norm on every shard; we put it on the last stage.
+        assert!((ours - megatron_bytes).abs() / megatron_bytes < 1e-4, "ours {ours} vs Megatron {megatron_bytes}");
+        assert!((s0.params - shard).abs() / shard < 1e-4);
+    }
+
+    #[test]
+    fn tp_all_reduce_and_sp_collectives_per_layer() {
+        let m = gpt("g", "test", 4, 4096, 32);
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 8).unwrap();
+        let w = wl(2048, 4);
+        let e = estimate(&m, &c, &w, &cfg(8, 1, 1, 1)).unwrap();
+        let bytes = 2048.0 * 4096.0 * 2.0;
+        let g = Placement::new(8, 1, 8);
+        let ar = collective_secs(&c.profile, Collective::AllReduce, bytes, g);
+        // 4 micro-batches x (4 layers x 4 all-reduces + 2 for the output layer).
+        let t = term(&e, CommKind::Tp);
+        assert!(close(t.total_secs, 4.0 * (4.0 * 4.0 + 2.0) * ar), "{} vs {}", t.total_secs, 4.0 * 18.0 * ar);
+        assert!(close(t.exposed_secs, t.total_secs), "TP is exposed without --tp-comm-overlap");
+        // With SP: an all-gather and a reduce-scatter in place of each all-reduce.
+        let mut k = cfg(8, 1, 1, 1);
+        k.sp = true;
+        let e = estimate(&m, &c, &w, &k).unwrap();
+        let agrs = collective_secs(&c.profile, Collective::AllGather, bytes, g) + collective_secs(&c.profile, Collective::ReduceScatter, bytes, g);
+        assert!(close(term(&e, CommKind::Tp).total_secs, 4.0 * 18.0 * agrs));
+        // Overlap hides some of it.
+        k.overlap.tp_comm = true;
+        let e2 = estimate(&m, &c, &w, &k).unwrap();
+        assert!(term(&e2, CommKind::Tp).exposed_secs < term(&e, CommKind::Tp).exposed_secs);
+    }
+
+    #[test]
+    fn dp_pp_cp_and_ep_terms_are_hand_computable() {
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
+        let hw = &c.profile;
+        // DP all-reduce of FP32 gradients, in 40M-parameter buckets, over 16 GPUs.
+        let m = resolve("llama3-8b").unwrap().spec;
+        let mut k = cfg(1, 1, 1, 16);
+        k.overlap.grad_reduce = false;
+        let w = wl(4096, 32);
+        let e = evaluate(&m, &c, &w, &k, Assumptions::default()).unwrap();
+        let params = e.stages[0].memory.params;
+        let buckets = (params / BUCKET_PARAMS).ceil();
+        let g = Placement::new(16, 1, 8);
+        let expect = buckets * collective_secs(hw, Collective::AllReduce, params * 4.0 / buckets, g);
+        let t = term(&e, CommKind::DpGrad);
+        assert!(close(t.total_secs, expect), "{} vs {expect}", t.total_secs);
+        assert!(close(t.exposed_secs, expect), "no overlap requested");
+
+        // PP: 2 (m v + p - 1) transfers of tokens x h x 2 / tp bytes between nodes.
+        let k = cfg(8, 2, 1, 1);
+        let e = estimate(&m, &c, &wl(4096, 8), &k).unwrap();
+        let bytes = 4096.0 * 4096.0 * 2.0 / 8.0;
+        let one = collective_secs(hw, Collective::SendRecv, bytes, Placement::new(2, 8, 8));
+        let t = term(&e, CommKind::Pp);
+        assert!(close(t.total_secs, 2.0 * (8.0 + 1.0) * one));
+        assert_eq!(t.tier, Tier::Network);
+
+        // CP: (cp - 1) ring steps of this rank's K and V, 3 passes (fwd, and K/V +
+        // their gradients in bwd), per layer and micro-batch.
+        let k = cfg(1, 1, 2, 8);
+        let e = evaluate(&m, &c, &wl(8192, 8), &k, Assumptions::default()).unwrap();
+        let kv = 4096.0 * 2.0 * (8.0 * 128.0) * 2.0;
+        let step = collective_secs(hw, Collective::SendRecv, kv, Placement::new(2, 1, 8));
+        let t = term(&e, CommKind::Cp);
+        assert!(close(t.total_secs, 1.0 * 32.0 * 3.0 * step), "{} vs {}", t.total_secs, 96.0 * step);
+
+        // EP: dispatch + combine, forward and backward, of tokens/tp x top-k x h x 2.
+        let m = resolve("mixtral-8x7b").unwrap().spec;
+        let mut k = cfg(1, 1, 1, 16);
+        k.ep = 8;
+        k.zero = Zero::DistOpt;
+        // Communication only: whether it fits does not matter here.
+        let e = evaluate(&m, &c, &wl(4096, 16), &k, Assumptions::default()).unwrap();
+        let bytes = 4096.0 * 2.0 * 4096.0 * 2.0;
+        let a2a = collective_secs(hw, Collective::AllToAll, bytes, Placement::new(8, 1, 8));
+        let t = term(&e, CommKind::Ep);
+        assert!(close(t.total_secs, 1.0 * 32.0 * 4.0 * a2a));
+        assert_eq!(t.tier, Tier::Nvlink);
+        // Expert gradients reduce over the expert-DP group: 16 / 8 = 2 ranks.
+        assert_eq!(term(&e, CommKind::EdpGrad).group.size, 2);
+    }
+
+    #[test]
+    fn uniform_pipeline_bubble_is_the_closed_form() {
+        let m = gpt("g", "test", 32, 4096, 32);
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
+        for (pp, vpp, gbs) in [(4u64, 1u64, 16u64), (4, 2, 16), (8, 4, 64)] {
+            let mut k = cfg(8, pp, 1, 64 / (8 * pp));
+            k.vpp = vpp;
+            let e = estimate(&m, &c, &wl(2048, gbs), &k).unwrap();
+            // Stages are equal except the first (embedding) and last (output layer):
+            // the bubble is (p-1)/v passes of the mean stage.
+            let mean = e.stages.iter().map(|s| s.secs_per_micro_batch).sum::<f64>() / pp as f64;
+            assert!(close(e.time.bubble, (pp - 1) as f64 / vpp as f64 * mean));
+        }
+    }
+
+    #[test]
+    fn recompute_ordering_and_fp8_speed() {
+        let m = resolve("llama3-70b").unwrap().spec;
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
+        let w = wl(4096, 128);
+        let mut k = cfg(8, 4, 1, 2);
+        k.sp = true;
+        let t = |rc: Recompute, w: &Workload| evaluate(&m, &c, w, &ParallelConfig { recompute: rc, ..k.clone() }, Assumptions::default()).unwrap();
+        let none = t(Recompute::None, &w);
+        let sel = t(Recompute::Selective, &w);
+        let full = t(Recompute::Full, &w);
+        assert!(none.step_secs < sel.step_secs && sel.step_secs < full.step_secs);
+        assert!(none.memory.activations > sel.memory.activations * 0.99 && sel.memory.activations > full.memory.activations);
+        assert!(full.hfu > full.mfu);
+        let fp8 = t(Recompute::None, &Workload { precision: Precision::Fp8, ..w.clone() });
+        assert!(fp8.step_secs < none.step_secs);
+        assert!(fp8.memory.activations < none.memory.activations);
+        // MFU is about model FLOPs / time: 6 N tokens dominates for a 70B model.
+        let tokens = (w.global_batch * w.seq) as f64;
+        let six_n = 6.0 * m.params().total as f64 * tokens / 64.0 / none.step_secs / c.profile.peak_flops(false);
+        assert!(none.mfu > six_n && none.mfu < 1.3 * six_n, "mfu {} vs 6N {}", none.mfu, six_n);
+    }
+
+    mod properties {
+        use super::*;
+        use crate::model::{MlpKind, ModelSpec, Moe, MODEL_SCHEMA_VERSION};
+        use crate::search::{search, SearchSpace};
+        use proptest::prelude::*;
+
+        fn model() -> impl Strategy<Value = ModelSpec> {
+            (1u64..=160, 1u64..=8, prop::sample::select(vec![1u64, 2, 4, 8, 16, 32, 64, 128]), 1u64..=6, 1000u64..=260_000, prop::option::of((1u64..=7, 0u64..=3, 1u64..=3)), any::<bool>())
+                .prop_map(|(layers, hd_mult, heads, kv_log, vocab, moe, gated)| {
+                    let head_dim = 32 * hd_mult;
+                    let kv = (heads >> kv_log.min(7)).max(1);
+                    let hidden = heads * head_dim;
+                    let moe = moe.map(|(e_log, k, dense)| Moe {
+                        experts: 1 << e_log,
+                        top_k: k.clamp(1, 1 << e_log),
+                        expert_ffn_hidden: hidden,
+                        shared_experts: 0,
+                        shared_ffn_hidden: None,
+                        dense_leading_layers: dense.min(layers - 1),
+                        layer_freq: 1,
+                    });
+                    ModelSpec {
+                        schema_version: MODEL_SCHEMA_VERSION,
+                        name: "random".into(),
+                        source: "proptest".into(),
+                        layers,
+                        hidden,
+                        ffn_hidden: 4 * hidden,
+                        heads,
+                        kv_heads: kv,
+                        head_dim,
+                        vocab,
+                        tied_embeddings: false,
+                        mlp: if gated { MlpKind::Gated } else { MlpKind::Plain },
+                        dropout: false,
+                        bias: false,
+                        mla: None,
+                        moe,
+                        sliding_window: None,
+                    }
+                })
+        }
+
+        fn finite(e: &Estimate) -> bool {
+            let nums = [e.step_secs, e.tokens_per_sec_per_gpu, e.mfu, e.hfu, e.bubble_fraction, e.exposed_comm_fraction, e.memory.total, e.time.compute.total(), e.time.bubble, e.time.exposed_comm];
+            nums.iter().all(|x| x.is_finite() && *x >= 0.0) && e.comm.iter().all(|t| t.total_secs.is_finite() && t.exposed_secs >= 0.0 && t.exposed_secs <= t.total_secs * (1.0 + 1e-9))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+            /// Every reported plan is valid, fits, uses every GPU, and has finite numbers.
+            #[test]
+            fn reported_plans_satisfy_invariants(m in model(), nodes_log in 0u32..=12, seq_log in 7u32..=15, gbs_mult in 1u64..=64, gpu in prop::sample::select(vec!["h100-sxm", "a100-80g", "gb200-nvl72", "mi300x"])) {
+                let profile = builtin_profile(gpu).unwrap();
+                let gpus = profile.node.gpus_per_node << nodes_log;
+                let c = Cluster::new(profile, gpus).unwrap();
+                let w = Workload { seq: 1 << seq_log, global_batch: 8 * gbs_mult, precision: Precision::Bf16, moe_imbalance: 1.0 };
+                let r = search(&m, &c, &w, &SearchSpace::default(), 5);
+                prop_assert_eq!(r.enumerated, r.valid + r.rejected.values().sum::<u64>());
+                for cand in &r.top {
+                    prop_assert_eq!(cand.config.gpus(), gpus);
+                    prop_assert!(cand.config.check(&m, &c, &w).is_ok());
+                    prop_assert!(cand.estimate.memory.total <= c.profile.hbm_bytes());
+                    prop_assert!(finite(&cand.estimate), "non-finite number in {:?}", cand.estimate);
+                    prop_assert_eq!(cand.estimate.stages.iter().map(|s| s.layers).sum::<u64>(), m.layers);
+                }
+            }
+
+            /// More HBM never removes a valid plan.
+            #[test]
+            fn more_memory_never_rejects_more(m in model(), seq_log in 9u32..=14) {
+                let small = builtin_profile("h100-sxm").unwrap();
+                let mut big = small.clone();
+                big.gpu.hbm_gib *= 2.0;
+                let w = Workload { seq: 1 << seq_log, global_batch: 64, precision: Precision::Bf16, moe_imbalance: 1.0 };
+                let a = search(&m, &Cluster::new(small, 64).unwrap(), &w, &SearchSpace::default(), 1);
+                let b = search(&m, &Cluster::new(big, 64).unwrap(), &w, &SearchSpace::default(), 1);
+                prop_assert!(b.valid >= a.valid);
+            }
+        }
     }
 }

@@ -1,1 +1,96 @@
+//! The plan file: what `sextant plan --out` and `sextant estimate --json` write, and
+//! what the executor, the report and the exports read. Self-contained: it carries
+//! the model and the full hardware profile, so a reader never needs to resolve a
+//! name or call the search. Versioned by `schema_version`; the fields are
+//! documented in ARCHITECTURE.md.
 
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ParallelConfig, RejectKind, Workload, RANK_ORDER};
+use crate::cost::Estimate;
+use crate::error::InputError;
+use crate::hardware::HardwareProfile;
+use crate::model::ModelSpec;
+use crate::search::SearchResult;
+
+pub const PLAN_SCHEMA_VERSION: u32 = 1;
+
+/// Counts from the search that produced the plans.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchSummary {
+    pub enumerated: u64,
+    pub valid: u64,
+    pub rejected: BTreeMap<RejectKind, u64>,
+}
+
+/// One ranked plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankedPlan {
+    pub rank: usize,
+    pub config: ParallelConfig,
+    pub estimate: Estimate,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanFile {
+    pub schema_version: u32,
+    /// "sextant X.Y.Z".
+    pub generator: String,
+    pub model: ModelSpec,
+    pub hardware: HardwareProfile,
+    pub gpus: u64,
+    pub workload: Workload,
+    /// Order in which parallel dimensions are laid over global ranks, innermost first.
+    pub rank_order: String,
+    /// Present when the plans came from a search.
+    #[serde(default)]
+    pub search: Option<SearchSummary>,
+    /// Best first; `plans[0]` is the chosen plan.
+    pub plans: Vec<RankedPlan>,
+}
+
+impl PlanFile {
+    pub fn new(model: ModelSpec, hardware: HardwareProfile, gpus: u64, workload: Workload, search: Option<&SearchResult>, plans: Vec<(ParallelConfig, Estimate)>) -> PlanFile {
+        PlanFile {
+            schema_version: PLAN_SCHEMA_VERSION,
+            generator: format!("sextant {}", env!("CARGO_PKG_VERSION")),
+            model,
+            hardware,
+            gpus,
+            workload,
+            rank_order: RANK_ORDER.to_string(),
+            search: search.map(|r| SearchSummary { enumerated: r.enumerated, valid: r.valid, rejected: r.rejected.clone() }),
+            plans: plans.into_iter().enumerate().map(|(i, (config, estimate))| RankedPlan { rank: i + 1, config, estimate }).collect(),
+        }
+    }
+
+    /// Reads a plan file, checking its version and that its plans are coherent.
+    pub fn from_json(text: &str) -> Result<PlanFile, InputError> {
+        let p: PlanFile = serde_json::from_str(text).map_err(|e| InputError::Json { what: "plan".into(), detail: e.to_string() })?;
+        if p.schema_version != PLAN_SCHEMA_VERSION {
+            return Err(InputError::SchemaVersion { what: "plan".into(), found: p.schema_version, supported: PLAN_SCHEMA_VERSION });
+        }
+        p.model.validate()?;
+        p.hardware.validate()?;
+        if p.plans.is_empty() {
+            return Err(InputError::Workload("plan file holds no plan".into()));
+        }
+        for rp in &p.plans {
+            if rp.config.gpus() != p.gpus {
+                return Err(InputError::Workload(format!(
+                    "plan {} uses tp x pp x cp x dp = {} GPUs but the file is for {}",
+                    rp.rank,
+                    rp.config.gpus(),
+                    p.gpus
+                )));
+            }
+        }
+        Ok(p)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("plan serialises")
+    }
+}

@@ -212,7 +212,7 @@ pub fn suggestions<'a>(key: &str, names: impl Iterator<Item = &'a str>) -> Vec<S
     let mut scored: Vec<(usize, &str)> = names
         .map(|n| {
             let d = edit_distance(key, n);
-            let d = if n.contains(key) || key.contains(n) { d.min(1) } else { d };
+            let d = if n.contains(key) { d.min(1) } else { d };
             (d, n)
         })
         .collect();

@@ -1,1 +1,296 @@
-pub fn _x(){}
+//! Exhaustive search: enumerate -> check -> estimate -> rank.
+//!
+//! The space is every combination of TP (divisors of the GPU count up to the head
+//! count), CP, PP (up to the layer count), DP (what is left), virtual stages (those
+//! that give a stateable layout), EP (divisors of the expert count) and expert-TP
+//! (1 or TP) for MoE models, SP (on/off with TP > 1), micro-batch size, ZeRO stage
+//! and recomputation. Every point is counted; a rejected point is counted under its
+//! reason. Only (step time, peak memory, configuration) is kept for valid points;
+//! the leading ones are re-estimated in full.
+
+use std::collections::BTreeMap;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{divisors, Layout, Overlap, ParallelConfig, Recompute, RejectKind, Workload, Zero};
+use crate::cost::{estimate_with, Assumptions, Estimate};
+use crate::hardware::Cluster;
+use crate::model::ModelSpec;
+
+/// Which values each knob may take. `None` means "search all sensible values".
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchSpace {
+    pub tp: Option<Vec<u64>>,
+    pub pp: Option<Vec<u64>>,
+    pub vpp: Option<Vec<u64>>,
+    pub cp: Option<Vec<u64>>,
+    pub ep: Option<Vec<u64>>,
+    pub etp: Option<Vec<u64>>,
+    pub sp: Option<Vec<bool>>,
+    pub mbs: Vec<u64>,
+    pub zero: Vec<Zero>,
+    pub recompute: Vec<Recompute>,
+    pub overlap: Overlap,
+    pub bf16_grads: bool,
+    pub assumptions: Assumptions,
+}
+
+impl Default for SearchSpace {
+    fn default() -> Self {
+        SearchSpace {
+            tp: None,
+            pp: None,
+            vpp: None,
+            cp: None,
+            ep: None,
+            etp: None,
+            sp: None,
+            mbs: vec![1, 2, 4, 8],
+            zero: vec![Zero::None, Zero::DistOpt, Zero::Zero2, Zero::Zero3],
+            recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            assumptions: Assumptions::default(),
+        }
+    }
+}
+
+/// A valid configuration with its full estimate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub config: ParallelConfig,
+    pub estimate: Estimate,
+}
+
+/// Every valid configuration as a point (for scatter plots and Pareto fronts).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    pub step_secs: f64,
+    pub peak_gib: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchResult {
+    pub enumerated: u64,
+    pub valid: u64,
+    pub rejected: BTreeMap<RejectKind, u64>,
+    /// The best configurations, fastest first.
+    pub top: Vec<Candidate>,
+    #[serde(skip)]
+    pub points: Vec<Point>,
+}
+
+/// Structural part of a configuration (what fixes the group layout).
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    tp: u64,
+    cp: u64,
+    pp: u64,
+    dp: u64,
+    vpp: u64,
+    ep: u64,
+    etp: u64,
+}
+
+fn pick(fixed: &Option<Vec<u64>>, all: Vec<u64>) -> Vec<u64> {
+    match fixed {
+        Some(v) => v.clone(),
+        None => all,
+    }
+}
+
+/// Virtual-stage counts worth trying for `layers` on `pp` stages: 1, and every
+/// v > 1 that splits layers (or layers + embedding + loss) evenly.
+fn vpp_candidates(layers: u64, pp: u64) -> Vec<u64> {
+    if pp == 1 {
+        return vec![1];
+    }
+    let mut v: Vec<u64> = vec![1];
+    for total in [layers, layers + 2] {
+        if total % pp == 0 {
+            for d in divisors(total / pp) {
+                if d > 1 && !v.contains(&d) && d * pp <= layers + 2 {
+                    v.push(d);
+                }
+            }
+        }
+    }
+    v.sort_unstable();
+    v
+}
+
+fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpace) -> Vec<Shape> {
+    let gpus = cluster.gpus;
+    let mut out = Vec::new();
+    let tps = pick(&space.tp, divisors(gpus).into_iter().filter(|&t| t <= model.heads).collect());
+    for &tp in &tps {
+        if tp == 0 || gpus % tp != 0 {
+            continue;
+        }
+        let rest = gpus / tp;
+        let cps = pick(&space.cp, divisors(rest).into_iter().filter(|&c| c == 1 || 2 * c <= w.seq).collect());
+        for &cp in &cps {
+            if cp == 0 || rest % cp != 0 {
+                continue;
+            }
+            let rest2 = rest / cp;
+            let pps = pick(&space.pp, divisors(rest2).into_iter().filter(|&p| p <= model.layers).collect());
+            for &pp in &pps {
+                if pp == 0 || rest2 % pp != 0 {
+                    continue;
+                }
+                let dp = rest2 / pp;
+                let vpps = pick(&space.vpp, vpp_candidates(model.layers, pp));
+                let (eps, etps) = match &model.moe {
+                    Some(m) => {
+                        let span = tp * cp * dp;
+                        let eps = pick(&space.ep, divisors(m.experts).into_iter().filter(|&e| e <= span).collect());
+                        let mut etps = pick(&space.etp, vec![1, tp]);
+                        etps.dedup();
+                        (eps, etps)
+                    }
+                    None => (pick(&space.ep, vec![1]), pick(&space.etp, vec![1])),
+                };
+                for &vpp in &vpps {
+                    for &ep in &eps {
+                        for &etp in &etps {
+                            out.push(Shape { tp, cp, pp, dp, vpp, ep, etp });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs the search and keeps the `top` fastest valid configurations.
+pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpace, top: usize) -> SearchResult {
+    let shapes = shapes(model, cluster, w, space);
+    // Each shape expands into the product of the remaining knobs.
+    let per_shape = |s: &Shape| -> (u64, u64, BTreeMap<RejectKind, u64>, Vec<(Point, ParallelConfig)>) {
+        let mut enumerated = 0;
+        let mut valid = 0;
+        let mut rejected: BTreeMap<RejectKind, u64> = BTreeMap::new();
+        let mut kept = Vec::new();
+        let sps: Vec<bool> = match &space.sp {
+            Some(v) => v.clone(),
+            None if s.tp > 1 => vec![true, false],
+            None => vec![false],
+        };
+        let layout = Layout::balanced(model.layers, s.pp, s.vpp);
+        for &sp in &sps {
+            for &mbs in &space.mbs {
+                for &zero in &space.zero {
+                    for &recompute in &space.recompute {
+                        enumerated += 1;
+                        let cfg = ParallelConfig {
+                            tp: s.tp,
+                            pp: s.pp,
+                            vpp: s.vpp,
+                            cp: s.cp,
+                            ep: s.ep,
+                            etp: s.etp,
+                            dp: s.dp,
+                            sp,
+                            mbs,
+                            zero,
+                            recompute,
+                            layout: layout.clone(),
+                            overlap: space.overlap,
+                            bf16_grads: space.bf16_grads,
+                        };
+                        match estimate_with(model, cluster, w, &cfg, space.assumptions) {
+                            Ok(e) => {
+                                valid += 1;
+                                kept.push((Point { step_secs: e.step_secs, peak_gib: e.memory.total / crate::hardware::GIB }, cfg));
+                            }
+                            Err(r) => *rejected.entry(r.kind()).or_insert(0) += 1,
+                        }
+                    }
+                }
+            }
+        }
+        (enumerated, valid, rejected, kept)
+    };
+    let results: Vec<_> = shapes.par_iter().map(per_shape).collect();
+    let mut enumerated = 0;
+    let mut valid = 0;
+    let mut rejected: BTreeMap<RejectKind, u64> = BTreeMap::new();
+    let mut all: Vec<(Point, ParallelConfig)> = Vec::new();
+    for (e, v, r, k) in results {
+        enumerated += e;
+        valid += v;
+        for (kind, n) in r {
+            *rejected.entry(kind).or_insert(0) += n;
+        }
+        all.extend(k);
+    }
+    all.sort_by(|a, b| a.0.step_secs.total_cmp(&b.0.step_secs).then(a.0.peak_gib.total_cmp(&b.0.peak_gib)));
+    let top: Vec<Candidate> = all
+        .iter()
+        .take(top)
+        .map(|(_, cfg)| Candidate {
+            config: cfg.clone(),
+            estimate: estimate_with(model, cluster, w, cfg, space.assumptions).expect("configuration was valid a moment ago"),
+        })
+        .collect();
+    let points = all.into_iter().map(|(p, _)| p).collect();
+    debug_assert!(top.iter().all(|c| c.config.gpus() == cluster.gpus));
+    SearchResult { enumerated, valid, rejected, top, points }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Precision;
+    use crate::hardware::builtin_profile;
+    use crate::presets::resolve;
+
+    fn run(model: &str, gpus: u64, gbs: u64) -> (ModelSpec, Cluster, Workload, SearchResult) {
+        let m = resolve(model).unwrap().spec;
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
+        let w = Workload { seq: 4096, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0 };
+        let r = search(&m, &c, &w, &SearchSpace::default(), 10);
+        (m, c, w, r)
+    }
+
+    #[test]
+    fn counts_add_up_and_top_plans_are_valid() {
+        let (m, c, w, r) = run("llama3-70b", 128, 1024);
+        assert!(r.valid > 0);
+        let rejected: u64 = r.rejected.values().sum();
+        assert_eq!(r.enumerated, r.valid + rejected);
+        assert_eq!(r.points.len() as u64, r.valid);
+        assert_eq!(r.top.len(), 10);
+        for pair in r.top.windows(2) {
+            assert!(pair[0].estimate.step_secs <= pair[1].estimate.step_secs);
+        }
+        for cand in &r.top {
+            let cfg = &cand.config;
+            assert_eq!(cfg.tp * cfg.pp * cfg.cp * cfg.dp, 128);
+            assert!(cfg.check(&m, &c, &w).is_ok());
+            assert!(cand.estimate.memory.total <= c.profile.hbm_bytes());
+            // 70B (about 1.3 TB of model state) fits on 80 GB only with model
+            // parallelism or with the weights sharded too (ZeRO-3 / FSDP).
+            assert!(cfg.tp * cfg.pp > 1 || cfg.zero == Zero::Zero3, "{cfg:?}");
+        }
+        assert!(r.rejected.get(&RejectKind::OutOfMemory).copied().unwrap_or(0) > 0);
+    }
+
+    #[test]
+    fn moe_search_uses_expert_parallelism() {
+        let (_, _, _, r) = run("mixtral-8x7b", 64, 512);
+        assert!(r.valid > 0);
+        assert!(r.top.iter().any(|c| c.config.ep > 1), "no EP in the top plans");
+    }
+
+    #[test]
+    fn vpp_candidates_give_stateable_layouts() {
+        assert_eq!(vpp_candidates(80, 4), vec![1, 2, 4, 5, 10, 20]);
+        // 126 layers on 8 stages: only with embedding and loss counted (128 / 8 = 16).
+        assert_eq!(vpp_candidates(126, 8), vec![1, 2, 4, 8, 16]);
+        assert_eq!(vpp_candidates(32, 1), vec![1]);
+    }
+}

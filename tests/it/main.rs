@@ -1,3 +1,4 @@
 //! Sextant's integration tests: one test binary (see ARCHITECTURE.md, "Tests").
 
+mod cli;
 mod published;

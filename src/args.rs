@@ -1,0 +1,152 @@
+//! Inputs shared by `plan` and `estimate`: model, cluster, workload, settings.
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use sextant_planner::config::{Overlap, Precision, Workload};
+use sextant_planner::cost::Assumptions;
+use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile, DEFAULT_PROFILE};
+use sextant_planner::hf::from_hf_config;
+use sextant_planner::model::ModelSpec;
+use sextant_planner::presets::resolve;
+
+use crate::io::read_text;
+
+/// Largest sequence length accepted (tokens).
+const MAX_SEQ: u64 = 1 << 24;
+/// Largest global batch accepted (sequences).
+const MAX_GLOBAL_BATCH: u64 = 1 << 32;
+
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Model: a preset or alias (see `sextant models`), a Hugging Face config.json,
+    /// or a Sextant model JSON file.
+    #[arg(long)]
+    pub model: String,
+    /// Number of GPUs.
+    #[arg(long)]
+    pub gpus: u64,
+    /// Built-in hardware profile (see `sextant profiles`).
+    #[arg(long, conflicts_with = "cluster")]
+    pub gpu: Option<String>,
+    /// Hardware profile JSON file describing the cluster's GPU, node and network.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Sequence length in tokens.
+    #[arg(long, default_value_t = 4096)]
+    pub seq: u64,
+    /// Global batch in sequences per optimizer step.
+    #[arg(long = "global-batch", default_value_t = 1024)]
+    pub global_batch: u64,
+    /// GEMM precision: bf16, fp16, fp8 or mxfp8.
+    #[arg(long, default_value = "bf16")]
+    pub precision: String,
+    /// Busiest expert's load over the mean (MoE); 1.0 is perfectly balanced.
+    #[arg(long = "moe-imbalance", default_value_t = 1.0)]
+    pub moe_imbalance: f64,
+    /// Keep and reduce main gradients in BF16 instead of FP32.
+    #[arg(long = "bf16-grads")]
+    pub bf16_grads: bool,
+    /// Overlap TP communication with GEMMs (Megatron --tp-comm-overlap).
+    #[arg(long = "tp-comm-overlap")]
+    pub tp_comm_overlap: bool,
+    /// Do not overlap DP gradient reduction with the backward pass.
+    #[arg(long = "no-overlap-grad-reduce")]
+    pub no_overlap_grad_reduce: bool,
+    /// Do not overlap the distributed optimizer's parameter all-gather.
+    #[arg(long = "no-overlap-param-gather")]
+    pub no_overlap_param_gather: bool,
+    /// Model unfused softmax attention instead of a flash-attention kernel.
+    #[arg(long = "no-flash-attention")]
+    pub no_flash_attention: bool,
+    /// Print the result as JSON (the plan file format).
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the result as a plan file.
+    #[arg(long)]
+    pub out: Option<String>,
+    /// Replace the --out file if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Everything resolved from [`Common`].
+pub struct Inputs {
+    pub model: ModelSpec,
+    /// "70b -> llama3-70b", or where the model came from.
+    pub model_note: String,
+    pub cluster: Cluster,
+    pub workload: Workload,
+    pub overlap: Overlap,
+    pub bf16_grads: bool,
+    pub assumptions: Assumptions,
+}
+
+fn looks_like_file(s: &str) -> bool {
+    s.ends_with(".json") || s.contains('/') || s.contains('\\') || Path::new(s).is_file()
+}
+
+pub fn load_model(arg: &str) -> Result<(ModelSpec, String)> {
+    if looks_like_file(arg) {
+        let text = read_text(Path::new(arg), "model file")?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("model file '{arg}' is not valid JSON: {e}"))?;
+        let stem = Path::new(arg).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let spec = if value.get("model_type").is_some() {
+            from_hf_config(&text, &stem).map_err(|e| anyhow::anyhow!("'{arg}': {e}"))?
+        } else {
+            ModelSpec::from_json(&text).map_err(|e| anyhow::anyhow!("'{arg}': {e} (expected a Hugging Face config.json with model_type, or a Sextant model JSON)"))?
+        };
+        return Ok((spec, format!("from {arg}")));
+    }
+    let r = resolve(arg)?;
+    let note = r.via_alias.unwrap_or_else(|| "preset".into());
+    Ok((r.spec, note))
+}
+
+pub fn load_profile(gpu: Option<&str>, cluster: Option<&str>) -> Result<HardwareProfile> {
+    if let Some(path) = cluster {
+        let text = read_text(Path::new(path), "cluster profile")?;
+        return HardwareProfile::from_json(&text).map_err(|e| anyhow::anyhow!("'{path}': {e}"));
+    }
+    Ok(builtin_profile(gpu.unwrap_or(DEFAULT_PROFILE))?)
+}
+
+impl Common {
+    pub fn resolve(&self) -> Result<Inputs> {
+        let (model, model_note) = load_model(&self.model)?;
+        let profile = load_profile(self.gpu.as_deref(), self.cluster.as_deref())?;
+        let cluster = Cluster::new(profile, self.gpus)?;
+        let Some(precision) = Precision::parse(&self.precision) else {
+            bail!("--precision '{}' is not one of bf16, fp16, fp8, mxfp8", self.precision);
+        };
+        if precision.is_fp8() && cluster.profile.gpu.peak_tflops.fp8 <= 0.0 {
+            bail!("--precision {precision}: {} has no FP8 tensor cores; use bf16 or fp16", cluster.profile.gpu.name);
+        }
+        if self.seq < 2 || self.seq > MAX_SEQ {
+            bail!("--seq {} is out of range: use 2 to {MAX_SEQ} tokens", self.seq);
+        }
+        if self.global_batch == 0 || self.global_batch > MAX_GLOBAL_BATCH {
+            bail!("--global-batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences", self.global_batch);
+        }
+        if !(self.moe_imbalance.is_finite() && (1.0..=64.0).contains(&self.moe_imbalance)) {
+            bail!("--moe-imbalance {} is out of range: use 1.0 (balanced) up to 64", self.moe_imbalance);
+        }
+        let workload = Workload { seq: self.seq, global_batch: self.global_batch, precision, moe_imbalance: self.moe_imbalance };
+        let overlap = Overlap {
+            grad_reduce: !self.no_overlap_grad_reduce,
+            param_gather: !self.no_overlap_param_gather,
+            tp_comm: self.tp_comm_overlap,
+            p2p: true,
+        };
+        Ok(Inputs {
+            model,
+            model_note,
+            cluster,
+            workload,
+            overlap,
+            bf16_grads: self.bf16_grads,
+            assumptions: Assumptions { flash_attention: !self.no_flash_attention },
+        })
+    }
+}

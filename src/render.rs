@@ -1,0 +1,277 @@
+//! Terminal text: the plan table, the estimate breakdown, the lists of built-ins.
+
+use std::fmt::Write;
+
+use sextant_planner::comm::Tier;
+use sextant_planner::config::{Layout, ParallelConfig, RejectKind};
+use sextant_planner::cost::Estimate;
+use sextant_planner::hardware::{HardwareProfile, GIB};
+use sextant_planner::model::ModelSpec;
+use sextant_planner::search::SearchResult;
+
+use crate::args::Inputs;
+
+pub fn assumptions(inp: &Inputs) -> String {
+    let mut s = String::new();
+    let m = &inp.model;
+    let p = &inp.cluster.profile;
+    let w = &inp.workload;
+    let _ = writeln!(s, "Model:     {} ({}): {}", m.name, inp.model_note, m.summary());
+    let _ = writeln!(
+        s,
+        "Cluster:   {} x {} ({}), {} nodes of {}, NVLink domain {} at {:.0} GB/s, network {:.0} GB/s per GPU, {:.1} GiB HBM",
+        inp.cluster.gpus,
+        p.gpu.name,
+        p.name,
+        inp.cluster.nodes(),
+        p.node.gpus_per_node,
+        p.node.nvlink_domain,
+        p.node.nvlink_gbytes_per_s,
+        p.network.nic_gbytes_per_s,
+        p.gpu.hbm_gib
+    );
+    let _ = writeln!(
+        s,
+        "Workload:  seq {}, global batch {} sequences ({:.2}M tokens), precision {}, grads {}, overlap: grad-reduce {}, param-gather {}, tp-comm {}{}",
+        w.seq,
+        w.global_batch,
+        (w.seq * w.global_batch) as f64 / 1e6,
+        w.precision,
+        if inp.bf16_grads { "bf16" } else { "fp32" },
+        onoff(inp.overlap.grad_reduce),
+        onoff(inp.overlap.param_gather),
+        onoff(inp.overlap.tp_comm),
+        if m.moe.is_some() { format!(", MoE imbalance {:.2}", w.moe_imbalance) } else { String::new() }
+    );
+    s
+}
+
+fn onoff(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+fn layout_note(cfg: &ParallelConfig) -> String {
+    match &cfg.layout {
+        Layout::Even => String::new(),
+        Layout::AccountEmbeddingLoss => " emb+loss as layers".into(),
+        Layout::FirstLast { first, last } => format!(" first {first} last {last}"),
+        Layout::Explicit { layers } => format!(" layers {:?}", layers),
+    }
+}
+
+pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
+    let mut s = String::new();
+    let cap = inp.cluster.profile.gpu.hbm_gib;
+    let _ = writeln!(
+        s,
+        "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>9} {:>10} {:>5} {:>13} {:>6} {:>5}",
+        "#", "TP", "PP", "VPP", "CP", "SP", "EP", "ETP", "DP", "MBS", "GA", "ZeRO", "RC", "step(s)", "tok/s/GPU", "MFU", "mem GiB/cap", "bubble", "comm"
+    );
+    for (i, c) in res.top.iter().enumerate() {
+        let cfg = &c.config;
+        let e = &c.estimate;
+        let _ = writeln!(
+            s,
+            "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>9.3} {:>10.0} {:>4.1}% {:>6.1}/{:<6.1} {:>5.1}% {:>4.1}%{}",
+            i + 1,
+            cfg.tp,
+            cfg.pp,
+            cfg.vpp,
+            cfg.cp,
+            if cfg.sp { "y" } else { "n" },
+            cfg.ep,
+            cfg.etp,
+            cfg.dp,
+            cfg.mbs,
+            e.micro_batches,
+            cfg.zero.to_string(),
+            cfg.recompute.to_string(),
+            e.step_secs,
+            e.tokens_per_sec_per_gpu,
+            100.0 * e.mfu,
+            e.memory.total / GIB,
+            cap,
+            100.0 * e.bubble_fraction,
+            100.0 * e.exposed_comm_fraction,
+            layout_note(cfg)
+        );
+    }
+    s
+}
+
+pub fn search_summary(res: &SearchResult, millis: f64) -> String {
+    let mut s = String::new();
+    let rejected: u64 = res.rejected.values().sum();
+    let _ = writeln!(
+        s,
+        "Searched {} configurations in {:.0} ms: {} valid, {} rejected.",
+        res.enumerated, millis, res.valid, rejected
+    );
+    let mut reasons: Vec<(&RejectKind, &u64)> = res.rejected.iter().collect();
+    reasons.sort_by(|a, b| b.1.cmp(a.1));
+    for (kind, n) in reasons {
+        let _ = writeln!(s, "  {:>9}  {}", n, kind.describe());
+    }
+    s
+}
+
+fn secs(x: f64) -> String {
+    if x >= 1.0 {
+        format!("{x:8.3} s ")
+    } else {
+        format!("{:8.2} ms", x * 1e3)
+    }
+}
+
+pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> String {
+    let mut s = String::new();
+    let step = e.step_secs;
+    let pct = |x: f64| 100.0 * x / step;
+    let _ = writeln!(
+        s,
+        "Configuration: TP {} PP {} VPP {} CP {} SP {} EP {} ETP {} DP {}, micro-batch {} x {} accumulation steps, ZeRO {}, recompute {}{}",
+        cfg.tp,
+        cfg.pp,
+        cfg.vpp,
+        cfg.cp,
+        onoff(cfg.sp),
+        cfg.ep,
+        cfg.etp,
+        cfg.dp,
+        cfg.mbs,
+        e.micro_batches,
+        cfg.zero,
+        format!("{:?}", cfg.recompute).to_lowercase(),
+        layout_note(cfg)
+    );
+    let _ = writeln!(
+        s,
+        "Step time {:.3} s | {:.0} tokens/s/GPU | MFU {:.1}% | HFU {:.1}% | {:.0} model TFLOP/s/GPU | bubble {:.1}% | exposed comm {:.1}%",
+        step,
+        e.tokens_per_sec_per_gpu,
+        100.0 * e.mfu,
+        100.0 * e.hfu,
+        e.model_tflops_per_gpu,
+        100.0 * e.bubble_fraction,
+        100.0 * e.exposed_comm_fraction
+    );
+    let _ = writeln!(s, "\nTime per step on the critical stage (stage {} of {}):", e.critical_stage, cfg.pp);
+    let c = &e.time.compute;
+    for (name, v) in [
+        ("attention projections", c.attention_proj),
+        ("attention core", c.attention_core),
+        ("MLP / shared experts", c.mlp),
+        ("routed experts", c.moe_experts),
+        ("router", c.router),
+        ("output layer + loss", c.output_layer),
+        ("element-wise", c.elementwise),
+        ("recomputation", e.time.recompute),
+        ("exposed communication", e.time.exposed_comm),
+        ("pipeline bubble", e.time.bubble),
+        ("optimizer step", e.time.optimizer),
+        ("overlap contention", e.time.overlap_slowdown),
+    ] {
+        if v > 0.0 {
+            let _ = writeln!(s, "  {:<24} {}  {:5.1}%", name, secs(v), pct(v));
+        }
+    }
+    let _ = writeln!(s, "\nCommunication (critical stage, per step):");
+    let _ = writeln!(s, "  {:<10} {:<15} {:>6} {:<8} {:>12} {:>8} {:>11} {:>11} {:>11}", "kind", "collective", "group", "link", "bytes/call", "calls", "total", "exposed", "overlapped");
+    for t in &e.comm {
+        let link = match t.tier {
+            Tier::Nvlink => "nvlink",
+            Tier::Network => "network",
+            Tier::Local => "local",
+        };
+        let _ = writeln!(
+            s,
+            "  {:<10} {:<15} {:>6} {:<8} {:>10.1}MB {:>8.0} {} {} {}",
+            t.kind.label(),
+            format!("{:?}", t.collective),
+            format!("{}x{}", t.group.domains, t.group.per_domain),
+            link,
+            t.bytes_per_call / 1e6,
+            t.calls_per_step,
+            secs(t.total_secs),
+            secs(t.exposed_secs),
+            secs(t.overlapped_secs)
+        );
+    }
+    let m = &e.memory;
+    let _ = writeln!(s, "\nMemory per GPU, worst stage (stage {}, {:.1} micro-batches in flight):", m.stage, m.in_flight);
+    for (name, v) in [
+        ("weights", m.weights),
+        ("gradients", m.gradients),
+        ("optimizer states", m.optimizer),
+        ("activations", m.activations),
+        ("logits", m.logits),
+        ("fragmentation", m.fragmentation),
+        ("runtime reserve", m.reserve),
+    ] {
+        if v > 0.0 {
+            let _ = writeln!(s, "  {:<20} {:8.2} GiB", name, v / GIB);
+        }
+    }
+    let _ = writeln!(s, "  {:<20} {:8.2} GiB of {:.1} GiB ({:.0}%)", "total", m.total / GIB, hw.gpu.hbm_gib, 100.0 * m.total / e.hbm_bytes);
+    if e.stages.len() > 1 {
+        let _ = writeln!(s, "\nStages:");
+        for st in &e.stages {
+            let _ = writeln!(
+                s,
+                "  stage {:>3}: {:>3} layers ({} MoE), {} per micro-batch, {:.1} GiB",
+                st.stage,
+                st.layers,
+                st.moe_layers,
+                secs(st.secs_per_micro_batch),
+                st.memory.total / GIB
+            );
+        }
+    }
+    s
+}
+
+pub fn models_list() -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{:<16} {:<36} {:>9} {:>9}  source", "name", "aliases", "params", "active");
+    for p in sextant_planner::presets::PRESETS {
+        let m: ModelSpec = (p.spec)();
+        let c = m.params();
+        let _ = writeln!(
+            s,
+            "{:<16} {:<36} {:>8.1}B {:>8.1}B  {}",
+            p.name,
+            p.aliases.join(", "),
+            c.total as f64 / 1e9,
+            c.active as f64 / 1e9,
+            m.source
+        );
+    }
+    let _ = writeln!(s, "\n--model also takes a Hugging Face config.json ({}) or a Sextant model JSON file.", sextant_planner::hf::SUPPORTED_TYPES.join(", "));
+    s
+}
+
+pub fn profiles_list() -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{:<12} {:<22} {:>6} {:>6} {:>8} {:>6} {:>8} {:>8}  description", "name", "aliases", "BF16TF", "FP8TF", "HBM GiB", "TB/s", "NVL GB/s", "NIC GB/s");
+    for p in sextant_planner::hardware::builtin_profiles() {
+        let _ = writeln!(
+            s,
+            "{:<12} {:<22} {:>6.0} {:>6.0} {:>8.1} {:>6.2} {:>8.0} {:>8.1}  {}",
+            p.name,
+            p.aliases.join(", "),
+            p.gpu.peak_tflops.bf16,
+            p.gpu.peak_tflops.fp8,
+            p.gpu.hbm_gib,
+            p.gpu.hbm_tbytes_per_s,
+            p.node.nvlink_gbytes_per_s,
+            p.network.nic_gbytes_per_s,
+            p.description
+        );
+    }
+    let _ = writeln!(s, "\n--cluster FILE takes a profile JSON of the same schema (see hwprofiles/ and ARCHITECTURE.md).");
+    s
+}

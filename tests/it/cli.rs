@@ -1,0 +1,239 @@
+//! The `sextant` binary end to end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sextant_planner::plan::PlanFile;
+
+fn sextant(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sextant")).args(args).output().expect("binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn data(rel: &str) -> String {
+    format!("{}/tests/data/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh directory under the system temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("sextant-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Bad input: non-zero exit, exactly one line on stderr naming the problem, no panic.
+fn fails_with_one_line(args: &[&str], needle: &str) {
+    let o = sextant(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} succeeded; stdout: {}", stdout(&o));
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?} printed more than one line:\n{err}");
+    assert!(err.starts_with("error: "), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: expected '{needle}' in: {err}");
+}
+
+#[test]
+fn plan_70b_on_128_gpus_prints_ten_ranked_plans_and_counts() {
+    let o = sextant(&["plan", "--model", "70b", "--gpus", "128"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("70b -> llama3-70b"), "alias resolution not printed:\n{out}");
+    for needle in ["seq 4096", "global batch 1024", "precision bf16", "h100-sxm", "TP", "VPP", "MFU", "mem GiB/cap", "bubble"] {
+        assert!(out.contains(needle), "missing '{needle}':\n{out}");
+    }
+    let rows = out.lines().filter(|l| l.trim_start().split_whitespace().next().map(|w| w.parse::<u32>().is_ok()).unwrap_or(false) && l.contains('%')).count();
+    assert_eq!(rows, 10, "expected 10 plan rows:\n{out}");
+    let summary = out.lines().find(|l| l.starts_with("Searched ")).expect("search summary");
+    assert!(summary.contains("valid") && summary.contains("rejected"), "{summary}");
+    assert!(out.contains("does not fit in GPU memory"), "rejection reasons not listed:\n{out}");
+}
+
+#[test]
+fn plan_flags_change_assumptions_and_json_is_a_plan_file() {
+    let o = sextant(&["plan", "--model", "8b", "--gpus", "16", "--seq", "8192", "--global-batch", "256", "--precision", "fp8", "--top", "3", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = PlanFile::from_json(&stdout(&o)).expect("valid plan JSON");
+    assert_eq!(plan.plans.len(), 3);
+    assert_eq!(plan.gpus, 16);
+    assert_eq!(plan.workload.seq, 8192);
+    assert_eq!(plan.workload.global_batch, 256);
+    assert_eq!(plan.workload.precision.to_string(), "fp8");
+    let search = plan.search.expect("search summary");
+    assert!(search.enumerated >= search.valid && search.valid > 0);
+    for p in &plan.plans {
+        assert!(p.estimate.memory.total <= p.estimate.hbm_bytes);
+        assert_eq!(p.config.gpus(), 16);
+    }
+}
+
+#[test]
+fn out_file_is_not_overwritten_without_force() {
+    let dir = TempDir::new("out");
+    let out = dir.path("plan.json");
+    let out_s = out.to_str().unwrap();
+    let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--top", "2", "--out", out_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first = std::fs::read_to_string(&out).unwrap();
+    PlanFile::from_json(&first).unwrap();
+    std::fs::write(&out, "user data").unwrap();
+    fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--out", out_s], "--force");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "user data", "an existing file was touched");
+    let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--top", "2", "--out", out_s, "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    PlanFile::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    // No temporary files left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(&dir.0).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().contains(".tmp")).collect();
+    assert!(leftovers.is_empty());
+}
+
+#[test]
+fn write_into_missing_directory_fails_cleanly() {
+    fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--out", "/nonexistent-dir/sub/plan.json"], "cannot write");
+}
+
+#[test]
+fn estimate_prints_full_breakdown() {
+    let o = sextant(&[
+        "estimate", "--model", "405b", "--gpus", "16384", "--tp", "8", "--pp", "16", "--cp", "1", "--account-embedding-loss", "--global-batch", "2048", "--seq", "8192", "--recompute", "full",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "Step time",
+        "attention projections",
+        "attention core",
+        "MLP",
+        "recomputation",
+        "pipeline bubble",
+        "TP ",
+        "PP ",
+        "DP grad",
+        "exposed",
+        "overlapped",
+        "weights",
+        "gradients",
+        "optimizer states",
+        "activations",
+        "runtime reserve",
+        "stage  15",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}':\n{out}");
+    }
+}
+
+#[test]
+fn estimate_json_is_versioned() {
+    let o = sextant(&["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "8", "--global-batch", "256", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["plans"][0]["estimate"]["schema_version"], 1);
+    assert_eq!(v["plans"][0]["config"]["ep"], 8);
+    let kinds: Vec<&str> = v["plans"][0]["estimate"]["comm"].as_array().unwrap().iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"ep") && kinds.contains(&"tp") && kinds.contains(&"edp_grad"), "{kinds:?}");
+}
+
+#[test]
+fn invalid_configurations_say_exactly_why() {
+    fails_with_one_line(&["estimate", "--model", "405b", "--gpus", "16384", "--tp", "8", "--pp", "16"], "does not divide 126 layers");
+    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "64", "--tp", "16", "--pp", "4"], "NVLink domain");
+    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "48", "--tp", "3", "--dp", "16", "--global-batch", "96"], "valid: 1, 2, 4, 8");
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--cp", "8", "--seq", "4100"], "divisible by 2 x 8");
+    fails_with_one_line(&["estimate", "--model", "8x7b", "--gpus", "16", "--ep", "16"], "does not divide 8 experts");
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--global-batch", "12"], "not divisible by micro-batch");
+    // Out of memory: the breakdown goes to stdout, the verdict is the one error line.
+    let o = sextant(&["estimate", "--model", "405b", "--gpus", "8", "--tp", "8"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("needs") && stderr(&o).contains("GiB"), "{}", stderr(&o));
+    assert!(stdout(&o).contains("optimizer states"));
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    fails_with_one_line(&["plan", "--model", "lama3-70b", "--gpus", "128"], "did you mean llama3-70b");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "0"], "at least 1");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "7"], "7 GPUs do not fill");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "99999999999"], "more than Sextant models");
+    fails_with_one_line(&["plan", "--model", &data("bad/malformed-config.json"), "--gpus", "8"], "not valid JSON");
+    fails_with_one_line(&["plan", "--model", &data("bad/unknown-type-config.json"), "--gpus", "8"], "not supported");
+    fails_with_one_line(&["plan", "--model", &data("bad/missing-field-config.json"), "--gpus", "8"], "num_attention_heads");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--frobnicate"], "--frobnicate");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "-5"], "-5");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--precision", "fp4"], "not one of bf16");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--gpu", "a100", "--precision", "fp8"], "no FP8");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--gpu", "h10"], "did you mean");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--seq", "0"], "--seq 0");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--global-batch", "0"], "--global-batch 0");
+    fails_with_one_line(&["plan", "--model", "missing-file.json", "--gpus", "8"], "cannot read model file");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--cluster", &data("bad/profile-bad-efficiency.json")], "efficiency.gemm_bf16");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--top", "0"], "--top 0");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--tp", "0"], "--tp values");
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "8", "--gpu", "a100"], "no valid plan");
+}
+
+#[test]
+fn model_files_of_every_supported_family_plan() {
+    for file in ["llama-3.1-8b", "mistral-7b-v0.1", "mixtral-8x7b-v0.1", "qwen2-7b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b"] {
+        let gpus = if file == "deepseek-v3" { "1024" } else { "64" };
+        let path = data(&format!("hf/{file}.json"));
+        let o = sextant(&["plan", "--model", &path, "--gpus", gpus, "--top", "1", "--json"]);
+        assert!(o.status.success(), "{file}: {}", stderr(&o));
+        let plan = PlanFile::from_json(&stdout(&o)).unwrap();
+        assert_eq!(plan.plans.len(), 1, "{file}");
+    }
+}
+
+#[test]
+fn sextant_model_json_and_custom_cluster_are_accepted() {
+    let dir = TempDir::new("custom");
+    // Round-trip a preset through Sextant's own model format.
+    let model = sextant_planner::presets::resolve("llama2-13b").unwrap().spec;
+    let model_path = dir.path("m.json");
+    std::fs::write(&model_path, serde_json::to_string_pretty(&model).unwrap()).unwrap();
+    // A user's own profile: the H100 one with a slower network.
+    let mut prof: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("hwprofiles/h100-sxm.json")).unwrap()).unwrap();
+    prof["name"] = serde_json::json!("my-cluster");
+    prof["network"]["nic_gbytes_per_s"] = serde_json::json!(12.5);
+    let prof_path = dir.path("cluster.json");
+    std::fs::write(&prof_path, prof.to_string()).unwrap();
+    let o = sextant(&["plan", "--model", model_path.to_str().unwrap(), "--gpus", "32", "--cluster", prof_path.to_str().unwrap(), "--top", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("my-cluster"));
+}
+
+#[test]
+fn models_and_profiles_list_the_built_ins() {
+    let o = sextant(&["models"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for name in ["gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "nemotron4-340b", "gpt-1.7b"] {
+        assert!(out.contains(name), "models lacks {name}");
+    }
+    let o = sextant(&["profiles"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for name in ["a100-80g", "h100-sxm", "h200-sxm", "b200", "gb200-nvl72", "h800", "mi300x"] {
+        assert!(out.contains(name), "profiles lacks {name}");
+    }
+}
