@@ -60,6 +60,9 @@ pub struct Common {
     /// Model unfused softmax attention instead of a flash-attention kernel.
     #[arg(long = "no-flash-attention")]
     pub no_flash_attention: bool,
+    /// Allow tensor parallelism to span NVLink domains (over the network).
+    #[arg(long = "allow-tp-across-nodes")]
+    pub allow_tp_across_nodes: bool,
     /// Print the result as JSON (the plan file format).
     #[arg(long)]
     pub json: bool,
@@ -116,7 +119,8 @@ impl Common {
     pub fn resolve(&self) -> Result<Inputs> {
         let (model, model_note) = load_model(&self.model)?;
         let profile = load_profile(self.gpu.as_deref(), self.cluster.as_deref())?;
-        let cluster = Cluster::new(profile, self.gpus)?;
+        let mut cluster = Cluster::new(profile, self.gpus)?;
+        cluster.allow_tp_beyond_nvlink = self.allow_tp_across_nodes;
         let Some(precision) = Precision::parse(&self.precision) else {
             bail!("--precision '{}' is not one of bf16, fp16, fp8, mxfp8", self.precision);
         };

@@ -56,9 +56,7 @@ impl Placement {
     pub fn new(size: u64, stride: u64, domain: u64) -> Placement {
         let size = size.max(1);
         let stride = stride.max(1);
-        let per_domain = if size == 1 {
-            1
-        } else if stride >= domain {
+        let per_domain = if size == 1 || stride >= domain {
             1
         } else {
             (domain / stride).clamp(1, size)

@@ -133,10 +133,10 @@ impl Layout {
     /// over the middle stages (an explicit per-stage list).
     pub fn balanced(layers: u64, pp: u64, vpp: u64) -> Layout {
         let chunks = pp * vpp;
-        if layers % chunks == 0 {
+        if layers.is_multiple_of(chunks) {
             return Layout::Even;
         }
-        if chunks > 1 && (layers + 2) % chunks == 0 && (layers + 2) / chunks >= 1 {
+        if chunks > 1 && (layers + 2).is_multiple_of(chunks) && (layers + 2) / chunks >= 1 {
             return Layout::AccountEmbeddingLoss;
         }
         if chunks == 1 {
@@ -230,8 +230,8 @@ impl ParallelConfig {
         let chunks = self.pp * self.vpp;
         match &self.layout {
             Layout::Even => {
-                if layers % chunks != 0 {
-                    return Err(if self.vpp > 1 && layers % self.pp == 0 {
+                if !layers.is_multiple_of(chunks) {
+                    return Err(if self.vpp > 1 && layers.is_multiple_of(self.pp) {
                         Rejection::VppLayers { vpp: self.vpp, per_stage: layers / self.pp }
                     } else {
                         Rejection::PpLayers { pp: self.pp, layers }
@@ -240,7 +240,7 @@ impl ParallelConfig {
                 Ok(vec![layers / chunks; chunks as usize])
             }
             Layout::AccountEmbeddingLoss => {
-                if (layers + 2) % chunks != 0 || (layers + 2) / chunks < 2 && chunks > 1 {
+                if !(layers + 2).is_multiple_of(chunks) || (layers + 2) / chunks < 2 && chunks > 1 {
                     return Err(Rejection::Layout {
                         detail: format!(
                             "layers + embedding + loss = {} is not a multiple of pp x vpp = {chunks}",
@@ -267,13 +267,13 @@ impl ParallelConfig {
                 }
                 let middle = layers - first - last;
                 let mids = self.pp - 2;
-                if (mids == 0 && middle != 0) || (mids > 0 && middle % mids != 0) {
+                if (mids == 0 && middle != 0) || (mids > 0 && !middle.is_multiple_of(mids)) {
                     return Err(Rejection::Layout {
                         detail: format!("the {middle} layers left for the {mids} middle stages do not split evenly"),
                     });
                 }
                 let mut v = vec![*first];
-                v.extend(std::iter::repeat_n(if mids > 0 { middle / mids } else { 0 }, mids as usize));
+                v.extend(std::iter::repeat_n(middle.checked_div(mids).unwrap_or(0), mids as usize));
                 v.push(*last);
                 Ok(v)
             }
@@ -306,18 +306,18 @@ impl ParallelConfig {
         if self.sp && self.tp == 1 {
             return Err(Rejection::SpWithoutTp);
         }
-        if model.heads % self.tp != 0 {
+        if !model.heads.is_multiple_of(self.tp) {
             return Err(Rejection::TpHeads { tp: self.tp, heads: model.heads, valid: divisors(model.heads) });
         }
-        if model.mla.is_none() && model.kv_heads % self.tp != 0 && self.tp % model.kv_heads != 0 {
+        if model.mla.is_none() && !model.kv_heads.is_multiple_of(self.tp) && !self.tp.is_multiple_of(model.kv_heads) {
             return Err(Rejection::TpKvHeads { tp: self.tp, kv_heads: model.kv_heads });
         }
         let dense_layers = model.layers - model.moe_layers();
-        if dense_layers > 0 && model.ffn_hidden % self.tp != 0 {
+        if dense_layers > 0 && !model.ffn_hidden.is_multiple_of(self.tp) {
             return Err(Rejection::TpFfn { tp: self.tp, ffn: model.ffn_hidden });
         }
         let domain = cluster.profile.node.nvlink_domain;
-        if self.tp > domain {
+        if self.tp > domain && !cluster.allow_tp_beyond_nvlink {
             return Err(Rejection::TpBeyondNvlink { tp: self.tp, domain });
         }
         if self.pp > model.layers {
@@ -334,7 +334,7 @@ impl ParallelConfig {
         if chunks.iter().enumerate().any(|(i, &l)| l == 0 && !(edge_ok && (i == 0 || i == last) && last > 0)) {
             return Err(Rejection::Layout { detail: "a pipeline stage would hold no layer".into() });
         }
-        if w.seq % (2 * self.cp) != 0 && self.cp > 1 {
+        if !w.seq.is_multiple_of(2 * self.cp) && self.cp > 1 {
             return Err(Rejection::CpSeq { cp: self.cp, seq: w.seq });
         }
         match &model.moe {
@@ -348,18 +348,23 @@ impl ParallelConfig {
                     return Err(Rejection::EpExperts { ep: self.ep, experts: moe.experts });
                 }
                 let span = self.tp * self.cp * self.dp;
-                if span % (self.ep * self.etp) != 0 {
+                if !span.is_multiple_of(self.ep * self.etp) {
                     return Err(Rejection::EpSpan { ep: self.ep, etp: self.etp, span });
                 }
                 if moe.expert_ffn_hidden % self.etp != 0 {
                     return Err(Rejection::EtpFfn { etp: self.etp, ffn: moe.expert_ffn_hidden });
                 }
-                if self.etp > domain {
+                if self.etp > domain && !cluster.allow_tp_beyond_nvlink {
                     return Err(Rejection::TpBeyondNvlink { tp: self.etp, domain });
+                }
+                // Megatron-LM requires sequence parallelism for MoE with TP > 1
+                // (`megatron/training/arguments.py`).
+                if self.tp > 1 && !self.sp {
+                    return Err(Rejection::MoeNeedsSp { tp: self.tp });
                 }
             }
         }
-        if w.global_batch % (self.mbs * self.dp) != 0 {
+        if !w.global_batch.is_multiple_of(self.mbs * self.dp) {
             return Err(Rejection::Batch { gbs: w.global_batch, mbs: self.mbs, dp: self.dp });
         }
         Ok(())
@@ -372,7 +377,7 @@ pub fn divisors(n: u64) -> Vec<u64> {
     let mut large = Vec::new();
     let mut i = 1;
     while i * i <= n {
-        if n % i == 0 {
+        if n.is_multiple_of(i) {
             small.push(i);
             if i * i != n {
                 large.push(n / i);
@@ -404,6 +409,7 @@ pub enum Rejection {
     EpExperts { ep: u64, experts: u64 },
     EpSpan { ep: u64, etp: u64, span: u64 },
     EtpFfn { etp: u64, ffn: u64 },
+    MoeNeedsSp { tp: u64 },
     Batch { gbs: u64, mbs: u64, dp: u64 },
     OutOfMemory { stage: u64, needed_gib: f64, usable_gib: f64, reserve_gib: f64 },
 }
@@ -423,6 +429,7 @@ pub enum RejectKind {
     EpExperts,
     EpSpan,
     EtpFfn,
+    MoeNeedsSp,
     Batch,
     OutOfMemory,
     Other,
@@ -442,6 +449,7 @@ impl RejectKind {
             RejectKind::EpExperts => "EP does not divide the experts",
             RejectKind::EpSpan => "EP x expert-TP does not divide TP x CP x DP",
             RejectKind::EtpFfn => "expert-TP does not divide the expert FFN",
+            RejectKind::MoeNeedsSp => "MoE with TP > 1 needs sequence parallelism",
             RejectKind::Batch => "global batch not divisible by micro-batch x DP",
             RejectKind::OutOfMemory => "does not fit in GPU memory",
             RejectKind::Other => "other",
@@ -463,6 +471,7 @@ impl Rejection {
             Rejection::EpExperts { .. } => RejectKind::EpExperts,
             Rejection::EpSpan { .. } => RejectKind::EpSpan,
             Rejection::EtpFfn { .. } => RejectKind::EtpFfn,
+            Rejection::MoeNeedsSp { .. } => RejectKind::MoeNeedsSp,
             Rejection::Batch { .. } => RejectKind::Batch,
             Rejection::OutOfMemory { .. } => RejectKind::OutOfMemory,
             Rejection::Zero { .. } | Rejection::GpuProduct { .. } | Rejection::SpWithoutTp | Rejection::EpDenseModel => RejectKind::Other,
@@ -496,7 +505,7 @@ impl fmt::Display for Rejection {
             Rejection::TpFfn { tp, ffn } => write!(f, "tensor parallel size {tp} does not divide FFN hidden size {ffn}"),
             Rejection::TpBeyondNvlink { tp, domain } => write!(
                 f,
-                "tensor parallel size {tp} spans more than the NVLink domain of {domain} GPUs (TP must stay on NVLink)"
+                "tensor parallel size {tp} spans more than the NVLink domain of {domain} GPUs (TP must stay on NVLink; --allow-tp-across-nodes lifts this)"
             ),
             Rejection::PpLayers { pp, layers } => write!(
                 f,
@@ -521,6 +530,7 @@ impl fmt::Display for Rejection {
                 ep * etp
             ),
             Rejection::EtpFfn { etp, ffn } => write!(f, "expert tensor parallel size {etp} does not divide expert FFN hidden size {ffn}"),
+            Rejection::MoeNeedsSp { tp } => write!(f, "an MoE model with tensor parallel size {tp} needs sequence parallelism (Megatron-LM requires it): use --sp"),
             Rejection::Batch { gbs, mbs, dp } => write!(
                 f,
                 "global batch {gbs} is not divisible by micro-batch {mbs} x data parallel {dp} = {}",

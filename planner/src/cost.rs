@@ -653,7 +653,13 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
             Recompute::Full => act_dense.full.max(if n_moe > 0.0 { act_moe.full } else { 0.0 }) - per_layer_stored,
             _ => 0.0,
         };
-        let mut activations = stored * flight + working.max(0.0);
+        // MoE token dispatch: send and receive buffers of the layer in flight
+        // (routed tokens x h in BF16, each way).
+        let dispatch = match &model.moe {
+            Some(mo) if n_moe > 0.0 => 2.0 * tokens / t * mo.top_k as f64 * w.moe_imbalance * h * 2.0,
+            _ => 0.0,
+        };
+        let mut activations = stored * flight + working.max(0.0) + dispatch;
         if first {
             // Embedding output kept for its backward (and dropout mask).
             activations += flight * tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 }) / if cfg.sp { t } else { 1.0 };

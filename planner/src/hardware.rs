@@ -235,7 +235,7 @@ impl HardwareProfile {
             return err("node.gpus_per_node", format!("{} must be between 1 and 1024", self.node.gpus_per_node));
         }
         if self.node.nvlink_domain == 0
-            || self.node.nvlink_domain % self.node.gpus_per_node != 0
+            || !self.node.nvlink_domain.is_multiple_of(self.node.gpus_per_node)
             || self.node.nvlink_domain > 1 << 16
         {
             return err(
@@ -288,7 +288,7 @@ pub fn builtin_profile(name: &str) -> Result<HardwareProfile, InputError> {
     let all = builtin_profiles();
     if let Some(p) = all
         .iter()
-        .find(|p| p.name == key || p.aliases.iter().any(|a| *a == key))
+        .find(|p| p.name == key || p.aliases.contains(&key))
     {
         return Ok(p.clone());
     }
@@ -307,6 +307,9 @@ pub fn builtin_profile(name: &str) -> Result<HardwareProfile, InputError> {
 pub struct Cluster {
     pub profile: HardwareProfile,
     pub gpus: u64,
+    /// Let tensor parallelism span more than one NVLink domain (off by default:
+    /// TP's per-layer collectives need NVLink bandwidth).
+    pub allow_tp_beyond_nvlink: bool,
 }
 
 /// Largest cluster Sextant reasons about.
@@ -325,13 +328,13 @@ impl Cluster {
             )));
         }
         let ok = if gpus < per_node {
-            per_node % gpus == 0
+            per_node.is_multiple_of(gpus)
         } else {
-            gpus % per_node == 0
+            gpus.is_multiple_of(per_node)
         };
         if !ok {
             let lower = if gpus < per_node {
-                (1..=gpus).rev().find(|d| per_node % d == 0).unwrap_or(1)
+                (1..=gpus).rev().find(|d| per_node.is_multiple_of(*d)).unwrap_or(1)
             } else {
                 gpus / per_node * per_node
             };
@@ -342,7 +345,7 @@ impl Cluster {
                 lower.max(per_node) + if gpus < per_node { 0 } else { per_node },
             )));
         }
-        Ok(Cluster { profile, gpus })
+        Ok(Cluster { profile, gpus, allow_tp_beyond_nvlink: false })
     }
 
     pub fn nodes(&self) -> u64 {

@@ -192,7 +192,7 @@ impl ModelSpec {
         match &self.moe {
             Some(m) => {
                 index >= m.dense_leading_layers
-                    && (index - m.dense_leading_layers) % m.layer_freq.max(1) == 0
+                    && (index - m.dense_leading_layers).is_multiple_of(m.layer_freq.max(1))
             }
             None => false,
         }
@@ -334,7 +334,7 @@ impl ModelSpec {
         if self.heads > 1 << 20 || self.hidden > 1 << 24 || self.head_dim > 1 << 16 {
             return bad("hidden", "hidden size, heads or head_dim is absurdly large".into());
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(
                 "kv_heads",
                 format!(

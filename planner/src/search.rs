@@ -125,19 +125,19 @@ fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpac
     let mut out = Vec::new();
     let tps = pick(&space.tp, divisors(gpus).into_iter().filter(|&t| t <= model.heads).collect());
     for &tp in &tps {
-        if tp == 0 || gpus % tp != 0 {
+        if tp == 0 || !gpus.is_multiple_of(tp) {
             continue;
         }
         let rest = gpus / tp;
         let cps = pick(&space.cp, divisors(rest).into_iter().filter(|&c| c == 1 || 2 * c <= w.seq).collect());
         for &cp in &cps {
-            if cp == 0 || rest % cp != 0 {
+            if cp == 0 || !rest.is_multiple_of(cp) {
                 continue;
             }
             let rest2 = rest / cp;
             let pps = pick(&space.pp, divisors(rest2).into_iter().filter(|&p| p <= model.layers).collect());
             for &pp in &pps {
-                if pp == 0 || rest2 % pp != 0 {
+                if pp == 0 || !rest2.is_multiple_of(pp) {
                     continue;
                 }
                 let dp = rest2 / pp;
@@ -165,11 +165,15 @@ fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpac
     out
 }
 
+/// What one structural shape contributes: enumerated, valid, rejections by
+/// reason, and the valid points with their configurations.
+type Tally = (u64, u64, BTreeMap<RejectKind, u64>, Vec<(Point, ParallelConfig)>);
+
 /// Runs the search and keeps the `top` fastest valid configurations.
 pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpace, top: usize) -> SearchResult {
     let shapes = shapes(model, cluster, w, space);
     // Each shape expands into the product of the remaining knobs.
-    let per_shape = |s: &Shape| -> (u64, u64, BTreeMap<RejectKind, u64>, Vec<(Point, ParallelConfig)>) {
+    let per_shape = |s: &Shape| -> Tally {
         let mut enumerated = 0;
         let mut valid = 0;
         let mut rejected: BTreeMap<RejectKind, u64> = BTreeMap::new();

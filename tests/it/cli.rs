@@ -62,7 +62,7 @@ fn plan_70b_on_128_gpus_prints_ten_ranked_plans_and_counts() {
     for needle in ["seq 4096", "global batch 1024", "precision bf16", "h100-sxm", "TP", "VPP", "MFU", "mem GiB/cap", "bubble"] {
         assert!(out.contains(needle), "missing '{needle}':\n{out}");
     }
-    let rows = out.lines().filter(|l| l.trim_start().split_whitespace().next().map(|w| w.parse::<u32>().is_ok()).unwrap_or(false) && l.contains('%')).count();
+    let rows = out.lines().filter(|l| l.split_whitespace().next().map(|w| w.parse::<u32>().is_ok()).unwrap_or(false) && l.contains('%')).count();
     assert_eq!(rows, 10, "expected 10 plan rows:\n{out}");
     let summary = out.lines().find(|l| l.starts_with("Searched ")).expect("search summary");
     assert!(summary.contains("valid") && summary.contains("rejected"), "{summary}");
@@ -162,6 +162,11 @@ fn invalid_configurations_say_exactly_why() {
     fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--cp", "8", "--seq", "4100"], "divisible by 2 x 8");
     fails_with_one_line(&["estimate", "--model", "8x7b", "--gpus", "16", "--ep", "16"], "does not divide 8 experts");
     fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--global-batch", "12"], "not divisible by micro-batch");
+    fails_with_one_line(&["estimate", "--model", "8x7b", "--gpus", "16", "--tp", "2", "--sp", "false", "--ep", "8"], "needs sequence parallelism");
+    // TP across nodes only when asked for.
+    let o = sextant(&["estimate", "--model", "70b", "--gpus", "64", "--tp", "16", "--pp", "4", "--allow-tp-across-nodes", "--global-batch", "64"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("network"), "TP over 16 GPUs must cross the network");
     // Out of memory: the breakdown goes to stdout, the verdict is the one error line.
     let o = sextant(&["estimate", "--model", "405b", "--gpus", "8", "--tp", "8"]);
     assert!(!o.status.success());

@@ -14,7 +14,7 @@ fn published_runs_median_error_within_15_percent() {
     let rows = parse_runs(&shared_csv()).expect("CSV parses");
     assert!(rows.len() >= 30, "expected the full published set, got {} rows", rows.len());
     let mut errors = Vec::new();
-    println!("{:<44} {:>5} {:>10} {:>10} {:>8}  {}", "run", "gpus", "measured", "predicted", "error", "breakdown");
+    println!("{:<44} {:>5} {:>10} {:>10} {:>8}  breakdown", "run", "gpus", "measured", "predicted", "error");
     for row in &rows {
         let case = match row {
             Ok(c) => c,
