@@ -184,9 +184,12 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
             None => vec![false],
         };
         let layout = Layout::balanced(model.layers, s.pp, s.vpp);
+        // With nobody to shard with, every ZeRO stage is the same plan: keep one.
+        let unsharded = s.dp * s.cp == 1 && (s.tp * s.cp * s.dp) / (s.ep * s.etp).max(1) <= 1;
+        let zeros: &[Zero] = if unsharded { &space.zero[..space.zero.len().min(1)] } else { &space.zero };
         for &sp in &sps {
             for &mbs in &space.mbs {
-                for &zero in &space.zero {
+                for &zero in zeros {
                     for &recompute in &space.recompute {
                         enumerated += 1;
                         let cfg = ParallelConfig {
