@@ -21,6 +21,7 @@ pub mod memory;
 pub mod model;
 pub mod plan;
 pub mod presets;
+pub mod ranks;
 pub mod runs;
 pub mod search;
 

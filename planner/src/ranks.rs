@@ -1,0 +1,267 @@
+//! Rank layout: which global rank holds which coordinates, and the members of each
+//! communication group, constructed the way Megatron-Core's `RankGenerator` does
+//! (`megatron/core/parallel_state.py`).
+//!
+//! An order string such as `tp-cp-ep-dp-pp` lists the parallel dimensions from the
+//! fastest-varying (consecutive ranks) to the slowest. Dimension `i` has stride
+//! `prod(size[0..i])`. A group over a set of dimensions (e.g. `tp`, or `dp-cp`)
+//! holds the ranks that agree on every other dimension; groups are numbered by the
+//! coordinates of the other dimensions, fastest first, and members by the
+//! coordinates of the group's dimensions, fastest first.
+//!
+//! Dense layers use sizes (tp, cp, ep = 1, dp, pp). Expert layers re-divide the same
+//! ranks as (etp, cp = 1, ep, edp, pp) in the same order, where
+//! `edp = tp * cp * dp / (ep * etp)`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ParallelConfig;
+
+/// The rank orders Megatron-Core supports.
+pub const ORDERS: &[&str] = &["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"];
+
+/// Sizes of the five named dimensions in a given order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grid {
+    names: Vec<&'static str>,
+    sizes: Vec<u64>,
+}
+
+fn dim_name(s: &str) -> Option<&'static str> {
+    ["tp", "cp", "ep", "dp", "pp"].into_iter().find(|n| *n == s)
+}
+
+impl Grid {
+    /// `order` must name tp, cp, ep, dp and pp once each.
+    pub fn new(order: &str, tp: u64, cp: u64, ep: u64, dp: u64, pp: u64) -> Result<Grid, String> {
+        let names: Vec<&'static str> = order
+            .split('-')
+            .map(|s| dim_name(s).ok_or_else(|| format!("rank order '{order}': unknown dimension '{s}' (expected tp, cp, ep, dp, pp)")))
+            .collect::<Result<_, _>>()?;
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        if sorted != ["cp", "dp", "ep", "pp", "tp"] {
+            return Err(format!("rank order '{order}' must name each of tp, cp, ep, dp, pp exactly once"));
+        }
+        let size_of = |n: &str| match n {
+            "tp" => tp,
+            "cp" => cp,
+            "ep" => ep,
+            "dp" => dp,
+            _ => pp,
+        };
+        let sizes = names.iter().map(|n| size_of(n)).collect();
+        Ok(Grid { names, sizes })
+    }
+
+    pub fn world(&self) -> u64 {
+        self.sizes.iter().product()
+    }
+
+    fn strides(&self) -> Vec<u64> {
+        let mut s = Vec::with_capacity(self.sizes.len());
+        let mut acc = 1;
+        for &n in &self.sizes {
+            s.push(acc);
+            acc *= n;
+        }
+        s
+    }
+
+    /// The coordinate of `rank` along dimension `name`.
+    pub fn coord(&self, rank: u64, name: &str) -> u64 {
+        let strides = self.strides();
+        let i = self.names.iter().position(|n| *n == name).expect("known dimension");
+        (rank / strides[i]) % self.sizes[i]
+    }
+
+    /// All groups over the dimensions in `token` (e.g. "tp" or "dp-cp"), each a
+    /// list of ranks, in Megatron-Core's order.
+    pub fn groups(&self, token: &str) -> Vec<Vec<u64>> {
+        let wanted: Vec<&str> = token.split('-').collect();
+        let strides = self.strides();
+        let (mut in_shape, mut in_stride, mut out_shape, mut out_stride) = (vec![], vec![], vec![], vec![]);
+        for (i, n) in self.names.iter().enumerate() {
+            if wanted.contains(n) {
+                in_shape.push(self.sizes[i]);
+                in_stride.push(strides[i]);
+            } else {
+                out_shape.push(self.sizes[i]);
+                out_stride.push(strides[i]);
+            }
+        }
+        let group_size: u64 = in_shape.iter().product();
+        let groups = self.world() / group_size;
+        (0..groups)
+            .map(|g| {
+                let base = place(g, &out_shape, &out_stride);
+                (0..group_size).map(|r| base + place(r, &in_shape, &in_stride)).collect()
+            })
+            .collect()
+    }
+}
+
+/// Decomposes `index` over `shape` (fastest first) and dots it with `stride`.
+fn place(mut index: u64, shape: &[u64], stride: &[u64]) -> u64 {
+    let mut out = 0;
+    for (&n, &s) in shape.iter().zip(stride) {
+        out += (index % n) * s;
+        index /= n;
+    }
+    out
+}
+
+/// One rank's place and groups.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankEntry {
+    pub rank: u64,
+    pub node: u64,
+    pub local_gpu: u64,
+    pub tp: u64,
+    pub cp: u64,
+    pub dp: u64,
+    pub pp: u64,
+    /// Expert-layer coordinates.
+    pub ep: u64,
+    pub etp: u64,
+    pub edp: u64,
+    /// Index into [`RankMap::groups`] of each kind, in the order of `GROUP_KINDS`.
+    pub group_index: Vec<usize>,
+}
+
+/// Group kinds in a rank map: dense TP, CP, DP, DP x CP (gradient reduction), PP;
+/// expert EP, ETP, EDP.
+pub const GROUP_KINDS: &[&str] = &["tp", "cp", "dp", "dp_cp", "pp", "ep", "etp", "edp"];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankMap {
+    pub order: String,
+    pub world_size: u64,
+    pub gpus_per_node: u64,
+    /// For each kind in `GROUP_KINDS`, every group's member ranks.
+    pub groups: Vec<(String, Vec<Vec<u64>>)>,
+    pub ranks: Vec<RankEntry>,
+}
+
+/// Builds the rank map of a configuration.
+pub fn rank_map(cfg: &ParallelConfig, order: &str, gpus_per_node: u64) -> Result<RankMap, String> {
+    if !ORDERS.contains(&order) {
+        return Err(format!("rank order '{order}' is not one Megatron-Core supports ({})", ORDERS.join(", ")));
+    }
+    let dense = Grid::new(order, cfg.tp, cfg.cp, 1, cfg.dp, cfg.pp)?;
+    let edp = cfg.edp();
+    let expert = Grid::new(order, cfg.etp, 1, cfg.ep, edp, cfg.pp)?;
+    if expert.world() != dense.world() {
+        return Err(format!("expert layout ep {} x etp {} does not tile tp x cp x dp = {}", cfg.ep, cfg.etp, cfg.tp * cfg.cp * cfg.dp));
+    }
+    let world = dense.world();
+    let groups: Vec<(String, Vec<Vec<u64>>)> = vec![
+        ("tp".into(), dense.groups("tp")),
+        ("cp".into(), dense.groups("cp")),
+        ("dp".into(), dense.groups("dp")),
+        ("dp_cp".into(), dense.groups("dp-cp")),
+        ("pp".into(), dense.groups("pp")),
+        ("ep".into(), expert.groups("ep")),
+        ("etp".into(), expert.groups("tp")),
+        ("edp".into(), expert.groups("dp")),
+    ];
+    // rank -> group index, per kind.
+    let mut index = vec![vec![0usize; world as usize]; groups.len()];
+    for (k, (_, gs)) in groups.iter().enumerate() {
+        for (gi, g) in gs.iter().enumerate() {
+            for &r in g {
+                index[k][r as usize] = gi;
+            }
+        }
+    }
+    let ranks = (0..world)
+        .map(|r| RankEntry {
+            rank: r,
+            node: r / gpus_per_node,
+            local_gpu: r % gpus_per_node,
+            tp: dense.coord(r, "tp"),
+            cp: dense.coord(r, "cp"),
+            dp: dense.coord(r, "dp"),
+            pp: dense.coord(r, "pp"),
+            ep: expert.coord(r, "ep"),
+            etp: expert.coord(r, "tp"),
+            edp: expert.coord(r, "dp"),
+            group_index: index.iter().map(|ix| ix[r as usize]).collect(),
+        })
+        .collect();
+    Ok(RankMap { order: order.to_string(), world_size: world, gpus_per_node, groups, ranks })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Layout, Overlap, Recompute, Zero};
+
+    fn cfg(tp: u64, cp: u64, dp: u64, pp: u64, ep: u64, etp: u64) -> ParallelConfig {
+        ParallelConfig { tp, pp, vpp: 1, cp, ep, etp, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false }
+    }
+
+    fn group<'a>(m: &'a RankMap, kind: &str) -> &'a Vec<Vec<u64>> {
+        &m.groups.iter().find(|(k, _)| k == kind).unwrap().1
+    }
+
+    /// Megatron-Core's docstring example for `initialize_model_parallel`: 16 GPUs,
+    /// TP 2, PP 4, DP 2 (order tp-cp-ep-dp-pp): TP groups [0,1] [2,3] ..., DP groups
+    /// [0,2] [1,3] [4,6] ..., PP groups [0,4,8,12] [1,5,9,13] ...
+    #[test]
+    fn megatron_docstring_example() {
+        let m = rank_map(&cfg(2, 1, 2, 4, 1, 1), "tp-cp-ep-dp-pp", 8).unwrap();
+        assert_eq!(group(&m, "tp")[..3], [vec![0, 1], vec![2, 3], vec![4, 5]]);
+        assert_eq!(group(&m, "dp")[..4], [vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]);
+        assert_eq!(group(&m, "pp")[..2], [vec![0, 4, 8, 12], vec![1, 5, 9, 13]]);
+        // PP groups span both nodes of 8: ranks 0 and 8 are on different nodes.
+        assert_eq!((m.ranks[0].node, m.ranks[8].node), (0, 1));
+    }
+
+    /// tp-cp-ep-pp-dp: PP varies before DP, so PP groups are close together and DP
+    /// groups far apart.
+    #[test]
+    fn pp_before_dp_order() {
+        let m = rank_map(&cfg(2, 1, 2, 4, 1, 1), "tp-cp-ep-pp-dp", 8).unwrap();
+        assert_eq!(group(&m, "pp")[..2], [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
+        assert_eq!(group(&m, "dp")[..2], [vec![0, 8], vec![1, 9]]);
+        // DP groups now cross nodes; PP groups stay inside one.
+        assert!(group(&m, "dp").iter().all(|g| m.ranks[g[0] as usize].node != m.ranks[g[1] as usize].node));
+        assert!(group(&m, "pp").iter().all(|g| g.iter().all(|&r| m.ranks[r as usize].node == m.ranks[g[0] as usize].node)));
+    }
+
+    #[test]
+    fn every_rank_in_exactly_one_group_of_each_kind() {
+        for order in ORDERS {
+            let c = cfg(2, 2, 4, 2, 4, 1);
+            let m = rank_map(&c, order, 8).unwrap();
+            assert_eq!(m.world_size, 32);
+            for (kind, gs) in &m.groups {
+                let mut seen = vec![0u32; 32];
+                for g in gs {
+                    for &r in g {
+                        seen[r as usize] += 1;
+                    }
+                }
+                assert!(seen.iter().all(|&n| n == 1), "{order} {kind}");
+            }
+            // Coordinates are consistent with group membership.
+            for e in &m.ranks {
+                let tp_group = &group(&m, "tp")[e.group_index[0]];
+                assert_eq!(tp_group[e.tp as usize], e.rank);
+            }
+            assert_eq!(group(&m, "dp_cp")[0].len(), 8);
+            assert_eq!(group(&m, "ep")[0].len(), 4);
+            assert_eq!(group(&m, "edp")[0].len(), 4);
+        }
+    }
+
+    #[test]
+    fn expert_groups_redivide_the_dense_ranks() {
+        // tp 2, cp 1, dp 8 -> 16 ranks per stage; ep 8, etp 1 -> edp 2.
+        let m = rank_map(&cfg(2, 1, 8, 1, 8, 1), "tp-cp-ep-dp-pp", 8).unwrap();
+        assert_eq!(group(&m, "ep")[0], vec![0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(group(&m, "edp")[0], vec![0, 8]);
+        assert!(rank_map(&cfg(2, 1, 8, 1, 8, 1), "pp-dp-tp-cp-ep", 8).is_err());
+    }
+}
