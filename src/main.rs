@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use sextant_planner::config::{Layout, ParallelConfig, Recompute, Rejection, Zero};
 use sextant_planner::cost::{estimate_with, evaluate};
 use sextant_planner::plan::PlanFile;
+use sextant_exports::{export, LaunchOptions, Target};
 use sextant_planner::search::{search, SearchSpace};
 
 use args::Common;
@@ -35,6 +36,27 @@ enum Command {
     Models,
     /// List the built-in hardware profiles.
     Profiles,
+    /// Render a saved plan for a training framework, a launcher or as a rank map.
+    Export(ExportArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ExportArgs {
+    /// Plan file written by `sextant plan --out` or `sextant estimate --out`.
+    plan: String,
+    /// megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, torchrun,
+    /// torchrun-exec, slurm, slurm-exec, rank-map or rank-map-json.
+    #[arg(long)]
+    to: String,
+    /// Which plan of the file (1 = the best).
+    #[arg(long = "plan", default_value_t = 1)]
+    which: usize,
+    /// Write to this file instead of standard output.
+    #[arg(short = 'o', long = "output")]
+    output: Option<String>,
+    /// Replace the output file if it exists.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -66,6 +88,9 @@ struct PlanArgs {
     /// Recomputation to try: none, selective, full.
     #[arg(long, value_delimiter = ',', default_value = "none,selective,full")]
     recompute: Vec<String>,
+    /// Also print the best plan for this framework (see `sextant export --help`).
+    #[arg(long)]
+    emit: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -204,7 +229,29 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     text.push_str(&render::plan_table(&res, &inp));
     text.push('\n');
     text.push_str(&render::search_summary(&res, millis));
-    emit(&a.common, &plan, text)
+    let emit_target = a.emit.as_deref().map(Target::parse).transpose()?;
+    let exported = match emit_target {
+        Some(t) => Some(export(&plan, 1, t, &LaunchOptions { plan_path: a.common.out.clone().unwrap_or_else(|| "plan.json".into()) })?),
+        None => None,
+    };
+    emit(&a.common, &plan, text)?;
+    if let Some(e) = exported {
+        println!();
+        print!("{e}");
+    }
+    Ok(())
+}
+
+fn cmd_export(a: ExportArgs) -> Result<()> {
+    let target = Target::parse(&a.to)?;
+    let text = io::read_text(Path::new(&a.plan), "plan file")?;
+    let plan = PlanFile::from_json(&text).map_err(|e| anyhow::anyhow!("'{}': {e}", a.plan))?;
+    let out = export(&plan, a.which, target, &LaunchOptions { plan_path: a.plan.clone() })?;
+    match &a.output {
+        Some(path) => io::write_new(Path::new(path), &out, a.force)?,
+        None => print!("{out}"),
+    }
+    Ok(())
 }
 
 fn cmd_estimate(a: EstimateArgs) -> Result<()> {
@@ -277,6 +324,7 @@ fn run(cli: Cli) -> Result<()> {
             print!("{}", render::profiles_list());
             Ok(())
         }
+        Command::Export(a) => cmd_export(a),
     }
 }
 

@@ -357,9 +357,11 @@ impl ParallelConfig {
                 if self.etp > domain && !cluster.allow_tp_beyond_nvlink {
                     return Err(Rejection::TpBeyondNvlink { tp: self.etp, domain });
                 }
-                // Megatron-LM requires sequence parallelism for MoE with TP > 1
-                // (`megatron/training/arguments.py`).
-                if self.tp > 1 && !self.sp {
+                // Megatron-Core: "When using expert parallelism and tensor
+                // parallelism, sequence parallelism must be used"
+                // (ModelParallelConfig.__post_init__, megatron/core/model_parallel_config.py;
+                // an error in core_v0.13-0.14, a warning since).
+                if self.ep > 1 && self.tp > 1 && !self.sp {
                     return Err(Rejection::MoeNeedsSp { tp: self.tp });
                 }
             }
@@ -449,7 +451,7 @@ impl RejectKind {
             RejectKind::EpExperts => "EP does not divide the experts",
             RejectKind::EpSpan => "EP x expert-TP does not divide TP x CP x DP",
             RejectKind::EtpFfn => "expert-TP does not divide the expert FFN",
-            RejectKind::MoeNeedsSp => "MoE with TP > 1 needs sequence parallelism",
+            RejectKind::MoeNeedsSp => "EP with TP > 1 needs sequence parallelism",
             RejectKind::Batch => "global batch not divisible by micro-batch x DP",
             RejectKind::OutOfMemory => "does not fit in GPU memory",
             RejectKind::Other => "other",
@@ -530,7 +532,7 @@ impl fmt::Display for Rejection {
                 ep * etp
             ),
             Rejection::EtpFfn { etp, ffn } => write!(f, "expert tensor parallel size {etp} does not divide expert FFN hidden size {ffn}"),
-            Rejection::MoeNeedsSp { tp } => write!(f, "an MoE model with tensor parallel size {tp} needs sequence parallelism (Megatron-LM requires it): use --sp"),
+            Rejection::MoeNeedsSp { tp } => write!(f, "expert parallelism with tensor parallel size {tp} needs sequence parallelism (Megatron-Core requires it): use --sp"),
             Rejection::Batch { gbs, mbs, dp } => write!(
                 f,
                 "global batch {gbs} is not divisible by micro-batch {mbs} x data parallel {dp} = {}",

@@ -230,6 +230,23 @@ mod tests {
         assert!(group(&m, "pp").iter().all(|g| g.iter().all(|&r| m.ranks[r as usize].node == m.ranks[g[0] as usize].node)));
     }
 
+    /// Megatron-Core's own functions on world 16, TP 2, PP 2, DP 4 (8 GPUs per node,
+    /// so DP or PP groups cross nodes), for both orders it supports.
+    #[test]
+    fn megatron_worked_example_both_orders() {
+        let c = cfg(2, 1, 4, 2, 1, 1);
+        let m = rank_map(&c, "tp-cp-ep-dp-pp", 8).unwrap();
+        assert_eq!(group(&m, "tp")[7], vec![14, 15]);
+        assert_eq!(group(&m, "dp"), &vec![vec![0, 2, 4, 6], vec![1, 3, 5, 7], vec![8, 10, 12, 14], vec![9, 11, 13, 15]]);
+        assert_eq!(group(&m, "pp")[..2], [vec![0, 8], vec![1, 9]]);
+        assert_eq!(group(&m, "pp")[7], vec![7, 15]);
+        assert_ne!(m.ranks[0].node, m.ranks[8].node, "PP groups span nodes");
+        let m = rank_map(&c, "tp-cp-ep-pp-dp", 8).unwrap();
+        assert_eq!(group(&m, "dp"), &vec![vec![0, 4, 8, 12], vec![1, 5, 9, 13], vec![2, 6, 10, 14], vec![3, 7, 11, 15]]);
+        assert_eq!(group(&m, "pp"), &vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7], vec![8, 10], vec![9, 11], vec![12, 14], vec![13, 15]]);
+        assert_ne!(m.ranks[0].node, m.ranks[8].node, "DP groups span nodes");
+    }
+
     #[test]
     fn every_rank_in_exactly_one_group_of_each_kind() {
         for order in ORDERS {
@@ -237,7 +254,7 @@ mod tests {
             let m = rank_map(&c, order, 8).unwrap();
             assert_eq!(m.world_size, 32);
             for (kind, gs) in &m.groups {
-                let mut seen = vec![0u32; 32];
+                let mut seen = [0u32; 32];
                 for g in gs {
                     for &r in g {
                         seen[r as usize] += 1;

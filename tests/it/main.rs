@@ -1,4 +1,5 @@
 //! Sextant's integration tests: one test binary (see ARCHITECTURE.md, "Tests").
 
 mod cli;
+mod exports;
 mod published;

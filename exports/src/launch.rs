@@ -1,0 +1,118 @@
+//! Launch scripts: `torchrun` (one node, or each node of several) and a Slurm
+//! `sbatch` script, each for the user's framework (Megatron-LM's `pretrain_gpt.py`
+//! with the plan's arguments) or for `sextant exec plan.json`.
+//!
+//! torchrun options are those of `torch/distributed/run.py` (`--nproc-per-node`,
+//! `--nnodes`, `--node-rank`, `--master-addr`, `--master-port`, `--no-python`);
+//! Slurm directives are sbatch's (`--nodes`, `--ntasks-per-node`, `--gpus-per-task`,
+//! `--exclusive`). One process per GPU; under Slurm each task exports the
+//! torch.distributed variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+//! MASTER_PORT) from SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID.
+
+use std::fmt::Write;
+
+use sextant_planner::plan::PlanFile;
+
+/// What each process runs.
+pub enum Program {
+    /// Megatron-LM's training script with these arguments.
+    Megatron(Vec<String>),
+    /// Sextant's executor on the plan file at this path.
+    SextantExec { plan_path: String },
+}
+
+const PORT: u16 = 29500;
+
+fn header(s: &mut String, plan: &PlanFile, index: usize, what: &str) {
+    let cfg = &plan.plans[index].config;
+    let _ = writeln!(s, "#!/usr/bin/env bash");
+    let _ = writeln!(
+        s,
+        "# {what}: {} on {} x {} ({}), plan #{} (TP {} PP {} VPP {} CP {} EP {} DP {}). Written by {}.",
+        plan.model.name,
+        plan.gpus,
+        plan.hardware.gpu.name,
+        plan.hardware.name,
+        plan.plans[index].rank,
+        cfg.tp,
+        cfg.pp,
+        cfg.vpp,
+        cfg.cp,
+        cfg.ep,
+        cfg.dp,
+        plan.generator
+    );
+}
+
+/// Continuation lines for a long command, two per line.
+fn command_lines(words: &[String]) -> String {
+    let mut s = String::new();
+    for chunk in words.chunks(2) {
+        let _ = write!(s, " \\\n    {}", chunk.join(" "));
+    }
+    s
+}
+
+fn program_words(p: &Program) -> (bool, Vec<String>) {
+    match p {
+        Program::Megatron(args) => {
+            let mut w = vec!["\"${MEGATRON_LM:-.}/pretrain_gpt.py\"".to_string()];
+            w.extend(args.iter().cloned());
+            (false, w)
+        }
+        Program::SextantExec { plan_path } => (true, vec!["\"${SEXTANT:-sextant}\"".into(), "exec".into(), plan_path.clone()]),
+    }
+}
+
+pub fn torchrun(plan: &PlanFile, index: usize, program: &Program) -> String {
+    let per_node = plan.hardware.node.gpus_per_node.min(plan.gpus);
+    let nodes = plan.gpus.div_ceil(per_node);
+    let mut s = String::new();
+    header(&mut s, plan, index, "torchrun launch");
+    let _ = writeln!(s, "# Run on each of the {nodes} node(s) with NODE_RANK set (0 on the first) and MASTER_ADDR pointing at node 0.");
+    let _ = writeln!(s, "set -euo pipefail");
+    let _ = writeln!(s, "NNODES={nodes}");
+    let _ = writeln!(s, "NODE_RANK=${{NODE_RANK:-0}}");
+    let _ = writeln!(s, "MASTER_ADDR=${{MASTER_ADDR:-localhost}}");
+    let _ = writeln!(s, "MASTER_PORT=${{MASTER_PORT:-{PORT}}}");
+    let (no_python, words) = program_words(program);
+    let mut launcher = vec![
+        format!("--nproc-per-node {per_node}"),
+        "--nnodes \"$NNODES\"".into(),
+        "--node-rank \"$NODE_RANK\"".into(),
+        "--master-addr \"$MASTER_ADDR\"".into(),
+        "--master-port \"$MASTER_PORT\"".into(),
+    ];
+    if no_python {
+        launcher.push("--no-python".into());
+    }
+    let mut all = launcher;
+    all.extend(words);
+    let _ = writeln!(s, "torchrun{}", command_lines(&all));
+    s
+}
+
+pub fn slurm(plan: &PlanFile, index: usize, program: &Program) -> String {
+    let per_node = plan.hardware.node.gpus_per_node.min(plan.gpus);
+    let nodes = plan.gpus.div_ceil(per_node);
+    let mut s = String::new();
+    header(&mut s, plan, index, "Slurm batch script");
+    let _ = writeln!(s, "#SBATCH --job-name=sextant-{}", plan.model.name.replace(['/', ' '], "-"));
+    let _ = writeln!(s, "#SBATCH --nodes={nodes}");
+    let _ = writeln!(s, "#SBATCH --ntasks-per-node={per_node}");
+    let _ = writeln!(s, "#SBATCH --gpus-per-task=1");
+    let _ = writeln!(s, "#SBATCH --exclusive");
+    let _ = writeln!(s, "set -euo pipefail");
+    let _ = writeln!(s, "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)");
+    let _ = writeln!(s, "export MASTER_PORT=${{MASTER_PORT:-{PORT}}}");
+    let _ = writeln!(s, "export WORLD_SIZE={}", plan.gpus);
+    let (no_python, words) = program_words(program);
+    let runner = if no_python { String::new() } else { "python ".into() };
+    let _ = writeln!(
+        s,
+        "srun --ntasks={} --ntasks-per-node={per_node} bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID exec {runner}\"$0\" \"$@\"'{}",
+        plan.gpus,
+        command_lines(&words)
+    );
+    s
+}

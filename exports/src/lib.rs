@@ -1,0 +1,129 @@
+//! Renders a Sextant plan in the words of each training framework: Megatron-LM
+//! arguments, Megatron-Core Python, Megatron-Bridge overrides, verl and RLinf YAML,
+//! torchtitan TOML, torchrun and Slurm launch scripts, and the rank map.
+//!
+//! Pure: a [`PlanFile`] in, text out. A plan that a framework cannot express is an
+//! [`ExportError::Inexpressible`] saying why, never an approximation. Every emitted
+//! flag or key names, in a comment beside its mapping, the framework file that
+//! defines it.
+
+mod launch;
+mod megatron;
+mod others;
+mod rankmap;
+
+use std::fmt;
+
+use sextant_planner::plan::PlanFile;
+use thiserror::Error;
+
+pub use megatron::{pipeline_layout, MEGATRON_VERSION};
+
+/// What to export to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    MegatronLm,
+    MegatronCore,
+    MegatronBridge,
+    /// NeMo 2.0 recipe overrides.
+    Nemo,
+    Verl,
+    Rlinf,
+    Torchtitan,
+    /// torchrun script running Megatron-LM.
+    Torchrun,
+    /// torchrun script running `sextant exec`.
+    TorchrunExec,
+    /// Slurm sbatch script running Megatron-LM.
+    Slurm,
+    /// Slurm sbatch script running `sextant exec`.
+    SlurmExec,
+    /// Rank map as a table.
+    RankMap,
+    /// Rank map as JSON.
+    RankMapJson,
+}
+
+pub const TARGETS: &[(&str, Target)] = &[
+    ("megatron-lm", Target::MegatronLm),
+    ("megatron-core", Target::MegatronCore),
+    ("megatron-bridge", Target::MegatronBridge),
+    ("nemo", Target::Nemo),
+    ("verl", Target::Verl),
+    ("rlinf", Target::Rlinf),
+    ("torchtitan", Target::Torchtitan),
+    ("torchrun", Target::Torchrun),
+    ("torchrun-exec", Target::TorchrunExec),
+    ("slurm", Target::Slurm),
+    ("slurm-exec", Target::SlurmExec),
+    ("rank-map", Target::RankMap),
+    ("rank-map-json", Target::RankMapJson),
+];
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = TARGETS.iter().find(|(_, t)| t == self).map(|(n, _)| *n).unwrap_or("?");
+        f.write_str(name)
+    }
+}
+
+impl Target {
+    pub fn parse(s: &str) -> Result<Target, ExportError> {
+        let key = s.trim().to_ascii_lowercase().replace('_', "-");
+        let key = match key.as_str() {
+            "bridge" => "megatron-bridge",
+            "mcore" => "megatron-core",
+            "megatron" => "megatron-lm",
+            other => other,
+        };
+        TARGETS.iter().find(|(n, _)| *n == key).map(|(_, t)| *t).ok_or_else(|| ExportError::UnknownTarget(s.to_string()))
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ExportError {
+    #[error("unknown export target '{0}' (one of: megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, torchrun, torchrun-exec, slurm, slurm-exec, rank-map, rank-map-json)")]
+    UnknownTarget(String),
+    #[error("this plan cannot be expressed for {target}: {reason}")]
+    Inexpressible { target: Target, reason: String },
+    #[error("plan #{0} does not exist in this file (it holds {1})")]
+    NoSuchPlan(usize, usize),
+}
+
+/// Options for launch scripts.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Path of the plan file as the launched `sextant exec` will see it.
+    pub plan_path: String,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        LaunchOptions { plan_path: "plan.json".into() }
+    }
+}
+
+/// Renders plan number `rank` (1-based, as printed) of `plan` for `target`.
+pub fn export(plan: &PlanFile, rank: usize, target: Target, opts: &LaunchOptions) -> Result<String, ExportError> {
+    if rank == 0 || rank > plan.plans.len() {
+        return Err(ExportError::NoSuchPlan(rank, plan.plans.len()));
+    }
+    let i = rank - 1;
+    let exec = || launch::Program::SextantExec { plan_path: opts.plan_path.clone() };
+    let megatron = || megatron::args(plan, i).map(launch::Program::Megatron);
+    match target {
+        Target::MegatronLm => megatron::megatron_lm(plan, i),
+        Target::MegatronCore => megatron::megatron_core(plan, i),
+        Target::MegatronBridge => others::megatron_bridge(plan, i),
+        Target::Nemo => others::nemo(plan, i),
+        Target::Verl => others::verl(plan, i),
+        Target::Rlinf => others::rlinf(plan, i),
+        Target::Torchtitan => others::torchtitan(plan, i),
+        Target::Torchrun => Ok(launch::torchrun(plan, i, &megatron()?)),
+        Target::TorchrunExec => Ok(launch::torchrun(plan, i, &exec())),
+        Target::Slurm => Ok(launch::slurm(plan, i, &megatron()?)),
+        Target::SlurmExec => Ok(launch::slurm(plan, i, &exec())),
+        Target::RankMap => rankmap::build(plan, i, &plan.rank_order).map(|m| rankmap::table(&m)),
+        Target::RankMapJson => rankmap::build(plan, i, &plan.rank_order).map(|m| rankmap::json(&m)),
+    }
+}

@@ -1,0 +1,333 @@
+//! Megatron-LM command-line arguments and Megatron-Core Python.
+//!
+//! Flag names as of Megatron-LM main (2026-08, core_v0.19); all are also valid in
+//! core_v0.13 except `--use-megatron-fsdp`, which core_v0.13 spelled
+//! `--use-custom-fsdp`. Up to core_v0.15 the flags are written out in
+//! `megatron/training/arguments.py`; later ones are generated from the config
+//! dataclasses named beside each mapping (`--` + field name with `-` for `_`).
+
+use std::fmt::Write;
+
+use sextant_planner::config::{Layout, ParallelConfig, Precision, Recompute, Zero};
+use sextant_planner::model::MlpKind;
+use sextant_planner::plan::PlanFile;
+
+use crate::{ExportError, Target};
+
+pub const MEGATRON_VERSION: &str = "Megatron-LM main 2026-08 (core_v0.19); core_v0.13+ except --use-megatron-fsdp (core_v0.13: --use-custom-fsdp)";
+
+/// `--pipeline-model-parallel-layout` string for an explicit per-stage list
+/// (syntax: megatron/core/transformer/pipeline_parallel_layer_layout.py; `E`
+/// embedding, `t` decoder layer, `L` loss, `|` between virtual stages, stage index
+/// = vpp_rank * PP + pp_rank, which is Sextant's order too).
+pub fn pipeline_layout(plan: &PlanFile, cfg: &ParallelConfig) -> Result<String, String> {
+    let chunks = cfg.stage_layers(plan.model.layers).map_err(|r| r.to_string())?;
+    let last = chunks.len() - 1;
+    let parts: Vec<String> = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let mut s = String::new();
+            if i == 0 {
+                s.push('E');
+            }
+            match n {
+                0 => {}
+                1 => s.push('t'),
+                n => s.push_str(&format!("t*{n}")),
+            }
+            if i == last {
+                s.push('L');
+            }
+            s
+        })
+        .collect();
+    Ok(parts.join("|"))
+}
+
+fn flag(v: &mut Vec<String>, name: &str) {
+    v.push(format!("--{name}"));
+}
+
+fn arg(v: &mut Vec<String>, name: &str, value: impl ToString) {
+    v.push(format!("--{name} {}", value.to_string()));
+}
+
+/// The arguments, one flag (with its value) per entry.
+pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
+    let t = Target::MegatronLm;
+    let cannot = |reason: String| ExportError::Inexpressible { target: t, reason };
+    let cfg = &plan.plans[index].config;
+    let m = &plan.model;
+    let w = &plan.workload;
+    let mut v = Vec::new();
+
+    // Parallel sizes: ModelParallelConfig (megatron/core/model_parallel_config.py).
+    arg(&mut v, "tensor-model-parallel-size", cfg.tp);
+    arg(&mut v, "pipeline-model-parallel-size", cfg.pp);
+    arg(&mut v, "context-parallel-size", cfg.cp);
+    if cfg.sp && cfg.tp > 1 {
+        flag(&mut v, "sequence-parallel");
+    }
+    if m.moe.is_some() {
+        arg(&mut v, "expert-model-parallel-size", cfg.ep);
+        arg(&mut v, "expert-tensor-parallel-size", cfg.etp);
+    }
+    // Stage layout: arguments.py _add_distributed_args (--num-layers-per-virtual-
+    // pipeline-stage, --num-virtual-stages-per-pipeline-rank, --decoder-first/last-
+    // pipeline-num-layers, --pipeline-model-parallel-layout) and TransformerConfig
+    // (--account-for-embedding/loss-in-pipeline-split).
+    match &cfg.layout {
+        Layout::Even => {
+            if cfg.vpp > 1 {
+                arg(&mut v, "num-layers-per-virtual-pipeline-stage", m.layers / (cfg.pp * cfg.vpp));
+            }
+        }
+        Layout::AccountEmbeddingLoss => {
+            flag(&mut v, "account-for-embedding-in-pipeline-split");
+            flag(&mut v, "account-for-loss-in-pipeline-split");
+            if cfg.vpp > 1 {
+                arg(&mut v, "num-virtual-stages-per-pipeline-rank", cfg.vpp);
+            }
+        }
+        Layout::FirstLast { first, last } => {
+            if cfg.vpp > 1 {
+                return Err(cannot("first/last stage layer counts with virtual stages: state the split as an explicit layout".into()));
+            }
+            arg(&mut v, "decoder-first-pipeline-num-layers", first);
+            arg(&mut v, "decoder-last-pipeline-num-layers", last);
+        }
+        Layout::Explicit { .. } => {
+            let layout = pipeline_layout(plan, cfg).map_err(cannot)?;
+            v.push(format!("--pipeline-model-parallel-layout \"{layout}\""));
+        }
+    }
+    if plan.rank_order == "tp-cp-ep-pp-dp" {
+        // DistributedInitConfig.use_tp_pp_dp_mapping; megatron/training/initialize.py.
+        flag(&mut v, "use-tp-pp-dp-mapping");
+    } else if plan.rank_order != "tp-cp-ep-dp-pp" {
+        return Err(cannot(format!("rank order {} is not one Megatron-LM can select", plan.rank_order)));
+    }
+
+    // Batch and sequence: TrainingConfig (megatron/training/config/training_config.py)
+    // and _add_data_args.
+    arg(&mut v, "micro-batch-size", cfg.mbs);
+    arg(&mut v, "global-batch-size", w.global_batch);
+    arg(&mut v, "seq-length", w.seq);
+    arg(&mut v, "max-position-embeddings", w.seq);
+
+    // Recomputation: TransformerConfig recompute_granularity / _method / _num_layers.
+    match cfg.recompute {
+        Recompute::None => {}
+        Recompute::Selective => arg(&mut v, "recompute-granularity", "selective"),
+        Recompute::Full => {
+            arg(&mut v, "recompute-granularity", "full");
+            arg(&mut v, "recompute-method", "uniform");
+            arg(&mut v, "recompute-num-layers", 1);
+        }
+    }
+
+    // Data-parallel sharding: _add_distributed_args; Megatron-FSDP strategies
+    // no_shard / optim / optim_grads / optim_grads_params.
+    match cfg.zero {
+        Zero::None => {}
+        Zero::DistOpt => flag(&mut v, "use-distributed-optimizer"),
+        Zero::Zero2 | Zero::Zero3 => {
+            flag(&mut v, "use-megatron-fsdp");
+            arg(&mut v, "data-parallel-sharding-strategy", if cfg.zero == Zero::Zero2 { "optim_grads" } else { "optim_grads_params" });
+        }
+    }
+    if cfg.overlap.grad_reduce && cfg.dp * cfg.cp > 1 {
+        flag(&mut v, "overlap-grad-reduce");
+        // --overlap-param-gather asserts a sharded optimizer and --overlap-grad-reduce.
+        if cfg.overlap.param_gather && cfg.zero != Zero::None {
+            flag(&mut v, "overlap-param-gather");
+        }
+    }
+    if cfg.overlap.tp_comm && cfg.tp > 1 {
+        if !cfg.sp {
+            return Err(cannot("--tp-comm-overlap requires --sequence-parallel (assertion in Megatron-LM)".into()));
+        }
+        flag(&mut v, "tp-comm-overlap");
+    }
+    if !cfg.overlap.p2p && cfg.pp > 1 {
+        flag(&mut v, "no-overlap-p2p-communication");
+    }
+
+    // Precision: _add_mixed_precision_args / TransformerConfig.fp8 (--fp8-format) and
+    // fp8_recipe (Fp8Recipe in megatron/core/enums.py).
+    match w.precision {
+        Precision::Bf16 => flag(&mut v, "bf16"),
+        Precision::Fp16 => flag(&mut v, "fp16"),
+        Precision::Fp8 => {
+            flag(&mut v, "bf16");
+            arg(&mut v, "fp8-format", "hybrid");
+            arg(&mut v, "fp8-recipe", "delayed");
+        }
+        Precision::Mxfp8 => {
+            flag(&mut v, "bf16");
+            arg(&mut v, "fp8-format", "e4m3");
+            arg(&mut v, "fp8-recipe", "mxfp8");
+        }
+    }
+    // With --bf16, FP32 gradient reduction is switched on unless --grad-reduce-in-bf16.
+    if cfg.bf16_grads {
+        flag(&mut v, "grad-reduce-in-bf16");
+    } else if w.precision == Precision::Fp16 {
+        flag(&mut v, "accumulate-allreduce-grads-in-fp32");
+    }
+    arg(&mut v, "attention-backend", "flash");
+
+    // Model shape: TransformerConfig / _add_network_size_args.
+    arg(&mut v, "num-layers", m.layers);
+    arg(&mut v, "hidden-size", m.hidden);
+    arg(&mut v, "ffn-hidden-size", m.ffn_hidden);
+    arg(&mut v, "num-attention-heads", m.heads);
+    if m.kv_heads != m.heads && m.mla.is_none() {
+        flag(&mut v, "group-query-attention");
+        arg(&mut v, "num-query-groups", m.kv_heads);
+    }
+    if m.head_dim * m.heads != m.hidden && m.mla.is_none() {
+        arg(&mut v, "kv-channels", m.head_dim);
+    }
+    if m.mlp == MlpKind::Gated {
+        flag(&mut v, "swiglu");
+    }
+    if !m.tied_embeddings {
+        flag(&mut v, "untie-embeddings-and-output-weights");
+    }
+    if !m.bias {
+        flag(&mut v, "disable-bias-linear");
+    }
+    if let Some(moe) = &m.moe {
+        // _add_moe_args.
+        arg(&mut v, "num-experts", moe.experts);
+        arg(&mut v, "moe-router-topk", moe.top_k);
+        arg(&mut v, "moe-ffn-hidden-size", moe.expert_ffn_hidden);
+        if moe.shared_hidden() > 0 {
+            arg(&mut v, "moe-shared-expert-intermediate-size", moe.shared_hidden());
+        }
+        if moe.dense_leading_layers > 0 || moe.layer_freq > 1 {
+            let pattern: Vec<String> = (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }.to_string()).collect();
+            v.push(format!("--moe-layer-freq \"[{}]\"", pattern.join(",")));
+        }
+    }
+    if m.mla.is_some() {
+        return Err(cannot("multi-latent attention: the MLA flags are not yet mapped and verified; set them from your model's recipe".into()));
+    }
+    Ok(v)
+}
+
+pub fn megatron_lm(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let a = args(plan, index)?;
+    let mut s = String::new();
+    let _ = writeln!(s, "# Megatron-LM arguments for plan #{}: {} on {} GPUs ({}).", plan.plans[index].rank, plan.model.name, plan.gpus, plan.hardware.name);
+    let _ = writeln!(s, "# Flags as in {MEGATRON_VERSION}.");
+    let _ = writeln!(s, "# Normalization, position embedding, tokenizer and data flags come from your model's recipe.");
+    let _ = writeln!(s, "{}", a.join(" \\\n"));
+    Ok(s)
+}
+
+/// Megatron-Core: `initialize_model_parallel` (megatron/core/parallel_state.py),
+/// `TransformerConfig` (megatron/core/transformer/transformer_config.py, with the
+/// parallel fields of megatron/core/model_parallel_config.py) and
+/// `DistributedDataParallelConfig` (megatron/core/distributed/distributed_data_parallel_config.py).
+pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::MegatronCore;
+    let cfg = &plan.plans[index].config;
+    let m = &plan.model;
+    let w = &plan.workload;
+    let py_bool = |b: bool| if b { "True" } else { "False" };
+    let mut s = String::new();
+    let _ = writeln!(s, "# Megatron-Core, {MEGATRON_VERSION}, for plan #{}: {} on {} GPUs.", plan.plans[index].rank, m.name, plan.gpus);
+    let _ = writeln!(s, "import torch");
+    let _ = writeln!(s, "from megatron.core import parallel_state");
+    let _ = writeln!(s, "from megatron.core.transformer.transformer_config import TransformerConfig");
+    let _ = writeln!(s, "from megatron.core.distributed import DistributedDataParallelConfig\n");
+    let _ = writeln!(s, "parallel_state.initialize_model_parallel(");
+    let _ = writeln!(s, "    tensor_model_parallel_size={},", cfg.tp);
+    let _ = writeln!(s, "    pipeline_model_parallel_size={},", cfg.pp);
+    let _ = writeln!(s, "    virtual_pipeline_model_parallel_size={},", if cfg.vpp > 1 { cfg.vpp.to_string() } else { "None".into() });
+    let _ = writeln!(s, "    context_parallel_size={},", cfg.cp);
+    let _ = writeln!(s, "    expert_model_parallel_size={},", cfg.ep);
+    let _ = writeln!(s, "    expert_tensor_parallel_size={},", cfg.etp);
+    let _ = writeln!(s, "    order=\"{}\",", plan.rank_order);
+    let _ = writeln!(s, ")\n");
+    let _ = writeln!(s, "config = TransformerConfig(");
+    let _ = writeln!(s, "    num_layers={},\n    hidden_size={},\n    ffn_hidden_size={},\n    num_attention_heads={},", m.layers, m.hidden, m.ffn_hidden, m.heads);
+    if m.kv_heads != m.heads && m.mla.is_none() {
+        let _ = writeln!(s, "    num_query_groups={},", m.kv_heads);
+    }
+    let _ = writeln!(s, "    tensor_model_parallel_size={},", cfg.tp);
+    let _ = writeln!(s, "    pipeline_model_parallel_size={},", cfg.pp);
+    if cfg.vpp > 1 {
+        let _ = writeln!(s, "    virtual_pipeline_model_parallel_size={},", cfg.vpp);
+    }
+    if cfg.pp > 1 {
+        // TransformerConfig raises without a pipeline dtype when PP > 1.
+        let _ = writeln!(s, "    pipeline_dtype={},", if w.precision == Precision::Fp16 { "torch.float16" } else { "torch.bfloat16" });
+    }
+    let _ = writeln!(s, "    context_parallel_size={},", cfg.cp);
+    let _ = writeln!(s, "    sequence_parallel={},", py_bool(cfg.sp && cfg.tp > 1));
+    if let Some(moe) = &m.moe {
+        let _ = writeln!(s, "    expert_model_parallel_size={},\n    expert_tensor_parallel_size={},", cfg.ep, cfg.etp);
+        let _ = writeln!(s, "    num_moe_experts={},\n    moe_router_topk={},\n    moe_ffn_hidden_size={},", moe.experts, moe.top_k, moe.expert_ffn_hidden);
+    }
+    match &cfg.layout {
+        Layout::Even => {}
+        Layout::AccountEmbeddingLoss => {
+            let _ = writeln!(s, "    account_for_embedding_in_pipeline_split=True,\n    account_for_loss_in_pipeline_split=True,");
+        }
+        Layout::FirstLast { first, last } => {
+            let _ = writeln!(s, "    num_layers_in_first_pipeline_stage={first},\n    num_layers_in_last_pipeline_stage={last},");
+        }
+        Layout::Explicit { .. } => {
+            let layout = pipeline_layout(plan, cfg).map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
+            let _ = writeln!(s, "    pipeline_model_parallel_layout=\"{layout}\",");
+        }
+    }
+    match cfg.recompute {
+        Recompute::None => {}
+        Recompute::Selective => {
+            let _ = writeln!(s, "    recompute_granularity=\"selective\",");
+        }
+        Recompute::Full => {
+            let _ = writeln!(s, "    recompute_granularity=\"full\",\n    recompute_method=\"uniform\",\n    recompute_num_layers=1,");
+        }
+    }
+    match w.precision {
+        Precision::Bf16 => {
+            let _ = writeln!(s, "    bf16=True,");
+        }
+        Precision::Fp16 => {
+            let _ = writeln!(s, "    fp16=True,");
+        }
+        Precision::Fp8 => {
+            let _ = writeln!(s, "    bf16=True,\n    fp8=\"hybrid\",\n    fp8_recipe=\"delayed\",");
+        }
+        Precision::Mxfp8 => {
+            let _ = writeln!(s, "    bf16=True,\n    fp8=\"e4m3\",\n    fp8_recipe=\"mxfp8\",");
+        }
+    }
+    let _ = writeln!(s, "    tp_comm_overlap={},", py_bool(cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp));
+    let _ = writeln!(s, ")\n");
+    let _ = writeln!(s, "ddp_config = DistributedDataParallelConfig(");
+    let _ = writeln!(s, "    grad_reduce_in_fp32={},", py_bool(!cfg.bf16_grads));
+    let _ = writeln!(s, "    overlap_grad_reduce={},", py_bool(cfg.overlap.grad_reduce));
+    let _ = writeln!(s, "    overlap_param_gather={},", py_bool(cfg.overlap.param_gather && cfg.zero != Zero::None));
+    let _ = writeln!(s, "    use_distributed_optimizer={},", py_bool(cfg.zero != Zero::None));
+    // The sharding strategy takes effect only under Megatron-FSDP (training flag
+    // --use-megatron-fsdp); the distributed optimizer is ZeRO-1 by itself.
+    match cfg.zero {
+        Zero::Zero2 => {
+            let _ = writeln!(s, "    data_parallel_sharding_strategy=\"optim_grads\",  # with Megatron-FSDP (--use-megatron-fsdp)");
+        }
+        Zero::Zero3 => {
+            let _ = writeln!(s, "    data_parallel_sharding_strategy=\"optim_grads_params\",  # with Megatron-FSDP (--use-megatron-fsdp)");
+        }
+        Zero::None | Zero::DistOpt => {}
+    }
+    let _ = writeln!(s, ")");
+    let _ = writeln!(s, "# micro-batch {} x {} accumulation steps = global batch {} at sequence length {}", cfg.mbs, w.global_batch / (cfg.mbs * cfg.dp), w.global_batch, w.seq);
+    Ok(s)
+}

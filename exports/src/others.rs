@@ -1,0 +1,383 @@
+//! Megatron-Bridge / NeMo 2.0, verl, RLinf and torchtitan.
+//!
+//! Every key below names the file of the framework that defines it. Versions read:
+//! Megatron-Bridge 0.7.0, NeMo 2.0 (2025-09), verl 0.8.0.dev, RLinf 0.4.0,
+//! torchtitan's last TOML-configured version (Feb 2026; later versions configure
+//! runs in Python).
+
+use std::fmt::Write;
+
+use sextant_planner::config::{Layout, ParallelConfig, Precision, Recompute, Zero};
+use sextant_planner::plan::PlanFile;
+
+use crate::megatron::pipeline_layout;
+use crate::{ExportError, Target};
+
+fn cannot(target: Target, reason: impl Into<String>) -> ExportError {
+    ExportError::Inexpressible { target, reason: reason.into() }
+}
+
+fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
+    match cfg.recompute {
+        Recompute::None => vec![],
+        Recompute::Selective => vec![("recompute_granularity", "selective".into())],
+        Recompute::Full => vec![
+            ("recompute_granularity", "full".into()),
+            ("recompute_method", "uniform".into()),
+            ("recompute_num_layers", "1".into()),
+        ],
+    }
+}
+
+/// Megatron-Core TransformerConfig fields that state the stage layout
+/// (megatron/core/transformer/transformer_config.py).
+fn layout_fields(plan: &PlanFile, cfg: &ParallelConfig) -> Result<Vec<(&'static str, String)>, String> {
+    Ok(match &cfg.layout {
+        Layout::Even => vec![],
+        Layout::AccountEmbeddingLoss => vec![("account_for_embedding_in_pipeline_split", "true".into()), ("account_for_loss_in_pipeline_split", "true".into())],
+        Layout::FirstLast { first, last } => vec![("num_layers_in_first_pipeline_stage", first.to_string()), ("num_layers_in_last_pipeline_stage", last.to_string())],
+        Layout::Explicit { .. } => vec![("pipeline_model_parallel_layout", format!("\"{}\"", pipeline_layout(plan, cfg)?))],
+    })
+}
+
+fn vpp_value(cfg: &ParallelConfig) -> String {
+    if cfg.vpp > 1 {
+        cfg.vpp.to_string()
+    } else {
+        "null".into()
+    }
+}
+
+/// Megatron-Bridge: Hydra-style overrides for `scripts/training/run_recipe.py`
+/// (parsed by src/megatron/bridge/training/utils/omegaconf_utils.py) on a
+/// `ConfigContainer` (src/megatron/bridge/training/config.py).
+pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::MegatronBridge;
+    let cfg = &plan.plans[index].config;
+    let w = &plan.workload;
+    let mut lines: Vec<(String, String)> = Vec::new();
+    let mut put = |k: &str, v: String| lines.push((k.to_string(), v));
+    // cfg.model is a GPTModelProvider (src/megatron/bridge/models/gpt_provider.py)
+    // whose parallel fields are Megatron-Core's (megatron/core/model_parallel_config.py).
+    put("model.tensor_model_parallel_size", cfg.tp.to_string());
+    put("model.pipeline_model_parallel_size", cfg.pp.to_string());
+    put("model.virtual_pipeline_model_parallel_size", vpp_value(cfg));
+    put("model.context_parallel_size", cfg.cp.to_string());
+    put("model.sequence_parallel", cfg.sp.to_string());
+    if plan.model.moe.is_some() {
+        put("model.expert_model_parallel_size", cfg.ep.to_string());
+        put("model.expert_tensor_parallel_size", cfg.etp.to_string());
+    }
+    for (k, v) in layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
+        put(&format!("model.{k}"), v);
+    }
+    // megatron/core/transformer/transformer_config.py
+    for (k, v) in recompute_fields(cfg) {
+        put(&format!("model.{k}"), v);
+    }
+    // megatron/training/config/training_config.py (TrainingConfig)
+    put("train.micro_batch_size", cfg.mbs.to_string());
+    put("train.global_batch_size", w.global_batch.to_string());
+    // GPTDatasetConfig in src/megatron/bridge/training/config.py owns the length;
+    // a validator requires model.seq_length to match it.
+    put("dataset.seq_length", w.seq.to_string());
+    put("model.seq_length", w.seq.to_string());
+    // megatron/core/distributed/distributed_data_parallel_config.py; the config
+    // validator keeps ddp.* and optimizer.use_distributed_optimizer in sync.
+    match cfg.zero {
+        Zero::None => put("ddp.use_distributed_optimizer", "false".into()),
+        Zero::DistOpt => put("ddp.use_distributed_optimizer", "true".into()),
+        Zero::Zero2 | Zero::Zero3 => {
+            put("ddp.use_megatron_fsdp", "true".into());
+            put("dist.use_megatron_fsdp", "true".into());
+            put("ddp.data_parallel_sharding_strategy", if cfg.zero == Zero::Zero2 { "optim_grads" } else { "optim_grads_params" }.into());
+        }
+    }
+    put("ddp.overlap_grad_reduce", cfg.overlap.grad_reduce.to_string());
+    put("ddp.overlap_param_gather", cfg.overlap.param_gather.to_string());
+    put("ddp.grad_reduce_in_fp32", (!cfg.bf16_grads).to_string());
+    // Precision presets: src/megatron/bridge/training/mixed_precision.py.
+    let preset = match w.precision {
+        Precision::Bf16 => "bf16_mixed",
+        Precision::Fp16 => "fp16_mixed",
+        Precision::Fp8 => "bf16_with_fp8_delayed_scaling_mixed",
+        Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+    };
+    put("mixed_precision", preset.into());
+    // comm_overlap: CommOverlapConfig in src/megatron/bridge/training/comm_overlap.py.
+    put("comm_overlap.tp_comm_overlap", (cfg.overlap.tp_comm && cfg.tp > 1).to_string());
+    if cfg.layout != Layout::Even && cfg.vpp > 1 && matches!(cfg.layout, Layout::FirstLast { .. }) {
+        return Err(cannot(t, "first/last stage layer counts with virtual stages"));
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, "# Megatron-Bridge 0.7 overrides for scripts/training/run_recipe.py --recipe <your recipe>");
+    let _ = writeln!(s, "# (ConfigContainer: src/megatron/bridge/training/config.py). Plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    for (k, v) in &lines {
+        let _ = writeln!(s, "{k}={v}");
+    }
+    Ok(s)
+}
+
+/// verl: YAML fragment for `python -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer`
+/// (verl/trainer/config/ppo_megatron_trainer.yaml; fields in
+/// verl/workers/config/engine.py McoreEngineConfig and verl/workers/config/actor.py),
+/// or for the FSDP backend (verl/trainer/config/engine/fsdp.yaml).
+pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::Verl;
+    let cfg = &plan.plans[index].config;
+    let w = &plan.workload;
+    if w.precision.is_fp8() {
+        return Err(cannot(t, "verl has no confirmed FP8 training setting (only free-form override_transformer_config); re-plan with --precision bf16"));
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, "# verl 0.8 actor settings for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    let _ = writeln!(s, "# Apply the same block to actor_rollout_ref.ref and critic if they train with the same layout.");
+    let _ = writeln!(s, "# Batches in verl count prompts: choose data.train_batch_size and actor_rollout_ref.actor.ppo_mini_batch_size");
+    let _ = writeln!(s, "# so that prompts x rollout.n equals the plan's global batch of {} sequences.", w.global_batch);
+    let fsdp = cfg.zero == Zero::Zero3 || cfg.zero == Zero::Zero2;
+    if fsdp {
+        // FSDP backend: DP (and Ulysses SP) only.
+        if cfg.tp > 1 || cfg.pp > 1 || cfg.ep > 1 {
+            return Err(cannot(t, format!("verl's FSDP backend has no tensor, pipeline or expert parallelism (plan has TP {} PP {} EP {}); re-plan with --zero 0,1 for the Megatron backend", cfg.tp, cfg.pp, cfg.ep)));
+        }
+        if cfg.zero == Zero::Zero2 {
+            return Err(cannot(t, "verl's FSDP backend shards parameters too (ZeRO-3); it has no ZeRO-2 setting"));
+        }
+        let _ = writeln!(s, "actor_rollout_ref:\n  actor:\n    strategy: fsdp2");
+        let _ = writeln!(s, "    ppo_micro_batch_size_per_gpu: {}", cfg.mbs);
+        let _ = writeln!(s, "    fsdp_config:\n      fsdp_size: {}", cfg.dp * cfg.cp);
+        // Ulysses sequence parallelism stands in for CP on this backend.
+        let _ = writeln!(s, "      ulysses_sequence_parallel_size: {}", cfg.cp);
+        let _ = writeln!(s, "  model:\n    enable_gradient_checkpointing: {}", cfg.recompute != Recompute::None);
+        return Ok(s);
+    }
+    let _ = writeln!(s, "actor_rollout_ref:\n  actor:\n    strategy: megatron");
+    let _ = writeln!(s, "    ppo_micro_batch_size_per_gpu: {}", cfg.mbs);
+    let _ = writeln!(s, "    megatron:");
+    let kv = |s: &mut String, k: &str, v: String| {
+        let _ = writeln!(s, "      {k}: {v}");
+    };
+    kv(&mut s, "tensor_model_parallel_size", cfg.tp.to_string());
+    kv(&mut s, "pipeline_model_parallel_size", cfg.pp.to_string());
+    kv(&mut s, "virtual_pipeline_model_parallel_size", vpp_value(cfg));
+    kv(&mut s, "context_parallel_size", cfg.cp.to_string());
+    kv(&mut s, "sequence_parallel", cfg.sp.to_string());
+    if plan.model.moe.is_some() {
+        kv(&mut s, "expert_model_parallel_size", cfg.ep.to_string());
+        kv(&mut s, "expert_tensor_parallel_size", cfg.etp.to_string());
+    }
+    kv(&mut s, "use_distributed_optimizer", (cfg.zero == Zero::DistOpt).to_string());
+    kv(&mut s, "dtype", if w.precision == Precision::Fp16 { "float16" } else { "bfloat16" }.into());
+    // override_transformer_config passes Megatron-Core TransformerConfig fields.
+    let mut over = recompute_fields(cfg);
+    over.extend(layout_fields(plan, cfg).map_err(|r| cannot(t, r))?);
+    if !over.is_empty() {
+        let _ = writeln!(s, "      override_transformer_config:");
+        for (k, v) in over {
+            let _ = writeln!(s, "        {k}: {v}");
+        }
+    }
+    Ok(s)
+}
+
+/// RLinf: YAML fragment of the actor (keys read in rlinf/config.py and
+/// rlinf/utils/initialize.py; examples in examples/reasoning/config/math/*-megatron.yaml).
+pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::Rlinf;
+    let cfg = &plan.plans[index].config;
+    let w = &plan.workload;
+    let mut s = String::new();
+    let _ = writeln!(s, "# RLinf 0.4 actor settings for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    let _ = writeln!(s, "# For RL reasoning tasks RLinf derives actor.micro_batch_size from algorithm.training_batch_size_per_gpu");
+    let _ = writeln!(s, "# and actor.global_batch_size from data.rollout_batch_size x algorithm.group_size / algorithm.n_minibatches.");
+    if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
+        if cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1 || cfg.ep > 1 {
+            return Err(cannot(t, "RLinf's FSDP backend has no tensor, pipeline, context or expert parallelism; re-plan with --zero 0,1"));
+        }
+        let _ = writeln!(s, "actor:\n  training_backend: fsdp\n  micro_batch_size: {}\n  global_batch_size: {}", cfg.mbs, w.global_batch);
+        let _ = writeln!(s, "  fsdp_config:\n    strategy: fsdp2\n    sharding_strategy: {}", if cfg.zero == Zero::Zero3 { "full_shard" } else { "shard_grad_op" });
+        let _ = writeln!(s, "    gradient_checkpointing: {}", cfg.recompute != Recompute::None);
+        return Ok(s);
+    }
+    let _ = writeln!(s, "runner:\n  seq_length: {}", w.seq);
+    let _ = writeln!(s, "actor:\n  training_backend: megatron\n  micro_batch_size: {}\n  global_batch_size: {}", cfg.mbs, w.global_batch);
+    let _ = writeln!(s, "  model:");
+    let kv = |s: &mut String, k: &str, v: String| {
+        let _ = writeln!(s, "    {k}: {v}");
+    };
+    kv(&mut s, "tensor_model_parallel_size", cfg.tp.to_string());
+    kv(&mut s, "pipeline_model_parallel_size", cfg.pp.to_string());
+    kv(&mut s, "virtual_pipeline_model_parallel_size", vpp_value(cfg));
+    kv(&mut s, "context_parallel_size", cfg.cp.to_string());
+    kv(&mut s, "sequence_parallel", cfg.sp.to_string());
+    if plan.model.moe.is_some() {
+        if cfg.etp > cfg.tp {
+            return Err(cannot(t, format!("RLinf requires expert TP ({}) <= TP ({})", cfg.etp, cfg.tp)));
+        }
+        kv(&mut s, "expert_model_parallel_size", cfg.ep.to_string());
+        kv(&mut s, "expert_tensor_parallel_size", cfg.etp.to_string());
+    }
+    match &cfg.layout {
+        Layout::Even => {}
+        Layout::FirstLast { first, last } => {
+            kv(&mut s, "decoder_first_pipeline_num_layers", first.to_string());
+            kv(&mut s, "decoder_last_pipeline_num_layers", last.to_string());
+        }
+        other => return Err(cannot(t, format!("RLinf states uneven pipelines only as first/last stage layer counts; this plan uses {other:?}"))),
+    }
+    for (k, v) in recompute_fields(cfg) {
+        kv(&mut s, k, v);
+    }
+    match w.precision {
+        Precision::Bf16 | Precision::Fp16 => kv(&mut s, "precision", w.precision.to_string()),
+        Precision::Fp8 => {
+            kv(&mut s, "precision", "bf16".into());
+            kv(&mut s, "fp8", "true".into());
+            kv(&mut s, "fp8_hybrid", "true".into());
+        }
+        Precision::Mxfp8 => return Err(cannot(t, "RLinf has no MXFP8 setting (fp8 there means per-tensor scaling)")),
+    }
+    // grad_reduce_in_fp32 is fixed on in RLinf.
+    if cfg.bf16_grads {
+        return Err(cannot(t, "RLinf always reduces gradients in FP32; re-plan without --bf16-grads"));
+    }
+    let _ = writeln!(s, "  optim:");
+    let _ = writeln!(s, "    use_distributed_optimizer: {}", cfg.zero == Zero::DistOpt);
+    let _ = writeln!(s, "    overlap_grad_reduce: {}", cfg.overlap.grad_reduce);
+    let _ = writeln!(s, "    overlap_param_gather: {}", cfg.overlap.param_gather && cfg.zero == Zero::DistOpt);
+    Ok(s)
+}
+
+/// torchtitan: the TOML sections of `torchtitan/config/job_config.py` (the last
+/// TOML-configured version, Feb 2026).
+pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::Torchtitan;
+    let cfg = &plan.plans[index].config;
+    let w = &plan.workload;
+    if cfg.tp > 1 && !cfg.sp {
+        return Err(cannot(t, "torchtitan applies sequence parallelism whenever TP > 1; this plan has TP without SP"));
+    }
+    if cfg.etp != 1 && cfg.etp != cfg.tp {
+        return Err(cannot(t, format!("torchtitan's expert_tensor_parallel_degree must be 1 or equal to TP ({}); plan has {}", cfg.tp, cfg.etp)));
+    }
+    let (replicate, shard, reshard) = match cfg.zero {
+        Zero::None => (cfg.dp, 1, None),
+        Zero::DistOpt => return Err(cannot(t, "torchtitan has no optimizer-only sharding (ZeRO-1 / distributed optimizer); re-plan with --zero 0,2,3")),
+        Zero::Zero2 => (1, cfg.dp, Some("never")),
+        Zero::Zero3 => (1, cfg.dp, None),
+    };
+    let layers = plan.model.layers;
+    let per_stage = match &cfg.layout {
+        Layout::Even => layers / (cfg.pp * cfg.vpp),
+        other => return Err(cannot(t, format!("torchtitan splits stages evenly by pipeline_parallel_layers_per_stage; this plan uses {other:?}"))),
+    };
+    let mut s = String::new();
+    let _ = writeln!(s, "# torchtitan job config (TOML, torchtitan/config/job_config.py) for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    let _ = writeln!(s, "[parallelism]");
+    let _ = writeln!(s, "data_parallel_replicate_degree = {replicate}");
+    let _ = writeln!(s, "data_parallel_shard_degree = {shard}");
+    if let Some(r) = reshard {
+        let _ = writeln!(s, "fsdp_reshard_after_forward = \"{r}\"");
+    }
+    let _ = writeln!(s, "tensor_parallel_degree = {}", cfg.tp);
+    let _ = writeln!(s, "enable_async_tensor_parallel = {}", cfg.overlap.tp_comm && cfg.tp > 1);
+    let _ = writeln!(s, "pipeline_parallel_degree = {}", cfg.pp);
+    if cfg.pp > 1 {
+        // Schedule names: torch/distributed/pipelining/schedules.py.
+        let _ = writeln!(s, "pipeline_parallel_schedule = \"{}\"", if cfg.vpp > 1 { "Interleaved1F1B" } else { "1F1B" });
+        let _ = writeln!(s, "pipeline_parallel_layers_per_stage = {per_stage}");
+        let _ = writeln!(s, "pipeline_parallel_microbatch_size = {}", cfg.mbs);
+    }
+    let _ = writeln!(s, "context_parallel_degree = {}", cfg.cp);
+    if plan.model.moe.is_some() {
+        let _ = writeln!(s, "expert_parallel_degree = {}", cfg.ep);
+        let _ = writeln!(s, "expert_tensor_parallel_degree = {}", cfg.etp);
+    }
+    let _ = writeln!(s, "\n[training]");
+    let _ = writeln!(s, "local_batch_size = {}", w.global_batch / cfg.dp);
+    let _ = writeln!(s, "global_batch_size = {}", w.global_batch);
+    let _ = writeln!(s, "seq_len = {}", w.seq);
+    let _ = writeln!(s, "\n[activation_checkpoint]");
+    match cfg.recompute {
+        Recompute::None => {
+            let _ = writeln!(s, "mode = \"none\"");
+        }
+        Recompute::Selective => {
+            let _ = writeln!(s, "mode = \"selective\"\nselective_ac_option = \"op\"");
+        }
+        Recompute::Full => {
+            let _ = writeln!(s, "mode = \"full\"");
+        }
+    }
+    match w.precision {
+        Precision::Bf16 => {}
+        Precision::Fp16 => return Err(cannot(t, "torchtitan trains in BF16 (mixed_precision_param); FP16 is not offered")),
+        Precision::Fp8 => {
+            let _ = writeln!(s, "\n[model]\nconverters = [\"quantize.linear.float8\"]");
+        }
+        Precision::Mxfp8 => {
+            let _ = writeln!(s, "\n[model]\nconverters = [\"quantize.linear.mx\"]\n\n[quantize.linear.mx]\nrecipe_name = \"mxfp8_cublas\"");
+        }
+    }
+    Ok(s)
+}
+
+/// NeMo 2.0 recipe overrides (Python, on a `nemo.collections.llm` recipe): the
+/// strategy fields of nemo/lightning/pytorch/strategies/megatron_strategy.py, the
+/// data module's batch fields, and the precision plugins of
+/// nemo/collections/llm/recipes/precision/mixed_precision.py.
+pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::Nemo;
+    let cfg = &plan.plans[index].config;
+    let w = &plan.workload;
+    let py = |b: bool| if b { "True" } else { "False" };
+    let mut s = String::new();
+    let _ = writeln!(s, "# NeMo 2.0 recipe overrides for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    let _ = writeln!(s, "from nemo.collections.llm.recipes.precision.mixed_precision import {}", match w.precision {
+        Precision::Bf16 => "bf16_mixed",
+        Precision::Fp16 => "fp16_mixed",
+        Precision::Fp8 => "bf16_with_fp8_mixed",
+        Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+    });
+    let st = "recipe.trainer.strategy";
+    let _ = writeln!(s, "{st}.tensor_model_parallel_size = {}", cfg.tp);
+    let _ = writeln!(s, "{st}.pipeline_model_parallel_size = {}", cfg.pp);
+    let _ = writeln!(s, "{st}.virtual_pipeline_model_parallel_size = {}", if cfg.vpp > 1 { cfg.vpp.to_string() } else { "None".into() });
+    let _ = writeln!(s, "{st}.context_parallel_size = {}", cfg.cp);
+    let _ = writeln!(s, "{st}.sequence_parallel = {}", py(cfg.sp && cfg.tp > 1));
+    if plan.model.moe.is_some() {
+        let _ = writeln!(s, "{st}.expert_model_parallel_size = {}", cfg.ep);
+        let _ = writeln!(s, "{st}.expert_tensor_parallel_size = {}", cfg.etp);
+    }
+    match &cfg.layout {
+        Layout::Even => {}
+        Layout::AccountEmbeddingLoss => {
+            let _ = writeln!(s, "{st}.account_for_embedding_in_pipeline_split = True\n{st}.account_for_loss_in_pipeline_split = True");
+        }
+        other => return Err(cannot(t, format!("NeMo 2.0's strategy states uneven pipelines only by counting embedding and loss as layers; this plan uses {other:?}"))),
+    }
+    match cfg.zero {
+        Zero::None | Zero::DistOpt => {
+            let _ = writeln!(s, "recipe.optim.config.use_distributed_optimizer = {}", py(cfg.zero == Zero::DistOpt));
+        }
+        Zero::Zero2 | Zero::Zero3 => return Err(cannot(t, "ZeRO-2/3 through NeMo 2.0's FSDP strategy option is not mapped; re-plan with --zero 0,1")),
+    }
+    let _ = writeln!(s, "{st}.ddp.overlap_grad_reduce = {}", py(cfg.overlap.grad_reduce));
+    let _ = writeln!(s, "{st}.ddp.overlap_param_gather = {}", py(cfg.overlap.param_gather && cfg.zero == Zero::DistOpt));
+    let _ = writeln!(s, "{st}.ddp.grad_reduce_in_fp32 = {}", py(!cfg.bf16_grads));
+    let _ = writeln!(s, "recipe.data.micro_batch_size = {}", cfg.mbs);
+    let _ = writeln!(s, "recipe.data.global_batch_size = {}", w.global_batch);
+    let _ = writeln!(s, "recipe.data.seq_length = {}", w.seq);
+    let _ = writeln!(s, "recipe.model.config.seq_length = {}", w.seq);
+    for (k, v) in recompute_fields(cfg) {
+        let v = if k == "recompute_granularity" || k == "recompute_method" { format!("\"{v}\"") } else { v };
+        let _ = writeln!(s, "recipe.model.config.{k} = {v}");
+    }
+    let _ = writeln!(s, "recipe.trainer.plugins = {}()", match w.precision {
+        Precision::Bf16 => "bf16_mixed",
+        Precision::Fp16 => "fp16_mixed",
+        Precision::Fp8 => "bf16_with_fp8_mixed",
+        Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+    });
+    Ok(s)
+}

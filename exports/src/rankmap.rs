@@ -1,0 +1,61 @@
+//! The rank map of a plan as a table and as JSON.
+
+use std::fmt::Write;
+
+use sextant_planner::plan::PlanFile;
+use sextant_planner::ranks::{rank_map, RankMap, GROUP_KINDS};
+
+use crate::{ExportError, Target};
+
+pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, ExportError> {
+    let cfg = &plan.plans[index].config;
+    rank_map(cfg, order, plan.hardware.node.gpus_per_node).map_err(|reason| ExportError::Inexpressible { target: Target::RankMap, reason })
+}
+
+fn members(m: &RankMap, kind: &str, gi: usize) -> String {
+    let g = &m.groups.iter().find(|(k, _)| k == kind).expect("known kind").1[gi];
+    if g.len() <= 8 {
+        format!("{g:?}").replace(' ', "")
+    } else {
+        format!("[{},{},..,{}]({})", g[0], g[1], g[g.len() - 1], g.len())
+    }
+}
+
+/// One row per rank: node, local GPU, coordinates, and the members of its TP, CP,
+/// DP, PP and EP groups (long groups abbreviated with their size).
+pub fn table(m: &RankMap) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# rank map: {} ranks, order {}, {} GPUs per node", m.world_size, m.order, m.gpus_per_node);
+    let _ = writeln!(
+        s,
+        "{:>6} {:>5} {:>3} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>5}  {:<20} {:<20} {:<24} {:<24} {:<24}",
+        "rank", "node", "gpu", "tp", "cp", "dp", "pp", "ep", "etp", "edp", "tp group", "cp group", "dp group", "pp group", "ep group"
+    );
+    let kind_index = |k: &str| GROUP_KINDS.iter().position(|x| *x == k).expect("known kind");
+    for e in &m.ranks {
+        let _ = writeln!(
+            s,
+            "{:>6} {:>5} {:>3} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>5}  {:<20} {:<20} {:<24} {:<24} {:<24}",
+            e.rank,
+            e.node,
+            e.local_gpu,
+            e.tp,
+            e.cp,
+            e.dp,
+            e.pp,
+            e.ep,
+            e.etp,
+            e.edp,
+            members(m, "tp", e.group_index[kind_index("tp")]),
+            members(m, "cp", e.group_index[kind_index("cp")]),
+            members(m, "dp", e.group_index[kind_index("dp")]),
+            members(m, "pp", e.group_index[kind_index("pp")]),
+            members(m, "ep", e.group_index[kind_index("ep")]),
+        );
+    }
+    s
+}
+
+pub fn json(m: &RankMap) -> String {
+    serde_json::to_string_pretty(m).expect("rank map serialises")
+}

@@ -1,0 +1,228 @@
+//! Exports: golden files for every target on a dense and an MoE plan, Megatron-LM
+//! flags checked against the verified argument table, and plans that a framework
+//! cannot express.
+
+use std::path::PathBuf;
+
+use sextant_exports::{export, LaunchOptions, Target, TARGETS};
+use sextant_planner::config::{Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
+use sextant_planner::cost::{evaluate, Assumptions};
+use sextant_planner::hardware::{builtin_profile, Cluster};
+use sextant_planner::plan::PlanFile;
+use sextant_planner::presets::resolve;
+
+#[allow(clippy::too_many_arguments)]
+fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: ParallelConfig) -> PlanFile {
+    let m = resolve(model).unwrap().spec;
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
+    let w = Workload { seq, global_batch: gbs, precision, moe_imbalance: 1.0 };
+    let e = evaluate(&m, &c, &w, &cfg, Assumptions::default()).unwrap_or_else(|r| panic!("{model}: {r}"));
+    let mut p = PlanFile::new(m, c.profile, gpus, w, None, vec![(cfg, e)]);
+    p.generator = "sextant (test)".into();
+    p
+}
+
+fn cfg(tp: u64, pp: u64, vpp: u64, cp: u64, dp: u64) -> ParallelConfig {
+    ParallelConfig { tp, pp, vpp, cp, ep: 1, etp: 1, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false }
+}
+
+/// Llama 3 70B on 64 H100s, as NeMo's recipe runs it: TP4 PP4 VPP5 CP2, selective.
+fn dense() -> PlanFile {
+    let mut c = cfg(4, 4, 5, 2, 2);
+    c.recompute = Recompute::Selective;
+    c.overlap.tp_comm = true;
+    plan("llama3-70b", 64, 8192, 128, Precision::Bf16, c)
+}
+
+/// Mixtral 8x7B on 32 H100s: TP2 PP2 EP4, FP8, full recomputation, BF16 grads.
+fn moe() -> PlanFile {
+    let mut c = cfg(2, 2, 1, 1, 8);
+    c.ep = 4;
+    c.recompute = Recompute::Full;
+    c.bf16_grads = true;
+    c.mbs = 2;
+    plan("mixtral-8x7b", 32, 4096, 256, Precision::Fp8, c)
+}
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden")
+}
+
+/// Compares with the golden file; `SEXTANT_BLESS=1` rewrites it instead.
+fn check(name: &str, got: &str) {
+    let path = golden_dir().join(name);
+    if std::env::var_os("SEXTANT_BLESS").is_some() {
+        std::fs::create_dir_all(golden_dir()).unwrap();
+        std::fs::write(&path, got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (run with SEXTANT_BLESS=1 to create it)", path.display()));
+    if want != got {
+        let line = want.lines().zip(got.lines()).position(|(a, b)| a != b).unwrap_or(want.lines().count().min(got.lines().count()));
+        panic!(
+            "{name} differs from the golden file at line {}:\n  want: {:?}\n  got:  {:?}\n(SEXTANT_BLESS=1 rewrites the golden files after a deliberate change)",
+            line + 1,
+            want.lines().nth(line),
+            got.lines().nth(line)
+        );
+    }
+}
+
+#[test]
+fn golden_exports_for_every_target() {
+    let opts = LaunchOptions { plan_path: "plan.json".into() };
+    for (label, p) in [("dense", dense()), ("moe", moe())] {
+        for (name, target) in TARGETS {
+            let text = match export(&p, 1, *target, &opts) {
+                Ok(t) => t,
+                Err(e) => format!("error: {e}\n"),
+            };
+            check(&format!("{label}-{name}.txt"), &text);
+        }
+    }
+}
+
+/// Every Megatron-LM flag Sextant can emit, with the file that defines it
+/// (Megatron-LM main 2026-08; generated flags come from the dataclass named).
+const MEGATRON_FLAGS: &[(&str, &str)] = &[
+    ("tensor-model-parallel-size", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("pipeline-model-parallel-size", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("context-parallel-size", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("sequence-parallel", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("expert-model-parallel-size", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("expert-tensor-parallel-size", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("num-layers-per-virtual-pipeline-stage", "megatron/training/arguments.py _add_distributed_args"),
+    ("num-virtual-stages-per-pipeline-rank", "megatron/training/arguments.py _add_distributed_args"),
+    ("decoder-first-pipeline-num-layers", "megatron/training/arguments.py _add_distributed_args"),
+    ("decoder-last-pipeline-num-layers", "megatron/training/arguments.py _add_distributed_args"),
+    ("account-for-embedding-in-pipeline-split", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("account-for-loss-in-pipeline-split", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("pipeline-model-parallel-layout", "megatron/training/arguments.py _add_distributed_args"),
+    ("use-tp-pp-dp-mapping", "megatron/training/config/common_config.py DistributedInitConfig"),
+    ("micro-batch-size", "megatron/training/config/training_config.py TrainingConfig"),
+    ("global-batch-size", "megatron/training/config/training_config.py TrainingConfig"),
+    ("seq-length", "megatron/training/arguments.py _add_data_args"),
+    ("max-position-embeddings", "megatron/training/arguments.py _add_network_size_args"),
+    ("recompute-granularity", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("recompute-method", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("recompute-num-layers", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("use-distributed-optimizer", "megatron/training/arguments.py _add_distributed_args"),
+    ("use-megatron-fsdp", "megatron/training/config/common_config.py DistributedInitConfig"),
+    ("data-parallel-sharding-strategy", "megatron/training/arguments.py _add_distributed_args"),
+    ("overlap-grad-reduce", "megatron/training/arguments.py _add_distributed_args"),
+    ("overlap-param-gather", "megatron/training/arguments.py _add_distributed_args"),
+    ("tp-comm-overlap", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("no-overlap-p2p-communication", "megatron/training/arguments.py _add_distributed_args"),
+    ("bf16", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("fp16", "megatron/core/model_parallel_config.py ModelParallelConfig"),
+    ("fp8-format", "megatron/core/transformer/transformer_config.py TransformerConfig.fp8 (argparse_meta)"),
+    ("fp8-recipe", "megatron/core/transformer/transformer_config.py TransformerConfig; values in megatron/core/enums.py Fp8Recipe"),
+    ("grad-reduce-in-bf16", "megatron/training/arguments.py _add_mixed_precision_args"),
+    ("accumulate-allreduce-grads-in-fp32", "megatron/training/arguments.py _add_mixed_precision_args"),
+    ("attention-backend", "megatron/core/transformer/transformer_config.py TransformerConfig; values in megatron/core/transformer/enums.py AttnBackend"),
+    ("num-layers", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("hidden-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("ffn-hidden-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("num-attention-heads", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("group-query-attention", "megatron/training/arguments.py _add_network_size_args"),
+    ("num-query-groups", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("kv-channels", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("swiglu", "megatron/training/arguments.py _add_network_size_args"),
+    ("untie-embeddings-and-output-weights", "megatron/training/arguments.py _add_network_size_args"),
+    ("disable-bias-linear", "megatron/core/transformer/transformer_config.py TransformerConfig.add_bias_linear (argparse_meta)"),
+    ("num-experts", "megatron/training/arguments.py _add_moe_args"),
+    ("moe-router-topk", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("moe-ffn-hidden-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("moe-shared-expert-intermediate-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("moe-layer-freq", "megatron/training/arguments.py _add_moe_args"),
+];
+
+#[test]
+fn every_megatron_flag_is_a_verified_argument() {
+    let mut variants = vec![dense(), moe()];
+    // Uneven splits, FSDP, FP16, MXFP8, the other rank order, no P2P overlap.
+    let mut c = cfg(8, 8, 2, 1, 1);
+    c.layout = Layout::AccountEmbeddingLoss;
+    c.zero = Zero::Zero3;
+    variants.push(plan("llama3.1-405b", 64, 4096, 64, Precision::Mxfp8, c));
+    let mut c = cfg(8, 4, 1, 1, 2);
+    c.layout = Layout::FirstLast { first: 30, last: 30 };
+    c.overlap.p2p = false;
+    c.zero = Zero::Zero2;
+    let mut p = plan("llama3.1-405b", 64, 4096, 64, Precision::Fp16, c);
+    p.rank_order = "tp-cp-ep-pp-dp".into();
+    variants.push(p);
+    let mut c = cfg(1, 2, 1, 1, 4);
+    c.layout = Layout::Explicit { layers: vec![15, 17] };
+    variants.push(plan("llama3-8b", 8, 4096, 64, Precision::Bf16, c));
+    let mut c = cfg(1, 1, 1, 1, 16);
+    c.ep = 16;
+    variants.push(plan("qwen3-30b-a3b", 16, 4096, 64, Precision::Bf16, c));
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &variants {
+        let text = export(p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", p.model.name));
+        let args = text.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join(" ");
+        for word in args.split_whitespace().filter(|w| w.starts_with("--")) {
+            let name = &word[2..];
+            assert!(MEGATRON_FLAGS.iter().any(|(f, _)| *f == name), "flag --{name} is not in the verified table");
+            seen.insert(name.to_string());
+        }
+    }
+    // The variants exercise most of the table.
+    assert!(seen.len() >= 40, "only {} distinct flags exercised: {seen:?}", seen.len());
+}
+
+#[test]
+fn explicit_layout_uses_megatron_layout_syntax() {
+    let mut c = cfg(1, 2, 1, 1, 4);
+    c.layout = Layout::Explicit { layers: vec![15, 17] };
+    let p = plan("llama3-8b", 8, 4096, 64, Precision::Bf16, c);
+    let text = export(&p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap();
+    assert!(text.contains("--pipeline-model-parallel-layout \"Et*15|t*17L\""), "{text}");
+}
+
+#[test]
+fn inexpressible_plans_fail_with_the_reason() {
+    let opts = LaunchOptions::default();
+    let err = |p: &PlanFile, t: Target| export(p, 1, t, &opts).expect_err("should refuse").to_string();
+    // torchtitan has no ZeRO-1.
+    assert!(err(&dense(), Target::Torchtitan).contains("optimizer-only sharding"));
+    // RLinf states uneven pipelines only as first/last counts.
+    let mut c = cfg(8, 8, 2, 1, 1);
+    c.layout = Layout::AccountEmbeddingLoss;
+    let p = plan("llama3.1-405b", 64, 4096, 64, Precision::Bf16, c);
+    assert!(err(&p, Target::Rlinf).contains("first/last"));
+    // verl has no confirmed FP8 setting.
+    assert!(err(&moe(), Target::Verl).contains("FP8"));
+    // MLA flags are not mapped yet: refuse rather than emit a wrong model.
+    let mut c = cfg(1, 16, 1, 1, 4);
+    c.ep = 4;
+    c.layout = Layout::balanced(61, 16, 1);
+    let p = plan("deepseek-v3", 64, 4096, 64, Precision::Bf16, c);
+    assert!(err(&p, Target::MegatronLm).contains("multi-latent"));
+    // Plan numbers are checked.
+    assert!(export(&dense(), 2, Target::MegatronLm, &opts).unwrap_err().to_string().contains("plan #2"));
+    assert!(Target::parse("deepspeed").unwrap_err().to_string().contains("unknown export target"));
+}
+
+#[test]
+fn cli_export_round_trip() {
+    let dir = std::env::temp_dir().join(format!("sextant-export-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan_path = dir.join("plan.json");
+    let bin = env!("CARGO_BIN_EXE_sextant");
+    let o = std::process::Command::new(bin).args(["plan", "--model", "8x7b", "--gpus", "32", "--global-batch", "256", "--top", "3", "--out", plan_path.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for target in ["megatron-lm", "rank-map", "slurm-exec"] {
+        let o = std::process::Command::new(bin).args(["export", plan_path.to_str().unwrap(), "--to", target]).output().unwrap();
+        assert!(o.status.success(), "{target}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(!o.stdout.is_empty());
+    }
+    let o = std::process::Command::new(bin).args(["export", plan_path.to_str().unwrap(), "--to", "deepspeed"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown export target"));
+    let o = std::process::Command::new(bin).args(["plan", "--model", "8b", "--gpus", "8", "--top", "1", "--emit", "torchtitan", "--zero", "0,3"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("[parallelism]"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
