@@ -38,6 +38,20 @@ enum Command {
     Profiles,
     /// Render a saved plan for a training framework, a launcher or as a rank map.
     Export(ExportArgs),
+    /// Write the HTML cost report of a saved plan (re-runs its search for the charts).
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ReportArgs {
+    /// Plan file written by `sextant plan --out` or `sextant estimate --out`.
+    plan: String,
+    /// Where to write the HTML report.
+    #[arg(short = 'o', long = "output")]
+    output: String,
+    /// Replace the output file if it exists.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -91,6 +105,9 @@ struct PlanArgs {
     /// Also print the best plan for this framework (see `sextant export --help`).
     #[arg(long)]
     emit: Option<String>,
+    /// Also write the HTML cost report to this file (replaced only with --force).
+    #[arg(long)]
+    report: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -229,6 +246,9 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     text.push_str(&render::plan_table(&res, &inp));
     text.push('\n');
     text.push_str(&render::search_summary(&res, millis));
+    if let Some(path) = &a.report {
+        write_report(&plan, &res.points, &res.sensitivity, path, a.common.force)?;
+    }
     let emit_target = a.emit.as_deref().map(Target::parse).transpose()?;
     let exported = match emit_target {
         Some(t) => Some(export(&plan, 1, t, &LaunchOptions { plan_path: a.common.out.clone().unwrap_or_else(|| "plan.json".into()) })?),
@@ -239,6 +259,33 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         println!();
         print!("{e}");
     }
+    Ok(())
+}
+
+/// Renders the report (pure, in reports/) and writes it.
+fn write_report(plan: &PlanFile, points: &[sextant_planner::search::Point], sensitivity: &[sextant_planner::search::Sensitivity], path: &str, force: bool) -> Result<()> {
+    let launch = export(plan, 1, Target::MegatronLm, &LaunchOptions::default()).map_err(|e| e.to_string());
+    let html = sextant_reports::render(&sextant_reports::ReportInput { plan, points, sensitivity, launch, measured: &[] });
+    io::write_new(Path::new(path), &html, force)
+}
+
+fn cmd_report(a: ReportArgs) -> Result<()> {
+    let text = io::read_text(Path::new(&a.plan), "plan file")?;
+    let plan = PlanFile::from_json(&text).map_err(|e| anyhow::anyhow!("'{}': {e}", a.plan))?;
+    // The plan file keeps the ranked plans, not every point: search again (the
+    // default space, with the chosen plan's overlap settings) for the charts.
+    let (points, sensitivity) = if plan.search.is_some() {
+        let first = &plan.plans[0].config;
+        let mut cluster = sextant_planner::hardware::Cluster::new(plan.hardware.clone(), plan.gpus)?;
+        cluster.allow_tp_beyond_nvlink = plan.plans.iter().any(|p| p.config.tp > plan.hardware.node.nvlink_domain);
+        let space = SearchSpace { overlap: first.overlap, bf16_grads: first.bf16_grads, ..SearchSpace::default() };
+        let res = search(&plan.model, &cluster, &plan.workload, &space, 1);
+        (res.points, res.sensitivity)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    write_report(&plan, &points, &sensitivity, &a.output, a.force)?;
+    println!("Report written to {}", a.output);
     Ok(())
 }
 
@@ -325,6 +372,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Export(a) => cmd_export(a),
+        Command::Report(a) => cmd_report(a),
     }
 }
 

@@ -159,6 +159,9 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         100.0 * e.bubble_fraction,
         100.0 * e.exposed_comm_fraction
     );
+    if let Some(b) = &e.band {
+        let _ = writeln!(s, "80% band: {:.3} to {:.3} s (the model's errors on {})", b.low_secs, b.high_secs, b.basis);
+    }
     let _ = writeln!(s, "\nTime per step on the critical stage (stage {} of {}):", e.critical_stage, cfg.pp);
     let c = &e.time.compute;
     for (name, v) in [

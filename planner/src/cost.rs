@@ -185,6 +185,10 @@ pub struct Estimate {
     pub stages: Vec<StageSummary>,
     /// The stage whose per-micro-batch time sets the pipeline's pace.
     pub critical_stage: u64,
+    /// 80% interval on the step time from the model's errors on comparable
+    /// published runs ([`crate::uncertainty`]); absent when there are none.
+    #[serde(default)]
+    pub band: Option<crate::uncertainty::Band>,
 }
 
 /// Software assumptions that are not search knobs.
@@ -892,6 +896,7 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         usable_bytes: hw.usable_bytes(),
         stages,
         critical_stage: critical,
+        band: crate::uncertainty::band(&hw.name, model.moe.is_some(), step),
     })
 }
 

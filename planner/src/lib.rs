@@ -23,7 +23,9 @@ pub mod plan;
 pub mod presets;
 pub mod ranks;
 pub mod runs;
+pub mod schedule;
 pub mod search;
+pub mod uncertainty;
 
 pub use config::{Layout, Overlap, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero};
 pub use cost::{estimate, Estimate};

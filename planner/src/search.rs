@@ -79,6 +79,52 @@ pub struct SearchResult {
     pub top: Vec<Candidate>,
     #[serde(skip)]
     pub points: Vec<Point>,
+    /// For each searched dimension and each value it took among valid plans, the
+    /// best plan with that dimension fixed there.
+    #[serde(skip)]
+    pub sensitivity: Vec<Sensitivity>,
+}
+
+/// The best plan when one dimension is held at one value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sensitivity {
+    pub dimension: &'static str,
+    pub value: String,
+    pub step_secs: f64,
+    pub config: ParallelConfig,
+}
+
+/// Dimensions reported in the sensitivity table, and each one's value as text.
+/// A dimension's value in a configuration, as text.
+pub type ValueOf = fn(&ParallelConfig) -> String;
+
+pub const DIMENSIONS: &[(&str, ValueOf)] = &[
+    ("TP", |c| c.tp.to_string()),
+    ("PP", |c| c.pp.to_string()),
+    ("VPP", |c| c.vpp.to_string()),
+    ("CP", |c| c.cp.to_string()),
+    ("EP", |c| c.ep.to_string()),
+    ("DP", |c| c.dp.to_string()),
+    ("SP", |c| c.sp.to_string()),
+    ("micro-batch", |c| c.mbs.to_string()),
+    ("ZeRO", |c| c.zero.to_string()),
+    ("recompute", |c| format!("{:?}", c.recompute).to_lowercase()),
+];
+
+fn sensitivity(sorted: &[(Point, ParallelConfig)]) -> Vec<Sensitivity> {
+    let mut out = Vec::new();
+    for (dim, value_of) in DIMENSIONS {
+        // `sorted` is fastest first: the first config seen for a value is its best.
+        let mut seen: Vec<String> = Vec::new();
+        for (p, cfg) in sorted {
+            let v = value_of(cfg);
+            if !seen.contains(&v) {
+                seen.push(v.clone());
+                out.push(Sensitivity { dimension: dim, value: v, step_secs: p.step_secs, config: cfg.clone() });
+            }
+        }
+    }
+    out
 }
 
 /// Structural part of a configuration (what fixes the group layout).
@@ -243,9 +289,10 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
             estimate: estimate_with(model, cluster, w, cfg, space.assumptions).expect("configuration was valid a moment ago"),
         })
         .collect();
+    let sensitivity = sensitivity(&all);
     let points = all.into_iter().map(|(p, _)| p).collect();
     debug_assert!(top.iter().all(|c| c.config.gpus() == cluster.gpus));
-    SearchResult { enumerated, valid, rejected, top, points }
+    SearchResult { enumerated, valid, rejected, top, points, sensitivity }
 }
 
 #[cfg(test)]
@@ -284,6 +331,15 @@ mod tests {
             assert!(cfg.tp * cfg.pp > 1 || cfg.zero == Zero::Zero3, "{cfg:?}");
         }
         assert!(r.rejected.get(&RejectKind::OutOfMemory).copied().unwrap_or(0) > 0);
+        // Sensitivity: the chosen value of each dimension is the overall best.
+        let best = r.top[0].estimate.step_secs;
+        for (dim, value_of) in DIMENSIONS {
+            let rows: Vec<_> = r.sensitivity.iter().filter(|s| s.dimension == *dim).collect();
+            assert!(!rows.is_empty());
+            assert_eq!(rows[0].value, value_of(&r.top[0].config));
+            assert!((rows[0].step_secs - best).abs() < 1e-12);
+            assert!(rows.iter().all(|s| s.step_secs >= best));
+        }
     }
 
     #[test]

@@ -3,3 +3,4 @@
 mod cli;
 mod exports;
 mod published;
+mod report;

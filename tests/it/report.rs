@@ -1,0 +1,178 @@
+//! The HTML report: generated for a dense and an MoE search, checked structurally,
+//! and rendered in headless Chromium.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sextant_reports::SECTIONS;
+
+fn sextant(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sextant")).args(args).output().expect("binary runs")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sextant-report-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// A small well-formedness check for the HTML and SVG the report emits: every
+/// opened element is closed in order (void and self-closing elements aside).
+fn balanced(html: &str) -> Result<(), String> {
+    const VOID: &[&str] = &["meta", "br", "hr", "img", "link", "input"];
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = html;
+    while let Some(i) = rest.find('<') {
+        rest = &rest[i + 1..];
+        let end = rest.find('>').ok_or("unterminated tag")?;
+        let tag = &rest[..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('!') {
+            continue;
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().ok_or_else(|| format!("</{name}> closes nothing"))?;
+            if open != name.trim() {
+                return Err(format!("</{name}> closes <{open}>"));
+            }
+            continue;
+        }
+        let name = tag.split(|c: char| c.is_whitespace() || c == '/').next().unwrap_or("").to_string();
+        if tag.ends_with('/') || VOID.contains(&name.as_str()) {
+            continue;
+        }
+        stack.push(name);
+    }
+    if stack.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("unclosed: {stack:?}"))
+    }
+}
+
+fn check_structure(html: &str) {
+    assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
+    balanced(html).unwrap();
+    for (id, title) in SECTIONS {
+        assert!(html.contains(&format!("<section id=\"{id}\">")), "section {id} missing");
+        assert!(html.contains(title), "heading {title} missing");
+    }
+    // Every chart has content: at least a handful of drawn shapes.
+    let svgs: Vec<&str> = html.split("<svg").skip(1).map(|s| &s[..s.find("</svg>").expect("closed svg")]).collect();
+    assert!(svgs.len() >= 4, "expected 4 charts, found {}", svgs.len());
+    for svg in &svgs {
+        let shapes = svg.matches("<rect").count() + svg.matches("<circle").count() + svg.matches("<polyline").count() + svg.matches("<path").count();
+        assert!(shapes > 10, "a chart is (nearly) empty: {shapes} shapes");
+    }
+    // Self-contained: nothing fetched from anywhere.
+    for bad in ["http://", "https://", "<script", "src=", "href=", "url(", "@import"] {
+        assert!(!html.contains(bad), "report contains '{bad}'");
+    }
+}
+
+#[test]
+fn dense_and_moe_reports_are_complete_and_self_contained() {
+    for (label, args) in [
+        ("dense", vec!["plan", "--model", "70b", "--gpus", "128"]),
+        ("moe", vec!["plan", "--model", "mixtral-8x22b", "--gpus", "256", "--global-batch", "512"]),
+    ] {
+        let path = tmp(&format!("{label}.html"));
+        let _ = std::fs::remove_file(&path);
+        let mut a = args.clone();
+        a.extend(["--report", path.to_str().unwrap()]);
+        let o = sextant(&a);
+        assert!(o.status.success(), "{label}: {}", String::from_utf8_lossy(&o.stderr));
+        let html = std::fs::read_to_string(&path).unwrap();
+        check_structure(&html);
+        if label == "moe" {
+            assert!(html.contains("EP"), "MoE report shows no expert parallelism");
+        }
+    }
+}
+
+#[test]
+fn report_from_a_saved_plan_and_size_at_16384_gpus() {
+    let plan = tmp("405b.json");
+    let out = tmp("405b.html");
+    let _ = std::fs::remove_file(&plan);
+    let _ = std::fs::remove_file(&out);
+    let o = sextant(&["plan", "--model", "405b", "--gpus", "16384", "--out", plan.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sextant(&["report", plan.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let html = std::fs::read_to_string(&out).unwrap();
+    check_structure(&html);
+    let size = html.len();
+    println!("405B on 16384 GPUs: report {size} bytes");
+    assert!(size < 3 * 1024 * 1024, "report is {size} bytes, over 3 MB");
+    // Existing output is not replaced without --force.
+    let o = sextant(&["report", plan.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    // A single estimate also makes a report.
+    let est = tmp("est.json");
+    let _ = std::fs::remove_file(&est);
+    let o = sextant(&["estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--global-batch", "64", "--out", est.to_str().unwrap()]);
+    assert!(o.status.success());
+    let est_html = tmp("est.html");
+    let _ = std::fs::remove_file(&est_html);
+    let o = sextant(&["report", est.to_str().unwrap(), "-o", est_html.to_str().unwrap(), "--force"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_structure(&std::fs::read_to_string(&est_html).unwrap());
+}
+
+fn chromium() -> Option<PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"].iter().map(PathBuf::from).find(|p| p.exists())
+}
+
+/// Fraction of pixels that are not near-white in a PNG.
+fn ink(png_path: &Path) -> f64 {
+    let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    let px = &buf[..info.buffer_size()];
+    let total = px.len() / channels;
+    let inked = px.chunks(channels).filter(|p| p.iter().take(3).any(|&c| c < 200)).count();
+    inked as f64 / total as f64
+}
+
+#[test]
+fn report_renders_in_headless_chromium() {
+    let Some(browser) = chromium() else {
+        if std::env::var_os("SEXTANT_REQUIRE_BROWSER").is_some() {
+            panic!("SEXTANT_REQUIRE_BROWSER is set but no Chromium is installed");
+        }
+        println!("SKIPPED report_renders_in_headless_chromium: Chromium is not installed (bash .ci/run installs Debian's chromium package)");
+        return;
+    };
+    let html = tmp("view.html");
+    let _ = std::fs::remove_file(&html);
+    let o = sextant(&["plan", "--model", "70b", "--gpus", "128", "--report", html.to_str().unwrap()]);
+    assert!(o.status.success());
+    let shot = tmp("view.png");
+    let _ = std::fs::remove_file(&shot);
+    let profile = tmp("chromium-profile");
+    let o = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            &format!("--user-data-dir={}", profile.display()),
+            "--window-size=1000,3000",
+            &format!("--screenshot={}", shot.display()),
+            &format!("file://{}", html.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(shot.exists(), "no screenshot: {}", String::from_utf8_lossy(&o.stderr));
+    let ink = ink(&shot);
+    println!("screenshot {}: {:.1}% of pixels inked", shot.display(), 100.0 * ink);
+    assert!(ink > 0.03, "the rendered report looks blank ({:.2}% inked)", 100.0 * ink);
+}
