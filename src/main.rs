@@ -40,6 +40,23 @@ enum Command {
     Export(ExportArgs),
     /// Write the HTML cost report of a saved plan (re-runs its search for the charts).
     Report(ReportArgs),
+    /// Estimate every row of a published-runs CSV and compare with the measurement.
+    Validate(ValidateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ValidateArgs {
+    /// CSV in the schema of shared/data/published_runs.csv.
+    csv: String,
+    /// Print JSON (rows, summaries, unrepresentable rows).
+    #[arg(long, conflicts_with = "markdown")]
+    json: bool,
+    /// Print Markdown tables.
+    #[arg(long)]
+    markdown: bool,
+    /// Also run leave-one-source-out cross-validation.
+    #[arg(long = "cross-validate")]
+    cross_validate: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -289,6 +306,49 @@ fn cmd_report(a: ReportArgs) -> Result<()> {
     Ok(())
 }
 
+fn cmd_validate(a: ValidateArgs) -> Result<()> {
+    use sextant_planner::validate::{cross_validate, summarize, validate};
+    let text = io::read_text(Path::new(&a.csv), "runs CSV")?;
+    let parsed = sextant_planner::runs::parse_runs(&text).map_err(|e| anyhow::anyhow!("'{}': {e}", a.csv))?;
+    let mut unrepresentable = Vec::new();
+    let mut cases = Vec::new();
+    for r in parsed {
+        match r {
+            Ok(c) => cases.push(c),
+            Err(u) => unrepresentable.push(u),
+        }
+    }
+    let (rows, rejected) = validate(&cases);
+    unrepresentable.extend(rejected);
+    if rows.is_empty() {
+        bail!("no row of '{}' could be estimated ({} unrepresentable)", a.csv, unrepresentable.len());
+    }
+    let summary = summarize(&rows);
+    let cv = if a.cross_validate { Some(cross_validate(&cases)) } else { None };
+    let cv_summary = cv.as_ref().map(|(r, _)| summarize(r));
+    if a.json {
+        let v = serde_json::json!({
+            "schema_version": 1,
+            "rows": rows,
+            "summary": summary,
+            "unrepresentable": unrepresentable,
+            "cross_validation": cv.as_ref().map(|(r, scales)| serde_json::json!({
+                "rows": r,
+                "summary": cv_summary,
+                "scales": scales.iter().map(|(s, p, k)| serde_json::json!({"held_out": s, "profile": p, "scale": k})).collect::<Vec<_>>(),
+            })),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print!("{}", render::validation(&rows, &summary, &unrepresentable, a.markdown));
+    if let (Some((cv_rows, scales)), Some(cs)) = (&cv, &cv_summary) {
+        println!();
+        print!("{}", render::cross_validation(cv_rows, cs, scales, a.markdown));
+    }
+    Ok(())
+}
+
 fn cmd_export(a: ExportArgs) -> Result<()> {
     let target = Target::parse(&a.to)?;
     let text = io::read_text(Path::new(&a.plan), "plan file")?;
@@ -373,6 +433,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Export(a) => cmd_export(a),
         Command::Report(a) => cmd_report(a),
+        Command::Validate(a) => cmd_validate(a),
     }
 }
 

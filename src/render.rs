@@ -278,3 +278,77 @@ pub fn profiles_list() -> String {
     let _ = writeln!(s, "\n--cluster FILE takes a profile JSON of the same schema (see hwprofiles/ and ARCHITECTURE.md).");
     s
 }
+
+fn summary_lines(s: &mut String, sum: &sextant_planner::validate::Summary, md: bool) {
+    let groups = std::iter::once(("", &sum.all))
+        .chain(sum.by_kind.iter().map(|g| ("kind", g)))
+        .chain(sum.by_profile.iter().map(|g| ("gpu", g)))
+        .chain(sum.by_source.iter().map(|g| ("source", g)));
+    if md {
+        let _ = writeln!(s, "| group | rows | median abs error | max abs error | mean signed error |\n|---|---:|---:|---:|---:|");
+    } else {
+        let _ = writeln!(s, "{:<26} {:>5} {:>11} {:>9} {:>12}", "group", "rows", "median|err|", "max|err|", "mean signed");
+    }
+    for (kind, g) in groups {
+        let name = if kind.is_empty() { g.group.clone() } else { format!("{kind}: {}", g.group) };
+        if md {
+            let _ = writeln!(s, "| {name} | {} | {:.1}% | {:.1}% | {:+.1}% |", g.rows, 100.0 * g.median_abs, 100.0 * g.max_abs, 100.0 * g.mean_signed);
+        } else {
+            let _ = writeln!(s, "{:<26} {:>5} {:>10.1}% {:>8.1}% {:>+11.1}%", name, g.rows, 100.0 * g.median_abs, 100.0 * g.max_abs, 100.0 * g.mean_signed);
+        }
+    }
+}
+
+fn rows_table(s: &mut String, rows: &[sextant_planner::validate::RowResult], md: bool) {
+    if md {
+        let _ = writeln!(s, "| run | gpu | gpus | kind | measured (s) | predicted (s) | error |\n|---|---|---:|---|---:|---:|---:|");
+    } else {
+        let _ = writeln!(s, "{:<44} {:<12} {:>6} {:<5} {:>11} {:>11} {:>8}", "run", "gpu", "gpus", "kind", "measured", "predicted", "error");
+    }
+    for r in rows {
+        let kind = if r.moe { "MoE" } else { "dense" };
+        if md {
+            let _ = writeln!(s, "| {} | {} | {} | {kind} | {:.3} | {:.3} | {:+.1}% |", r.id, r.profile, r.gpus, r.measured_secs, r.predicted_secs, 100.0 * r.error);
+        } else {
+            let _ = writeln!(s, "{:<44} {:<12} {:>6} {:<5} {:>10.3}s {:>10.3}s {:>+7.1}%", r.id, r.profile, r.gpus, kind, r.measured_secs, r.predicted_secs, 100.0 * r.error);
+        }
+    }
+}
+
+/// `sextant validate`: predicted against measured per row, then summaries.
+pub fn validation(rows: &[sextant_planner::validate::RowResult], sum: &sextant_planner::validate::Summary, unrepresentable: &[sextant_planner::runs::Unrepresentable], md: bool) -> String {
+    let mut s = String::new();
+    if md {
+        let _ = writeln!(s, "## Predicted against measured step time\n");
+    }
+    rows_table(&mut s, rows, md);
+    let _ = writeln!(s);
+    if md {
+        let _ = writeln!(s, "## Summary\n");
+    }
+    summary_lines(&mut s, sum, md);
+    if !unrepresentable.is_empty() {
+        let _ = writeln!(s, "\nRows not estimated:");
+        for u in unrepresentable {
+            let _ = writeln!(s, "{}{}: {}", if md { "- " } else { "  " }, u.id, u.reason);
+        }
+    }
+    s
+}
+
+/// `sextant validate --cross-validate`.
+pub fn cross_validation(rows: &[sextant_planner::validate::RowResult], sum: &sextant_planner::validate::Summary, scales: &[(String, String, f64)], md: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{}Leave-one-source-out: each source predicted with its profiles' compute-efficiency scale refitted on the other sources", if md { "## " } else { "" });
+    if md {
+        let _ = writeln!(s);
+    }
+    for (src, prof, k) in scales {
+        let _ = writeln!(s, "{}held out {src}: {prof} scale {k:.3}", if md { "- " } else { "  " });
+    }
+    let _ = writeln!(s);
+    rows_table(&mut s, rows, md);
+    let _ = writeln!(s);
+    summary_lines(&mut s, sum, md);
+    s
+}

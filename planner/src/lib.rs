@@ -26,6 +26,7 @@ pub mod runs;
 pub mod schedule;
 pub mod search;
 pub mod uncertainty;
+pub mod validate;
 
 pub use config::{Layout, Overlap, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero};
 pub use cost::{estimate, Estimate};

@@ -61,3 +61,60 @@ fn check_validation_file(samples: Vec<ErrorSample>) {
         assert!(a.id == b.id && (a.rel_error - b.rel_error).abs() < 0.005, "hwprofiles/validation.json is stale for {} ({} vs {}): run SEXTANT_BLESS=1 cargo test --release --test it published", b.id, a.rel_error, b.rel_error);
     }
 }
+
+/// Where the data holds the same model on the same machine and layout, differing
+/// only in recomputation, the faster run is predicted faster.
+#[test]
+fn recomputation_pairs_are_ordered() {
+    let cases: Vec<_> = parse_runs(&shared_csv()).unwrap().into_iter().filter_map(Result::ok).collect();
+    let mut pairs = 0;
+    for (i, a) in cases.iter().enumerate() {
+        for b in &cases[i + 1..] {
+            let same = a.model.name == b.model.name
+                && a.gpu == b.gpu
+                && a.cluster.gpus == b.cluster.gpus
+                && a.workload == b.workload
+                && sextant_planner::config::ParallelConfig { recompute: b.config.recompute, sp: b.config.sp, ..a.config.clone() } == b.config
+                && a.config.recompute != b.config.recompute;
+            if !same {
+                continue;
+            }
+            pairs += 1;
+            let (pa, pb) = (a.estimate().unwrap().step_secs, b.estimate().unwrap().step_secs);
+            let (ma, mb) = (a.measured_step_secs(), b.measured_step_secs());
+            println!("{} {:.2}s vs {} {:.2}s measured; predicted {:.2}s vs {:.2}s", a.id, ma, b.id, mb, pa, pb);
+            assert_eq!(ma < mb, pa < pb, "{} and {} are predicted in the wrong order", a.id, b.id);
+        }
+    }
+    assert!(pairs >= 4, "expected the full/selective pairs of Korthikanti et al., found {pairs}");
+}
+
+#[test]
+fn validate_command_reports_rows_summaries_and_cross_validation() {
+    let bin = env!("CARGO_BIN_EXE_sextant");
+    let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/published_runs.csv");
+    let o = std::process::Command::new(bin).args(["validate", csv, "--json", "--cross-validate"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 39);
+    let loso = v["cross_validation"]["summary"]["all"]["median_abs"].as_f64().unwrap();
+    println!("leave-one-source-out median |error| {:.1}%", 100.0 * loso);
+    assert!(loso <= 0.10, "leave-one-source-out median error {:.1}% exceeds 10%", 100.0 * loso);
+    let o = std::process::Command::new(bin).args(["validate", csv, "--markdown"]).output().unwrap();
+    let md = String::from_utf8_lossy(&o.stdout);
+    assert!(md.contains("| run |") && md.contains("| source: sc21 |"), "{md}");
+    // A row Sextant cannot represent is listed with its reason, not dropped.
+    let dir = std::env::temp_dir().join(format!("sextant-validate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut text = std::fs::read_to_string(csv).unwrap();
+    let last = text.lines().last().unwrap().to_string();
+    text.push_str(&last.replacen("bridge2604-gb200-deepseek-v3-256gpu,", "tpu-row,", 1).replace(",gb200,", ",tpu-v5p,"));
+    text.push('\n');
+    let bad = dir.join("runs.csv");
+    std::fs::write(&bad, text).unwrap();
+    let o = std::process::Command::new(bin).args(["validate", bad.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("tpu-row: unknown hardware profile 'tpu-v5p'"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
