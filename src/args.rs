@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use sextant_planner::config::{Overlap, Precision, Workload};
+use sextant_planner::config::{Dispatcher, Overlap, Precision, Workload};
 use sextant_planner::cost::Assumptions;
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile, DEFAULT_PROFILE};
 use sextant_planner::hf::from_hf_config;
@@ -60,6 +60,10 @@ pub struct Common {
     /// Model unfused softmax attention instead of a flash-attention kernel.
     #[arg(long = "no-flash-attention")]
     pub no_flash_attention: bool,
+    /// MoE token dispatcher: alltoall (Megatron's) or dedup (DeepEP / HybridEP:
+    /// one network copy per destination node).
+    #[arg(long = "moe-dispatcher", default_value = "alltoall")]
+    pub moe_dispatcher: String,
     /// Allow tensor parallelism to span NVLink domains (over the network).
     #[arg(long = "allow-tp-across-nodes")]
     pub allow_tp_across_nodes: bool,
@@ -83,6 +87,7 @@ pub struct Inputs {
     pub workload: Workload,
     pub overlap: Overlap,
     pub bf16_grads: bool,
+    pub moe_dispatcher: Dispatcher,
     pub assumptions: Assumptions,
 }
 
@@ -150,6 +155,11 @@ impl Common {
             workload,
             overlap,
             bf16_grads: self.bf16_grads,
+            moe_dispatcher: match self.moe_dispatcher.to_ascii_lowercase().as_str() {
+                "alltoall" | "all-to-all" => Dispatcher::AllToAll,
+                "dedup" | "deepep" | "hybridep" | "flex" => Dispatcher::Deduplicated,
+                other => bail!("--moe-dispatcher '{other}' is not one of alltoall, dedup (deepep, hybridep)"),
+            },
             assumptions: Assumptions { flash_attention: !self.no_flash_attention },
         })
     }

@@ -239,6 +239,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         recompute: a.recompute.iter().map(|r| parse_recompute(r)).collect::<Result<_>>()?,
         overlap: inp.overlap,
         bf16_grads: inp.bf16_grads,
+        moe_dispatcher: inp.moe_dispatcher,
         assumptions: inp.assumptions,
     };
     let start = Instant::now();
@@ -400,6 +401,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         layout,
         overlap: inp.overlap,
         bf16_grads: inp.bf16_grads,
+        moe_dispatcher: inp.moe_dispatcher,
     };
     let est = match estimate_with(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {
         Ok(e) => e,

@@ -8,7 +8,7 @@
 
 use std::fmt::Write;
 
-use sextant_planner::config::{Layout, ParallelConfig, Precision, Recompute, Zero};
+use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, Zero};
 use sextant_planner::model::MlpKind;
 use sextant_planner::plan::PlanFile;
 
@@ -206,6 +206,14 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         arg(&mut v, "moe-ffn-hidden-size", moe.expert_ffn_hidden);
         if moe.shared_hidden() > 0 {
             arg(&mut v, "moe-shared-expert-intermediate-size", moe.shared_hidden());
+        }
+        // TransformerConfig.moe_token_dispatcher_type / moe_flex_dispatcher_backend.
+        match cfg.moe_dispatcher {
+            Dispatcher::AllToAll => arg(&mut v, "moe-token-dispatcher-type", "alltoall"),
+            Dispatcher::Deduplicated => {
+                arg(&mut v, "moe-token-dispatcher-type", "flex");
+                arg(&mut v, "moe-flex-dispatcher-backend", "deepep");
+            }
         }
         if moe.dense_leading_layers > 0 || moe.layer_freq > 1 {
             let pattern: Vec<String> = (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }.to_string()).collect();

@@ -7,7 +7,7 @@
 
 use std::fmt::Write;
 
-use sextant_planner::config::{Layout, ParallelConfig, Precision, Recompute, Zero};
+use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, Zero};
 use sextant_planner::plan::PlanFile;
 
 use crate::megatron::pipeline_layout;
@@ -67,6 +67,14 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     if plan.model.moe.is_some() {
         put("model.expert_model_parallel_size", cfg.ep.to_string());
         put("model.expert_tensor_parallel_size", cfg.etp.to_string());
+        // Megatron-Core TransformerConfig; Bridge recipes set the flex backend the same way.
+        match cfg.moe_dispatcher {
+            Dispatcher::AllToAll => put("model.moe_token_dispatcher_type", "alltoall".into()),
+            Dispatcher::Deduplicated => {
+                put("model.moe_token_dispatcher_type", "flex".into());
+                put("model.moe_flex_dispatcher_backend", "deepep".into());
+            }
+        }
     }
     for (k, v) in layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
         put(&format!("model.{k}"), v);

@@ -204,6 +204,22 @@ pub struct ParallelConfig {
     /// Megatron-LM's default for BF16 training.
     #[serde(default)]
     pub bf16_grads: bool,
+    /// MoE token dispatcher (ignored for dense models).
+    #[serde(default)]
+    pub moe_dispatcher: Dispatcher,
+}
+
+/// How MoE tokens reach their experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Dispatcher {
+    /// Megatron's all-to-all token dispatcher: every (token, expert) copy is sent to
+    /// the expert's rank.
+    #[default]
+    AllToAll,
+    /// DeepEP / HybridEP (Megatron's "flex" dispatcher): a token crosses the network
+    /// once per destination node and fans out to that node's experts over NVLink.
+    Deduplicated,
 }
 
 /// Rank order used to place groups on the machine (Megatron's default).
@@ -558,7 +574,7 @@ mod tests {
     }
 
     fn cfg(pp: u64, vpp: u64, layout: Layout) -> ParallelConfig {
-        ParallelConfig { tp: 1, pp, vpp, cp: 1, ep: 1, etp: 1, dp: 1, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout, overlap: Overlap::default(), bf16_grads: false }
+        ParallelConfig { tp: 1, pp, vpp, cp: 1, ep: 1, etp: 1, dp: 1, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
     }
 
     #[test]

@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::comm::{collective_secs, Collective, Placement, Tier};
-use crate::config::{ParallelConfig, Precision, Recompute, Rejection, Workload, Zero};
+use crate::config::{Dispatcher, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero};
 use crate::hardware::{Cluster, HardwareProfile, GIB};
 use crate::memory::{self, kv_dim_per_rank, LayerKind, StageMemory};
 use crate::model::ModelSpec;
@@ -502,11 +502,15 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         lc.cp_calls = steps * (3.0 + replays);
         lc.overlapped += total - exposed;
     }
-    // EP: dispatch and combine all-to-all forward, the same backward.
+    // EP: dispatch and combine forward, the same backward.
     if kind == LayerKind::Moe && cfg.ep > 1 {
         let moe = m.moe.as_ref().expect("MoE layer of an MoE model");
         let bytes = tokens / t * moe.top_k as f64 * h * 2.0 * c.w.moe_imbalance;
-        let one = c.coll(Collective::AllToAll, bytes, c.ep_group());
+        let g = c.ep_group();
+        let one = match cfg.moe_dispatcher {
+            Dispatcher::AllToAll => c.coll(Collective::AllToAll, bytes, g),
+            Dispatcher::Deduplicated => dedup_dispatch_secs(c.hw, tokens / t * c.w.moe_imbalance * h * 2.0, moe.experts, moe.top_k, g),
+        };
         let calls = 2.0 * (2.0 + replays);
         lc.ep = (calls * one, calls * one);
         lc.ep_calls = calls;
@@ -523,6 +527,42 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     lc.fwd = fwd;
     lc.bwd = bwd;
     lc
+}
+
+/// Expected number of other NVLink domains a token is sent to when its top-k
+/// experts are drawn uniformly (balanced routing) from `experts` spread evenly over
+/// `domains` domains: each other domain is missed with probability
+/// C(E - E/N, k) / C(E, k).
+pub fn expected_remote_domains(experts: u64, top_k: u64, domains: u64) -> f64 {
+    if domains <= 1 {
+        return 0.0;
+    }
+    let e = experts as f64;
+    let per = e / domains as f64;
+    let mut miss = 1.0;
+    for i in 0..top_k.min(experts) {
+        miss *= ((e - per - i as f64) / (e - i as f64)).max(0.0);
+    }
+    (domains - 1) as f64 * (1.0 - miss)
+}
+
+/// One dispatch (or combine) through a node-deduplicating dispatcher (DeepEP,
+/// HybridEP): each token crosses the network once per destination domain, then is
+/// copied to that domain's experts over NVLink. `token_bytes` is this rank's
+/// tokens x h x 2 (before top-k fan-out).
+fn dedup_dispatch_secs(hw: &HardwareProfile, token_bytes: f64, experts: u64, top_k: u64, g: Placement) -> f64 {
+    let e = &hw.efficiency;
+    let nvl = hw.node.nvlink_gbytes_per_s * 1e9 * e.nvlink_busbw;
+    let copies_local = top_k as f64 * (g.per_domain as f64 - 1.0) / g.size as f64;
+    if g.domains <= 1 {
+        return collective_secs(hw, Collective::AllToAll, token_bytes * top_k as f64, g);
+    }
+    let remote = expected_remote_domains(experts, top_k, g.domains);
+    let net = token_bytes * remote / (hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw);
+    // NVLink carries the local copies and the fan-out of tokens arriving from
+    // other domains to this domain's other GPUs.
+    let fan_out = token_bytes * (copies_local + top_k as f64 * (g.domains as f64 - 1.0) / g.domains as f64);
+    net.max(fan_out / nvl) + hw.network.latency_us * 1e-6 * 2.0
 }
 
 impl LayerCost {
@@ -917,12 +957,12 @@ pub fn gemm_precision(w: &Workload, hw: &HardwareProfile) -> Precision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Layout, Overlap};
+    use crate::config::{Dispatcher, Layout, Overlap};
     use crate::hardware::builtin_profile;
     use crate::presets::{gpt, resolve};
 
     fn cfg(tp: u64, pp: u64, cp: u64, dp: u64) -> ParallelConfig {
-        ParallelConfig { tp, pp, vpp: 1, cp, ep: 1, etp: 1, dp, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false }
+        ParallelConfig { tp, pp, vpp: 1, cp, ep: 1, etp: 1, dp, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
     }
 
     fn wl(seq: u64, gbs: u64) -> Workload {
@@ -1034,6 +1074,29 @@ mod tests {
         assert_eq!(t.tier, Tier::Nvlink);
         // Expert gradients reduce over the expert-DP group: 16 / 8 = 2 ranks.
         assert_eq!(term(&e, CommKind::EdpGrad).group.size, 2);
+
+        // A deduplicating dispatcher sends fewer bytes over the network when the
+        // EP group spans nodes: Qwen3-30B-A3B (128 experts, top-8) over 16 ranks
+        // on 2 nodes.
+        let m = resolve("qwen3-30b-a3b").unwrap().spec;
+        k.ep = 16;
+        k.dp = 16;
+        let a2a = evaluate(&m, &c, &wl(4096, 16), &k, Assumptions::default()).unwrap();
+        k.moe_dispatcher = Dispatcher::Deduplicated;
+        let dedup = evaluate(&m, &c, &wl(4096, 16), &k, Assumptions::default()).unwrap();
+        let (ta, td) = (term(&a2a, CommKind::Ep).total_secs, term(&dedup, CommKind::Ep).total_secs);
+        assert!(td < ta, "dedup {td} vs all-to-all {ta}");
+    }
+
+    #[test]
+    fn expected_remote_domains_by_hand() {
+        // 8 experts on 2 domains, top-2: the other domain is missed with
+        // probability C(4,2)/C(8,2) = 6/28.
+        assert!((expected_remote_domains(8, 2, 2) - (1.0 - 6.0 / 28.0)).abs() < 1e-12);
+        // One domain: nothing crosses the network.
+        assert_eq!(expected_remote_domains(256, 8, 1), 0.0);
+        // Top-k of all experts reaches every domain.
+        assert!((expected_remote_domains(8, 8, 4) - 3.0).abs() < 1e-12);
     }
 
     #[test]

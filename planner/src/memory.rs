@@ -200,11 +200,11 @@ pub fn model_state(cfg: &ParallelConfig, dense: f64, expert: f64) -> (f64, f64, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Layout, Overlap, Precision};
+    use crate::config::{Dispatcher, Layout, Overlap, Precision};
     use crate::presets::gpt;
 
     fn cfg(tp: u64, sp: bool, recompute: Recompute) -> ParallelConfig {
-        ParallelConfig { tp, pp: 1, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp, mbs: 1, zero: Zero::None, recompute, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false }
+        ParallelConfig { tp, pp: 1, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp, mbs: 1, zero: Zero::None, recompute, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
     }
 
     fn w(seq: u64) -> Workload {

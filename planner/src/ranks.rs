@@ -195,10 +195,10 @@ pub fn rank_map(cfg: &ParallelConfig, order: &str, gpus_per_node: u64) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Layout, Overlap, Recompute, Zero};
+    use crate::config::{Dispatcher, Layout, Overlap, Recompute, Zero};
 
     fn cfg(tp: u64, cp: u64, dp: u64, pp: u64, ep: u64, etp: u64) -> ParallelConfig {
-        ParallelConfig { tp, pp, vpp: 1, cp, ep, etp, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false }
+        ParallelConfig { tp, pp, vpp: 1, cp, ep, etp, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
     }
 
     fn group<'a>(m: &'a RankMap, kind: &str) -> &'a Vec<Vec<u64>> {

@@ -21,12 +21,17 @@
 //!   2021-22 Megatron-LM stack of SC'21 and Korthikanti et al.: gradients reduced
 //!   after the backward, no TP overlap, unfused softmax attention (FlashAttention
 //!   appeared in May 2022 and reached Megatron-LM in 2023);
-//! - MoE routing is balanced (imbalance 1.0), expert-TP is 1.
+//! - MoE routing is balanced (imbalance 1.0), expert-TP is 1;
+//! - MoE rows on the Megatron-Core stack use a node-deduplicating dispatcher: the
+//!   Megatron-Bridge recipes of every MoE model in the data set one
+//!   (`moe_flex_dispatcher_backend` = "deepep" in recipes/gpt_oss/h100/gpt_oss.py and
+//!   recipes/qwen/h100/qwen3_moe.py, "hybridep" in recipes/deepseek/h100/deepseek_v3.py
+//!   and recipes/qwen/gb200/qwen3_moe.py).
 
 use serde::Serialize;
 
 use crate::cost::Assumptions;
-use crate::config::{Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
+use crate::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
 use crate::hardware::{builtin_profile, Cluster};
 use crate::model::{MlpKind, ModelSpec, Moe};
 use crate::presets::{gpt, resolve};
@@ -225,6 +230,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         layout: Layout::balanced(model.layers, pp, vpp),
         overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm: modern, p2p: true },
         bf16_grads: modern,
+        moe_dispatcher: if modern { Dispatcher::Deduplicated } else { Dispatcher::AllToAll },
     };
     let metric = match get(r, "metric") {
         "iter_s" => Metric::IterSecs,

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{divisors, Layout, Overlap, ParallelConfig, Recompute, RejectKind, Workload, Zero};
+use crate::config::{divisors, Dispatcher, Layout, Overlap, ParallelConfig, Recompute, RejectKind, Workload, Zero};
 use crate::cost::{estimate_with, Assumptions, Estimate};
 use crate::hardware::Cluster;
 use crate::model::ModelSpec;
@@ -33,6 +33,7 @@ pub struct SearchSpace {
     pub recompute: Vec<Recompute>,
     pub overlap: Overlap,
     pub bf16_grads: bool,
+    pub moe_dispatcher: Dispatcher,
     pub assumptions: Assumptions,
 }
 
@@ -51,6 +52,7 @@ impl Default for SearchSpace {
             recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
             overlap: Overlap::default(),
             bf16_grads: false,
+            moe_dispatcher: Dispatcher::AllToAll,
             assumptions: Assumptions::default(),
         }
     }
@@ -253,6 +255,7 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
                             layout: layout.clone(),
                             overlap: space.overlap,
                             bf16_grads: space.bf16_grads,
+                            moe_dispatcher: space.moe_dispatcher,
                         };
                         match estimate_with(model, cluster, w, &cfg, space.assumptions) {
                             Ok(e) => {

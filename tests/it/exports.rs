@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use sextant_exports::{export, LaunchOptions, Target, TARGETS};
-use sextant_planner::config::{Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
+use sextant_planner::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
 use sextant_planner::cost::{evaluate, Assumptions};
 use sextant_planner::hardware::{builtin_profile, Cluster};
 use sextant_planner::plan::PlanFile;
@@ -23,7 +23,7 @@ fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: P
 }
 
 fn cfg(tp: u64, pp: u64, vpp: u64, cp: u64, dp: u64) -> ParallelConfig {
-    ParallelConfig { tp, pp, vpp, cp, ep: 1, etp: 1, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false }
+    ParallelConfig { tp, pp, vpp, cp, ep: 1, etp: 1, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
 }
 
 /// Llama 3 70B on 64 H100s, as NeMo's recipe runs it: TP4 PP4 VPP5 CP2, selective.
@@ -135,6 +135,8 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("moe-ffn-hidden-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("moe-shared-expert-intermediate-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("moe-layer-freq", "megatron/training/arguments.py _add_moe_args"),
+    ("moe-token-dispatcher-type", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("moe-flex-dispatcher-backend", "megatron/core/transformer/transformer_config.py TransformerConfig"),
 ];
 
 #[test]
@@ -157,6 +159,7 @@ fn every_megatron_flag_is_a_verified_argument() {
     variants.push(plan("llama3-8b", 8, 4096, 64, Precision::Bf16, c));
     let mut c = cfg(1, 1, 1, 1, 16);
     c.ep = 16;
+    c.moe_dispatcher = Dispatcher::Deduplicated;
     variants.push(plan("qwen3-30b-a3b", 16, 4096, 64, Precision::Bf16, c));
     let mut seen = std::collections::BTreeSet::new();
     for p in &variants {
