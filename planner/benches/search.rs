@@ -5,6 +5,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use sextant_planner::config::{Precision, Workload};
 use sextant_planner::hardware::{builtin_profile, Cluster};
+use sextant_planner::partition::{solve, GpuClass, StageProblem};
 use sextant_planner::presets::resolve;
 use sextant_planner::search::{search, SearchSpace};
 
@@ -19,6 +20,37 @@ fn bench(c: &mut Criterion) {
         let r = search(&m, &cl, &w, &space, 10);
         assert!(r.valid > 0 && r.top.len() == 10, "{model} on {gpus}: no plan");
         g.bench_function(format!("{model}-{gpus}gpus-{}configs", r.enumerated), |b| b.iter(|| search(&m, &cl, &w, &space, 10)));
+    }
+    g.finish();
+
+    // Uneven partition of 126 layers over 16 stages (issue target: under 1 s), with
+    // per-stage recomputation allowed, on one GPU class and on a mixed cluster.
+    let mut g = c.benchmark_group("partition");
+    g.sample_size(10);
+    let stages = 16usize;
+    let base = StageProblem {
+        layers: 126,
+        layer_secs: 1.0,
+        recompute_secs: 0.33,
+        stage_extra_secs: (0..stages).map(|s| if s == 0 { 0.3 } else if s == stages - 1 { 2.5 } else { 0.0 }).collect(),
+        layer_state_bytes: 1.0,
+        layer_act_bytes: 0.6,
+        layer_act_recomputed_bytes: 0.05,
+        in_flight: (0..stages).map(|s| (stages - s) as f64).collect(),
+        stage_extra_bytes: (0..stages).map(|s| if s == 0 || s == stages - 1 { 2.0 } else { 0.5 }).collect(),
+        classes: vec![GpuClass { name: "h100".into(), slowdown: 1.0, capacity_bytes: 60.0, stages }],
+        allow_recompute: true,
+    };
+    let mixed = StageProblem {
+        classes: vec![
+            GpuClass { name: "h100".into(), slowdown: 1.0, capacity_bytes: 60.0, stages: 8 },
+            GpuClass { name: "a100".into(), slowdown: 2.6, capacity_bytes: 60.0, stages: 8 },
+        ],
+        ..base.clone()
+    };
+    for (name, p) in [("126-layers-16-stages", &base), ("126-layers-16-stages-mixed", &mixed)] {
+        assert!(solve(p).is_some(), "{name}: no partition");
+        g.bench_function(name, |b| b.iter(|| solve(p)));
     }
     g.finish();
 }

@@ -19,6 +19,7 @@ pub mod hardware;
 pub mod hf;
 pub mod memory;
 pub mod model;
+pub mod partition;
 pub mod plan;
 pub mod presets;
 pub mod ranks;
