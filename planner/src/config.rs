@@ -127,6 +127,22 @@ pub enum Layout {
 }
 
 impl Layout {
+    /// The simplest layout that states these per-stage layer counts (no virtual
+    /// stages): even, first/last counts with an even middle, or an explicit list.
+    pub fn from_counts(counts: &[u64]) -> Layout {
+        let n = counts.len();
+        if counts.iter().all(|&c| c == counts[0]) {
+            return Layout::Even;
+        }
+        if n >= 3 && counts[1..n - 1].iter().all(|&c| c == counts[1]) {
+            return Layout::FirstLast { first: counts[0], last: counts[n - 1] };
+        }
+        if n == 2 {
+            return Layout::FirstLast { first: counts[0], last: counts[1] };
+        }
+        Layout::Explicit { layers: counts.to_vec() }
+    }
+
     /// The layout a practitioner would state for `layers` on `pp x vpp` virtual
     /// stages: even when it divides; else with the embedding and loss each counted
     /// as a layer when that divides; else the same idea with the remainder spread

@@ -572,6 +572,123 @@ impl LayerCost {
     }
 }
 
+/// The per-layer and per-stage ingredients of an estimate.
+struct Pieces {
+    dense: LayerCost,
+    moe: LayerCost,
+    vocab_rank: f64,
+    output_secs: f64,
+    output_flops: f64,
+    embed_secs: f64,
+    out_tp: f64,
+    dense_layer_params: f64,
+    moe_dense_params: f64,
+    moe_expert_params: f64,
+    embed_params: f64,
+    tied_single: bool,
+    act_dense: memory::LayerActivations,
+    act_moe: memory::LayerActivations,
+}
+
+fn pieces(c: &Ctx) -> Pieces {
+    let model = c.model;
+    let cfg = c.cfg;
+    let w = c.w;
+    let t = cfg.tp as f64;
+    let h = model.hidden as f64;
+    let tokens = c.tokens;
+    let p = cfg.pp;
+    let a = c.a;
+    let dense = layer_cost(c, LayerKind::Dense);
+    let moe = if model.moe.is_some() { layer_cost(c, LayerKind::Moe) } else { dense };
+
+    // Output layer on the last stage: logits GEMM (BF16), fused cross-entropy over
+    // FP32 logits (read 2 + write 4, then read 4 again in backward).
+    let vocab_rank = model.vocab as f64 / t;
+    let logits_fwd = c.gemm(tokens, vocab_rank, h, false);
+    let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
+    let output_secs = 3.0 * logits_fwd + ce;
+    let output_flops = 3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
+    // Embedding lookup on the first stage (gather, and a scatter-add in backward).
+    let embed_secs = c.mem(tokens * h * 2.0 * 3.0 / if cfg.sp { t } else { 1.0 });
+    // The output layer's TP communication (gather the hidden state or all-reduce
+    // its input gradient) is one block's worth.
+    let out_tp = if cfg.tp > 1 {
+        let act = tokens * h * 2.0;
+        let g = c.tp_group();
+        if cfg.sp { c.coll(Collective::AllGather, act, g) + c.coll(Collective::ReduceScatter, act, g) } else { c.coll(Collective::AllReduce, act, g) }
+    } else {
+        0.0
+    };
+
+    // Parameters per GPU of each stage.
+    let params = model.params();
+    let router_and_shared = params.moe_non_expert as f64;
+    let dense_layer_params = (params.attention + params.dense_mlp) as f64 / t;
+    let moe_dense_params = params.attention as f64 / t + router_and_shared / t;
+    let moe_expert_params = params.routed_experts as f64 / (cfg.ep * cfg.etp) as f64;
+    let embed_params = (model.vocab * model.hidden) as f64 / t;
+    let tied_single = model.tied_embeddings && p == 1;
+
+    let act_dense = memory::layer_activations(model, cfg, w, LayerKind::Dense, a.flash_attention);
+    let act_moe = memory::layer_activations(model, cfg, w, LayerKind::Moe, a.flash_attention);
+
+    Pieces { dense, moe, vocab_rank, output_secs, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe }
+}
+
+/// The partition problem ([`crate::partition`]) of a non-interleaved pipeline:
+/// per-layer time and memory from this cost model, the embedding and the output
+/// layer as first- and last-stage extras, 1F1B in-flight counts per stage. The
+/// model's dominant layer type (dense or MoE) stands for every layer. The
+/// configuration's own recomputation applies to every layer.
+pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<crate::partition::StageProblem, Rejection> {
+    cfg.check(model, cluster, w)?;
+    if cfg.vpp != 1 || cfg.pp < 2 {
+        return Err(Rejection::Layout { detail: "re-partitioning needs a non-interleaved pipeline of at least 2 stages".into() });
+    }
+    let hw = &cluster.profile;
+    let c = Ctx { model, hw, w, cfg, a, tokens: (cfg.mbs * w.seq / cfg.cp) as f64, fp8: w.precision.is_fp8() && hw.gpu.peak_tflops.fp8 > 0.0, domain: hw.node.nvlink_domain };
+    let pc = pieces(&c);
+    let p = cfg.pp as usize;
+    let m = cfg.micro_batches(w);
+    let h = model.hidden as f64;
+    let t = cfg.tp as f64;
+    let frag = 1.0 + hw.memory.fragmentation;
+    let moe_dominant = 2 * model.moe_layers() > model.layers;
+    let (layer, act, dense_p, expert_p) = if moe_dominant {
+        (pc.moe, pc.act_moe, pc.moe_dense_params, pc.moe_expert_params)
+    } else {
+        (pc.dense, pc.act_dense, pc.dense_layer_params, 0.0)
+    };
+    let state = |d: f64, e: f64| {
+        let (wt, g, o) = memory::model_state(cfg, d, e);
+        wt + g + o
+    };
+    let working = if cfg.recompute == Recompute::Full { (act.full - act.stored).max(0.0) * frag } else { 0.0 };
+    let reserve = hw.memory.reserve_gib * GIB;
+    let mut extra_secs = vec![0.0; p];
+    let mut extra_bytes = vec![reserve + working; p];
+    let flight: Vec<f64> = (0..cfg.pp).map(|i| memory::in_flight(cfg, m, i)).collect();
+    extra_secs[0] += pc.embed_secs;
+    extra_bytes[0] += state(pc.embed_params, 0.0) + flight[0] * c.tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 }) / if cfg.sp { t } else { 1.0 } * frag;
+    extra_secs[p - 1] += pc.output_secs + 2.0 * pc.out_tp;
+    let out_params = if pc.tied_single { 0.0 } else { pc.embed_params } + h;
+    extra_bytes[p - 1] += state(out_params, 0.0) + c.tokens * pc.vocab_rank * 6.0 * frag;
+    Ok(crate::partition::StageProblem {
+        layers: model.layers,
+        layer_secs: layer.secs(),
+        recompute_secs: 0.0,
+        stage_extra_secs: extra_secs,
+        layer_state_bytes: state(dense_p, expert_p),
+        layer_act_bytes: act.stored * frag,
+        layer_act_recomputed_bytes: act.stored * frag,
+        in_flight: flight,
+        stage_extra_bytes: extra_bytes,
+        classes: vec![crate::partition::GpuClass { name: hw.name.clone(), slowdown: 1.0, capacity_bytes: hw.hbm_bytes(), stages: p }],
+        allow_recompute: false,
+    })
+}
+
 /// Evaluates one configuration: validity, memory, time.
 pub fn estimate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig) -> Result<Estimate, Rejection> {
     estimate_with(model, cluster, w, cfg, Assumptions::default())
@@ -612,27 +729,7 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     let h = model.hidden as f64;
     let tokens = c.tokens;
 
-    let dense = layer_cost(&c, LayerKind::Dense);
-    let moe = if model.moe.is_some() { layer_cost(&c, LayerKind::Moe) } else { dense };
-
-    // Output layer on the last stage: logits GEMM (BF16), fused cross-entropy over
-    // FP32 logits (read 2 + write 4, then read 4 again in backward).
-    let vocab_rank = model.vocab as f64 / t;
-    let logits_fwd = c.gemm(tokens, vocab_rank, h, false);
-    let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
-    let output_secs = 3.0 * logits_fwd + ce;
-    let output_flops = 3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
-    // Embedding lookup on the first stage (gather, and a scatter-add in backward).
-    let embed_secs = c.mem(tokens * h * 2.0 * 3.0 / if cfg.sp { t } else { 1.0 });
-    // The output layer's TP communication (gather the hidden state or all-reduce
-    // its input gradient) is one block's worth.
-    let out_tp = if cfg.tp > 1 {
-        let act = tokens * h * 2.0;
-        let g = c.tp_group();
-        if cfg.sp { c.coll(Collective::AllGather, act, g) + c.coll(Collective::ReduceScatter, act, g) } else { c.coll(Collective::AllReduce, act, g) }
-    } else {
-        0.0
-    };
+    let Pieces { dense, moe, vocab_rank, output_secs, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe } = pieces(&c);
 
     // Layers of each physical stage (sum over its virtual chunks).
     let chunks = cfg.stage_layers(model.layers)?;
@@ -645,18 +742,6 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         stage_moe[stage] += model.moe_layers_in(start, start + n);
         start += n;
     }
-
-    // Parameters per GPU of each stage.
-    let params = model.params();
-    let router_and_shared = params.moe_non_expert as f64;
-    let dense_layer_params = (params.attention + params.dense_mlp) as f64 / t;
-    let moe_dense_params = params.attention as f64 / t + router_and_shared / t;
-    let moe_expert_params = params.routed_experts as f64 / (cfg.ep * cfg.etp) as f64;
-    let embed_params = (model.vocab * model.hidden) as f64 / t;
-    let tied_single = model.tied_embeddings && p == 1;
-
-    let act_dense = memory::layer_activations(model, cfg, w, LayerKind::Dense, a.flash_attention);
-    let act_moe = memory::layer_activations(model, cfg, w, LayerKind::Moe, a.flash_attention);
 
     let mut stages = Vec::with_capacity(p as usize);
     let mut worst_mem = StageMemory::default();

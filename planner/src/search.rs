@@ -213,6 +213,24 @@ fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpac
     out
 }
 
+/// Re-partitions the layers of a non-interleaved pipeline with the integer program
+/// ([`crate::partition`]) and keeps the uneven split when the cost model finds it
+/// faster (by more than 0.1%) and it fits.
+pub fn repartition(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions, current: &Estimate) -> Option<Candidate> {
+    if cfg.pp < 2 || cfg.vpp != 1 {
+        return None;
+    }
+    let problem = crate::cost::stage_problem(model, cluster, w, cfg, a).ok()?;
+    let part = crate::partition::solve(&problem)?;
+    let layout = Layout::from_counts(&part.layers);
+    if cfg.stage_layers(model.layers).ok()? == part.layers {
+        return None;
+    }
+    let config = ParallelConfig { layout, ..cfg.clone() };
+    let estimate = estimate_with(model, cluster, w, &config, a).ok()?;
+    (estimate.step_secs < current.step_secs * 0.999).then_some(Candidate { config, estimate })
+}
+
 /// What one structural shape contributes: enumerated, valid, rejections by
 /// reason, and the valid points with their configurations.
 type Tally = (u64, u64, BTreeMap<RejectKind, u64>, Vec<(Point, ParallelConfig)>);
@@ -284,14 +302,15 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
         all.extend(k);
     }
     all.sort_by(|a, b| a.0.step_secs.total_cmp(&b.0.step_secs).then(a.0.peak_gib.total_cmp(&b.0.peak_gib)));
-    let top: Vec<Candidate> = all
+    let mut top: Vec<Candidate> = all
         .iter()
         .take(top)
-        .map(|(_, cfg)| Candidate {
-            config: cfg.clone(),
-            estimate: estimate_with(model, cluster, w, cfg, space.assumptions).expect("configuration was valid a moment ago"),
+        .map(|(_, cfg)| {
+            let estimate = estimate_with(model, cluster, w, cfg, space.assumptions).expect("configuration was valid a moment ago");
+            repartition(model, cluster, w, cfg, space.assumptions, &estimate).unwrap_or(Candidate { config: cfg.clone(), estimate })
         })
         .collect();
+    top.sort_by(|a, b| a.estimate.step_secs.total_cmp(&b.estimate.step_secs));
     let sensitivity = sensitivity(&all);
     let points = all.into_iter().map(|(p, _)| p).collect();
     debug_assert!(top.iter().all(|c| c.config.gpus() == cluster.gpus));

@@ -118,3 +118,43 @@ fn validate_command_reports_rows_summaries_and_cross_validation() {
     assert!(out.contains("tpu-row: unknown hardware profile 'tpu-v5p'"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A heavy output layer (128k vocabulary) makes the last stage slower than the
+/// others. The uniform closed form (m + (p-1)/v) * t_mean and the simulated
+/// schedule with each stage's own time then differ; print which is closer to the
+/// measured run.
+#[test]
+fn heavy_output_layer_simulated_against_closed_form() {
+    use sextant_planner::cost::CommKind;
+    use sextant_planner::schedule::{makespan, simulate};
+    let cases: Vec<_> = parse_runs(&shared_csv()).unwrap().into_iter().filter_map(Result::ok).collect();
+    let case = cases.iter().find(|c| c.model.vocab >= 128_000 && c.config.pp > 1 && c.config.vpp > 1 && c.model.moe.is_none()).expect("a 128k-vocabulary pipelined dense run");
+    let e = case.estimate().unwrap();
+    let (p, v, m) = (case.config.pp, case.config.vpp, e.micro_batches);
+    let secs: Vec<f64> = e.stages.iter().map(|s| s.secs_per_micro_batch).collect();
+    let mean = secs.iter().sum::<f64>() / p as f64;
+    let last_over_mean = secs[p as usize - 1] / mean;
+    let pipe_model = m as f64 * secs.iter().copied().fold(0.0, f64::max) + e.time.bubble;
+    let rest = e.step_secs - pipe_model;
+    let closed = rest + (m as f64 + (p - 1) as f64 / v as f64) * mean;
+    let p2p = e.comm.iter().find(|t| t.kind == CommKind::Pp).map(|t| t.total_secs / t.calls_per_step).unwrap_or(0.0);
+    let fwd: Vec<f64> = secs.iter().map(|s| s / 3.0 / v as f64).collect();
+    let bwd: Vec<f64> = secs.iter().map(|s| 2.0 * s / 3.0 / v as f64).collect();
+    let tasks = simulate(p, v, m, &fwd, &bwd, p2p).expect("schedule simulates");
+    let simulated = rest + makespan(&tasks);
+    let measured = case.measured_step_secs();
+    let err = |x: f64| (x / measured - 1.0) * 100.0;
+    println!(
+        "{}: last stage {:.3}x the mean stage; measured {:.3}s, closed form {:.3}s ({:+.1}%), simulated {:.3}s ({:+.1}%): {} is closer",
+        case.id,
+        last_over_mean,
+        measured,
+        closed,
+        err(closed),
+        simulated,
+        err(simulated),
+        if (simulated - measured).abs() < (closed - measured).abs() { "the simulation" } else { "the closed form" }
+    );
+    assert!(last_over_mean > 1.01, "the output layer should make the last stage heavier");
+    assert!((simulated - closed).abs() / closed > 0.001, "simulated {simulated} and closed form {closed} should differ");
+}
