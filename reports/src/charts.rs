@@ -291,6 +291,7 @@ pub fn gantt(e: &Estimate, pp: u64, vpp: u64, p2p_secs: f64) -> (String, String)
             let col = match t.pass {
                 Pass::Forward => RGBColor(70, 110, 180).mix(shade),
                 Pass::Backward => RGBColor(60, 160, 90).mix(shade),
+                Pass::Weight => RGBColor(200, 170, 60).mix(shade),
             };
             let y = t.rank as f64;
             Rectangle::new([(t.start, y - 0.4), (t.end, y + 0.4)], col.filled())
