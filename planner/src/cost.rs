@@ -695,6 +695,14 @@ pub fn estimate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
 }
 
 pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
+    let mut e = estimate_unbanded(model, cluster, w, cfg, a)?;
+    e.band = crate::uncertainty::band(&cluster.profile.name, model.moe.is_some(), e.step_secs);
+    Ok(e)
+}
+
+/// [`estimate_with`] without the error band: the search's inner loop, where only
+/// the ranked plans need one.
+pub fn estimate_unbanded(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
     let e = evaluate(model, cluster, w, cfg, a)?;
     if e.memory.total > e.hbm_bytes {
         return Err(Rejection::OutOfMemory {
@@ -1021,7 +1029,7 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         usable_bytes: hw.usable_bytes(),
         stages,
         critical_stage: critical,
-        band: crate::uncertainty::band(&hw.name, model.moe.is_some(), step),
+        band: None,
     })
 }
 

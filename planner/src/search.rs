@@ -275,7 +275,7 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
                             bf16_grads: space.bf16_grads,
                             moe_dispatcher: space.moe_dispatcher,
                         };
-                        match estimate_with(model, cluster, w, &cfg, space.assumptions) {
+                        match crate::cost::estimate_unbanded(model, cluster, w, &cfg, space.assumptions) {
                             Ok(e) => {
                                 valid += 1;
                                 kept.push((Point { step_secs: e.step_secs, peak_gib: e.memory.total / crate::hardware::GIB }, cfg));
