@@ -189,6 +189,10 @@ pub struct Estimate {
     /// published runs ([`crate::uncertainty`]); absent when there are none.
     #[serde(default)]
     pub band: Option<crate::uncertainty::Band>,
+    /// Whether the pipeline time comes from the schedule simulator
+    /// ([`apply_simulation`]) rather than the closed form.
+    #[serde(default)]
+    pub pipeline_simulated: bool,
 }
 
 /// Software assumptions that are not search knobs.
@@ -689,6 +693,52 @@ pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
     })
 }
 
+/// Largest task graph the search simulates (passes of one step).
+pub const MAX_SIMULATED_PASSES: u64 = 200_000;
+
+/// Replaces the closed-form pipeline time of `e` with the simulated 1F1B (or
+/// interleaved) schedule on the estimate's own per-stage times and point-to-point
+/// cost. Returns false (and leaves `e` alone) when there is no pipeline, the
+/// schedule cannot run this shape, or the graph would be too large.
+pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
+    use crate::schedule::{simulate_schedule, PassCosts, Schedule};
+    let (p, v, m) = (cfg.pp, cfg.vpp, e.micro_batches);
+    if p < 2 || e.pipeline_simulated || 2 * p * v * m > MAX_SIMULATED_PASSES {
+        return false;
+    }
+    let secs: Vec<f64> = e.stages.iter().map(|s| s.secs_per_micro_batch).collect();
+    let costs = PassCosts {
+        forward: secs.iter().map(|s| s / 3.0 / v as f64).collect(),
+        backward: secs.iter().map(|s| 2.0 * s / 3.0 / v as f64).collect(),
+        weight: vec![0.0; p as usize],
+    };
+    let pp = e.comm.iter().find(|t| t.kind == CommKind::Pp);
+    let one_p2p = pp.map(|t| t.total_secs / t.calls_per_step.max(1.0)).unwrap_or(0.0);
+    let p2p_exposed = pp.map(|t| t.exposed_secs).unwrap_or(0.0);
+    // The interleaved schedule overlaps its transfers; the simulation charges them
+    // on every cross-rank edge only when they are exposed.
+    let edge = if v > 1 && cfg.overlap.p2p { 0.0 } else { one_p2p };
+    let schedule = if v > 1 { Schedule::Interleaved } else { Schedule::OneFOneB };
+    let Some(tl) = simulate_schedule(schedule, p, v, m, &costs, edge) else { return false };
+    let t_max = secs.iter().copied().fold(0.0, f64::max);
+    let closed = m as f64 * t_max + e.time.bubble + if edge > 0.0 { p2p_exposed } else { 0.0 };
+    let new_step = e.step_secs - closed + tl.makespan;
+    if !(new_step.is_finite() && new_step > 0.0) {
+        return false;
+    }
+    let ratio = e.step_secs / new_step;
+    e.time.bubble = (tl.makespan - m as f64 * t_max - if edge > 0.0 { p2p_exposed } else { 0.0 }).max(0.0);
+    e.step_secs = new_step;
+    e.tokens_per_sec_per_gpu *= ratio;
+    e.mfu *= ratio;
+    e.hfu *= ratio;
+    e.model_tflops_per_gpu *= ratio;
+    e.bubble_fraction = e.time.bubble / new_step;
+    e.exposed_comm_fraction = e.time.exposed_comm / new_step;
+    e.pipeline_simulated = true;
+    true
+}
+
 /// Evaluates one configuration: validity, memory, time.
 pub fn estimate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig) -> Result<Estimate, Rejection> {
     estimate_with(model, cluster, w, cfg, Assumptions::default())
@@ -1030,6 +1080,7 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         stages,
         critical_stage: critical,
         band: None,
+        pipeline_simulated: false,
     })
 }
 

@@ -67,7 +67,16 @@ pub struct RunCase {
 impl RunCase {
     /// Estimates the row with its exact configuration and stack.
     pub fn estimate(&self) -> Result<crate::cost::Estimate, crate::config::Rejection> {
-        let run = |cfg: &ParallelConfig| crate::cost::estimate_with(&self.model, &self.cluster, &self.workload, cfg, self.assumptions);
+        // The same model the search ranks with: closed form, then the pipeline
+        // re-scored by the schedule simulator.
+        let run = |cfg: &ParallelConfig| {
+            crate::cost::estimate_with(&self.model, &self.cluster, &self.workload, cfg, self.assumptions).map(|mut e| {
+                if crate::cost::apply_simulation(&mut e, cfg) {
+                    e.band = crate::uncertainty::band(&self.cluster.profile.name, self.moe, e.step_secs);
+                }
+                e
+            })
+        };
         if self.recompute_stated {
             return run(&self.config);
         }

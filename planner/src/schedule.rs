@@ -7,10 +7,12 @@
 //! imposes on each rank. Start times follow the topological order; a cycle means
 //! the schedule would deadlock.
 //!
-//! Schedules (per-rank orders as in Megatron-LM's `pipeline_parallel/schedules.py`):
-//! GPipe (all forwards, then all backwards), 1F1B and interleaved 1F1B (virtual
-//! stages). The graph already carries split weight-gradient passes; zero-bubble
-//! (ZB-H1) and DualPipe orders are not implemented yet.
+//! Schedules (per-rank orders as in Megatron-LM's `pipeline_parallel/schedules.py`
+//! and the zero-bubble authors' hand schedule, Qi et al. 2023): GPipe (all
+//! forwards, then all backwards), 1F1B, interleaved 1F1B (virtual stages), and
+//! ZB-H1 (1F1B with the backward split into B and W, stage i issuing each W i
+//! backward steps late so that the W's fill the drain). DualPipe is not
+//! implemented.
 
 use petgraph::algo::toposort;
 use petgraph::graph::{DiGraph, NodeIndex};
@@ -32,6 +34,8 @@ pub enum Schedule {
     OneFOneB,
     /// Megatron's interleaved 1F1B (needs v > 1 and m a multiple of p).
     Interleaved,
+    /// Zero-bubble ZB-H1: bubble (p-1)(T_F + T_B - T_W) at 1F1B's peak memory.
+    ZbH1,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -87,7 +91,7 @@ fn rank_order(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<Op> {
             order.extend((0..m).map(|j| (Pass::Forward, 0, j)));
             order.extend((0..m).map(|j| (Pass::Backward, 0, j)));
         }
-        Schedule::OneFOneB | Schedule::Interleaved => {
+        Schedule::OneFOneB | Schedule::Interleaved | Schedule::ZbH1 => {
             let v = if s == Schedule::Interleaved { v } else { 1 };
             let total = m * v;
             let bwd = |k: u64| {
@@ -95,9 +99,19 @@ fn rank_order(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<Op> {
                 (v - 1 - c, mb)
             };
             let warmup = if v == 1 { (p - rank - 1).min(m) } else { ((p - rank - 1) * 2 + (v - 1) * p).min(total) };
-            let push_b = |order: &mut Vec<Op>, i: u64| {
+            // ZB-H1: stage `rank` runs W(j - rank) right after B(j) once j >= rank,
+            // and the last `rank` W's after its final B.
+            let lag = if s == Schedule::ZbH1 { rank } else { 0 };
+            let mut backs = 0u64;
+            let mut weights = 0u64;
+            let mut push_b = |order: &mut Vec<Op>, i: u64| {
                 let (c, mb) = bwd(i);
                 order.push((Pass::Backward, c, mb));
+                backs += 1;
+                if s == Schedule::ZbH1 && backs > lag {
+                    order.push((Pass::Weight, 0, weights));
+                    weights += 1;
+                }
             };
             for k in 0..warmup {
                 let (c, mb) = interleaved_fwd(p, v, k);
@@ -110,6 +124,12 @@ fn rank_order(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<Op> {
             }
             for i in (total - warmup)..total {
                 push_b(&mut order, i);
+            }
+            if s == Schedule::ZbH1 {
+                while weights < m {
+                    order.push((Pass::Weight, 0, weights));
+                    weights += 1;
+                }
             }
         }
     }
@@ -127,8 +147,7 @@ pub fn simulate_schedule(schedule: Schedule, p: u64, v: u64, m: u64, costs: &Pas
     if costs.forward.len() != pu || costs.backward.len() != pu || costs.weight.len() != pu {
         return None;
     }
-    // No implemented schedule splits the weight gradient off yet.
-    let split_w = false;
+    let split_w = schedule == Schedule::ZbH1;
     let orders: Vec<Vec<Op>> = (0..p).map(|r| rank_order(schedule, p, v, m, r)).collect();
     let mut g: DiGraph<Task, f64> = DiGraph::new();
     let idx = |r: u64, pass: Pass, c: u64, mb: u64| -> usize {
@@ -260,6 +279,23 @@ mod tests {
             let bubble = (tl.makespan - ideal) / ideal;
             let closed = (p - 1) as f64 / (v * m) as f64;
             assert!((bubble - closed).abs() <= 0.005 * closed, "{s:?} p{p} v{v} m{m}: simulated {bubble}, closed form {closed}");
+        }
+    }
+
+    /// ZB-H1's bubble is (p-1)(T_F + T_B - T_W) (Qi et al. 2023), a third of
+    /// 1F1B's (p-1)(T_F + T_B + T_W) when the three passes cost the same; its peak
+    /// in-flight count (on the first stage) is 1F1B's.
+    #[test]
+    fn zero_bubble_h1() {
+        for (p, m, f, b, w) in [(4u64, 8u64, 1.0, 1.0, 1.0), (4, 16, 1.0, 1.0, 1.0), (8, 24, 1.0, 1.2, 0.8), (2, 4, 1.0, 1.0, 0.5)] {
+            let costs = uniform(p, f, b, w);
+            let zb = simulate_schedule(Schedule::ZbH1, p, 1, m, &costs, 0.0).unwrap();
+            let fb = simulate_schedule(Schedule::OneFOneB, p, 1, m, &costs, 0.0).unwrap();
+            let work = m as f64 * (f + b + w);
+            let (pm1, eps) = ((p - 1) as f64, 1e-9);
+            assert!((zb.makespan - (work + pm1 * (f + b - w))).abs() < eps, "p{p} m{m}: ZB-H1 makespan {}", zb.makespan);
+            assert!((fb.makespan - (work + pm1 * (f + b + w))).abs() < eps, "p{p} m{m}: 1F1B makespan {}", fb.makespan);
+            assert_eq!(zb.peak_in_flight[0], fb.peak_in_flight[0]);
         }
     }
 
