@@ -172,6 +172,10 @@ struct EstimateArgs {
     /// Layers of every virtual stage in pipeline order (pp x vpp values).
     #[arg(long = "layers-per-stage", value_delimiter = ',', conflicts_with = "first_stage_layers")]
     layers_per_stage: Option<Vec<u64>>,
+    /// A mixed cluster as PROFILE:GPUS pairs (e.g. h100-sxm:64,a100-80g:64): place
+    /// each class on a block of stages and layers on stages by integer program.
+    #[arg(long, value_delimiter = ',')]
+    mix: Option<Vec<String>>,
 }
 
 fn parse_zero(s: &str) -> Result<Zero> {
@@ -403,6 +407,9 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         bf16_grads: inp.bf16_grads,
         moe_dispatcher: inp.moe_dispatcher,
     };
+    if let Some(mix) = &a.mix {
+        return estimate_mixed(&inp, &cfg, mix, a.common.json);
+    }
     let est = match estimate_with(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {
         Ok(e) => e,
         Err(r @ Rejection::OutOfMemory { .. }) => {
@@ -419,6 +426,39 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     text.push('\n');
     text.push_str(&render::breakdown(&cfg, &est, &inp.cluster.profile));
     emit(&a.common, &plan, text)
+}
+
+fn estimate_mixed(inp: &args::Inputs, cfg: &ParallelConfig, mix: &[String], json: bool) -> Result<()> {
+    let mut classes = Vec::new();
+    for item in mix {
+        let Some((name, n)) = item.split_once(':') else {
+            bail!("--mix entry '{item}' is not PROFILE:GPUS (e.g. h100-sxm:64)");
+        };
+        let n: u64 = n.trim().parse().map_err(|_| anyhow::anyhow!("--mix entry '{item}': '{n}' is not a GPU count"))?;
+        if n == 0 {
+            bail!("--mix entry '{item}': the GPU count must be at least 1");
+        }
+        classes.push((sextant_planner::hardware::builtin_profile(name)?, n));
+    }
+    let plan = sextant_planner::mixed::plan_mixed(&inp.model, &classes, &inp.workload, cfg, inp.assumptions).map_err(|e| anyhow::anyhow!("mixed cluster: {e}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        return Ok(());
+    }
+    print!("{}", render::assumptions(inp));
+    println!("\nMixed cluster: {}", mix.join(", "));
+    println!("{:>6} {:<12} {:>7} {:>14}", "stage", "GPU", "layers", "per micro-batch");
+    for st in &plan.stages {
+        println!("{:>6} {:<12} {:>7} {:>11.2} ms", st.stage, st.class, st.layers, st.secs_per_micro_batch * 1e3);
+    }
+    println!("Pipeline time per step (simulated 1F1B): {:.3} s", plan.pipeline_secs);
+    match plan.even_pipeline_secs {
+        Some(e) => println!("Even split on the same stages: {e:.3} s ({:+.1}%)", 100.0 * (e / plan.pipeline_secs - 1.0)),
+        None => println!("An even split on the same stages does not fit in memory."),
+    }
+    let layers: Vec<String> = plan.stages.iter().map(|s| s.layers.to_string()).collect();
+    println!("Layers per stage: {} (sextant estimate --layers-per-stage; Megatron-LM --pipeline-model-parallel-layout)", layers.join(","));
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -18,6 +18,7 @@ pub mod error;
 pub mod hardware;
 pub mod hf;
 pub mod memory;
+pub mod mixed;
 pub mod model;
 pub mod partition;
 pub mod plan;

@@ -228,6 +228,17 @@ fn sextant_model_json_and_custom_cluster_are_accepted() {
 }
 
 #[test]
+fn mixed_cluster_estimate() {
+    let o = sextant(&["estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--global-batch", "64", "--recompute", "selective", "--mix", "h100-sxm:64,a100-80g:64"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("a100-80g") && out.contains("h100-sxm") && out.contains("Even split on the same stages"), "{out}");
+    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--mix", "h100-sxm:60,a100-80g:68"], "whole pipeline stages");
+    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--mix", "h100-sxm"], "PROFILE:GPUS");
+    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--mix", "h100-sxm:64,tpu:64"], "unknown hardware profile");
+}
+
+#[test]
 fn models_and_profiles_list_the_built_ins() {
     let o = sextant(&["models"]);
     assert!(o.status.success());
