@@ -13,10 +13,7 @@ use sextant_planner::presets::resolve;
 
 use crate::io::read_text;
 
-/// Largest sequence length accepted (tokens).
-const MAX_SEQ: u64 = 1 << 24;
-/// Largest global batch accepted (sequences).
-const MAX_GLOBAL_BATCH: u64 = 1 << 32;
+use sextant_planner::config::{MAX_GLOBAL_BATCH, MAX_SEQ};
 
 #[derive(Args, Debug, Clone)]
 pub struct Common {
@@ -138,10 +135,8 @@ impl Common {
         if self.global_batch == 0 || self.global_batch > MAX_GLOBAL_BATCH {
             bail!("--global-batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences", self.global_batch);
         }
-        if !(self.moe_imbalance.is_finite() && (1.0..=64.0).contains(&self.moe_imbalance)) {
-            bail!("--moe-imbalance {} is out of range: use 1.0 (balanced) up to 64", self.moe_imbalance);
-        }
         let workload = Workload { seq: self.seq, global_batch: self.global_batch, precision, moe_imbalance: self.moe_imbalance };
+        workload.validate().map_err(|e| anyhow::anyhow!("--moe-imbalance: {e}"))?;
         let overlap = Overlap {
             grad_reduce: !self.no_overlap_grad_reduce,
             param_gather: !self.no_overlap_param_gather,

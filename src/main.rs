@@ -368,10 +368,10 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 
 fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     let inp = a.common.resolve()?;
-    let parts = a.tp.saturating_mul(a.pp).saturating_mul(a.cp);
-    if parts == 0 {
-        bail!("--tp, --pp and --cp must be at least 1");
+    for (name, v) in [("tp", a.tp), ("pp", a.pp), ("vpp", a.vpp), ("cp", a.cp), ("ep", a.ep), ("etp", a.etp), ("mbs", a.mbs), ("dp", a.dp.unwrap_or(1))] {
+        check_knobs(name, &Some(vec![v]))?;
     }
+    let parts = a.tp.saturating_mul(a.pp).saturating_mul(a.cp);
     let dp = match a.dp {
         Some(d) => d,
         None => {
@@ -411,7 +411,13 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         return estimate_mixed(&inp, &cfg, mix, a.common.json);
     }
     let est = match estimate_with(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {
-        Ok(e) => e,
+        Ok(mut e) => {
+            // The same pipeline time the search ranks with.
+            if sextant_planner::cost::apply_simulation(&mut e, &cfg) {
+                e.band = sextant_planner::uncertainty::band(&inp.cluster.profile.name, inp.model.moe.is_some(), e.step_secs);
+            }
+            e
+        }
         Err(r @ Rejection::OutOfMemory { .. }) => {
             // Show where the memory goes, then say why it is rejected.
             if let Ok(e) = evaluate(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {

@@ -152,7 +152,7 @@ impl Layout {
         if layers.is_multiple_of(chunks) {
             return Layout::Even;
         }
-        if chunks > 1 && (layers + 2).is_multiple_of(chunks) && (layers + 2) / chunks >= 1 {
+        if chunks > 1 && (layers + 2).is_multiple_of(chunks) && (layers + 2) / chunks >= 2 {
             return Layout::AccountEmbeddingLoss;
         }
         if chunks == 1 {
@@ -238,28 +238,51 @@ pub enum Dispatcher {
     Deduplicated,
 }
 
+/// Largest value any parallel size or micro-batch may take.
+pub const MAX_KNOB: u64 = 1 << 24;
+/// Largest sequence length (tokens) and global batch (sequences) accepted.
+pub const MAX_SEQ: u64 = 1 << 24;
+pub const MAX_GLOBAL_BATCH: u64 = 1 << 32;
+
+impl Workload {
+    /// Checks the ranges; the message names the field and what would be right.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.seq < 2 || self.seq > MAX_SEQ {
+            return Err(format!("sequence length {} is out of range: use 2 to {MAX_SEQ} tokens", self.seq));
+        }
+        if self.global_batch == 0 || self.global_batch > MAX_GLOBAL_BATCH {
+            return Err(format!("global batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences", self.global_batch));
+        }
+        if !(self.moe_imbalance.is_finite() && (1.0..=64.0).contains(&self.moe_imbalance)) {
+            return Err(format!("MoE imbalance {} is out of range: use 1.0 (balanced) up to 64", self.moe_imbalance));
+        }
+        Ok(())
+    }
+}
+
 /// Rank order used to place groups on the machine (Megatron's default).
 pub const RANK_ORDER: &str = "tp-cp-ep-dp-pp";
 
 impl ParallelConfig {
     /// Gradient-accumulation steps (micro-batches per step per pipeline).
     pub fn micro_batches(&self, w: &Workload) -> u64 {
-        w.global_batch / (self.mbs * self.dp)
+        w.global_batch / self.mbs.saturating_mul(self.dp).max(1)
     }
 
+    /// tp x pp x cp x dp (saturating: a product past u64 never equals a GPU count).
     pub fn gpus(&self) -> u64 {
-        self.tp * self.pp * self.cp * self.dp
+        self.tp.saturating_mul(self.pp).saturating_mul(self.cp).saturating_mul(self.dp)
     }
 
     /// Ranks that hold expert data-parallel copies of one expert shard.
     pub fn edp(&self) -> u64 {
-        (self.tp * self.cp * self.dp) / (self.ep * self.etp).max(1)
+        self.tp.saturating_mul(self.cp).saturating_mul(self.dp) / self.ep.saturating_mul(self.etp).max(1)
     }
 
     /// Layers held by each virtual stage, in pipeline order (`pp * vpp` entries,
     /// virtual stage `j * pp + i` lives on rank `i`). Errors say why it cannot split.
     pub fn stage_layers(&self, layers: u64) -> Result<Vec<u64>, Rejection> {
-        let chunks = self.pp * self.vpp;
+        let chunks = self.pp.saturating_mul(self.vpp);
         match &self.layout {
             Layout::Even => {
                 if !layers.is_multiple_of(chunks) {
@@ -328,9 +351,12 @@ impl ParallelConfig {
     pub fn check(&self, model: &ModelSpec, cluster: &Cluster, w: &Workload) -> Result<(), Rejection> {
         let gpus = cluster.gpus;
         for (name, v) in [("tp", self.tp), ("pp", self.pp), ("vpp", self.vpp), ("cp", self.cp), ("ep", self.ep), ("etp", self.etp), ("dp", self.dp), ("mbs", self.mbs)] {
-            if v == 0 {
+            if v == 0 || v > MAX_KNOB {
                 return Err(Rejection::Zero { name: name.into() });
             }
+        }
+        if let Err(e) = w.validate() {
+            return Err(Rejection::Layout { detail: e });
         }
         if self.gpus() != gpus {
             return Err(Rejection::GpuProduct { tp: self.tp, pp: self.pp, cp: self.cp, dp: self.dp, gpus });
@@ -520,7 +546,7 @@ fn list(v: &[u64]) -> String {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Rejection::Zero { name } => write!(f, "{name} must be at least 1"),
+            Rejection::Zero { name } => write!(f, "{name} must be between 1 and {MAX_KNOB}"),
             Rejection::GpuProduct { tp, pp, cp, dp, gpus } => write!(
                 f,
                 "tp x pp x cp x dp = {tp} x {pp} x {cp} x {dp} = {} but the cluster has {gpus} GPUs",

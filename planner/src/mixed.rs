@@ -36,13 +36,13 @@ pub struct MixedPlan {
     pub even_pipeline_secs: Option<f64>,
 }
 
-fn pipeline_secs(p: &StageProblem, part: &Partition, m: u64) -> (Vec<f64>, f64) {
+fn pipeline_secs(p: &StageProblem, part: &Partition, m: u64) -> Result<(Vec<f64>, f64), String> {
     let secs: Vec<f64> = (0..p.stages())
         .map(|s| p.classes[part.class[s]].slowdown * (part.layers[s] as f64 * p.layer_secs + part.recomputed[s] as f64 * p.recompute_secs + p.stage_extra_secs[s]))
         .collect();
     let costs = PassCosts { forward: secs.iter().map(|x| x / 3.0).collect(), backward: secs.iter().map(|x| 2.0 * x / 3.0).collect(), weight: vec![0.0; secs.len()] };
-    let span = simulate_schedule(Schedule::OneFOneB, p.stages() as u64, 1, m, &costs, 0.0).map(|t| t.makespan).unwrap_or(f64::NAN);
-    (secs, span)
+    let span = simulate_schedule(Schedule::OneFOneB, p.stages() as u64, 1, m, &costs, 0.0).map(|t| t.makespan).ok_or("the 1F1B schedule could not be simulated for this shape")?;
+    Ok((secs, span))
 }
 
 /// Partitions `cfg`'s pipeline over `classes` (profile, GPU count). `cfg.gpus()` must
@@ -74,7 +74,10 @@ pub fn plan_mixed(model: &ModelSpec, classes: &[(HardwareProfile, u64)], w: &Wor
     problem.classes = gpu_classes;
     let part = solve(&problem).ok_or("no partition fits the classes' memory")?;
     let m = cfg.micro_batches(w);
-    let (secs, span) = pipeline_secs(&problem, &part, m);
+    if 2 * problem.stages() as u64 * m > crate::cost::MAX_SIMULATED_PASSES {
+        return Err(format!("{m} micro-batches on {} stages is more than the simulator takes (at most {} passes): use a smaller global batch", problem.stages(), crate::cost::MAX_SIMULATED_PASSES));
+    }
+    let (secs, span) = pipeline_secs(&problem, &part, m)?;
     // Even split on the same blocks, for comparison.
     let p = problem.stages();
     let even_layers: Vec<u64> = (0..p).map(|s| model.layers / p as u64 + u64::from((s as u64) < model.layers % p as u64)).collect();
@@ -83,7 +86,7 @@ pub fn plan_mixed(model: &ModelSpec, classes: &[(HardwareProfile, u64)], w: &Wor
         let bytes = even.layers[s] as f64 * (problem.layer_state_bytes + problem.in_flight[s] * problem.layer_act_bytes) + problem.stage_extra_bytes[s];
         bytes <= problem.classes[even.class[s]].capacity_bytes
     });
-    let even_pipeline_secs = if fits { Some(pipeline_secs(&problem, &even, m).1) } else { None };
+    let even_pipeline_secs = if fits { Some(pipeline_secs(&problem, &even, m)?.1) } else { None };
     Ok(MixedPlan {
         stages: (0..p).map(|s| MixedStage { stage: s, class: problem.classes[part.class[s]].name.clone(), layers: part.layers[s], secs_per_micro_batch: secs[s] }).collect(),
         pipeline_secs: span,

@@ -77,7 +77,12 @@ impl PlanFile {
         if p.plans.is_empty() {
             return Err(InputError::Workload("plan file holds no plan".into()));
         }
+        p.workload.validate().map_err(InputError::Workload)?;
+        let mut cluster = crate::hardware::Cluster::new(p.hardware.clone(), p.gpus)?;
+        // The plan may have been made with TP across nodes allowed.
+        cluster.allow_tp_beyond_nvlink = true;
         for rp in &p.plans {
+            rp.config.check(&p.model, &cluster, &p.workload).map_err(|r| InputError::Workload(format!("plan {}: {r}", rp.rank)))?;
             if rp.config.gpus() != p.gpus {
                 return Err(InputError::Workload(format!(
                     "plan {} uses tp x pp x cp x dp = {} GPUs but the file is for {}",

@@ -142,6 +142,63 @@ fn estimate_prints_full_breakdown() {
     }
 }
 
+/// A plan file that breaks a rule is refused, not rendered.
+#[test]
+fn plan_files_are_checked_when_read() {
+    let dir = TempDir::new("badplan");
+    let good = dir.path("p.json");
+    let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--top", "1", "--out", good.to_str().unwrap()]);
+    assert!(o.status.success());
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&good).unwrap()).unwrap();
+    for (field, value, needle) in [("vpp", serde_json::json!(0), "vpp must be"), ("dp", serde_json::json!(2305843009213693953u64), "dp must be")] {
+        let mut bad = v.clone();
+        bad["plans"][0]["config"][field] = value;
+        let path = dir.path(&format!("bad-{field}.json"));
+        std::fs::write(&path, bad.to_string()).unwrap();
+        fails_with_one_line(&["report", path.to_str().unwrap(), "-o", dir.path("r.html").to_str().unwrap()], needle);
+        fails_with_one_line(&["export", path.to_str().unwrap(), "--to", "rank-map"], needle);
+    }
+    v["workload"]["seq"] = serde_json::json!(0);
+    let path = dir.path("bad-seq.json");
+    std::fs::write(&path, v.to_string()).unwrap();
+    fails_with_one_line(&["export", path.to_str().unwrap(), "--to", "megatron-lm"], "sequence length 0");
+}
+
+/// `estimate` gives the step time `plan` ranked with, for the same configuration.
+#[test]
+fn estimate_agrees_with_plan() {
+    let o = sextant(&["plan", "--model", "70b", "--gpus", "64", "--top", "1", "--json"]);
+    let plan = PlanFile::from_json(&stdout(&o)).unwrap();
+    let c = &plan.plans[0].config;
+    let mut args: Vec<String> = ["estimate", "--model", "70b", "--gpus", "64", "--json"].iter().map(|s| s.to_string()).collect();
+    for (k, v) in [("--tp", c.tp), ("--pp", c.pp), ("--vpp", c.vpp), ("--cp", c.cp), ("--dp", c.dp), ("--mbs", c.mbs)] {
+        args.push(k.into());
+        args.push(v.to_string());
+    }
+    args.push("--sp".into());
+    args.push(c.sp.to_string());
+    args.push("--recompute".into());
+    args.push(format!("{:?}", c.recompute).to_lowercase());
+    args.push("--zero".into());
+    args.push(match c.zero { sextant_planner::config::Zero::None => "0", sextant_planner::config::Zero::DistOpt => "1", sextant_planner::config::Zero::Zero2 => "2", sextant_planner::config::Zero::Zero3 => "3" }.into());
+    if let sextant_planner::config::Layout::Explicit { layers } = &c.layout {
+        args.push("--layers-per-stage".into());
+        args.push(layers.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(","));
+    }
+    if let sextant_planner::config::Layout::FirstLast { first, last } = &c.layout {
+        args.extend(["--first-stage-layers".into(), first.to_string(), "--last-stage-layers".into(), last.to_string()]);
+    }
+    if c.layout == sextant_planner::config::Layout::AccountEmbeddingLoss {
+        args.push("--account-embedding-loss".into());
+    }
+    let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let o = sextant(&refs);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let est = PlanFile::from_json(&stdout(&o)).unwrap();
+    let (a, b) = (plan.plans[0].estimate.step_secs, est.plans[0].estimate.step_secs);
+    assert!((a - b).abs() < 1e-9 * a, "plan {a} vs estimate {b} for {c:?}");
+}
+
 #[test]
 fn estimate_json_is_versioned() {
     let o = sextant(&["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "8", "--global-batch", "256", "--json"]);
@@ -195,6 +252,11 @@ fn bad_input_gets_one_clear_line() {
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--top", "0"], "--top 0");
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--tp", "0"], "--tp values");
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "8", "--gpu", "a100"], "no valid plan");
+    // Values that would overflow the products of parallel sizes.
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--tp", "8", "--dp", "2305843009213693953", "--mbs", "8"], "--dp values");
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "16", "--tp", "8", "--dp", "2", "--mbs", "9223372036854775809"], "--mbs values");
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--pp", "4", "--tp", "2", "--vpp", "4611686018427387905"], "--vpp values");
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--mix", "h100-sxm:4,a100-80g:4", "--pp", "2", "--tp", "4", "--global-batch", "4294967296"], "smaller global batch");
 }
 
 #[test]
