@@ -136,7 +136,7 @@ impl Common {
             bail!("--global-batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences", self.global_batch);
         }
         let workload = Workload { seq: self.seq, global_batch: self.global_batch, precision, moe_imbalance: self.moe_imbalance };
-        workload.validate().map_err(|e| anyhow::anyhow!("--moe-imbalance: {e}"))?;
+        workload.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let overlap = Overlap {
             grad_reduce: !self.no_overlap_grad_reduce,
             param_gather: !self.no_overlap_param_gather,

@@ -413,9 +413,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     let est = match estimate_with(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {
         Ok(mut e) => {
             // The same pipeline time the search ranks with.
-            if sextant_planner::cost::apply_simulation(&mut e, &cfg) {
-                e.band = sextant_planner::uncertainty::band(&inp.cluster.profile.name, inp.model.moe.is_some(), e.step_secs);
-            }
+            sextant_planner::cost::apply_simulation(&mut e, &cfg);
             e
         }
         Err(r @ Rejection::OutOfMemory { .. }) => {

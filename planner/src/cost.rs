@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::comm::{collective_secs, Collective, Placement, Tier};
-use crate::config::{Dispatcher, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero};
+use crate::config::{Dispatcher, ParallelConfig, Recompute, Rejection, Workload, Zero};
 use crate::hardware::{Cluster, HardwareProfile, GIB};
 use crate::memory::{self, kv_dim_per_rank, LayerKind, StageMemory};
 use crate::model::ModelSpec;
@@ -733,6 +733,11 @@ pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
     e.mfu *= ratio;
     e.hfu *= ratio;
     e.model_tflops_per_gpu *= ratio;
+    // Bands are relative errors of the step time: they scale with it.
+    if let Some(b) = &mut e.band {
+        b.low_secs /= ratio;
+        b.high_secs /= ratio;
+    }
     e.bubble_fraction = e.time.bubble / new_step;
     e.exposed_comm_fraction = e.time.exposed_comm / new_step;
     e.pipeline_simulated = true;
@@ -803,13 +808,11 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
 
     let mut stages = Vec::with_capacity(p as usize);
     let mut worst_mem = StageMemory::default();
-    let mut stage_comm_tp = vec![0.0; p as usize];
     for i in 0..p {
         let iu = i as usize;
         let n_moe = stage_moe[iu] as f64;
         let n_dense = stage_layers[iu] as f64 - n_moe;
         let mut secs = n_dense * dense.secs() + n_moe * moe.secs();
-        stage_comm_tp[iu] = n_dense * dense.tp.1 + n_moe * moe.tp.1;
         let first = i == 0;
         let last = i == p - 1;
         if first {
@@ -1084,24 +1087,10 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     })
 }
 
-/// Tokens/s/GPU that a step time implies.
-pub fn tokens_per_sec_per_gpu(w: &Workload, gpus: u64, step_secs: f64) -> f64 {
-    (w.global_batch * w.seq) as f64 / step_secs / gpus as f64
-}
-
-/// Precision used by the GEMMs, for display.
-pub fn gemm_precision(w: &Workload, hw: &HardwareProfile) -> Precision {
-    if w.precision.is_fp8() && hw.gpu.peak_tflops.fp8 <= 0.0 {
-        Precision::Bf16
-    } else {
-        w.precision
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Dispatcher, Layout, Overlap};
+    use crate::config::{Dispatcher, Layout, Overlap, Precision};
     use crate::hardware::builtin_profile;
     use crate::presets::{gpt, resolve};
 

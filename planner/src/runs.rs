@@ -71,9 +71,7 @@ impl RunCase {
         // re-scored by the schedule simulator.
         let run = |cfg: &ParallelConfig| {
             crate::cost::estimate_with(&self.model, &self.cluster, &self.workload, cfg, self.assumptions).map(|mut e| {
-                if crate::cost::apply_simulation(&mut e, cfg) {
-                    e.band = crate::uncertainty::band(&self.cluster.profile.name, self.moe, e.step_secs);
-                }
+                crate::cost::apply_simulation(&mut e, cfg);
                 e
             })
         };

@@ -310,9 +310,7 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
         .map(|(_, cfg)| {
             let estimate = estimate_with(model, cluster, w, cfg, space.assumptions).expect("configuration was valid a moment ago");
             let mut c = repartition(model, cluster, w, cfg, space.assumptions, &estimate).unwrap_or(Candidate { config: cfg.clone(), estimate });
-            if crate::cost::apply_simulation(&mut c.estimate, &c.config) {
-                c.estimate.band = crate::uncertainty::band(&cluster.profile.name, model.moe.is_some(), c.estimate.step_secs);
-            }
+            crate::cost::apply_simulation(&mut c.estimate, &c.config);
             c
         })
         .collect();
