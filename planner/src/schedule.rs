@@ -71,7 +71,8 @@ pub struct Timeline {
     pub peak_in_flight: Vec<f64>,
 }
 
-type Op = (Pass, u64, u64);
+/// One pass on a rank: (pass, virtual chunk, micro-batch).
+pub type Op = (Pass, u64, u64);
 
 /// Virtual micro-batch k -> (chunk, micro-batch) in Megatron's interleaving, which
 /// groups micro-batches p at a time.
@@ -83,8 +84,9 @@ fn interleaved_fwd(p: u64, v: u64, k: u64) -> (u64, u64) {
     }
 }
 
-/// The order of passes on `rank`.
-fn rank_order(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<Op> {
+/// The order of passes on `rank` under `s` (what the simulator and the executor
+/// both follow). Chunk `c` on rank `r` is virtual stage `c * p + r`.
+pub fn rank_order(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<Op> {
     let mut order = Vec::new();
     match s {
         Schedule::Gpipe => {
