@@ -2,6 +2,7 @@
 //! environment and the terminal. Everything it decides comes from the planner.
 
 mod args;
+mod exec;
 mod io;
 mod render;
 
@@ -42,6 +43,12 @@ enum Command {
     Report(ReportArgs),
     /// Estimate every row of a published-runs CSV and compare with the measurement.
     Validate(ValidateArgs),
+    /// Run a plan: one process per rank (torchrun/srun/mpirun, or --ranks N locally).
+    Exec(exec::ExecArgs),
+    /// Fit a hardware-profile overlay from measured runs.
+    Calibrate(exec::CalibrateArgs),
+    /// Print predicted vs measured time per component for a run of a plan.
+    Compare(exec::CompareArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -480,6 +487,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Export(a) => cmd_export(a),
         Command::Report(a) => cmd_report(a),
         Command::Validate(a) => cmd_validate(a),
+        Command::Exec(a) => exec::cmd_exec(a),
+        Command::Calibrate(a) => exec::cmd_calibrate(a),
+        Command::Compare(a) => exec::cmd_compare(a),
     }
 }
 
@@ -504,7 +514,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("error: {}", chain.join(": "));
+            // One write, so that lines from concurrent ranks do not interleave.
+            eprint!("{}", format!("error: {}\n", chain.join(": ")));
             ExitCode::from(1)
         }
     }

@@ -1,0 +1,18 @@
+//! Sextant's executor: runs one plan from a plan file, one process per rank.
+//!
+//! It reads the plan format and never calls the search. Ranks find each other at a
+//! TCP rendezvous ([`rendezvous`]), connect a mesh ([`mesh`]), build their groups
+//! from the plan's rank order and run [`program::run`]. The CPU backend moves real
+//! data over loopback TCP with f32 GEMMs at small sizes: it proves a plan's layout
+//! and schedule are consistent. The CUDA backend (feature `cuda`) is in [`cuda`].
+
+pub mod comm;
+pub mod error;
+pub mod mesh;
+pub mod model;
+pub mod program;
+pub mod record;
+pub mod rendezvous;
+pub mod tensor;
+
+pub use error::ExecError;

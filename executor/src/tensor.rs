@@ -1,0 +1,119 @@
+//! Row-major f32 matrices and the few operations the per-rank program needs.
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mat {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl Mat {
+    pub fn zeros(rows: usize, cols: usize) -> Mat {
+        Mat { rows, cols, data: vec![0.0; rows * cols] }
+    }
+    pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Result<Mat, String> {
+        if data.len() != rows * cols {
+            return Err(format!("received {} values for a {rows} x {cols} tensor", data.len()));
+        }
+        Ok(Mat { rows, cols, data })
+    }
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+    pub fn row_mut(&mut self, r: usize) -> &mut [f32] {
+        &mut self.data[r * self.cols..(r + 1) * self.cols]
+    }
+    /// Rows `a..b`.
+    pub fn rows_range(&self, a: usize, b: usize) -> Mat {
+        Mat { rows: b - a, cols: self.cols, data: self.data[a * self.cols..b * self.cols].to_vec() }
+    }
+    /// Columns `a..b`.
+    pub fn cols_range(&self, a: usize, b: usize) -> Mat {
+        let mut out = Mat::zeros(self.rows, b - a);
+        for r in 0..self.rows {
+            out.row_mut(r).copy_from_slice(&self.row(r)[a..b]);
+        }
+        out
+    }
+    /// Stacks row blocks.
+    pub fn vstack(parts: &[Mat]) -> Mat {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        Mat { rows: data.len() / cols.max(1), cols, data }
+    }
+    /// Places column blocks side by side.
+    pub fn hstack(parts: &[&Mat]) -> Mat {
+        let rows = parts.first().map_or(0, |p| p.rows);
+        let cols = parts.iter().map(|p| p.cols).sum();
+        let mut out = Mat::zeros(rows, cols);
+        for r in 0..rows {
+            let mut c = 0;
+            for p in parts {
+                out.row_mut(r)[c..c + p.cols].copy_from_slice(p.row(r));
+                c += p.cols;
+            }
+        }
+        out
+    }
+    pub fn add_assign(&mut self, o: &Mat) {
+        for (x, y) in self.data.iter_mut().zip(&o.data) {
+            *x += y;
+        }
+    }
+    pub fn scale(&mut self, k: f32) {
+        for x in &mut self.data {
+            *x *= k;
+        }
+    }
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// `op(a) @ op(b)` where `op` transposes when asked; the transposes are free
+/// (strides). Shapes are checked.
+pub fn matmul(a: &Mat, ta: bool, b: &Mat, tb: bool) -> Mat {
+    let (m, k) = if ta { (a.cols, a.rows) } else { (a.rows, a.cols) };
+    let (k2, n) = if tb { (b.cols, b.rows) } else { (b.rows, b.cols) };
+    assert_eq!(k, k2, "matmul inner dimensions");
+    let mut c = Mat::zeros(m, n);
+    if m == 0 || n == 0 || k == 0 {
+        return c;
+    }
+    let (rsa, csa) = if ta { (1, a.cols as isize) } else { (a.cols as isize, 1) };
+    let (rsb, csb) = if tb { (1, b.cols as isize) } else { (b.cols as isize, 1) };
+    // SAFETY: the pointers cover m*k, k*n and m*n elements with the strides above,
+    // which the shape checks guarantee.
+    unsafe {
+        matrixmultiply::sgemm(m, k, n, 1.0, a.data.as_ptr(), rsa, csa, b.data.as_ptr(), rsb, csb, 0.0, c.data.as_mut_ptr(), n as isize, 1);
+    }
+    c
+}
+
+/// Largest |a - b| relative to the largest |b| (1 when b is all zeros).
+pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
+    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_transposes() {
+        let a = Mat::from_vec(2, 3, vec![1., 2., 3., 4., 5., 6.]).unwrap();
+        let b = Mat::from_vec(3, 2, vec![1., 0., 0., 1., 1., 1.]).unwrap();
+        assert_eq!(matmul(&a, false, &b, false).data, vec![4., 5., 10., 11.]);
+        // a^T a: 3x3
+        let ata = matmul(&a, true, &a, false);
+        assert_eq!(ata.data[0], 17.0);
+        assert_eq!(ata.data[8], 45.0);
+        // a b^T with b^T of shape 2x3
+        let bt = Mat::from_vec(2, 3, vec![1., 0., 1., 0., 1., 1.]).unwrap();
+        assert_eq!(matmul(&a, false, &bt, true).data, vec![4., 5., 10., 11.]);
+    }
+}

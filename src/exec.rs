@@ -1,0 +1,416 @@
+//! `sextant exec`, `sextant calibrate` and `sextant compare`: the executor's command
+//! line. Reads the launcher's environment, the plan file and the clock, starts local
+//! ranks for `--ranks N`, and writes the measured run (rank 0) without clobbering.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use sextant_executor::mesh::Mesh;
+use sextant_executor::program::{self, Options};
+use sextant_executor::rendezvous::{bind_root, launch_env, rendezvous};
+use sextant_planner::calibration::{apply, calibrate, MeasuredRun, Overlay};
+use sextant_planner::cost::{estimate_with, Assumptions, CommKind};
+use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile};
+use sextant_planner::plan::PlanFile;
+
+use crate::io::{read_text, write_new};
+
+#[derive(clap::Args, Debug)]
+pub struct ExecArgs {
+    /// Plan file from `sextant plan --out` or `sextant estimate --json --out`.
+    plan: String,
+    /// cpu: the test backend (real data over loopback TCP, small f32 GEMMs);
+    /// cuda: GPUs (needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Start this many local ranks (processes) instead of reading torchrun/Slurm/MPI variables.
+    #[arg(long)]
+    ranks: Option<u64>,
+    /// Which ranked plan of the file to run.
+    #[arg(long = "plan", default_value_t = 1)]
+    plan_rank: usize,
+    /// Timed steps.
+    #[arg(long = "max-steps", default_value_t = 2)]
+    steps: u64,
+    /// Untimed steps before them.
+    #[arg(long, default_value_t = 1)]
+    warmup: u64,
+    /// Micro-batches per step (default: the plan's, capped at 2 x pp on the CPU backend).
+    #[arg(long = "micro-batches")]
+    micro_batches: Option<u64>,
+    /// Run this many layers, split over the stages in the plan's proportions.
+    #[arg(long = "scale-layers")]
+    scale_layers: Option<u64>,
+    /// Run at the plan's real sizes (the default on CUDA; on the CPU backend only for tiny models).
+    #[arg(long = "full-size")]
+    full_size: bool,
+    /// Skip the comparison with the unsharded reference.
+    #[arg(long = "no-verify")]
+    no_verify: bool,
+    /// Seconds any rank waits for a peer (rendezvous, every receive) before failing.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+    /// Where rank 0 writes the measured run.
+    #[arg(long, default_value = "sextant-run.json")]
+    out: String,
+    /// Replace an existing measured-run file.
+    #[arg(long)]
+    force: bool,
+    /// Testing hook: `die:RANK:STEP` (that rank exits abruptly mid-step) or
+    /// `absent:RANK` (that rank never reaches the rendezvous).
+    #[arg(long, hide = true)]
+    fault: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CalibrateArgs {
+    /// Measured runs (from `sextant exec`), all for the same hardware profile.
+    #[arg(required = true)]
+    runs: Vec<String>,
+    /// The profile the runs were planned for: a built-in name or a profile JSON
+    /// (default: the built-in profile the runs name).
+    #[arg(long)]
+    hardware: Option<String>,
+    #[arg(long, default_value = "sextant-overlay.json")]
+    out: String,
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// The plan file that was run.
+    plan: String,
+    /// The measured run.
+    run: String,
+    /// Also predict with this calibration overlay applied.
+    #[arg(long)]
+    calibration: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+enum Fault {
+    Die(u64, u64),
+    Absent(u64),
+}
+
+fn parse_fault(s: &str) -> Result<Fault> {
+    let f: Vec<&str> = s.split(':').collect();
+    let num = |x: &str| x.parse::<u64>().map_err(|_| anyhow!("--fault '{s}': '{x}' is not a number"));
+    match f.as_slice() {
+        ["die", r, st] => Ok(Fault::Die(num(r)?, num(st)?)),
+        ["absent", r] => Ok(Fault::Absent(num(r)?)),
+        _ => bail!("--fault '{s}' is not die:RANK:STEP or absent:RANK"),
+    }
+}
+
+pub fn cmd_exec(a: ExecArgs) -> Result<()> {
+    if !matches!(a.backend.as_str(), "cpu" | "cuda") {
+        bail!("--backend '{}' is not one of cpu, cuda", a.backend);
+    }
+    if a.timeout == 0 || a.timeout > 86_400 {
+        bail!("--timeout {} is out of range: use 1 to 86400 seconds", a.timeout);
+    }
+    if a.steps == 0 {
+        bail!("--max-steps 0: run at least one timed step");
+    }
+    let fault = a.fault.as_deref().map(parse_fault).transpose()?;
+    if let Some(n) = a.ranks {
+        return launch_local(&a, n);
+    }
+    let env = launch_env(|k| std::env::var(k).ok()).map_err(|e| anyhow!(e))?;
+    let out = Path::new(&a.out);
+    if env.rank == 0 && out.exists() && !a.force {
+        bail!("rank 0: '{}' exists; not overwriting it (pass --force to replace it)", out.display());
+    }
+    let text = read_text(Path::new(&a.plan), "plan")?;
+    let hash = program::plan_hash(text.as_bytes());
+    let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
+    let opts = Options {
+        plan_rank: a.plan_rank,
+        steps: a.steps,
+        warmup: a.warmup,
+        micro_batches: a.micro_batches,
+        scale_layers: a.scale_layers,
+        verify: !a.no_verify,
+        full_size: a.full_size || a.backend == "cuda",
+        timeout: Duration::from_secs(a.timeout),
+        die_at: match fault {
+            Some(Fault::Die(r, s)) => Some((r, s)),
+            _ => None,
+        },
+    };
+    let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
+    if a.backend == "cuda" {
+        return cuda_unavailable(env.local_rank);
+    }
+    if let Some(Fault::Absent(r)) = fault {
+        if r == env.rank {
+            eprintln!("rank {r}: staying away from the rendezvous (--fault absent testing hook)");
+            std::thread::sleep(Duration::from_secs(a.timeout + 5));
+            bail!("rank {r}: stayed away from the rendezvous (testing hook)");
+        }
+    }
+    let tag = |phase: &str, e: String| anyhow!("rank {}, {phase}: {e}", env.rank);
+    let root = if env.rank == 0 { Some(bind_root(&env).map_err(|e| tag("rendezvous", e))?) } else { None };
+    let data = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| tag("opening the peer port", e.to_string()))?;
+    let port = data.local_addr().map_err(|e| tag("opening the peer port", e.to_string()))?.port();
+    let rz = rendezvous(&env, root, hash, port, opts.timeout, vec![]).map_err(|e| tag("rendezvous", e))?;
+    let mesh = Mesh::connect(env.rank, env.world, data, &rz.peers, opts.timeout).map_err(|e| tag("connecting to peers", e))?;
+    let device = format!("cpu: {} processes, loopback TCP", env.world);
+    match program::run(&setup, &opts, &mesh, &device) {
+        Ok(Some(run)) => {
+            mesh.finish();
+            let json = serde_json::to_string_pretty(&run).expect("run serialises");
+            write_new(out, &json, a.force)?;
+            print_summary(&run, out);
+            Ok(())
+        }
+        Ok(None) => {
+            mesh.finish();
+            Ok(())
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            mesh.abort(&msg);
+            if env.rank == 0 {
+                let run = program::incomplete_run(&setup, &opts, &a.backend, &device, env.world, &msg);
+                let json = serde_json::to_string_pretty(&run).expect("run serialises");
+                match write_new(out, &json, a.force) {
+                    Ok(()) => eprintln!("rank 0: wrote '{}' marked incomplete", out.display()),
+                    Err(w) => eprintln!("rank 0: could not record the failure in '{}': {w}", out.display()),
+                }
+            }
+            Err(anyhow!(msg))
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_unavailable(local_rank: u64) -> Result<()> {
+    let dev = sextant_executor::cuda::probe(local_rank as usize).map_err(|e| anyhow!("CUDA backend: {e}"))?;
+    bail!("CUDA backend: found {dev}, but the CUDA per-rank program is not implemented yet; run the CPU backend (--backend cpu) to check the plan")
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_unavailable(_local_rank: u64) -> Result<()> {
+    bail!("this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu")
+}
+
+fn print_summary(run: &MeasuredRun, out: &Path) {
+    let c = &run.checks;
+    println!(
+        "Ran plan {} ({} ranks, {} schedule, {} micro-batches of {} x {} tokens, {} layers): {} timed step(s), median {:.4} s.",
+        run.plan_rank,
+        run.world_size,
+        run.schedule,
+        run.workload.global_batch / (run.config.dp * run.config.mbs).max(1),
+        run.config.mbs,
+        run.workload.seq,
+        run.model.layers,
+        run.step_secs.len(),
+        run.median_step_secs().unwrap_or(0.0)
+    );
+    println!(
+        "Checks passed: {} collectives with known data, {} activations and {} gradients against the unsharded reference (max relative error {:.1e}), {} replica comparisons, {} pipeline messages; no unmatched send.",
+        c.collectives, c.activations, c.gradients, c.max_rel_error, c.replicas, c.p2p_messages
+    );
+    println!("Peak live micro-batch chunks per pipeline rank: {:?}", run.peak_live_chunks);
+    println!("Measured run written to {}", out.display());
+}
+
+/// Starts `n` local ranks of this same command and waits for them, bounded.
+fn launch_local(a: &ExecArgs, n: u64) -> Result<()> {
+    if n == 0 || n > 256 {
+        bail!("--ranks {n} is out of range: use 1 to 256 local processes");
+    }
+    let out = Path::new(&a.out);
+    if out.exists() && !a.force {
+        bail!("'{}' exists; not overwriting it (pass --force to replace it)", out.display());
+    }
+    let port = TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).context("finding a free port for the rendezvous")?.port();
+    let exe = std::env::current_exe().context("locating the sextant binary")?;
+    let mut args: Vec<String> = Vec::new();
+    let mut skip = false;
+    for x in std::env::args().skip(1) {
+        if skip {
+            skip = false;
+        } else if x == "--ranks" {
+            skip = true;
+        } else if !x.starts_with("--ranks=") {
+            args.push(x);
+        }
+    }
+    let mut children: Vec<(u64, Child)> = Vec::new();
+    for r in 0..n {
+        let child = Command::new(&exe)
+            .args(&args)
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .spawn()
+            .with_context(|| format!("starting local rank {r}"))?;
+        children.push((r, child));
+    }
+    // Every rank bounds its own waits by --timeout; allow the rendezvous plus one
+    // more timeout before killing stragglers.
+    let deadline = Instant::now() + Duration::from_secs(2 * a.timeout + 10);
+    let mut failed: Vec<String> = Vec::new();
+    let mut running = children;
+    while !running.is_empty() {
+        let mut still = Vec::new();
+        for (r, mut c) in running {
+            match c.try_wait() {
+                Ok(Some(st)) if st.success() => {}
+                Ok(Some(st)) => failed.push(format!("rank {r} exited with {}", st.code().map_or("a signal".to_string(), |c| format!("status {c}")))),
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    failed.push(format!("rank {r} was still running after {} s and was killed", 2 * a.timeout + 10));
+                }
+                Ok(None) => still.push((r, c)),
+                Err(e) => failed.push(format!("rank {r}: {e}")),
+            }
+        }
+        running = still;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !failed.is_empty() {
+        bail!("{} of {n} local ranks failed: {}", failed.len(), failed.join("; "));
+    }
+    Ok(())
+}
+
+fn load_hardware(arg: &str) -> Result<HardwareProfile> {
+    if arg.ends_with(".json") || Path::new(arg).exists() {
+        let text = read_text(Path::new(arg), "hardware profile")?;
+        return HardwareProfile::from_json(&text).map_err(|e| anyhow!("'{arg}': {e}"));
+    }
+    Ok(builtin_profile(arg)?)
+}
+
+fn read_run(path: &str) -> Result<MeasuredRun> {
+    let text = read_text(Path::new(path), "measured run")?;
+    MeasuredRun::from_json(&text).map_err(|e| anyhow!("'{path}': {e}"))
+}
+
+pub fn read_overlay(path: &str) -> Result<Overlay> {
+    let text = read_text(Path::new(path), "calibration overlay")?;
+    Overlay::from_json(&text).map_err(|e| anyhow!("'{path}': {e}"))
+}
+
+pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
+    let runs: Vec<MeasuredRun> = a.runs.iter().map(|p| read_run(p)).collect::<Result<_>>()?;
+    let profile = load_hardware(a.hardware.as_deref().unwrap_or(&runs[0].profile))?;
+    let overlay = calibrate(&runs, &profile).map_err(|e| anyhow!(e))?;
+    write_new(Path::new(&a.out), &serde_json::to_string_pretty(&overlay).expect("overlay serialises"), a.force)?;
+    let show = |x: Option<f64>| x.map_or("not measured".to_string(), |v| format!("{v:.3e}"));
+    println!("Calibrated '{}' from {} run(s) on {} ({}):", profile.name, runs.len(), overlay.device, overlay.backend);
+    println!("  GEMM efficiency (fraction of BF16 peak): {} (profile: {})", show(overlay.gemm_bf16), profile.efficiency.gemm_bf16);
+    println!("  attention efficiency: {} (profile: {})", show(overlay.attention), profile.efficiency.attention_fwd);
+    println!("  intra-node bus bandwidth fraction: {} (profile: {})", show(overlay.nvlink_busbw), profile.efficiency.nvlink_busbw);
+    println!("  network bus bandwidth fraction: {} (profile: {})", show(overlay.network_busbw), profile.efficiency.network_busbw);
+    println!("  {} GEMM shapes and {} collective sizes kept as points", overlay.gemm_points.len(), overlay.collective_points.len());
+    if overlay.backend == "cpu" {
+        println!("  (measured by the CPU test backend: it describes this CPU, and `sextant plan --calibration` refuses it)");
+    }
+    println!("Overlay written to {}", a.out);
+    Ok(())
+}
+
+/// Predicted seconds per step by measured component name.
+fn predicted_components(run: &MeasuredRun, profile: &HardwareProfile) -> Result<Vec<(String, f64)>> {
+    let mut cluster = Cluster::new(profile.clone(), run.world_size)?;
+    cluster.allow_tp_beyond_nvlink = true;
+    let e = estimate_with(&run.model, &cluster, &run.workload, &run.config, Assumptions::default()).map_err(|r| anyhow!("the cost model cannot estimate the executed configuration: {r}"))?;
+    let c = &e.time.compute;
+    let mut v = vec![
+        ("attention_proj".to_string(), c.attention_proj),
+        ("attention_core".into(), c.attention_core),
+        ("mlp".into(), c.mlp),
+        ("moe_experts".into(), c.moe_experts),
+        ("router".into(), c.router),
+        ("elementwise".into(), c.elementwise),
+        ("recompute".into(), e.time.recompute),
+    ];
+    for (kind, name) in [
+        (CommKind::Tp, "tp"),
+        (CommKind::Cp, "cp"),
+        (CommKind::Ep, "ep"),
+        (CommKind::Pp, "pp"),
+        (CommKind::DpGrad, "dp_grad"),
+        (CommKind::DpParam, "dp_param"),
+        (CommKind::EdpGrad, "edp_grad"),
+        (CommKind::EdpParam, "edp_param"),
+    ] {
+        v.push((name.into(), e.comm.iter().filter(|t| t.kind == kind).map(|t| t.total_secs).sum()));
+    }
+    v.push(("optimizer".into(), e.time.optimizer));
+    v.push(("step".into(), e.step_secs));
+    Ok(v)
+}
+
+pub fn cmd_compare(a: CompareArgs) -> Result<()> {
+    let text = read_text(Path::new(&a.plan), "plan")?;
+    let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
+    let run = read_run(&a.run)?;
+    let hash = format!("{:016x}", program::plan_hash(text.as_bytes()));
+    if hash != run.plan_hash {
+        bail!("'{}' was measured on a different plan (hash {}) from '{}' ({hash})", a.run, run.plan_hash, a.plan);
+    }
+    if !run.complete {
+        bail!("'{}' is marked incomplete: {}", a.run, run.failure.as_deref().unwrap_or("no reason recorded"));
+    }
+    let before = predicted_components(&run, &plan.hardware)?;
+    let after = match &a.calibration {
+        Some(p) => {
+            let o = read_overlay(p)?;
+            Some(predicted_components(&run, &apply(&plan.hardware, &o).map_err(|e| anyhow!(e))?)?)
+        }
+        None => None,
+    };
+    let measured = |name: &str| -> f64 {
+        if name == "step" {
+            run.median_step_secs().unwrap_or(0.0)
+        } else {
+            run.components.get(name).copied().unwrap_or(0.0)
+        }
+    };
+    if a.json {
+        let rows: Vec<serde_json::Value> = before
+            .iter()
+            .enumerate()
+            .map(|(i, (name, p))| {
+                serde_json::json!({"component": name, "predicted_secs": p, "measured_secs": measured(name),
+                    "calibrated_secs": after.as_ref().map(|v| v[i].1)})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"plan_hash": hash, "device": run.device, "rows": rows})).expect("json"));
+        return Ok(());
+    }
+    println!("Predicted ({}) vs measured ({}), seconds per step; slowest rank per component:", plan.hardware.name, run.device);
+    let ratio = |p: f64, m: f64| if m > 0.0 && p > 0.0 { format!("{:>9.2}x", p / m) } else { format!("{:>10}", "-") };
+    print!("{:<16} {:>12} {:>12} {:>10}", "component", "predicted", "measured", "pred/meas");
+    if after.is_some() {
+        print!(" {:>12} {:>10}", "calibrated", "cal/meas");
+    }
+    println!();
+    for (i, (name, p)) in before.iter().enumerate() {
+        let m = measured(name);
+        if *p == 0.0 && m == 0.0 {
+            continue;
+        }
+        print!("{name:<16} {p:>12.3e} {m:>12.3e} {}", ratio(*p, m));
+        if let Some(v) = &after {
+            print!(" {:>12.3e} {}", v[i].1, ratio(v[i].1, m));
+        }
+        println!();
+    }
+    Ok(())
+}
