@@ -64,6 +64,10 @@ pub struct Common {
     /// Allow tensor parallelism to span NVLink domains (over the network).
     #[arg(long = "allow-tp-across-nodes")]
     pub allow_tp_across_nodes: bool,
+    /// Replace the profile's efficiency constants with those measured by
+    /// `sextant calibrate` (an overlay for the same profile, from GPU runs).
+    #[arg(long)]
+    pub calibration: Option<String>,
     /// Print the result as JSON (the plan file format).
     #[arg(long)]
     pub json: bool,
@@ -120,7 +124,14 @@ pub fn load_profile(gpu: Option<&str>, cluster: Option<&str>) -> Result<Hardware
 impl Common {
     pub fn resolve(&self) -> Result<Inputs> {
         let (model, model_note) = load_model(&self.model)?;
-        let profile = load_profile(self.gpu.as_deref(), self.cluster.as_deref())?;
+        let mut profile = load_profile(self.gpu.as_deref(), self.cluster.as_deref())?;
+        if let Some(path) = &self.calibration {
+            let overlay = crate::exec::read_overlay(path)?;
+            if overlay.backend == "cpu" {
+                bail!("--calibration '{path}' was measured by the CPU test backend on '{}': it describes that CPU, not {}; calibrate from a CUDA run", overlay.device, profile.gpu.name);
+            }
+            profile = sextant_planner::calibration::apply(&profile, &overlay).map_err(|e| anyhow::anyhow!("--calibration '{path}': {e}"))?;
+        }
         let mut cluster = Cluster::new(profile, self.gpus)?;
         cluster.allow_tp_beyond_nvlink = self.allow_tp_across_nodes;
         let Some(precision) = Precision::parse(&self.precision) else {

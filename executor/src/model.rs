@@ -49,6 +49,10 @@ impl Dims {
         m.sliding_window = None;
         m.mlp = sextant_planner::model::MlpKind::Plain;
         m.bias = false;
+        // No embedding or output layer runs: a one-token vocabulary makes them vanish
+        // from the prediction too.
+        m.vocab = 1;
+        m.tied_embeddings = true;
         if let Some(moe) = &mut m.moe {
             moe.experts = self.experts as u64;
             moe.top_k = self.top_k as u64;

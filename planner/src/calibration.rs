@@ -163,6 +163,15 @@ pub struct Overlay {
     /// The same across nodes.
     #[serde(default)]
     pub network_busbw: Option<f64>,
+    /// Fixed cost per GEMM call, microseconds (intercept of the GEMM fit).
+    #[serde(default)]
+    pub gemm_overhead_us: Option<f64>,
+    /// Per-step latency of a collective inside one node, microseconds.
+    #[serde(default)]
+    pub nvlink_latency_us: Option<f64>,
+    /// The same across nodes.
+    #[serde(default)]
+    pub network_latency_us: Option<f64>,
     pub gemm_points: Vec<GemmPoint>,
     pub collective_points: Vec<CommPoint>,
 }
@@ -180,16 +189,71 @@ impl Overlay {
                 }
             }
         }
+        for (name, v) in [("gemm_overhead_us", o.gemm_overhead_us), ("nvlink_latency_us", o.nvlink_latency_us), ("network_latency_us", o.network_latency_us)] {
+            if let Some(x) = v {
+                if !x.is_finite() || !(0.0..=1e6).contains(&x) {
+                    return Err(InputError::Workload(format!("calibration overlay: {name} = {x} is not a latency in [0, 1e6] microseconds")));
+                }
+            }
+        }
         Ok(o)
     }
 }
 
-fn flop_weighted(points: &[&GemmPoint], peak_flops: f64) -> Option<f64> {
-    let (flops, secs) = points.iter().fold((0.0, 0.0), |(f, s), g| {
-        let calls = g.calls as f64;
-        (f + calls * 2.0 * (g.m * g.n * g.k) as f64, s + calls * g.median_secs)
-    });
-    (flops > 0.0 && secs > 0.0).then(|| flops / secs / peak_flops)
+/// Least squares of `y ~ a * x1 + b * x2` in relative error (each row divided by
+/// y), with `a > 0` and `b >= 0`; falls back to `b = 0` when the two-term fit is
+/// not physical. `rows` are (x1, x2, y, weight).
+pub fn fit_two(rows: &[(f64, f64, f64, f64)]) -> Option<(f64, f64)> {
+    let rows: Vec<(f64, f64, f64)> = rows
+        .iter()
+        .filter(|r| r.2 > 0.0 && r.0.is_finite() && r.1.is_finite() && r.2.is_finite())
+        .map(|&(x1, x2, y, w)| {
+            let s = w.max(0.0).sqrt() / y;
+            (x1 * s, x2 * s, y * s)
+        })
+        .collect();
+    let (mut s11, mut s12, mut s22, mut s1y, mut s2y) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(x1, x2, y) in &rows {
+        s11 += x1 * x1;
+        s12 += x1 * x2;
+        s22 += x2 * x2;
+        s1y += x1 * y;
+        s2y += x2 * y;
+    }
+    let det = s11 * s22 - s12 * s12;
+    if det.abs() > 1e-12 * (s11 * s22).max(f64::MIN_POSITIVE) {
+        let a = (s1y * s22 - s2y * s12) / det;
+        let b = (s11 * s2y - s12 * s1y) / det;
+        if a > 0.0 && b >= 0.0 {
+            return Some((a, b));
+        }
+    }
+    (s11 > 0.0 && s1y > 0.0).then(|| (s1y / s11, 0.0))
+}
+
+/// GEMM fit: time = flops / (peak * eff) + overhead. Returns (eff, overhead_us).
+fn fit_gemms(points: &[&GemmPoint], peak_flops: f64) -> Option<(f64, f64)> {
+    let rows: Vec<(f64, f64, f64, f64)> = points.iter().map(|g| (2.0 * (g.m * g.n * g.k) as f64 / peak_flops, 1.0, g.median_secs, g.calls as f64)).collect();
+    fit_two(&rows).map(|(a, b)| (1.0 / a, b * 1e6))
+}
+
+/// Collective fit in the cost model's form: time = factor * bytes / (link * frac)
+/// + steps * latency. Returns (fraction of `link_bytes_per_s`, latency_us).
+fn fit_collectives(points: &[&CommPoint], link_bytes_per_s: f64) -> Option<(f64, f64)> {
+    let rows: Vec<(f64, f64, f64, f64)> = points
+        .iter()
+        .map(|c| {
+            let n = c.ranks.max(1) as f64;
+            let (factor, steps) = match c.op.as_str() {
+                "all_reduce" => (2.0 * (n - 1.0) / n, 2.0 * crate::comm::latency_steps(c.ranks.max(2))),
+                "all_gather" | "reduce_scatter" => ((n - 1.0) / n, crate::comm::latency_steps(c.ranks.max(2))),
+                "all_to_all" => ((n - 1.0) / n, crate::comm::latency_steps(c.ranks.max(2))),
+                _ => (1.0, 1.0),
+            };
+            (factor * c.bytes / link_bytes_per_s, steps, c.median_secs, c.calls as f64)
+        })
+        .collect();
+    fit_two(&rows).map(|(a, b)| (1.0 / a, b * 1e6))
 }
 
 /// Fits an overlay for `profile` from complete runs planned for it.
@@ -213,20 +277,27 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
     let peak = profile.peak_flops(false);
     let large: Vec<&GemmPoint> = gemms.iter().filter(|g| matches!(g.class.as_str(), "attention_proj" | "mlp" | "moe_experts")).collect();
     let attn: Vec<&GemmPoint> = gemms.iter().filter(|g| g.class == "attention_core").collect();
-    let busbw = |tiers: &[&str], link: f64| -> Option<f64> {
-        let v: Vec<f64> = colls.iter().filter(|c| tiers.contains(&c.tier.as_str()) && c.op != "send_recv" && c.ranks > 1).map(|c| c.busbw_gbytes_per_s / link).collect();
-        median(&v)
+    let gemm = fit_gemms(&large, peak);
+    let attention = fit_gemms(&attn, peak);
+    let tier = |tiers: &[&str], link: f64| {
+        let v: Vec<&CommPoint> = colls.iter().filter(|c| tiers.contains(&c.tier.as_str()) && c.ranks > 1).collect();
+        fit_collectives(&v, link * 1e9)
     };
+    let nvl = tier(&["nvlink", "loopback"], profile.node.nvlink_gbytes_per_s);
+    let net = tier(&["network"], profile.network.nic_gbytes_per_s);
     Ok(Overlay {
         schema_version: OVERLAY_SCHEMA_VERSION,
         profile: profile.name.clone(),
         backend: runs[0].backend.clone(),
         device: runs[0].device.clone(),
         runs: runs.iter().map(|r| r.plan_hash.clone()).collect(),
-        gemm_bf16: flop_weighted(&large, peak),
-        attention: flop_weighted(&attn, peak),
-        nvlink_busbw: busbw(&["nvlink", "loopback"], profile.node.nvlink_gbytes_per_s),
-        network_busbw: busbw(&["network"], profile.network.nic_gbytes_per_s),
+        gemm_bf16: gemm.map(|g| g.0),
+        attention: attention.map(|g| g.0),
+        nvlink_busbw: nvl.map(|c| c.0),
+        network_busbw: net.map(|c| c.0),
+        gemm_overhead_us: gemm.map(|g| g.1),
+        nvlink_latency_us: nvl.map(|c| c.1),
+        network_latency_us: net.map(|c| c.1),
         gemm_points: gemms,
         collective_points: colls,
     })
@@ -239,9 +310,17 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     }
     let mut p = profile.clone();
     let note = format!("measured: sextant calibrate on {} ({})", o.device, o.backend);
+    if let Some(x) = o.gemm_overhead_us {
+        p.efficiency.gemm_overhead_us = x;
+    }
+    if let Some(x) = o.nvlink_latency_us {
+        p.efficiency.nvlink_latency_us = x;
+    }
+    if let Some(x) = o.network_latency_us {
+        p.network.latency_us = x;
+    }
     if let Some(x) = o.gemm_bf16 {
         p.efficiency.gemm_bf16 = x;
-        p.efficiency.gemm_overhead_us = 0.0;
         p.sources.insert("efficiency.gemm_bf16".into(), note.clone());
     }
     if let Some(x) = o.attention {
@@ -260,4 +339,38 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
         p.sources.insert("efficiency.network_busbw".into(), note);
     }
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_term_fit_recovers_slope_and_intercept() {
+        // y = 2 x1 + 0.5 x2 exactly.
+        let rows: Vec<(f64, f64, f64, f64)> = (1..8).map(|i| (i as f64, (i % 3 + 1) as f64, 2.0 * i as f64 + 0.5 * (i % 3 + 1) as f64, 1.0)).collect();
+        let (a, b) = fit_two(&rows).unwrap();
+        assert!((a - 2.0).abs() < 1e-9 && (b - 0.5).abs() < 1e-9, "{a} {b}");
+        // A negative intercept is not physical: falls back to a line through 0.
+        let rows = [(1.0, 1.0, 0.5, 1.0), (2.0, 1.0, 1.5, 1.0), (4.0, 1.0, 3.5, 1.0)];
+        let (a, b) = fit_two(&rows).unwrap();
+        assert!(a > 0.0 && b == 0.0);
+        assert!(fit_two(&[]).is_none());
+    }
+
+    #[test]
+    fn gemm_fit_inverts_the_cost_models_form() {
+        let peak = 1e15;
+        let (eff, over) = (0.6, 7.0);
+        let pts: Vec<GemmPoint> = [(1024u64, 1024u64, 1024u64), (4096, 4096, 4096), (8192, 1024, 4096), (256, 256, 256)]
+            .iter()
+            .map(|&(m, n, k)| {
+                let secs = 2.0 * (m * n * k) as f64 / (peak * eff) + over * 1e-6;
+                GemmPoint { class: "mlp".into(), m, n, k, dtype: "bf16".into(), calls: 3, median_secs: secs, tflops: 0.0 }
+            })
+            .collect();
+        let refs: Vec<&GemmPoint> = pts.iter().collect();
+        let (e, o) = fit_gemms(&refs, peak).unwrap();
+        assert!((e - eff).abs() < 1e-6 && (o - over).abs() < 1e-6, "{e} {o}");
+    }
 }

@@ -77,7 +77,7 @@ impl Placement {
 
 /// Steps of latency for a phase over `n` ranks: a ring needs n-1, NCCL's tree and
 /// PAT algorithms about 2 log2(n); NCCL uses the latter when latency dominates.
-fn latency_steps(n: u64) -> f64 {
+pub fn latency_steps(n: u64) -> f64 {
     let ring = (n - 1) as f64;
     let log = 2.0 * (n as f64).log2().ceil();
     ring.min(log.max(1.0))

@@ -4,3 +4,5 @@ mod cli;
 mod exports;
 mod published;
 mod report;
+mod common;
+mod exec;

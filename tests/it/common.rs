@@ -1,0 +1,52 @@
+//! Helpers shared by the integration tests that run the binary.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+pub fn sextant(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sextant")).args(args).output().expect("binary runs")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn data(rel: &str) -> String {
+    format!("{}/tests/data/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh directory under the system temp dir, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("sextant-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Bad input: non-zero exit, exactly one line on stderr naming the problem, no panic.
+pub fn fails_with_one_line(args: &[&str], needle: &str) {
+    let o = sextant(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} succeeded; stdout: {}", stdout(&o));
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?} printed more than one line:\n{err}");
+    assert!(err.starts_with("error: "), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: expected '{needle}' in: {err}");
+}

@@ -1,0 +1,231 @@
+//! The executor end to end on the CPU backend: real ranks (processes) exchanging
+//! real data over loopback TCP, checked against the unsharded reference; failures
+//! that must end every rank within the timeout; the calibrate/compare loop.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sextant_planner::calibration::MeasuredRun;
+use sextant_planner::plan::PlanFile;
+use sextant_planner::schedule::{simulate_schedule, PassCosts, Schedule};
+
+use crate::common::{fails_with_one_line, sextant, stderr, stdout, TempDir};
+
+/// Writes a one-configuration plan with `sextant estimate` and returns its path.
+fn plan(dir: &TempDir, name: &str, args: &[&str]) -> String {
+    let path = dir.path(name).to_string_lossy().into_owned();
+    let mut a = vec!["estimate"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--json", "--out", &path]);
+    let o = sextant(&a);
+    assert!(o.status.success(), "{a:?}: {}", stderr(&o));
+    path
+}
+
+/// Runs a plan on 8 local CPU ranks and returns the measured run.
+fn exec_ok(dir: &TempDir, plan: &str, extra: &[&str]) -> MeasuredRun {
+    let out = dir.path(&format!("{}-run.json", plan.rsplit('/').next().unwrap())).to_string_lossy().into_owned();
+    let mut a = vec!["exec", plan, "--ranks", "8", "--timeout", "60", "--out", &out, "--force"];
+    a.extend_from_slice(extra);
+    let o = sextant(&a);
+    assert!(o.status.success(), "{a:?} failed:\n{}", stderr(&o));
+    assert!(stdout(&o).contains("no unmatched send"), "{}", stdout(&o));
+    let run = MeasuredRun::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(run.complete && run.failure.is_none());
+    let c = &run.checks;
+    assert_eq!(c.collectives, 8 * 7 * 4, "every rank checks its 7 groups with 4 collectives");
+    assert!(c.activations > 0 && c.gradients > 0 && c.replicas > 0, "{c:?}");
+    assert!(c.max_rel_error < 2e-3, "{c:?}");
+    assert_eq!(run.step_secs.len() as u64, run.steps);
+    run
+}
+
+/// The executor holds at most what the simulator says: 1F1B keeps p - r micro-batches
+/// in flight on rank r, interleaving more.
+fn assert_in_flight_matches_simulator(run: &MeasuredRun, schedule: Schedule) {
+    let (p, v) = (run.config.pp, if schedule == Schedule::Interleaved { run.config.vpp } else { 1 });
+    let m = run.workload.global_batch / (run.config.dp * run.config.mbs);
+    let costs = PassCosts { forward: vec![1.0; p as usize], backward: vec![2.0; p as usize], weight: vec![0.0; p as usize] };
+    let t = simulate_schedule(schedule, p, v, m, &costs, 0.0).expect("schedule simulates");
+    let want: Vec<u64> = t.peak_in_flight.iter().map(|x| (x * v as f64).round() as u64).collect();
+    assert_eq!(run.peak_live_chunks, want, "executor vs simulator peak in-flight chunks");
+}
+
+#[test]
+fn cpu_backend_tp2_pp2_dp2() {
+    let dir = TempDir::new("exec-tp2pp2dp2");
+    let p = plan(&dir, "tp2pp2dp2.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "false"]);
+    let run = exec_ok(&dir, &p, &[]);
+    assert_eq!((run.config.tp, run.config.pp, run.config.dp), (2, 2, 2));
+    assert!(run.checks.p2p_messages > 0);
+    assert!(run.components["tp"] > 0.0 && run.components["pp"] > 0.0 && run.components["dp_grad"] > 0.0);
+    assert_in_flight_matches_simulator(&run, Schedule::OneFOneB);
+}
+
+#[test]
+fn cpu_backend_cp2_with_sequence_parallelism() {
+    let dir = TempDir::new("exec-cp2sp");
+    let p = plan(&dir, "cp2sp.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true", "--zero", "1"]);
+    let run = exec_ok(&dir, &p, &[]);
+    assert_eq!((run.config.cp, run.config.sp), (2, true));
+    assert!(run.components["cp"] > 0.0 && run.components["dp_param"] > 0.0, "CP ring and DO all-gather ran: {:?}", run.components);
+    assert!(run.collectives.iter().any(|c| c.kind == "tp" && c.op == "reduce_scatter"), "SP reduce-scatters");
+}
+
+#[test]
+fn cpu_backend_expert_parallelism() {
+    let dir = TempDir::new("exec-ep");
+    // TP2 x EP2 with SP, pipelined; then EP over all 8 ranks.
+    let p = plan(&dir, "ep2.json", &["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8", "--tp", "2", "--pp", "2", "--ep", "2", "--sp", "true", "--recompute", "full"]);
+    let run = exec_ok(&dir, &p, &[]);
+    assert!(run.components["ep"] > 0.0 && run.components["edp_grad"] > 0.0, "{:?}", run.components);
+    assert!(run.components["recompute"] > 0.0);
+    let p = plan(&dir, "ep8.json", &["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8", "--ep", "8", "--zero", "1", "--recompute", "full"]);
+    let run = exec_ok(&dir, &p, &[]);
+    assert!(run.collectives.iter().any(|c| c.kind == "ep" && c.op == "all_to_all" && c.ranks == 8));
+}
+
+#[test]
+fn cpu_backend_interleaved_schedule_with_uneven_layers() {
+    let dir = TempDir::new("exec-vpp");
+    let p = plan(&dir, "vpp.json", &["--model", "8b", "--gpus", "8", "--pp", "4", "--vpp", "2", "--tp", "2", "--sp", "true", "--recompute", "selective", "--mbs", "2"]);
+    let run = exec_ok(&dir, &p, &["--scale-layers", "11"]);
+    assert_eq!(run.model.layers, 11);
+    assert_in_flight_matches_simulator(&run, Schedule::Interleaved);
+}
+
+fn temp_plan_8b(dir: &TempDir) -> String {
+    plan(dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2"])
+}
+
+#[test]
+fn a_rank_killed_mid_step_ends_every_rank_within_the_timeout() {
+    let dir = TempDir::new("exec-kill");
+    let p = temp_plan_8b(&dir);
+    let out = dir.path("run.json").to_string_lossy().into_owned();
+    let t = Instant::now();
+    let o = sextant(&["exec", &p, "--ranks", "8", "--timeout", "20", "--out", &out, "--fault", "die:3:1"]);
+    let took = t.elapsed();
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(took < Duration::from_secs(20), "ranks took {took:?} to notice");
+    assert!(!err.contains("panicked"), "{err}");
+    // Every other rank names rank 3; the launcher reports all 8 failed.
+    for r in [0, 1, 2, 4, 5, 6, 7] {
+        assert!(err.contains(&format!("rank {r}, step 1")), "rank {r} did not report:\n{err}");
+    }
+    assert!(err.contains("8 of 8 local ranks failed"), "{err}");
+    let run = MeasuredRun::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(!run.complete && run.step_secs.is_empty());
+    assert!(run.failure.unwrap().contains("rank 3"), "the incomplete run names the dead rank");
+}
+
+#[test]
+fn a_rank_that_never_arrives_is_named_after_the_timeout() {
+    let dir = TempDir::new("exec-absent");
+    let p = temp_plan_8b(&dir);
+    let out = dir.path("run.json").to_string_lossy().into_owned();
+    let t = Instant::now();
+    let o = sextant(&["exec", &p, "--ranks", "8", "--timeout", "3", "--out", &out, "--fault", "absent:5"]);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("rank 5 of world size 8 never arrived"), "{err}");
+    // Rank 0 gives up after 3 s; the absent rank is killed by the launcher at 2 x 3 + 10 s.
+    assert!(t.elapsed() < Duration::from_secs(3 * 2 + 10 + 5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn ranks_with_different_plan_files_are_refused_at_the_rendezvous() {
+    let dir = TempDir::new("exec-mismatch");
+    let a = plan(&dir, "a.json", &["--model", "gpt-1.7b", "--gpus", "2", "--tp", "2"]);
+    let b = plan(&dir, "b.json", &["--model", "gpt-1.7b", "--gpus", "2", "--tp", "2", "--recompute", "full"]);
+    let port = TcpListener::bind(("127.0.0.1", 0)).unwrap().local_addr().unwrap().port().to_string();
+    let spawn = |rank: &str, plan: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sextant"))
+            .args(["exec", plan, "--timeout", "10", "--out", &dir.path("r.json").to_string_lossy()])
+            .env("RANK", rank)
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let r0 = spawn("0", &a);
+    let r1 = spawn("1", &b);
+    let (o0, o1) = (r0.wait_with_output().unwrap(), r1.wait_with_output().unwrap());
+    assert!(!o0.status.success() && !o1.status.success());
+    assert!(stderr(&o0).contains("rank 1 runs a different plan file"), "{}", stderr(&o0));
+    assert!(stderr(&o1).contains("rendezvous refused by rank 0"), "{}", stderr(&o1));
+}
+
+#[test]
+fn a_rendezvous_port_in_use_is_one_clear_line() {
+    let dir = TempDir::new("exec-port");
+    let p = plan(&dir, "one.json", &["--model", "gpt-1.7b", "--gpus", "1"]);
+    let taken = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let o = Command::new(env!("CARGO_BIN_EXE_sextant"))
+        .args(["exec", &p, "--timeout", "5", "--out", &dir.path("r.json").to_string_lossy()])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", &port)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains(&format!("MASTER_PORT {port} is already in use")), "{err}");
+}
+
+#[test]
+fn exec_refuses_bad_input_and_never_overwrites() {
+    let dir = TempDir::new("exec-bad");
+    let p = temp_plan_8b(&dir);
+    let existing = dir.path("mine.json");
+    std::fs::write(&existing, "keep me").unwrap();
+    let e = existing.to_string_lossy().into_owned();
+    fails_with_one_line(&["exec", &p, "--ranks", "8", "--out", &e], "not overwriting");
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me");
+    fails_with_one_line(&["exec", &p, "--ranks", "0"], "--ranks 0 is out of range");
+    fails_with_one_line(&["exec", &p, "--backend", "tpu"], "not one of cpu, cuda");
+    fails_with_one_line(&["exec", &p, "--max-steps", "0"], "at least one timed step");
+    fails_with_one_line(&["exec", &p, "--fault", "die:x:1"], "not a number");
+    fails_with_one_line(&["compare", &p, &e], "measured run");
+    fails_with_one_line(&["calibrate", &e], "measured run");
+    #[cfg(not(feature = "cuda"))]
+    {
+        let o = Command::new(env!("CARGO_BIN_EXE_sextant"))
+            .args(["exec", &p, "--backend", "cuda", "--out", &dir.path("c.json").to_string_lossy()])
+            .env("RANK", "0")
+            .env("WORLD_SIZE", "8")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .output()
+            .unwrap();
+        assert!(stderr(&o).contains("built without CUDA support"), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn calibration_from_a_run_moves_the_prediction_toward_the_measurement() {
+    let dir = TempDir::new("exec-calibrate");
+    let p = temp_plan_8b(&dir);
+    exec_ok(&dir, &p, &["--max-steps", "4"]);
+    let run = dir.path("p.json-run.json").to_string_lossy().into_owned();
+    let overlay = dir.path("overlay.json").to_string_lossy().into_owned();
+    let o = sextant(&["calibrate", &run, "--out", &overlay]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = sextant(&["compare", &p, &run, "--calibration", &overlay, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let step = v["rows"].as_array().unwrap().iter().find(|r| r["component"] == "step").unwrap();
+    let (before, after, measured) = (step["predicted_secs"].as_f64().unwrap(), step["calibrated_secs"].as_f64().unwrap(), step["measured_secs"].as_f64().unwrap());
+    let miss = |x: f64| (x / measured).ln().abs();
+    assert!(miss(after) < miss(before), "calibrated {after} is not closer to measured {measured} than {before}");
+    // A CPU overlay describes this CPU, not the plan's GPUs: plan refuses it.
+    let plan_file = PlanFile::from_json(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--gpu", &plan_file.hardware.name, "--calibration", &overlay], "CPU test backend");
+}
