@@ -42,8 +42,12 @@ pub fn write_new(path: &Path, text: &str, force: bool) -> Result<()> {
         fs::rename(&tmp, path).with_context(|| format!("cannot move the new file into '{}'", path.display()))?;
         Ok(())
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            let kept = if path.exists() { format!("'{}' is unchanged", path.display()) } else { "nothing was written".to_string() };
+            Err(e.context(format!("writing '{}' failed ({kept})", path.display())))
+        }
     }
-    result
 }

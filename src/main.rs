@@ -494,6 +494,13 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    // A write past the file-size limit (RLIMIT_FSIZE) must fail with EFBIG and the
+    // old file left intact, not kill the process with SIGXFSZ halfway through.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_IGN at start-up, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

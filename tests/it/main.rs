@@ -6,3 +6,4 @@ mod published;
 mod report;
 mod common;
 mod exec;
+mod reliability;

@@ -1,0 +1,37 @@
+//! Reliability (issue 8): writes that fail leave the old file intact and say so.
+
+use std::process::Command;
+
+use crate::common::{stderr, TempDir};
+
+#[test]
+fn a_write_that_fails_leaves_the_old_file_and_says_so() {
+    let dir = TempDir::new("write-fail");
+    let keep = dir.path("plan.json");
+    std::fs::write(&keep, "old").unwrap();
+    let k = keep.to_string_lossy().into_owned();
+    // A full disk, as the process sees it: RLIMIT_FSIZE of 1 KiB makes the write of
+    // the (larger) plan file fail with EFBIG half-way.
+    let o = Command::new("sh")
+        .args(["-c", "ulimit -f 1; exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_sextant"), "plan", "--model", "8b", "--gpus", "8", "--out", &k, "--force"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "the write succeeded under a 1 KiB file-size limit");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("is unchanged") && err.contains("File too large"), "{err}");
+    assert_eq!(std::fs::read_to_string(&keep).unwrap(), "old");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir.0).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+    assert!(leftovers.is_empty(), "temporary file left behind");
+
+    // A directory that cannot hold files: nothing is written, and the message says so.
+    let not_dir = dir.path("file");
+    std::fs::write(&not_dir, "x").unwrap();
+    let target = not_dir.join("plan.json").to_string_lossy().into_owned();
+    let o = Command::new(env!("CARGO_BIN_EXE_sextant")).args(["plan", "--model", "8b", "--gpus", "8", "--out", &target]).output().unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("nothing was written"), "{err}");
+    let o = Command::new(env!("CARGO_BIN_EXE_sextant")).args(["plan", "--model", "8b", "--gpus", "8", "--out", "/proc/self/plan.json"]).output().unwrap();
+    assert!(!o.status.success() && stderr(&o).contains("nothing was written"), "{}", stderr(&o));
+}
