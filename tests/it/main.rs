@@ -7,3 +7,4 @@ mod report;
 mod common;
 mod exec;
 mod reliability;
+mod properties;
