@@ -7,6 +7,7 @@
 //! and schedule are consistent. The CUDA backend (feature `cuda`) is in [`cuda`].
 
 pub mod comm;
+#[cfg(feature = "cuda")] pub mod cuda;
 pub mod error;
 pub mod mesh;
 pub mod model;

@@ -1,0 +1,670 @@
+//! The CUDA backend's device layer: probing a GPU, its free memory, timing cuBLAS
+//! GEMMs and NCCL all-reduces. Built on cudarc with dynamic loading, so a build with
+//! `--features cuda` needs no CUDA toolkit and starts on machines without a GPU.
+//!
+//! # Missing libraries never panic
+//!
+//! cudarc opens `libcuda`, `libcublas` and `libnccl` lazily, on the first call into
+//! each, and panics when none of its candidate file names opens
+//! (`panic_no_lib_found`) or when an opened library lacks a symbol ("Missing
+//! symbol"). Every public function here therefore does two things:
+//!
+//! 1. Before the first call into a library it asks cudarc's own
+//!    `driver::sys::is_culib_present()` / `cublas::sys::is_culib_present()` /
+//!    `nccl::sys::is_culib_present()`, which try the same candidate names with
+//!    `libloading` and return `false` instead of panicking. An absent library becomes
+//!    a one-line `Err` ([`NO_DRIVER`], [`NO_CUBLAS`], [`NO_NCCL`]).
+//! 2. As a backstop for what that cannot foresee (a library that loads but lacks a
+//!    symbol, a cudarc `expect` in a destructor), the whole body runs inside
+//!    `std::panic::catch_unwind` and a caught panic becomes an `Err` carrying its
+//!    message. So that such a panic prints nothing (no backtrace), the panic hook is
+//!    wrapped once per process: it stays silent only on a thread that is inside one
+//!    of these calls and hands every other panic to the hook it wrapped.
+//!
+//! This needs `panic = "unwind"` (the default; the workspace does not change it).
+//!
+//! A driver that loads but has no usable device (no GPU, `CUDA_VISIBLE_DEVICES=""`,
+//! the toolkit's stub `libcuda.so`) is reported by what `cuInit` returned.
+//!
+//! # Data layout and timing
+//!
+//! GEMMs are row-major `C[m,n] = A[m,k] · B[k,n]` in BF16 with FP32 accumulation,
+//! stated to column-major cuBLAS as `Cᵀ = Bᵀ·Aᵀ` (see [`colmajor_args`]). Inputs are
+//! filled with small pseudo-random BF16 values (a 2 MiB host pattern copied over the
+//! buffer): all-zero data would run the tensor cores at lower power than training
+//! does and overstate throughput.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError};
+use cudarc::nccl::{result as nccl, sys as nccl_sys};
+use sextant_planner::calibration::{median, CommPoint, GemmPoint};
+
+/// The error when `libcuda` cannot be loaded.
+pub const NO_DRIVER: &str = "no CUDA driver found (libcuda.so could not be loaded): run on a machine with an NVIDIA GPU and driver, or use --backend cpu";
+/// The error when `libcublas` cannot be loaded.
+pub const NO_CUBLAS: &str = "cuBLAS not found (libcublas.so.12 could not be loaded): install the CUDA 12 cuBLAS libraries (e.g. `pip install nvidia-cublas-cu12`) and add their directory to LD_LIBRARY_PATH, or use --backend cpu";
+/// The error when `libnccl` cannot be loaded.
+pub const NO_NCCL: &str = "NCCL not found (libnccl.so could not be loaded): install NCCL 2 (e.g. `pip install nvidia-nccl-cu12`) and add its directory to LD_LIBRARY_PATH; where only libnccl.so.2 exists, link libnccl.so to it there";
+
+/// Warm-up calls before each timed GEMM or all-reduce series.
+pub const WARMUP_CALLS: u32 = 3;
+/// Timed GEMMs queued behind one host gate (see [`Gate`]); well under the driver's
+/// launch-queue depth.
+const GATE_BATCH: u32 = 64;
+/// How long a gate holds its stream at most, should the host never release it.
+const GATE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Elements of the host fill pattern (2 MiB of BF16).
+const FILL_ELEMS: usize = 1 << 20;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The device's name, memory and SM count, e.g.
+/// `"NVIDIA H100 80GB HBM3 (79.1 GiB, 132 SMs)"`. Creates no context.
+pub fn probe(ordinal: usize) -> Result<String, String> {
+    guarded(|| {
+        let dev = device(ordinal)?;
+        let name = drv::device::get_name(dev).map_err(|e| format!("reading the name of CUDA device {ordinal}: {}", describe(e)))?;
+        let total = unsafe { drv::device::total_mem(dev) }.map_err(|e| format!("reading the memory size of CUDA device {ordinal}: {}", describe(e)))?;
+        let sms = unsafe { drv::device::get_attribute(dev, drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) }
+            .map_err(|e| format!("reading the SM count of CUDA device {ordinal}: {}", describe(e)))?;
+        Ok(format!("{name} ({:.1} GiB, {sms} SMs)", total as f64 / GIB))
+    })
+}
+
+/// `(free, total)` bytes on the device (`cuMemGetInfo` in the device's primary
+/// context, which this retains for the call).
+pub fn free_memory(ordinal: usize) -> Result<(u64, u64), String> {
+    guarded(|| {
+        device(ordinal)?;
+        let ctx = context(ordinal)?;
+        mem_info(&ctx, ordinal)
+    })
+}
+
+/// Times one BF16 cuBLAS GEMM per shape `(class, m, n, k)`, row-major
+/// `C[m,n] = A[m,k] · B[k,n]`, FP32 accumulation (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`).
+///
+/// Per shape: [`WARMUP_CALLS`] untimed calls, then `iters` calls each bracketed by its
+/// own pair of CUDA events on the stream. `median_secs` is the **median of the
+/// per-call event times**. The timed calls are queued behind a host gate in batches
+/// of 64, so the GPU runs each batch back to back and a small GEMM's time is its
+/// kernel's, not the host's launch rate. `tflops` is `2·m·n·k / median_secs / 1e12`.
+///
+/// Allocation failure returns an `Err` naming the bytes requested and the device's
+/// free memory.
+pub fn time_gemms(ordinal: usize, shapes: &[(String, u64, u64, u64)], iters: u32) -> Result<Vec<GemmPoint>, String> {
+    if iters == 0 {
+        return Err("GEMM timing needs at least one timed call (iters = 0)".into());
+    }
+    for (class, m, n, k) in shapes {
+        colmajor_args(*m, *n, *k).map_err(|e| format!("GEMM '{class}' {m}x{n}x{k}: {e}"))?;
+        gemm_bytes(*m, *n, *k).ok_or_else(|| format!("GEMM '{class}' {m}x{n}x{k}: its buffers' size overflows"))?;
+    }
+    guarded(|| {
+        device(ordinal)?;
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(NO_CUBLAS.into());
+        }
+        let ctx = context(ordinal)?;
+        let stream = ctx.new_stream().map_err(|e| format!("creating a CUDA stream on device {ordinal}: {}", describe(e)))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| format!("creating a cuBLAS handle on device {ordinal}: {e:?}"))?;
+        let mut out = Vec::with_capacity(shapes.len());
+        for (class, m, n, k) in shapes {
+            out.push(time_gemm(&ctx, &stream, &blas, ordinal, class, *m, *n, *k, iters)?);
+        }
+        Ok(out)
+    })
+}
+
+/// A new NCCL unique id (128 bytes) for rank 0 to hand to the other ranks.
+pub fn nccl_unique_id() -> Result<Vec<u8>, String> {
+    guarded(|| {
+        nccl_loaded()?;
+        let id = nccl::get_uniqueid().map_err(|e| format!("ncclGetUniqueId failed: {}", nccl_describe(&e, None)))?;
+        Ok(id.internal.iter().map(|&c| c as u8).collect())
+    })
+}
+
+/// Times NCCL all-reduce (sum, BF16, out of place) of each size on a communicator of
+/// `world` ranks made from `unique_id` ([`nccl_unique_id`] on one rank, passed to all).
+/// Every rank must call this with the same sizes and `iters`.
+///
+/// Per size: [`WARMUP_CALLS`] untimed calls, then `iters` calls timed as one batch
+/// between two CUDA events (the nccl-tests way: a per-call time would include the
+/// other ranks' arrival skew); `median_secs` is **batch time / iters**. No host
+/// synchronisation separates the warm-up from the timed batch, so the last warm-up
+/// call lines the ranks up on the GPU. `busbw_gbytes_per_s` is
+/// `bytes · 2(n−1)/n / secs / 1e9`; `tier` is "nvlink" (the caller knows better).
+pub fn time_all_reduce(ordinal: usize, unique_id: &[u8], rank: usize, world: usize, sizes_bytes: &[u64], iters: u32) -> Result<Vec<CommPoint>, String> {
+    if unique_id.len() != 128 {
+        return Err(format!("an NCCL unique id is 128 bytes, got {}", unique_id.len()));
+    }
+    if world == 0 || world > i32::MAX as usize || rank >= world {
+        return Err(format!("rank {rank} is not in a world of {world} ranks"));
+    }
+    if iters == 0 {
+        return Err("all-reduce timing needs at least one timed call (iters = 0)".into());
+    }
+    for &b in sizes_bytes {
+        if b < 2 || b % 2 != 0 || usize::try_from(b).is_err() {
+            return Err(format!("all-reduce size {b} bytes is not a positive whole number of BF16 elements"));
+        }
+    }
+    let mut internal = [0 as std::ffi::c_char; 128];
+    for (d, &s) in internal.iter_mut().zip(unique_id) {
+        *d = s as std::ffi::c_char;
+    }
+    guarded(|| {
+        device(ordinal)?;
+        nccl_loaded()?;
+        let ctx = context(ordinal)?;
+        let stream = ctx.new_stream().map_err(|e| format!("creating a CUDA stream on device {ordinal}: {}", describe(e)))?;
+        ctx.bind_to_thread().map_err(describe)?;
+        let mut raw: nccl_sys::ncclComm_t = std::ptr::null_mut();
+        unsafe { nccl::comm_init_rank(&mut raw, world as c_int, nccl_sys::ncclUniqueId { internal }, rank as c_int) }
+            .map_err(|e| format!("ncclCommInitRank (rank {rank} of {world}) failed: {}", nccl_describe(&e, None)))?;
+        let mut comm = Comm { raw, finished: false };
+        let mut out = Vec::with_capacity(sizes_bytes.len());
+        for &bytes in sizes_bytes {
+            out.push(time_one_all_reduce(&ctx, &stream, &comm, ordinal, world, bytes, iters)?);
+        }
+        comm.finish(&stream)?;
+        Ok(out)
+    })
+}
+
+thread_local! {
+    /// Set while this thread runs a [`guarded`] body: its panics are caught and
+    /// reported as the `Err`, so the panic hook stays quiet about them.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Wraps the panic hook in place at first use, once per process: panics on a thread
+/// inside [`guarded`] are not printed; every other panic goes to the wrapped hook
+/// unchanged, so other threads keep their messages.
+fn install_quiet_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.try_with(|q| q.get()).unwrap_or(false) {
+                prev(info)
+            }
+        }));
+    });
+}
+
+/// Runs `f`, turning a panic from inside cudarc into an `Err` with its message.
+fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    install_quiet_hook();
+    let outer = QUIET.with(|q| q.replace(true));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(outer));
+    match r {
+        Ok(r) => r,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(format!("CUDA library call failed: {msg}"))
+        }
+    }
+}
+
+/// Loads the driver, initialises it and returns device `ordinal`.
+fn device(ordinal: usize) -> Result<drv_sys::CUdevice, String> {
+    if !unsafe { drv_sys::is_culib_present() } {
+        return Err(NO_DRIVER.into());
+    }
+    match drv::init() {
+        Ok(()) => {}
+        Err(DriverError(drv_sys::CUresult::CUDA_ERROR_NO_DEVICE)) => return Err(no_such_device(ordinal, 0)),
+        Err(DriverError(drv_sys::CUresult::CUDA_ERROR_STUB_LIBRARY)) => {
+            return Err("no CUDA driver found (only the CUDA toolkit's stub libcuda.so was loaded): run on a machine with an NVIDIA GPU and driver, or use --backend cpu".into())
+        }
+        Err(e) => return Err(format!("the CUDA driver failed to initialise: {}", describe(e))),
+    }
+    let count = drv::device::get_count().map_err(|e| format!("counting CUDA devices: {}", describe(e)))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(no_such_device(ordinal, count.max(0) as usize));
+    }
+    drv::device::get(ordinal as c_int).map_err(|e| format!("opening CUDA device {ordinal}: {}", describe(e)))
+}
+
+fn no_such_device(ordinal: usize, count: usize) -> String {
+    let plural = if count == 1 { "device" } else { "devices" };
+    let vis = match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) => format!("; CUDA_VISIBLE_DEVICES is '{v}'"),
+        Err(_) => String::new(),
+    };
+    format!("CUDA device {ordinal} does not exist ({count} {plural} visible{vis})")
+}
+
+fn context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
+    CudaContext::new(ordinal).map_err(|e| format!("creating a CUDA context on device {ordinal}: {}", describe(e)))
+}
+
+fn mem_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<(u64, u64), String> {
+    let (free, total) = ctx.mem_get_info().map_err(|e| format!("cuMemGetInfo on device {ordinal}: {}", describe(e)))?;
+    Ok((free as u64, total as u64))
+}
+
+fn nccl_loaded() -> Result<(), String> {
+    // NCCL runs on the driver: without it the clearer message is the driver's.
+    if !unsafe { drv_sys::is_culib_present() } {
+        return Err(NO_DRIVER.into());
+    }
+    if !unsafe { nccl_sys::is_culib_present() } {
+        return Err(NO_NCCL.into());
+    }
+    Ok(())
+}
+
+/// "CUDA_ERROR_X: text" for a driver error (the library is loaded when one exists).
+fn describe(e: DriverError) -> String {
+    match (e.error_name(), e.error_string()) {
+        (Ok(n), Ok(s)) => format!("{}: {}", n.to_string_lossy(), s.to_string_lossy()),
+        _ => format!("{:?}", e.0),
+    }
+}
+
+fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm_t>) -> String {
+    let text = |p: *const std::ffi::c_char| if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
+    let mut s = format!("{:?}", e.0);
+    let general = text(unsafe { nccl_sys::ncclGetErrorString(e.0) });
+    if !general.is_empty() {
+        s = format!("{s} ({general})");
+    }
+    // ncclGetLastError exists from NCCL 2.13 (version code 21300) on.
+    let has_last_error = nccl::get_nccl_version().map(|v| v >= 21300).unwrap_or(false);
+    if let (Some(c), true) = (comm, has_last_error) {
+        let last = text(unsafe { nccl_sys::ncclGetLastError(c) });
+        if !last.is_empty() {
+            s = format!("{s}: {last}");
+        }
+    }
+    s
+}
+
+/// Bytes of A, B and C for one BF16 GEMM, or None on overflow.
+fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
+    let e = m.checked_mul(k)?.checked_add(k.checked_mul(n)?)?.checked_add(m.checked_mul(n)?)?;
+    let b = e.checked_mul(2)?;
+    usize::try_from(b).ok()?;
+    Some(b)
+}
+
+/// Column-major cuBLAS arguments for row-major `C[m,n] = A[m,k] · B[k,n]`.
+///
+/// A row-major `X[r,c]` is a column-major `Xᵀ[c,r]` with leading dimension `c`, so
+/// cuBLAS computes `Cᵀ[n,m] = Bᵀ[n,k] · Aᵀ[k,m]` with no transposes: its "A" is our
+/// B (`lda = n`), its "B" is our A (`ldb = k`), `ldc = n`.
+/// Returns `(m', n', k', lda, ldb, ldc)` where the first operand passed is B.
+fn colmajor_args(m: u64, n: u64, k: u64) -> Result<(c_int, c_int, c_int, c_int, c_int, c_int), String> {
+    let f = |x: u64| -> Result<c_int, String> {
+        if x == 0 || x > c_int::MAX as u64 {
+            Err(format!("dimension {x} is outside cuBLAS's range 1..={}", c_int::MAX))
+        } else {
+            Ok(x as c_int)
+        }
+    };
+    let (m, n, k) = (f(m)?, f(n)?, f(k)?);
+    Ok((n, m, k, n, k, n))
+}
+
+/// A BF16 value's bits from an f32 (round to nearest even; our values are finite).
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// `len` BF16 values spread over [-1, 1) by a fixed xorshift generator.
+fn fill_pattern(len: usize) -> Vec<u16> {
+    let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            bf16_bits(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        })
+        .collect()
+}
+
+fn oom_or(e: DriverError, ctx: &Arc<CudaContext>, ordinal: usize, what: &str, bytes: u64) -> String {
+    if e.0 == drv_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        out_of_memory(ctx, ordinal, what, bytes)
+    } else {
+        format!("allocating {bytes} bytes for {what} on CUDA device {ordinal}: {}", describe(e))
+    }
+}
+
+fn out_of_memory(ctx: &Arc<CudaContext>, ordinal: usize, what: &str, bytes: u64) -> String {
+    let free = match mem_info(ctx, ordinal) {
+        Ok((free, total)) => format!("{free} bytes ({:.2} GiB) free of {:.1} GiB", free as f64 / GIB, total as f64 / GIB),
+        Err(e) => format!("free memory unknown ({e})"),
+    };
+    format!("out of memory on CUDA device {ordinal}: {what} needs {bytes} bytes ({:.2} GiB); the device has {free}", bytes as f64 / GIB)
+}
+
+/// A BF16 buffer of `elems` (as u16 bits) on `stream`.
+fn alloc_bf16(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, ordinal: usize, elems: usize, what: &str) -> Result<CudaSlice<u16>, String> {
+    unsafe { stream.alloc::<u16>(elems) }.map_err(|e| oom_or(e, ctx, ordinal, what, elems as u64 * 2))
+}
+
+fn fill(stream: &Arc<CudaStream>, buf: &mut CudaSlice<u16>, pattern: &[u16]) -> Result<(), String> {
+    let len = buf.len();
+    let mut off = 0;
+    while off < len {
+        let n = pattern.len().min(len - off);
+        let mut view = buf.slice_mut(off..off + n);
+        stream.memcpy_htod(&pattern[..n], &mut view).map_err(|e| format!("filling a GEMM operand: {}", describe(e)))?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// Holds a stream at a host function until dropped: the work queued behind it then
+/// runs back to back. The host function only waits on a channel (no CUDA calls, as
+/// `cuLaunchHostFunc` requires), at most [`GATE_TIMEOUT`].
+struct Gate(#[allow(dead_code)] mpsc::Sender<()>);
+
+unsafe extern "C" fn gate_wait(arg: *mut c_void) {
+    // Owns the receiver from here; returns when the sender is dropped or on timeout.
+    let rx = unsafe { Box::from_raw(arg.cast::<mpsc::Receiver<()>>()) };
+    let _ = rx.recv_timeout(GATE_TIMEOUT);
+}
+
+impl Gate {
+    fn close(stream: &CudaStream) -> Result<Gate, String> {
+        let (tx, rx) = mpsc::channel::<()>();
+        let arg = Box::into_raw(Box::new(rx));
+        match unsafe { drv::stream::launch_host_function(stream.cu_stream(), gate_wait, arg.cast()) } {
+            Ok(()) => Ok(Gate(tx)),
+            Err(e) => {
+                // Not launched: the receiver is still ours.
+                drop(unsafe { Box::from_raw(arg) });
+                Err(format!("cuLaunchHostFunc failed: {}", describe(e)))
+            }
+        }
+    }
+}
+
+fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> {
+    ctx.new_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| format!("creating a CUDA event: {}", describe(e)))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn time_gemm(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, blas: &CudaBlas, ordinal: usize, class: &str, m: u64, n: u64, k: u64, iters: u32) -> Result<GemmPoint, String> {
+    let (cm, cn, ck, lda, ldb, ldc) = colmajor_args(m, n, k)?;
+    let shape = format!("the {class} GEMM {m}x{n}x{k} (BF16)");
+    let total = gemm_bytes(m, n, k).ok_or_else(|| format!("{shape}: its buffers' size overflows"))?;
+    let (free, _) = mem_info(ctx, ordinal)?;
+    if total > free {
+        return Err(out_of_memory(ctx, ordinal, &shape, total));
+    }
+    let pattern = fill_pattern(FILL_ELEMS.min(((m * k).max(k * n)) as usize));
+    let mut a = alloc_bf16(ctx, stream, ordinal, (m * k) as usize, &format!("A of {shape}"))?;
+    let mut b = alloc_bf16(ctx, stream, ordinal, (k * n) as usize, &format!("B of {shape}"))?;
+    let c = alloc_bf16(ctx, stream, ordinal, (m * n) as usize, &format!("C of {shape}"))?;
+    fill(stream, &mut a, &pattern)?;
+    fill(stream, &mut b, &pattern)?;
+    // Raw pointers, taken once: the buffers live to the end of this function and all
+    // use is on `stream`, which is synchronised before they drop.
+    let (pa, pb, pc) = {
+        let (pa, _ra) = a.device_ptr(stream);
+        let (pb, _rb) = b.device_ptr(stream);
+        let (pc, _rc) = c.device_ptr(stream);
+        (pa, pb, pc)
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let gemm = || unsafe {
+        blas::gemm_ex(
+            *blas.handle(),
+            blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            cm,
+            cn,
+            ck,
+            (&alpha as *const f32).cast(),
+            pb as *const c_void,
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            lda,
+            pa as *const c_void,
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            ldb,
+            (&beta as *const f32).cast(),
+            pc as *mut c_void,
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            ldc,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+        .map_err(|e| format!("cublasGemmEx for {shape} failed: {e:?}"))
+    };
+    ctx.bind_to_thread().map_err(describe)?;
+    for _ in 0..WARMUP_CALLS {
+        gemm()?;
+    }
+    stream.synchronize().map_err(|e| format!("{shape}: {}", describe(e)))?;
+    let mut starts = Vec::with_capacity(iters as usize);
+    let mut ends = Vec::with_capacity(iters as usize);
+    for _ in 0..iters {
+        starts.push(timing_event(ctx)?);
+        ends.push(timing_event(ctx)?);
+    }
+    let mut i = 0usize;
+    while i < iters as usize {
+        let gate = Gate::close(stream)?;
+        let stop = (i + GATE_BATCH as usize).min(iters as usize);
+        while i < stop {
+            starts[i].record(stream).map_err(describe)?;
+            gemm()?;
+            ends[i].record(stream).map_err(describe)?;
+            i += 1;
+        }
+        drop(gate);
+    }
+    stream.synchronize().map_err(|e| format!("{shape}: {}", describe(e)))?;
+    let mut secs = Vec::with_capacity(iters as usize);
+    for (s, e) in starts.iter().zip(&ends) {
+        secs.push(s.elapsed_ms(e).map_err(describe)? as f64 / 1e3);
+    }
+    let med = median(&secs).unwrap_or(0.0);
+    Ok(GemmPoint {
+        class: class.to_string(),
+        m,
+        n,
+        k,
+        dtype: "bf16".into(),
+        calls: iters as u64,
+        median_secs: med,
+        tflops: if med > 0.0 { 2.0 * m as f64 * n as f64 * k as f64 / med / 1e12 } else { 0.0 },
+    })
+}
+
+/// An NCCL communicator: destroyed after a clean run, aborted on any early exit
+/// (`ncclCommDestroy` may wait for peers; `ncclCommAbort` never does).
+struct Comm {
+    raw: nccl_sys::ncclComm_t,
+    finished: bool,
+}
+
+impl Comm {
+    fn finish(&mut self, stream: &CudaStream) -> Result<(), String> {
+        stream.synchronize().map_err(describe)?;
+        self.finished = true;
+        unsafe { nccl::comm_destroy(self.raw) }.map(|_| ()).map_err(|e| format!("ncclCommDestroy failed: {}", nccl_describe(&e, None)))
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = unsafe { nccl::comm_abort(self.raw) };
+        }
+    }
+}
+
+/// nccl-tests' bus bandwidth factor for all-reduce: 2(n−1)/n.
+fn all_reduce_factor(world: usize) -> f64 {
+    let n = world as f64;
+    2.0 * (n - 1.0) / n
+}
+
+#[allow(clippy::too_many_arguments)]
+fn time_one_all_reduce(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, comm: &Comm, ordinal: usize, world: usize, bytes: u64, iters: u32) -> Result<CommPoint, String> {
+    let what = format!("the all-reduce buffers of {bytes} bytes (send and receive)");
+    let both = bytes.saturating_mul(2);
+    let (free, _) = mem_info(ctx, ordinal)?;
+    if both > free {
+        return Err(out_of_memory(ctx, ordinal, &what, both));
+    }
+    let elems = (bytes / 2) as usize;
+    let send = stream.alloc_zeros::<u16>(elems).map_err(|e| oom_or(e, ctx, ordinal, &what, both))?;
+    let recv = stream.alloc_zeros::<u16>(elems).map_err(|e| oom_or(e, ctx, ordinal, &what, both))?;
+    let (ps, pr) = {
+        let (ps, _rs) = send.device_ptr(stream);
+        let (pr, _rr) = recv.device_ptr(stream);
+        (ps, pr)
+    };
+    let call = || unsafe {
+        nccl::all_reduce(
+            ps as *const c_void,
+            pr as *mut c_void,
+            elems,
+            nccl_sys::ncclDataType_t::ncclBfloat16,
+            nccl_sys::ncclRedOp_t::ncclSum,
+            comm.raw,
+            stream.cu_stream() as _,
+        )
+        .map(|_| ())
+        .map_err(|e| format!("ncclAllReduce of {bytes} bytes failed: {}", nccl_describe(&e, Some(comm.raw))))
+    };
+    ctx.bind_to_thread().map_err(describe)?;
+    let (start, end) = (timing_event(ctx)?, timing_event(ctx)?);
+    for _ in 0..WARMUP_CALLS {
+        call()?;
+    }
+    start.record(stream).map_err(describe)?;
+    for _ in 0..iters {
+        call()?;
+    }
+    end.record(stream).map_err(describe)?;
+    stream.synchronize().map_err(|e| format!("all-reduce of {bytes} bytes: {}", describe(e)))?;
+    let secs = start.elapsed_ms(&end).map_err(describe)? as f64 / 1e3 / iters as f64;
+    Ok(CommPoint {
+        kind: "world".into(),
+        op: "all_reduce".into(),
+        ranks: world as u64,
+        bytes: bytes as f64,
+        tier: "nvlink".into(),
+        calls: iters as u64,
+        median_secs: secs,
+        busbw_gbytes_per_s: if secs > 0.0 { bytes as f64 * all_reduce_factor(world) / secs / 1e9 } else { 0.0 },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn driver_present() -> bool {
+        unsafe { drv_sys::is_culib_present() }
+    }
+
+    #[test]
+    fn cuda_probe_without_driver_is_a_clear_error() {
+        let r = catch_unwind(|| probe(0));
+        let r = r.expect("probe must not panic");
+        if driver_present() {
+            // A driver is here: Ok, or an Err from cuInit / the device count; either way one line.
+            if let Err(e) = r {
+                assert!(!e.contains('\n'), "{e}");
+            }
+        } else {
+            assert_eq!(r, Err(NO_DRIVER.to_string()));
+            // Still fine on a second call (nothing cached a failed load).
+            assert_eq!(probe(3), Err(NO_DRIVER.to_string()));
+        }
+    }
+
+    #[test]
+    fn cuda_calls_without_driver_do_not_panic() {
+        let fm = catch_unwind(|| free_memory(0)).expect("free_memory must not panic");
+        let tg = catch_unwind(|| time_gemms(0, &[("mlp".into(), 64, 64, 64)], 2)).expect("time_gemms must not panic");
+        let id = catch_unwind(nccl_unique_id).expect("nccl_unique_id must not panic");
+        let ar = catch_unwind(|| time_all_reduce(0, &[0u8; 128], 0, 1, &[1024], 2)).expect("time_all_reduce must not panic");
+        if !driver_present() {
+            for e in [fm.err(), tg.err(), id.err(), ar.err()] {
+                assert_eq!(e.as_deref(), Some(NO_DRIVER));
+            }
+        }
+    }
+
+    #[test]
+    fn cuda_bad_arguments_are_errors_before_any_library_call() {
+        assert!(time_gemms(0, &[("mlp".into(), 8, 8, 8)], 0).unwrap_err().contains("iters = 0"));
+        assert!(time_gemms(0, &[("mlp".into(), 0, 8, 8)], 1).unwrap_err().contains("outside cuBLAS's range"));
+        assert!(time_gemms(0, &[("mlp".into(), 1 << 32, 8, 8)], 1).unwrap_err().contains("outside cuBLAS's range"));
+        assert!(time_gemms(0, &[("mlp".into(), 2_000_000_000, 2_000_000_000, 2_000_000_000)], 1).unwrap_err().contains("overflows"));
+        assert!(time_all_reduce(0, &[0u8; 16], 0, 2, &[1024], 1).unwrap_err().contains("128 bytes"));
+        assert!(time_all_reduce(0, &[0u8; 128], 2, 2, &[1024], 1).unwrap_err().contains("not in a world"));
+        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[1023], 1).unwrap_err().contains("BF16 elements"));
+        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[0], 1).unwrap_err().contains("BF16 elements"));
+        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[1024], 0).unwrap_err().contains("iters = 0"));
+    }
+
+    #[test]
+    fn cuda_guarded_turns_a_panic_into_an_err() {
+        let r: Result<(), String> = guarded(|| panic!("Missing symbol cuFoo"));
+        assert!(r.unwrap_err().contains("Missing symbol cuFoo"));
+        // The hook is quiet only inside a guarded call.
+        assert!(!QUIET.with(|q| q.get()));
+    }
+
+    /// The column-major call `colmajor_args` describes, run on the CPU, gives the
+    /// row-major product.
+    #[test]
+    fn cuda_row_major_gemm_through_column_major_arguments() {
+        let (m, n, k) = (3u64, 5u64, 4u64);
+        let a: Vec<f32> = (0..m * k).map(|i| i as f32 * 0.5 - 1.0).collect(); // row-major m x k
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 - 3.0).collect(); // row-major k x n
+        let (cm, cn, ck, lda, ldb, ldc) = colmajor_args(m, n, k).unwrap();
+        let (cm, cn, ck, lda, ldb, ldc) = (cm as usize, cn as usize, ck as usize, lda as usize, ldb as usize, ldc as usize);
+        // cuBLAS (N, N): C'[i + j*ldc] = sum_p A'[i + p*lda] * B'[p + j*ldb], A' = our B, B' = our A.
+        let mut c = vec![0f32; (m * n) as usize];
+        for j in 0..cn {
+            for i in 0..cm {
+                c[i + j * ldc] = (0..ck).map(|p| b[i + p * lda] * a[p + j * ldb]).sum();
+            }
+        }
+        for r in 0..m as usize {
+            for col in 0..n as usize {
+                let want: f32 = (0..k as usize).map(|p| a[r * k as usize + p] * b[p * n as usize + col]).sum();
+                assert_eq!(c[r * n as usize + col], want, "C[{r},{col}]");
+            }
+        }
+    }
+
+    #[test]
+    fn cuda_bf16_fill_and_sizes() {
+        assert_eq!(bf16_bits(1.0), 0x3f80);
+        assert_eq!(bf16_bits(-2.0), 0xc000);
+        assert_eq!(bf16_bits(0.0), 0);
+        let p = fill_pattern(4096);
+        let vals: Vec<f32> = p.iter().map(|&h| f32::from_bits((h as u32) << 16)).collect();
+        assert!(vals.iter().all(|v| v.is_finite() && (-1.0..=1.0).contains(v)));
+        assert!(vals.iter().filter(|v| **v != 0.0).count() > 4000);
+        assert_eq!(gemm_bytes(2, 3, 4), Some(2 * (8 + 12 + 6)));
+        assert_eq!(gemm_bytes(u64::MAX, 2, 2), None);
+        assert_eq!(all_reduce_factor(1), 0.0);
+        assert_eq!(all_reduce_factor(8), 1.75);
+    }
+}
