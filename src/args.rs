@@ -10,6 +10,7 @@ use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile, DEFAU
 use sextant_planner::hf::from_hf_config;
 use sextant_planner::model::ModelSpec;
 use sextant_planner::presets::resolve;
+use sextant_planner::schedule::Schedule;
 
 use crate::io::read_text;
 
@@ -61,6 +62,11 @@ pub struct Common {
     /// one network copy per destination node).
     #[arg(long = "moe-dispatcher", default_value = "alltoall")]
     pub moe_dispatcher: String,
+    /// Pipeline schedules (comma-separated): 1f1b, interleaved, zb-h1, dualpipe,
+    /// gpipe. `plan` searches only these (default: all but gpipe); `estimate` takes
+    /// one (default: interleaved with --vpp > 1, else 1f1b).
+    #[arg(long, value_delimiter = ',')]
+    pub schedule: Option<Vec<String>>,
     /// Allow tensor parallelism to span NVLink domains (over the network).
     #[arg(long = "allow-tp-across-nodes")]
     pub allow_tp_across_nodes: bool,
@@ -90,6 +96,20 @@ pub struct Inputs {
     pub bf16_grads: bool,
     pub moe_dispatcher: Dispatcher,
     pub assumptions: Assumptions,
+    /// `--schedule`, parsed.
+    pub schedules: Option<Vec<Schedule>>,
+}
+
+impl Inputs {
+    /// The one schedule `estimate` runs: the --schedule given, or Megatron-LM's
+    /// choice for `vpp`.
+    pub fn schedule_for(&self, vpp: u64) -> Result<Schedule> {
+        match self.schedules.as_deref() {
+            None => Ok(Schedule::default_for(vpp)),
+            Some([one]) => Ok(*one),
+            Some(_) => bail!("estimate takes one --schedule"),
+        }
+    }
 }
 
 fn looks_like_file(s: &str) -> bool {
@@ -154,6 +174,14 @@ impl Common {
             tp_comm: self.tp_comm_overlap,
             p2p: true,
         };
+        let schedules = match &self.schedule {
+            None => None,
+            Some(list) => Some(
+                list.iter()
+                    .map(|n| Schedule::parse(n).ok_or_else(|| anyhow::anyhow!("--schedule '{n}' is not one of 1f1b, interleaved, zb-h1, dualpipe, gpipe")))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
         Ok(Inputs {
             model,
             model_note,
@@ -167,6 +195,7 @@ impl Common {
                 other => bail!("--moe-dispatcher '{other}' is not one of alltoall, dedup (deepep, hybridep)"),
             },
             assumptions: Assumptions { flash_attention: !self.no_flash_attention },
+            schedules,
         })
     }
 }

@@ -245,6 +245,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         ep: a.ep,
         etp: a.etp,
         sp: None,
+        schedule: inp.schedules.clone(),
         mbs: a.mbs,
         zero: a.zero.iter().map(|z| parse_zero(z)).collect::<Result<_>>()?,
         recompute: a.recompute.iter().map(|r| parse_recompute(r)).collect::<Result<_>>()?,
@@ -413,6 +414,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         overlap: inp.overlap,
         bf16_grads: inp.bf16_grads,
         moe_dispatcher: inp.moe_dispatcher,
+        schedule: inp.schedule_for(a.vpp)?,
     };
     if let Some(mix) = &a.mix {
         return estimate_mixed(&inp, &cfg, mix, a.common.json);

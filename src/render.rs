@@ -68,15 +68,15 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
     let cap = inp.cluster.profile.gpu.hbm_gib;
     let _ = writeln!(
         s,
-        "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>9} {:>10} {:>5} {:>13} {:>6} {:>5}",
-        "#", "TP", "PP", "VPP", "CP", "SP", "EP", "ETP", "DP", "MBS", "GA", "ZeRO", "RC", "step(s)", "tok/s/GPU", "MFU", "mem GiB/cap", "bubble", "comm"
+        "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>11} {:>9} {:>10} {:>5} {:>13} {:>6} {:>5}",
+        "#", "TP", "PP", "VPP", "CP", "SP", "EP", "ETP", "DP", "MBS", "GA", "ZeRO", "RC", "schedule", "step(s)", "tok/s/GPU", "MFU", "mem GiB/cap", "bubble", "comm"
     );
     for (i, c) in res.top.iter().enumerate() {
         let cfg = &c.config;
         let e = &c.estimate;
         let _ = writeln!(
             s,
-            "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>9.3} {:>10.0} {:>4.1}% {:>6.1}/{:<6.1} {:>5.1}% {:>4.1}%{}",
+            "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>11} {:>9.3} {:>10.0} {:>4.1}% {:>6.1}/{:<6.1} {:>5.1}% {:>4.1}%{}",
             i + 1,
             cfg.tp,
             cfg.pp,
@@ -90,6 +90,7 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
             e.micro_batches,
             cfg.zero.to_string(),
             cfg.recompute.to_string(),
+            cfg.schedule.name(),
             e.step_secs,
             e.tokens_per_sec_per_gpu,
             100.0 * e.mfu,
@@ -133,7 +134,7 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
     let pct = |x: f64| 100.0 * x / step;
     let _ = writeln!(
         s,
-        "Configuration: TP {} PP {} VPP {} CP {} SP {} EP {} ETP {} DP {}, micro-batch {} x {} accumulation steps, ZeRO {}, recompute {}{}",
+        "Configuration: TP {} PP {} VPP {} CP {} SP {} EP {} ETP {} DP {}, micro-batch {} x {} accumulation steps, ZeRO {}, recompute {}, schedule {}{}",
         cfg.tp,
         cfg.pp,
         cfg.vpp,
@@ -146,6 +147,7 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         e.micro_batches,
         cfg.zero,
         format!("{:?}", cfg.recompute).to_lowercase(),
+        cfg.schedule.name(),
         layout_note(cfg)
     );
     let _ = writeln!(

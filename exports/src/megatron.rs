@@ -11,6 +11,7 @@ use std::fmt::Write;
 use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, Zero};
 use sextant_planner::model::MlpKind;
 use sextant_planner::plan::PlanFile;
+use sextant_planner::schedule::Schedule;
 
 use crate::{ExportError, Target};
 
@@ -45,6 +46,23 @@ pub fn pipeline_layout(plan: &PlanFile, cfg: &ParallelConfig) -> Result<String, 
     Ok(parts.join("|"))
 }
 
+/// Megatron-Core runs 1F1B, or interleaved 1F1B with virtual stages, and nothing
+/// else: `get_forward_backward_func` (megatron/core/pipeline_parallel/schedules.py)
+/// returns forward_backward_no_pipelining, _pipelining_without_interleaving or
+/// _pipelining_with_interleaving, and no argument selects another. (The
+/// combined_1f1b variants overlap expert-parallel communication inside 1F1B, and
+/// `--delay-wgrad-compute` defers weight gradients for that overlap; neither is a
+/// zero-bubble or bidirectional schedule.) So GPipe, ZB-H1 and DualPipe plans
+/// cannot be stated for Megatron-LM or the frameworks built on Megatron-Core.
+pub(crate) fn megatron_schedule(cfg: &ParallelConfig, framework: &str) -> Result<(), String> {
+    match cfg.schedule {
+        Schedule::OneFOneB | Schedule::Interleaved => Ok(()),
+        other => Err(format!(
+            "{framework} has no {other} pipeline schedule (Megatron-Core's get_forward_backward_func runs 1F1B, or interleaved 1F1B with virtual stages); re-plan with --schedule 1f1b,interleaved"
+        )),
+    }
+}
+
 fn flag(v: &mut Vec<String>, name: &str) {
     v.push(format!("--{name}"));
 }
@@ -60,6 +78,7 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     let cfg = &plan.plans[index].config;
     let m = &plan.model;
     let w = &plan.workload;
+    megatron_schedule(cfg, "Megatron-LM").map_err(cannot)?;
     let mut v = Vec::new();
 
     // Parallel sizes: ModelParallelConfig (megatron/core/model_parallel_config.py).
@@ -246,6 +265,7 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let m = &plan.model;
     let w = &plan.workload;
     let py_bool = |b: bool| if b { "True" } else { "False" };
+    megatron_schedule(cfg, "Megatron-Core").map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
     let mut s = String::new();
     let _ = writeln!(s, "# Megatron-Core, {MEGATRON_VERSION}, for plan #{}: {} on {} GPUs.", plan.plans[index].rank, m.name, plan.gpus);
     let _ = writeln!(s, "import torch");

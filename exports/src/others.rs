@@ -9,6 +9,7 @@ use std::fmt::Write;
 
 use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, Zero};
 use sextant_planner::plan::PlanFile;
+use sextant_planner::schedule::Schedule;
 
 use crate::megatron::pipeline_layout;
 use crate::{ExportError, Target};
@@ -54,6 +55,7 @@ fn vpp_value(cfg: &ParallelConfig) -> String {
 pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let t = Target::MegatronBridge;
     let cfg = &plan.plans[index].config;
+    crate::megatron::megatron_schedule(cfg, "Megatron-Bridge").map_err(|r| cannot(t, r))?;
     let w = &plan.workload;
     let mut lines: Vec<(String, String)> = Vec::new();
     let mut put = |k: &str, v: String| lines.push((k.to_string(), v));
@@ -133,6 +135,7 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
 pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let t = Target::Verl;
     let cfg = &plan.plans[index].config;
+    crate::megatron::megatron_schedule(cfg, "verl's Megatron backend").map_err(|r| cannot(t, r))?;
     let w = &plan.workload;
     if w.precision.is_fp8() {
         return Err(cannot(t, "verl has no confirmed FP8 training setting (only free-form override_transformer_config); re-plan with --precision bf16"));
@@ -193,6 +196,7 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
 pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let t = Target::Rlinf;
     let cfg = &plan.plans[index].config;
+    crate::megatron::megatron_schedule(cfg, "RLinf's Megatron backend").map_err(|r| cannot(t, r))?;
     let w = &plan.workload;
     let mut s = String::new();
     let _ = writeln!(s, "# RLinf 0.4 actor settings for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
@@ -274,6 +278,18 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
         Zero::Zero2 => (1, cfg.dp, Some("never")),
         Zero::Zero3 => (1, cfg.dp, None),
     };
+    // Schedule names: torch/distributed/pipelining/schedules.py (get_schedule_class).
+    let schedule = match cfg.schedule {
+        Schedule::OneFOneB => "1F1B",
+        Schedule::Interleaved => "Interleaved1F1B",
+        Schedule::Gpipe => "GPipe",
+        other => {
+            return Err(cannot(
+                t,
+                format!("torchtitan has no {other} schedule with one stage per rank (its ZBVZeroBubble and DualPipeV put two stages on each rank in a V); re-plan with --schedule 1f1b,interleaved,gpipe"),
+            ))
+        }
+    };
     let layers = plan.model.layers;
     let per_stage = match &cfg.layout {
         Layout::Even => layers / (cfg.pp * cfg.vpp),
@@ -292,7 +308,7 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     let _ = writeln!(s, "pipeline_parallel_degree = {}", cfg.pp);
     if cfg.pp > 1 {
         // Schedule names: torch/distributed/pipelining/schedules.py.
-        let _ = writeln!(s, "pipeline_parallel_schedule = \"{}\"", if cfg.vpp > 1 { "Interleaved1F1B" } else { "1F1B" });
+        let _ = writeln!(s, "pipeline_parallel_schedule = \"{schedule}\"");
         let _ = writeln!(s, "pipeline_parallel_layers_per_stage = {per_stage}");
         let _ = writeln!(s, "pipeline_parallel_microbatch_size = {}", cfg.mbs);
     }
@@ -337,6 +353,7 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
 pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let t = Target::Nemo;
     let cfg = &plan.plans[index].config;
+    crate::megatron::megatron_schedule(cfg, "NeMo 2.0").map_err(|r| cannot(t, r))?;
     let w = &plan.workload;
     let py = |b: bool| if b { "True" } else { "False" };
     let mut s = String::new();

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hardware::Cluster;
 use crate::model::ModelSpec;
+use crate::schedule::Schedule;
 
 /// Numeric precision of the training GEMMs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -197,6 +198,7 @@ impl Default for Overlap {
 
 /// One point of the search space. `dp` is stored, and checked against the GPU count.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "ParallelConfigFile")]
 pub struct ParallelConfig {
     pub tp: u64,
     pub pp: u64,
@@ -218,11 +220,59 @@ pub struct ParallelConfig {
     /// Main gradients kept and reduced in BF16 (Megatron `--no-accumulate-allreduce-grads-in-fp32`
     /// / `grad_reduce_in_fp32=False`, NeMo `grad_sync_dtype=bf16`); FP32 otherwise,
     /// Megatron-LM's default for BF16 training.
-    #[serde(default)]
     pub bf16_grads: bool,
     /// MoE token dispatcher (ignored for dense models).
-    #[serde(default)]
     pub moe_dispatcher: Dispatcher,
+    /// Pipeline schedule. A plan file without it (written before it existed) reads
+    /// as what Megatron-LM runs for its vpp: [`Schedule::default_for`].
+    pub schedule: Schedule,
+}
+
+/// [`ParallelConfig`] as a file states it: fields added later may be absent.
+#[derive(Deserialize)]
+struct ParallelConfigFile {
+    tp: u64,
+    pp: u64,
+    vpp: u64,
+    cp: u64,
+    ep: u64,
+    etp: u64,
+    dp: u64,
+    sp: bool,
+    mbs: u64,
+    zero: Zero,
+    recompute: Recompute,
+    layout: Layout,
+    overlap: Overlap,
+    #[serde(default)]
+    bf16_grads: bool,
+    #[serde(default)]
+    moe_dispatcher: Dispatcher,
+    #[serde(default)]
+    schedule: Option<Schedule>,
+}
+
+impl From<ParallelConfigFile> for ParallelConfig {
+    fn from(f: ParallelConfigFile) -> ParallelConfig {
+        ParallelConfig {
+            tp: f.tp,
+            pp: f.pp,
+            vpp: f.vpp,
+            cp: f.cp,
+            ep: f.ep,
+            etp: f.etp,
+            dp: f.dp,
+            sp: f.sp,
+            mbs: f.mbs,
+            zero: f.zero,
+            recompute: f.recompute,
+            layout: f.layout,
+            overlap: f.overlap,
+            bf16_grads: f.bf16_grads,
+            moe_dispatcher: f.moe_dispatcher,
+            schedule: f.schedule.unwrap_or(Schedule::default_for(f.vpp)),
+        }
+    }
 }
 
 /// How MoE tokens reach their experts.
@@ -347,6 +397,35 @@ impl ParallelConfig {
         }
     }
 
+    /// The pipeline schedule's rules: interleaving needs virtual stages and the
+    /// others one chunk per rank; ZB-H1, DualPipe and GPipe need a pipeline;
+    /// DualPipe needs an even pp and an even number of micro-batches, at least
+    /// 2 x pp (deepseek-ai/DualPipe asserts both).
+    pub fn check_schedule(&self, w: &Workload) -> Result<(), Rejection> {
+        let s = self.schedule;
+        let reject = |detail: String| Err(Rejection::Schedule { schedule: s, detail });
+        match s {
+            Schedule::Interleaved if self.vpp < 2 => return reject("interleaved 1F1B needs vpp > 1; with vpp 1 use 1f1b".into()),
+            Schedule::Interleaved => {}
+            _ if self.vpp > 1 => {
+                return reject(format!("{} runs one model chunk per rank{}; use vpp 1, or the interleaved schedule for virtual stages", s.name(), if s == Schedule::DualPipe { " pair (stages r and pp-1-r)" } else { "" }))
+            }
+            Schedule::OneFOneB => {}
+            _ if self.pp < 2 => return reject(format!("{} needs pipeline parallel size > 1", s.name())),
+            _ => {}
+        }
+        if s == Schedule::DualPipe {
+            let m = self.micro_batches(w);
+            if !self.pp.is_multiple_of(2) {
+                return reject(format!("DualPipe needs an even pipeline parallel size (has {})", self.pp));
+            }
+            if !m.is_multiple_of(2) || m < 2 * self.pp {
+                return reject(format!("DualPipe needs an even number of micro-batches, at least 2 x pp = {} (has {m})", 2 * self.pp));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every structural rule. Memory is checked by the estimator.
     pub fn check(&self, model: &ModelSpec, cluster: &Cluster, w: &Workload) -> Result<(), Rejection> {
         let gpus = cluster.gpus;
@@ -384,6 +463,7 @@ impl ParallelConfig {
         if self.vpp > 1 && self.pp == 1 {
             return Err(Rejection::VppWithoutPp);
         }
+        self.check_schedule(w)?;
         let chunks = self.stage_layers(model.layers)?;
         // Only the first and last virtual stage may be empty (holding just the
         // embedding or the loss), and only when the layout says so.
@@ -463,6 +543,7 @@ pub enum Rejection {
     PpLayers { pp: u64, layers: u64 },
     VppLayers { vpp: u64, per_stage: u64 },
     VppWithoutPp,
+    Schedule { schedule: Schedule, detail: String },
     Layout { detail: String },
     CpSeq { cp: u64, seq: u64 },
     EpDenseModel,
@@ -484,6 +565,7 @@ pub enum RejectKind {
     TpBeyondNvlink,
     PpLayers,
     VppLayers,
+    Schedule,
     Layout,
     CpSeq,
     EpExperts,
@@ -504,6 +586,7 @@ impl RejectKind {
             RejectKind::TpBeyondNvlink => "TP larger than the NVLink domain",
             RejectKind::PpLayers => "PP does not divide the layers",
             RejectKind::VppLayers => "virtual stages do not divide layers per stage",
+            RejectKind::Schedule => "pipeline schedule does not fit the shape",
             RejectKind::Layout => "no valid stage layout",
             RejectKind::CpSeq => "sequence not divisible into 2 x CP chunks",
             RejectKind::EpExperts => "EP does not divide the experts",
@@ -526,6 +609,7 @@ impl Rejection {
             Rejection::TpBeyondNvlink { .. } => RejectKind::TpBeyondNvlink,
             Rejection::PpLayers { .. } => RejectKind::PpLayers,
             Rejection::VppLayers { .. } | Rejection::VppWithoutPp => RejectKind::VppLayers,
+            Rejection::Schedule { .. } => RejectKind::Schedule,
             Rejection::Layout { .. } => RejectKind::Layout,
             Rejection::CpSeq { .. } => RejectKind::CpSeq,
             Rejection::EpExperts { .. } => RejectKind::EpExperts,
@@ -576,6 +660,7 @@ impl fmt::Display for Rejection {
                 "{vpp} virtual stages do not divide the {per_stage} layers per pipeline stage"
             ),
             Rejection::VppWithoutPp => write!(f, "virtual pipeline stages need pipeline parallel size > 1"),
+            Rejection::Schedule { schedule, detail } => write!(f, "pipeline schedule {schedule}: {detail}"),
             Rejection::Layout { detail } => write!(f, "stage layout: {detail}"),
             Rejection::CpSeq { cp, seq } => write!(
                 f,
@@ -616,7 +701,7 @@ mod tests {
     }
 
     fn cfg(pp: u64, vpp: u64, layout: Layout) -> ParallelConfig {
-        ParallelConfig { tp: 1, pp, vpp, cp: 1, ep: 1, etp: 1, dp: 1, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
+        ParallelConfig { tp: 1, pp, vpp, cp: 1, ep: 1, etp: 1, dp: 1, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::default_for(vpp) }
     }
 
     #[test]
@@ -630,5 +715,31 @@ mod tests {
         assert_eq!(cfg(4, 1, Layout::FirstLast { first: 30, last: 30 }).stage_layers(126).unwrap(), vec![30, 33, 33, 30]);
         assert!(cfg(16, 1, Layout::Even).stage_layers(126).is_err());
         assert!(cfg(4, 1, Layout::FirstLast { first: 30, last: 31 }).stage_layers(126).is_err());
+    }
+
+    #[test]
+    fn schedule_rules_and_files_without_a_schedule() {
+        // A file written before the field existed reads as Megatron-LM's choice.
+        for (vpp, expect) in [(1u64, Schedule::OneFOneB), (2, Schedule::Interleaved)] {
+            let mut v = serde_json::to_value(cfg(4, vpp, Layout::Even)).unwrap();
+            v.as_object_mut().unwrap().remove("schedule");
+            let back: ParallelConfig = serde_json::from_value(v).unwrap();
+            assert_eq!(back.schedule, expect);
+            assert_eq!(back, cfg(4, vpp, Layout::Even));
+        }
+        let w = |gbs: u64| Workload { seq: 4096, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0 };
+        let with = |pp: u64, vpp: u64, s: Schedule| ParallelConfig { schedule: s, ..cfg(pp, vpp, Layout::Even) };
+        let why = |c: ParallelConfig, gbs: u64| c.check_schedule(&w(gbs)).err().map(|r| r.to_string()).unwrap_or_default();
+        assert!(why(with(4, 1, Schedule::Interleaved), 8).contains("needs vpp > 1"));
+        assert!(why(with(4, 2, Schedule::OneFOneB), 8).contains("use vpp 1"));
+        assert!(why(with(4, 2, Schedule::DualPipe), 8).contains("use vpp 1"));
+        assert!(why(with(1, 1, Schedule::ZbH1), 8).contains("needs pipeline parallel size > 1"));
+        assert!(why(with(3, 1, Schedule::DualPipe), 12).contains("even pipeline parallel size"));
+        assert!(why(with(4, 1, Schedule::DualPipe), 6).contains("at least 2 x pp = 8"));
+        assert!(why(with(4, 1, Schedule::DualPipe), 9).contains("even number of micro-batches"));
+        assert_eq!(with(4, 1, Schedule::DualPipe).check_schedule(&w(8)), Ok(()));
+        assert_eq!(with(4, 1, Schedule::ZbH1).check_schedule(&w(3)), Ok(()));
+        assert_eq!(with(1, 1, Schedule::OneFOneB).check_schedule(&w(3)), Ok(()));
+        assert_eq!(with(3, 1, Schedule::DualPipe).check_schedule(&w(12)).unwrap_err().kind(), RejectKind::Schedule);
     }
 }

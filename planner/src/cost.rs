@@ -31,6 +31,7 @@ use crate::config::{Dispatcher, ParallelConfig, Recompute, Rejection, Workload, 
 use crate::hardware::{Cluster, HardwareProfile, GIB};
 use crate::memory::{self, kv_dim_per_rank, LayerKind, StageMemory};
 use crate::model::ModelSpec;
+use crate::schedule::Schedule;
 
 /// Version of the estimate JSON (part of the plan format).
 pub const ESTIMATE_SCHEMA_VERSION: u32 = 1;
@@ -150,6 +151,7 @@ pub struct TimeBreakdown {
 }
 
 /// Per pipeline stage: what it holds and how long one micro-batch takes on it.
+/// Stage i runs on rank i (and, under DualPipe, also on rank p-1-i).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageSummary {
     pub stage: u64,
@@ -157,6 +159,12 @@ pub struct StageSummary {
     pub moe_layers: u64,
     /// Forward + backward (+ recompute, + exposed TP/CP/EP) of one micro-batch.
     pub secs_per_micro_batch: f64,
+    /// The weight-gradient GEMMs within it (what zero-bubble schedules defer to a
+    /// W pass), at most a third of it.
+    #[serde(default)]
+    pub weight_grad_secs: f64,
+    /// Memory of the GPU running this stage. Under DualPipe, whose rank i runs
+    /// stages i and p-1-i, the memory of rank i (both stages' parameters).
     pub memory: StageMemory,
 }
 
@@ -582,6 +590,8 @@ struct Pieces {
     moe: LayerCost,
     vocab_rank: f64,
     output_secs: f64,
+    /// The logits GEMM's forward time, which its weight gradient also takes.
+    output_gemm: f64,
     output_flops: f64,
     embed_secs: f64,
     out_tp: f64,
@@ -637,7 +647,7 @@ fn pieces(c: &Ctx) -> Pieces {
     let act_dense = memory::layer_activations(model, cfg, w, LayerKind::Dense, a.flash_attention);
     let act_moe = memory::layer_activations(model, cfg, w, LayerKind::Moe, a.flash_attention);
 
-    Pieces { dense, moe, vocab_rank, output_secs, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe }
+    Pieces { dense, moe, vocab_rank, output_secs, output_gemm: logits_fwd, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe }
 }
 
 /// The partition problem ([`crate::partition`]) of a non-interleaved pipeline:
@@ -647,8 +657,8 @@ fn pieces(c: &Ctx) -> Pieces {
 /// configuration's own recomputation applies to every layer.
 pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<crate::partition::StageProblem, Rejection> {
     cfg.check(model, cluster, w)?;
-    if cfg.vpp != 1 || cfg.pp < 2 {
-        return Err(Rejection::Layout { detail: "re-partitioning needs a non-interleaved pipeline of at least 2 stages".into() });
+    if cfg.vpp != 1 || cfg.pp < 2 || cfg.schedule == Schedule::DualPipe {
+        return Err(Rejection::Layout { detail: "re-partitioning needs a non-interleaved pipeline of at least 2 stages, one per rank (not DualPipe)".into() });
     }
     let hw = &cluster.profile;
     let c = Ctx { model, hw, w, cfg, a, tokens: (cfg.mbs * w.seq / cfg.cp) as f64, fp8: w.precision.is_fp8() && hw.gpu.peak_tflops.fp8 > 0.0, domain: hw.node.nvlink_domain };
@@ -696,31 +706,40 @@ pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
 /// Largest task graph the search simulates (passes of one step).
 pub const MAX_SIMULATED_PASSES: u64 = 200_000;
 
-/// Replaces the closed-form pipeline time of `e` with the simulated 1F1B (or
-/// interleaved) schedule on the estimate's own per-stage times and point-to-point
-/// cost. Returns false (and leaves `e` alone) when there is no pipeline, the
+/// Replaces the closed-form pipeline time of `e` with the simulated schedule of
+/// `cfg` on the estimate's own per-stage times and point-to-point cost: F a third
+/// of a stage's micro-batch time, the backward two thirds, of which the stage's
+/// weight-gradient GEMMs are split off as W where the schedule defers them (ZB-H1,
+/// DualPipe). Returns false (and leaves `e` alone) when there is no pipeline, the
 /// schedule cannot run this shape, or the graph would be too large.
 pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
-    use crate::schedule::{simulate_schedule, PassCosts, Schedule};
-    let (p, v, m) = (cfg.pp, cfg.vpp, e.micro_batches);
-    if p < 2 || e.pipeline_simulated || 2 * p * v * m > MAX_SIMULATED_PASSES {
+    use crate::schedule::{simulate_schedule, PassCosts};
+    let schedule = cfg.schedule;
+    let v = if schedule == Schedule::Interleaved { cfg.vpp } else { 1 };
+    let (p, m) = (cfg.pp, e.micro_batches);
+    let kinds = if schedule.splits_weight_grad() { 3 } else { 2 };
+    if p < 2 || e.pipeline_simulated || e.stages.len() as u64 != p || kinds * p * v * m > MAX_SIMULATED_PASSES {
         return false;
     }
     let secs: Vec<f64> = e.stages.iter().map(|s| s.secs_per_micro_batch).collect();
+    let split = schedule.splits_weight_grad();
+    let weight: Vec<f64> = e.stages.iter().map(|s| if split { s.weight_grad_secs.clamp(0.0, s.secs_per_micro_batch / 3.0) / v as f64 } else { 0.0 }).collect();
     let costs = PassCosts {
         forward: secs.iter().map(|s| s / 3.0 / v as f64).collect(),
-        backward: secs.iter().map(|s| 2.0 * s / 3.0 / v as f64).collect(),
-        weight: vec![0.0; p as usize],
+        backward: secs.iter().zip(&weight).map(|(s, w)| 2.0 * s / 3.0 / v as f64 - w).collect(),
+        weight,
     };
     let pp = e.comm.iter().find(|t| t.kind == CommKind::Pp);
     let one_p2p = pp.map(|t| t.total_secs / t.calls_per_step.max(1.0)).unwrap_or(0.0);
     let p2p_exposed = pp.map(|t| t.exposed_secs).unwrap_or(0.0);
-    // The interleaved schedule overlaps its transfers; the simulation charges them
-    // on every cross-rank edge only when they are exposed.
-    let edge = if v > 1 && cfg.overlap.p2p { 0.0 } else { one_p2p };
-    let schedule = if v > 1 { Schedule::Interleaved } else { Schedule::OneFOneB };
+    // The interleaved schedule and DualPipe overlap their transfers; the
+    // simulation charges them on every cross-rank edge only when they are exposed.
+    let edge = if (v > 1 || schedule == Schedule::DualPipe) && cfg.overlap.p2p { 0.0 } else { one_p2p };
     let Some(tl) = simulate_schedule(schedule, p, v, m, &costs, edge) else { return false };
-    let t_max = secs.iter().copied().fold(0.0, f64::max);
+    // The closed form's pace: the slowest rank (under DualPipe the mean of the two
+    // stages a rank runs).
+    let rank_secs = |r: usize| if schedule == Schedule::DualPipe { 0.5 * (secs[r] + secs[p as usize - 1 - r]) } else { secs[r] };
+    let t_max = (0..p as usize).map(rank_secs).fold(0.0, f64::max);
     let closed = m as f64 * t_max + e.time.bubble + if edge > 0.0 { p2p_exposed } else { 0.0 };
     let new_step = e.step_secs - closed + tl.makespan;
     if !(new_step.is_finite() && new_step > 0.0) {
@@ -792,9 +811,13 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     let h = model.hidden as f64;
     let tokens = c.tokens;
 
-    let Pieces { dense, moe, vocab_rank, output_secs, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe } = pieces(&c);
+    let Pieces { dense, moe, vocab_rank, output_secs, output_gemm, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe } = pieces(&c);
 
-    // Layers of each physical stage (sum over its virtual chunks).
+    // Layers of each physical stage (sum over its virtual chunks). Under DualPipe
+    // (one chunk per stage, vpp 1) entry i is model stage i, which runs on rank i
+    // for half of the micro-batches and on rank p-1-i for the other half.
+    let schedule = cfg.schedule;
+    let dual = schedule == Schedule::DualPipe;
     let chunks = cfg.stage_layers(model.layers)?;
     let mut stage_layers = vec![0u64; p as usize];
     let mut stage_moe = vec![0u64; p as usize];
@@ -805,14 +828,32 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         stage_moe[stage] += model.moe_layers_in(start, start + n);
         start += n;
     }
+    // The stages each rank runs, with the share of its micro-batches that pass each.
+    let hosts = |rank: u64| -> Vec<(u64, f64)> {
+        if dual {
+            vec![(rank, 0.5), (p - 1 - rank, 0.5)]
+        } else {
+            vec![(rank, 1.0)]
+        }
+    };
 
-    let mut stages = Vec::with_capacity(p as usize);
-    let mut worst_mem = StageMemory::default();
-    for i in 0..p {
+    // Per stage: time of one micro-batch, its weight-gradient part, the parameters
+    // it holds and the activations one micro-batch leaves on it.
+    struct StageCost {
+        secs: f64,
+        weight_secs: f64,
+        dense_p: f64,
+        expert_p: f64,
+        stored: f64,
+        working: f64,
+        dispatch: f64,
+    }
+    let stage_cost = |i: u64| -> StageCost {
         let iu = i as usize;
         let n_moe = stage_moe[iu] as f64;
         let n_dense = stage_layers[iu] as f64 - n_moe;
         let mut secs = n_dense * dense.secs() + n_moe * moe.secs();
+        let mut weight_secs = n_dense * dense.gemm + n_moe * moe.gemm;
         let first = i == 0;
         let last = i == p - 1;
         if first {
@@ -820,8 +861,8 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         }
         if last {
             secs += output_secs + 2.0 * out_tp;
+            weight_secs += output_gemm;
         }
-        // Memory.
         let mut dense_p = n_dense * dense_layer_params + n_moe * moe_dense_params;
         let expert_p = n_moe * moe_expert_params;
         if first {
@@ -833,8 +874,6 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         if last {
             dense_p += h; // final norm
         }
-        let (weights, gradients, optimizer) = memory::model_state(cfg, dense_p, expert_p);
-        let flight = memory::in_flight(cfg, m, i);
         let stored = n_dense * act_dense.stored + n_moe * act_moe.stored;
         let per_layer_stored = if stage_layers[iu] > 0 { stored / stage_layers[iu] as f64 } else { 0.0 };
         // Working set: with full recomputation, one layer is rebuilt in full for the
@@ -849,12 +888,36 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
             Some(mo) if n_moe > 0.0 => 2.0 * tokens / t * mo.top_k as f64 * w.moe_imbalance * h * 2.0,
             _ => 0.0,
         };
-        let mut activations = stored * flight + working.max(0.0) + dispatch;
-        if first {
+        // A backward holds its input gradient and weight gradient GEMMs; the weight
+        // part is at most half of it.
+        StageCost { secs, weight_secs: weight_secs.min(secs / 3.0), dense_p, expert_p, stored, working: working.max(0.0), dispatch }
+    };
+    let costs: Vec<StageCost> = (0..p).map(stage_cost).collect();
+    // Time of one micro-batch on each rank (the mean over the stages it runs).
+    let rank_secs: Vec<f64> = (0..p).map(|r| hosts(r).iter().map(|&(s, k)| k * costs[s as usize].secs).sum()).collect();
+
+    let mut stages = Vec::with_capacity(p as usize);
+    let mut worst_mem = StageMemory::default();
+    let mut rank_expert_params = Vec::with_capacity(p as usize);
+    for i in 0..p {
+        let iu = i as usize;
+        let here = hosts(i);
+        // Memory of rank i: every stage it runs keeps its parameters (DualPipe
+        // holds two stages, so twice the parameters); activations are the rank's
+        // in-flight count of its stages' micro-batches.
+        let dense_p: f64 = here.iter().map(|&(s, _)| costs[s as usize].dense_p).sum();
+        let expert_p: f64 = here.iter().map(|&(s, _)| costs[s as usize].expert_p).sum();
+        let (weights, gradients, optimizer) = memory::model_state(cfg, dense_p, expert_p);
+        let flight = memory::in_flight(cfg, m, i);
+        let stored: f64 = here.iter().map(|&(s, k)| k * costs[s as usize].stored).sum();
+        let working = here.iter().map(|&(s, _)| costs[s as usize].working).fold(0.0, f64::max);
+        let dispatch = here.iter().map(|&(s, _)| costs[s as usize].dispatch).fold(0.0, f64::max);
+        let mut activations = stored * flight + working + dispatch;
+        if let Some(&(_, k)) = here.iter().find(|&&(s, _)| s == 0) {
             // Embedding output kept for its backward (and dropout mask).
-            activations += flight * tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 }) / if cfg.sp { t } else { 1.0 };
+            activations += k * flight * tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 }) / if cfg.sp { t } else { 1.0 };
         }
-        let logits = if last { tokens * vocab_rank * (2.0 + 4.0) } else { 0.0 };
+        let logits = if here.iter().any(|&(s, _)| s == p - 1) { tokens * vocab_rank * (2.0 + 4.0) } else { 0.0 };
         let fragmentation = hw.memory.fragmentation * (activations + logits);
         let reserve = hw.memory.reserve_gib * GIB;
         let total = weights + gradients + optimizer + activations + logits + fragmentation + reserve;
@@ -874,27 +937,48 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         if mem.total > worst_mem.total {
             worst_mem = mem;
         }
-        stages.push(StageSummary { stage: i, layers: stage_layers[iu], moe_layers: stage_moe[iu], secs_per_micro_batch: secs, memory: mem });
+        rank_expert_params.push(expert_p);
+        stages.push(StageSummary {
+            stage: i,
+            layers: stage_layers[iu],
+            moe_layers: stage_moe[iu],
+            secs_per_micro_batch: costs[iu].secs,
+            weight_grad_secs: costs[iu].weight_secs,
+            memory: mem,
+        });
     }
 
-    // Pipeline: m micro-batches through the slowest stage, plus fill and drain
-    // ((p-1)/v passes of an average stage; the closed form for 1F1B and
-    // interleaved 1F1B when stages are equal).
-    let (critical, t_max) = stages
-        .iter()
-        .map(|s| (s.stage, s.secs_per_micro_batch))
-        .fold((0, 0.0f64), |acc, x| if x.1 > acc.1 { x } else { acc });
-    let t_mean = stages.iter().map(|s| s.secs_per_micro_batch).sum::<f64>() / p as f64;
-    let bubble = (p - 1) as f64 / v as f64 * t_mean;
+    // Pipeline: m micro-batches through the slowest rank, plus fill and drain. The
+    // bubble is each schedule's closed form on the mean stage, with F = t/3, the
+    // full backward 2t/3 and W its weight-gradient GEMMs: (p-1) t for 1F1B and
+    // GPipe, (p-1) t / v interleaved, (p-1)(F + B - W) = (p-1)(t - 2W) for ZB-H1
+    // (Qi et al. 2023), (p/2-1)(F&B + B - 3W) = (p/2-1)(5t/3 - 3W) for DualPipe
+    // (DeepSeek-V3 Table 2, with F&B = F + B: the pair is not credited any overlap).
+    // They are exact for identical stages with the ratios the papers draw;
+    // `apply_simulation` replaces them with the simulated schedule for the leaders.
+    let (critical, t_max) = rank_secs.iter().copied().enumerate().fold((0u64, 0.0f64), |acc, (i, x)| if x > acc.1 { (i as u64, x) } else { acc });
+    let t_mean = rank_secs.iter().sum::<f64>() / p as f64;
+    let w_mean = costs.iter().map(|c| c.weight_secs).sum::<f64>() / p as f64;
+    let pm1 = (p - 1) as f64;
+    let bubble = match schedule {
+        Schedule::Gpipe | Schedule::OneFOneB => pm1 * t_mean,
+        Schedule::Interleaved => pm1 / v as f64 * t_mean,
+        Schedule::ZbH1 => pm1 * (t_mean - 2.0 * w_mean),
+        Schedule::DualPipe => (p as f64 / 2.0 - 1.0) * (5.0 / 3.0 * t_mean - 3.0 * w_mean),
+    }
+    .max(0.0);
     let pipe = m as f64 * t_max + bubble;
 
     // Pipeline point-to-point: activation forward, gradient backward, per
     // micro-batch and virtual chunk. Sharded over TP (SP, or Megatron's
     // scatter-gather of the pipeline tensor without SP).
     let mut comm: Vec<CommTerm> = Vec::new();
-    let crit = &stages[critical as usize];
-    let crit_dense = (crit.layers - crit.moe_layers) as f64;
-    let crit_moe = crit.moe_layers as f64;
+    // The critical rank's stages, with the share of its micro-batches on each.
+    let crit_hosts = hosts(critical);
+    let crit_dense: f64 = crit_hosts.iter().map(|&(s, k)| k * (stage_layers[s as usize] - stage_moe[s as usize]) as f64).sum();
+    let crit_moe: f64 = crit_hosts.iter().map(|&(s, k)| k * stage_moe[s as usize] as f64).sum();
+    let crit_first: f64 = crit_hosts.iter().filter(|&&(s, _)| s == 0).map(|&(_, k)| k).sum();
+    let crit_last: f64 = crit_hosts.iter().filter(|&&(s, _)| s == p - 1).map(|&(_, k)| k).sum();
     let mb = m as f64;
     let mut push_layer_comm = |kind: CommKind, coll: Collective, group: Placement, bytes: f64, d: (f64, f64), mo: (f64, f64), calls_d: f64, calls_m: f64| {
         let total = mb * (crit_dense * d.0 + crit_moe * mo.0);
@@ -929,25 +1013,30 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         let one = c.coll(Collective::SendRecv, bytes, g);
         let transfers = 2.0 * (mb * v as f64 + (p - 1) as f64);
         let total = transfers * one;
-        p2p_exposed = if v > 1 && cfg.overlap.p2p { 2.0 * (p - 1) as f64 * one } else { total };
+        // The interleaved schedule overlaps its transfers with compute (with
+        // --overlap-p2p-communication), and DualPipe overlaps them inside its
+        // forward-backward pairs; only the fill and drain stay exposed.
+        p2p_exposed = if (v > 1 || dual) && cfg.overlap.p2p { 2.0 * (p - 1) as f64 * one } else { total };
         comm.push(CommTerm { kind: CommKind::Pp, collective: Collective::SendRecv, group: g, tier: g.tier(), bytes_per_call: bytes, calls_per_step: transfers, total_secs: total, exposed_secs: p2p_exposed, overlapped_secs: total - p2p_exposed });
     }
 
     // Data-parallel synchronisation, per stage; the step waits for the slowest.
     // Stage i finishes its last backward i micro-batch-backwards before stage 0
-    // (the drain of 1F1B), which hides that much of its reduction.
+    // (the drain of 1F1B), which hides that much of its reduction. Under ZB-H1 and
+    // DualPipe the deferred W's fill the drain, so every rank computes weight
+    // gradients until the end of the step and nothing is hidden that way.
+    let drains = !schedule.splits_weight_grad();
     let mut dp_exposed_max = 0.0f64;
     let mut dp_terms: Vec<CommTerm> = Vec::new();
     let mut overlapped_total = mb * (crit_dense * dense.overlapped + crit_moe * moe.overlapped);
     let mut optimizer_secs = 0.0f64;
     for s in &stages {
         let mem = &s.memory;
-        let n_moe = s.moe_layers as f64;
-        let expert_p = n_moe * moe_expert_params;
+        let expert_p = rank_expert_params[s.stage as usize];
         let dense_p = mem.params - expert_p;
-        let t_b = s.secs_per_micro_batch * 2.0 / 3.0;
-        let t_f = s.secs_per_micro_batch / 3.0;
-        let slack = s.stage as f64 * t_b;
+        let t_b = rank_secs[s.stage as usize] * 2.0 / 3.0;
+        let t_f = rank_secs[s.stage as usize] / 3.0;
+        let slack = if drains { s.stage as f64 * t_b } else { 0.0 };
         let mut terms: Vec<CommTerm> = Vec::new();
         let mut exposed = 0.0;
         let mut overlapped = 0.0;
@@ -999,6 +1088,17 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
                 terms.push(CommTerm { kind: param_kind, collective: Collective::AllGather, group, tier: group.tier(), bytes_per_call: param_bytes / buckets, calls_per_step: gather_calls * buckets, total_secs: gather_total, exposed_secs: gather_exposed, overlapped_secs: gather_total - gather_exposed });
             }
         }
+        // DualPipe: the two copies of each stage (on ranks i and p-1-i) sum their
+        // gradients, an all-reduce between the pair of the gradient shard each rank
+        // keeps, after the backward.
+        if dual {
+            let shard = if cfg.zero == Zero::None { 1.0 } else { (cfg.dp * cfg.cp) as f64 };
+            let bytes = mem.params * memory::grad_bytes(cfg) / shard;
+            let g = c.pp_group();
+            let secs = c.coll(Collective::AllReduce, bytes, g);
+            exposed += secs;
+            terms.push(CommTerm { kind: CommKind::DpGrad, collective: Collective::AllReduce, group: g, tier: g.tier(), bytes_per_call: bytes, calls_per_step: 1.0, total_secs: secs, exposed_secs: secs, overlapped_secs: 0.0 });
+        }
         // Exposure beyond this stage's drain slack delays the step.
         let stage_exposed = (exposed - slack).max(0.0);
         if stage_exposed >= dp_exposed_max && (!terms.is_empty() || dp_terms.is_empty()) {
@@ -1034,19 +1134,15 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     compute.add_scaled(&dense.bwd, mb * crit_dense);
     compute.add_scaled(&moe.fwd, mb * crit_moe);
     compute.add_scaled(&moe.bwd, mb * crit_moe);
-    if critical == 0 {
-        compute.elementwise += mb * embed_secs;
-    }
-    if critical == p - 1 {
-        compute.output_layer += mb * output_secs;
-    }
+    compute.elementwise += crit_first * mb * embed_secs;
+    compute.output_layer += crit_last * mb * output_secs;
     let recompute = mb * (crit_dense * dense.recompute + crit_moe * moe.recompute);
-    let exposed_layer_comm: f64 = comm.iter().filter(|t| matches!(t.kind, CommKind::Tp | CommKind::Cp | CommKind::Ep | CommKind::Etp)).map(|t| t.exposed_secs).sum::<f64>()
-        + if critical == p - 1 { mb * 2.0 * out_tp } else { 0.0 };
-    if critical == p - 1 && out_tp > 0.0 {
+    let out_tp_secs = crit_last * mb * 2.0 * out_tp;
+    let exposed_layer_comm: f64 = comm.iter().filter(|t| matches!(t.kind, CommKind::Tp | CommKind::Cp | CommKind::Ep | CommKind::Etp)).map(|t| t.exposed_secs).sum::<f64>() + out_tp_secs;
+    if out_tp_secs > 0.0 {
         if let Some(tp) = comm.iter_mut().find(|t| t.kind == CommKind::Tp) {
-            tp.total_secs += mb * 2.0 * out_tp;
-            tp.exposed_secs += mb * 2.0 * out_tp;
+            tp.total_secs += out_tp_secs;
+            tp.exposed_secs += out_tp_secs;
         }
     }
     let exposed_comm = exposed_layer_comm + p2p_exposed + dp_exposed_max;
@@ -1095,7 +1191,7 @@ mod tests {
     use crate::presets::{gpt, resolve};
 
     fn cfg(tp: u64, pp: u64, cp: u64, dp: u64) -> ParallelConfig {
-        ParallelConfig { tp, pp, vpp: 1, cp, ep: 1, etp: 1, dp, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
+        ParallelConfig { tp, pp, vpp: 1, cp, ep: 1, etp: 1, dp, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB }
     }
 
     fn wl(seq: u64, gbs: u64) -> Workload {
@@ -1239,11 +1335,55 @@ mod tests {
         for (pp, vpp, gbs) in [(4u64, 1u64, 16u64), (4, 2, 16), (8, 4, 64)] {
             let mut k = cfg(8, pp, 1, 64 / (8 * pp));
             k.vpp = vpp;
+            k.schedule = Schedule::default_for(vpp);
             let e = estimate(&m, &c, &wl(2048, gbs), &k).unwrap();
             // Stages are equal except the first (embedding) and last (output layer):
             // the bubble is (p-1)/v passes of the mean stage.
             let mean = e.stages.iter().map(|s| s.secs_per_micro_batch).sum::<f64>() / pp as f64;
             assert!(close(e.time.bubble, (pp - 1) as f64 / vpp as f64 * mean));
+        }
+    }
+
+    /// The schedule changes the bubble and the memory, not the work: ZB-H1 keeps
+    /// 1F1B's memory with the bubble (p-1)(F + B - 2W) (full B); DualPipe holds
+    /// stages i and p-1-i on rank i (twice the parameters, p+1 micro-batches of
+    /// activations; DeepSeek-V3 Table 2) with (p/2-1)(F&B + B - 3W), F&B = F + B.
+    /// The simulator re-scores each, and the zero-bubble schedules come out with
+    /// less bubble than 1F1B.
+    #[test]
+    fn schedules_change_bubble_and_memory() {
+        let m = gpt("g", "test", 32, 4096, 32);
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
+        let w = wl(2048, 64);
+        let base = cfg(8, 4, 1, 2);
+        let run = |s: Schedule| {
+            let k = ParallelConfig { schedule: s, ..base.clone() };
+            (evaluate(&m, &c, &w, &k, Assumptions::default()).unwrap(), k)
+        };
+        let ((fb, _), (zb, kz), (dp, kd)) = (run(Schedule::OneFOneB), run(Schedule::ZbH1), run(Schedule::DualPipe));
+        let mean = |e: &Estimate, f: fn(&StageSummary) -> f64| e.stages.iter().map(f).sum::<f64>() / 4.0;
+        let (t, wg) = (mean(&fb, |s| s.secs_per_micro_batch), mean(&fb, |s| s.weight_grad_secs));
+        assert!(wg > 0.1 * t && wg <= t / 3.0, "weight-gradient share {}", wg / t);
+        assert!(close(fb.time.bubble, 3.0 * t));
+        assert!(close(zb.time.bubble, 3.0 * (t - 2.0 * wg)));
+        assert!(close(dp.time.bubble, (4.0 / 2.0 - 1.0) * (5.0 / 3.0 * t - 3.0 * wg)));
+        for i in 0..4 {
+            let (f, z, d) = (&fb.stages[i].memory, &zb.stages[i].memory, &dp.stages[i].memory);
+            assert_eq!((z.params, z.activations), (f.params, f.activations));
+            assert!(close(d.params, f.params + fb.stages[3 - i].memory.params));
+            assert!(close(d.weights, f.weights + fb.stages[3 - i].memory.weights));
+            assert_eq!(d.in_flight, 5.0);
+            // Work per rank is unchanged: the mean of the two stages it runs.
+            assert_eq!(dp.stages[i].secs_per_micro_batch, fb.stages[i].secs_per_micro_batch);
+        }
+        // The middle ranks hold 5 micro-batches of one (embedding-free) stage.
+        let per_stage = fb.stages[1].memory.activations / fb.stages[1].memory.in_flight;
+        assert!(close(dp.stages[1].memory.activations, 5.0 * per_stage));
+        // DualPipe sums the two copies' gradients: one all-reduce between mirror ranks.
+        assert!(dp.comm.iter().any(|t| t.kind == CommKind::DpGrad && t.group.size == 2));
+        for (mut e, k) in [(zb, kz), (dp, kd)] {
+            assert!(apply_simulation(&mut e, &k), "{:?}", k.schedule);
+            assert!(e.pipeline_simulated && e.time.bubble < fb.time.bubble, "{:?}: {} vs 1F1B {}", k.schedule, e.time.bubble, fb.time.bubble);
         }
     }
 

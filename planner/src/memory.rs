@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ParallelConfig, Recompute, Workload, Zero};
 use crate::model::ModelSpec;
+use crate::schedule::Schedule;
 
 /// Bytes per parameter kept for training (Megatron mixed precision with Adam).
 pub const WEIGHT_BYTES: f64 = 2.0;
@@ -149,17 +150,27 @@ pub fn kv_dim_per_rank(model: &ModelSpec, tp: u64) -> u64 {
 }
 
 /// Micro-batches (in units of one stage's worth of layers) whose activations stage
-/// `stage` holds at its peak under Megatron's 1F1B schedules.
+/// `stage` holds at its peak under the configuration's pipeline schedule.
 ///
 /// Non-interleaved 1F1B: stage i warms up with p - i - 1 forwards, so it holds
 /// min(m, p - i). Interleaved with v chunks: rank i runs `(p - i - 1) * 2 + (v - 1) * p`
 /// warm-up chunks (Megatron `get_forward_backward_func` interleaved schedule), each a
 /// 1/v share of the stage, so the first stage holds `p + (p - 1) / v` stage-worths —
-/// Korthikanti et al.'s `L (1 + (p-1)/(p v))` for the whole model.
+/// Korthikanti et al.'s `L (1 + (p-1)/(p v))` for the whole model. ZB-H1 frees a
+/// micro-batch at its W, which never runs later than 1F1B would have freed it in
+/// the warm-up count, so it holds 1F1B's count (Qi et al. 2023). GPipe holds every
+/// micro-batch. DualPipe holds p + 1 stage-worths on every rank, over its two
+/// chunks (DeepSeek-V3 report, Table 2; the simulator's peak, see
+/// `schedule::tests::dualpipe_memory_relation`).
 pub fn in_flight(cfg: &ParallelConfig, micro_batches: u64, stage: u64) -> f64 {
     let p = cfg.pp;
     let v = cfg.vpp;
     let m = micro_batches;
+    match cfg.schedule {
+        Schedule::Gpipe => return m as f64,
+        Schedule::DualPipe => return (p + 1).min(m) as f64,
+        _ => {}
+    }
     if v == 1 {
         return (p - stage).min(m) as f64;
     }
@@ -204,7 +215,7 @@ mod tests {
     use crate::presets::gpt;
 
     fn cfg(tp: u64, sp: bool, recompute: Recompute) -> ParallelConfig {
-        ParallelConfig { tp, pp: 1, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp, mbs: 1, zero: Zero::None, recompute, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
+        ParallelConfig { tp, pp: 1, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp, mbs: 1, zero: Zero::None, recompute, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB }
     }
 
     fn w(seq: u64) -> Workload {
@@ -244,7 +255,14 @@ mod tests {
         assert_eq!(in_flight(&c, 16, 0), 4.0);
         assert_eq!(in_flight(&c, 16, 3), 1.0);
         assert_eq!(in_flight(&c, 2, 0), 2.0);
+        c.schedule = Schedule::ZbH1;
+        assert_eq!(in_flight(&c, 16, 0), 4.0);
+        c.schedule = Schedule::DualPipe;
+        assert_eq!((in_flight(&c, 16, 0), in_flight(&c, 16, 2)), (5.0, 5.0));
+        c.schedule = Schedule::Gpipe;
+        assert_eq!(in_flight(&c, 16, 3), 16.0);
         c.vpp = 2;
+        c.schedule = Schedule::Interleaved;
         // p + (p-1)/v = 4 + 3/2 for the first stage.
         assert_eq!(in_flight(&c, 16, 0), 5.5);
     }

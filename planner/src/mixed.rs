@@ -46,7 +46,7 @@ fn pipeline_secs(p: &StageProblem, part: &Partition, m: u64) -> Result<(Vec<f64>
 }
 
 /// Partitions `cfg`'s pipeline over `classes` (profile, GPU count). `cfg.gpus()` must
-/// equal the total and `cfg.vpp` must be 1.
+/// equal the total, `cfg.vpp` must be 1 and the schedule 1F1B.
 pub fn plan_mixed(model: &ModelSpec, classes: &[(HardwareProfile, u64)], w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<MixedPlan, String> {
     let total: u64 = classes.iter().map(|(_, n)| n).sum();
     if classes.len() < 2 {
@@ -54,6 +54,9 @@ pub fn plan_mixed(model: &ModelSpec, classes: &[(HardwareProfile, u64)], w: &Wor
     }
     if cfg.gpus() != total {
         return Err(format!("tp x pp x cp x dp = {} but the classes add up to {total} GPUs", cfg.gpus()));
+    }
+    if cfg.schedule != Schedule::OneFOneB {
+        return Err(format!("mixed clusters are simulated under 1F1B only (this configuration uses {})", cfg.schedule));
     }
     let per_stage = cfg.tp * cfg.cp * cfg.dp;
     let mut gpu_classes = Vec::new();
@@ -106,7 +109,7 @@ mod tests {
     #[test]
     fn h100_and_a100_share_a_pipeline() {
         let m = resolve("llama3-70b").unwrap().spec;
-        let cfg = ParallelConfig { tp: 8, pp: 16, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp: true, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::Selective, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll };
+        let cfg = ParallelConfig { tp: 8, pp: 16, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp: true, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::Selective, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB };
         let w = Workload { seq: 4096, global_batch: 64, precision: Precision::Bf16, moe_imbalance: 1.0 };
         let classes = [(builtin_profile("h100-sxm").unwrap(), 64), (builtin_profile("a100-80g").unwrap(), 64)];
         let plan = plan_mixed(&m, &classes, &w, &cfg, Assumptions::default()).unwrap();

@@ -35,6 +35,7 @@ use crate::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Reco
 use crate::hardware::{builtin_profile, Cluster};
 use crate::model::{MlpKind, ModelSpec, Moe};
 use crate::presets::{gpt, resolve};
+use crate::schedule::Schedule;
 
 /// What a run measured.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -238,6 +239,8 @@ fn case(r: &Row) -> Result<RunCase, String> {
         overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm: modern, p2p: true },
         bf16_grads: modern,
         moe_dispatcher: if modern { Dispatcher::Deduplicated } else { Dispatcher::AllToAll },
+        // Every published row ran Megatron's schedule for its vpp.
+        schedule: Schedule::default_for(vpp),
     };
     let metric = match get(r, "metric") {
         "iter_s" => Metric::IterSecs,

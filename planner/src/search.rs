@@ -3,8 +3,9 @@
 //! The space is every combination of TP (divisors of the GPU count up to the head
 //! count), CP, PP (up to the layer count), DP (what is left), virtual stages (those
 //! that give a stateable layout), EP (divisors of the expert count) and expert-TP
-//! (1 or TP) for MoE models, SP (on/off with TP > 1), micro-batch size, ZeRO stage
-//! and recomputation. Every point is counted; a rejected point is counted under its
+//! (1 or TP) for MoE models, SP (on/off with TP > 1), micro-batch size, ZeRO stage,
+//! recomputation and the pipeline schedule (with PP > 1: interleaved 1F1B with
+//! virtual stages; 1F1B, ZB-H1 and DualPipe without; GPipe only when asked for). Every point is counted; a rejected point is counted under its
 //! reason. Only (step time, peak memory, configuration) is kept for valid points;
 //! the leading ones are re-estimated in full.
 
@@ -17,6 +18,7 @@ use crate::config::{divisors, Dispatcher, Layout, Overlap, ParallelConfig, Recom
 use crate::cost::{estimate_with, Assumptions, Estimate};
 use crate::hardware::Cluster;
 use crate::model::ModelSpec;
+use crate::schedule::Schedule;
 
 /// Which values each knob may take. `None` means "search all sensible values".
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +30,9 @@ pub struct SearchSpace {
     pub ep: Option<Vec<u64>>,
     pub etp: Option<Vec<u64>>,
     pub sp: Option<Vec<bool>>,
+    /// Pipeline schedules to try; `None`: every one that suits the shape except GPipe
+    /// (which only costs memory over 1F1B). A shape none of them suits is skipped.
+    pub schedule: Option<Vec<Schedule>>,
     pub mbs: Vec<u64>,
     pub zero: Vec<Zero>,
     pub recompute: Vec<Recompute>,
@@ -47,6 +52,7 @@ impl Default for SearchSpace {
             ep: None,
             etp: None,
             sp: None,
+            schedule: None,
             mbs: vec![1, 2, 4, 8],
             zero: vec![Zero::None, Zero::DistOpt, Zero::Zero2, Zero::Zero3],
             recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
@@ -111,6 +117,7 @@ pub const DIMENSIONS: &[(&str, ValueOf)] = &[
     ("micro-batch", |c| c.mbs.to_string()),
     ("ZeRO", |c| c.zero.to_string()),
     ("recompute", |c| format!("{:?}", c.recompute).to_lowercase()),
+    ("schedule", |c| c.schedule.name().to_string()),
 ];
 
 fn sensitivity(sorted: &[(Point, ParallelConfig)]) -> Vec<Sensitivity> {
@@ -168,6 +175,23 @@ fn vpp_candidates(layers: u64, pp: u64) -> Vec<u64> {
     v
 }
 
+/// Schedules searched for a shape: 1F1B without a pipeline; interleaved 1F1B
+/// with virtual stages; 1F1B, ZB-H1 and DualPipe (and GPipe when asked for) with
+/// one stage per rank; restricted to `fixed` when given.
+fn schedules_for(pp: u64, vpp: u64, fixed: &Option<Vec<Schedule>>) -> Vec<Schedule> {
+    let suits: &[Schedule] = if pp == 1 {
+        &[Schedule::OneFOneB]
+    } else if vpp > 1 {
+        &[Schedule::Interleaved]
+    } else {
+        &[Schedule::OneFOneB, Schedule::ZbH1, Schedule::DualPipe, Schedule::Gpipe]
+    };
+    match fixed {
+        Some(list) => suits.iter().copied().filter(|s| list.contains(s)).collect(),
+        None => suits.iter().copied().filter(|&s| s != Schedule::Gpipe).collect(),
+    }
+}
+
 fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpace) -> Vec<Shape> {
     let gpus = cluster.gpus;
     let mut out = Vec::new();
@@ -217,7 +241,7 @@ fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpac
 /// ([`crate::partition`]) and keeps the uneven split when the cost model finds it
 /// faster (by more than 0.1%) and it fits.
 pub fn repartition(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions, current: &Estimate) -> Option<Candidate> {
-    if cfg.pp < 2 || cfg.vpp != 1 {
+    if cfg.pp < 2 || cfg.vpp != 1 || cfg.schedule == Schedule::DualPipe {
         return None;
     }
     let problem = crate::cost::stage_problem(model, cluster, w, cfg, a).ok()?;
@@ -250,6 +274,7 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
             None => vec![false],
         };
         let layout = Layout::balanced(model.layers, s.pp, s.vpp);
+        let schedules = schedules_for(s.pp, s.vpp, &space.schedule);
         // With nobody to shard with, every ZeRO stage is the same plan: keep one.
         let unsharded = s.dp * s.cp == 1 && (s.tp * s.cp * s.dp) / (s.ep * s.etp).max(1) <= 1;
         let zeros: &[Zero] = if unsharded { &space.zero[..space.zero.len().min(1)] } else { &space.zero };
@@ -257,30 +282,33 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
             for &mbs in &space.mbs {
                 for &zero in zeros {
                     for &recompute in &space.recompute {
-                        enumerated += 1;
-                        let cfg = ParallelConfig {
-                            tp: s.tp,
-                            pp: s.pp,
-                            vpp: s.vpp,
-                            cp: s.cp,
-                            ep: s.ep,
-                            etp: s.etp,
-                            dp: s.dp,
-                            sp,
-                            mbs,
-                            zero,
-                            recompute,
-                            layout: layout.clone(),
-                            overlap: space.overlap,
-                            bf16_grads: space.bf16_grads,
-                            moe_dispatcher: space.moe_dispatcher,
-                        };
-                        match crate::cost::estimate_unbanded(model, cluster, w, &cfg, space.assumptions) {
-                            Ok(e) => {
-                                valid += 1;
-                                kept.push((Point { step_secs: e.step_secs, peak_gib: e.memory.total / crate::hardware::GIB }, cfg));
+                        for &schedule in &schedules {
+                            enumerated += 1;
+                            let cfg = ParallelConfig {
+                                tp: s.tp,
+                                pp: s.pp,
+                                vpp: s.vpp,
+                                cp: s.cp,
+                                ep: s.ep,
+                                etp: s.etp,
+                                dp: s.dp,
+                                sp,
+                                mbs,
+                                zero,
+                                recompute,
+                                layout: layout.clone(),
+                                overlap: space.overlap,
+                                bf16_grads: space.bf16_grads,
+                                moe_dispatcher: space.moe_dispatcher,
+                                schedule,
+                            };
+                            match crate::cost::estimate_unbanded(model, cluster, w, &cfg, space.assumptions) {
+                                Ok(e) => {
+                                    valid += 1;
+                                    kept.push((Point { step_secs: e.step_secs, peak_gib: e.memory.total / crate::hardware::GIB }, cfg));
+                                }
+                                Err(r) => *rejected.entry(r.kind()).or_insert(0) += 1,
                             }
-                            Err(r) => *rejected.entry(r.kind()).or_insert(0) += 1,
                         }
                     }
                 }
@@ -392,5 +420,28 @@ mod tests {
         // 126 layers on 8 stages: only with embedding and loss counted (128 / 8 = 16).
         assert_eq!(vpp_candidates(126, 8), vec![1, 2, 4, 8, 16]);
         assert_eq!(vpp_candidates(32, 1), vec![1]);
+    }
+
+    /// The schedule is a searched dimension: every suitable one appears among the
+    /// valid plans, and a restriction keeps only its own.
+    #[test]
+    fn schedules_are_searched_and_restrictable() {
+        let m = resolve("llama3-8b").unwrap().spec;
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
+        let w = Workload { seq: 4096, global_batch: 512, precision: Precision::Bf16, moe_imbalance: 1.0 };
+        let r = search(&m, &c, &w, &SearchSpace::default(), 5);
+        let seen: Vec<&str> = r.sensitivity.iter().filter(|s| s.dimension == "schedule").map(|s| s.value.as_str()).collect();
+        for s in ["1f1b", "interleaved", "zb-h1", "dualpipe"] {
+            assert!(seen.contains(&s), "{s} not among the valid plans: {seen:?}");
+        }
+        assert!(!seen.contains(&"gpipe"));
+        let only = SearchSpace { schedule: Some(vec![Schedule::DualPipe]), ..SearchSpace::default() };
+        let r = search(&m, &c, &w, &only, 5);
+        assert_eq!(r.enumerated, r.valid + r.rejected.values().sum::<u64>());
+        assert!(!r.top.is_empty());
+        for cand in &r.top {
+            assert_eq!(cand.config.schedule, Schedule::DualPipe);
+            assert!(cand.config.pp % 2 == 0 && cand.estimate.pipeline_simulated, "{:?}", cand.config);
+        }
     }
 }

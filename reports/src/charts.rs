@@ -3,7 +3,8 @@
 use plotters::prelude::*;
 use sextant_planner::cost::{CommKind, Estimate};
 use sextant_planner::hardware::GIB;
-use sextant_planner::schedule::{simulate, Pass, Task};
+use sextant_planner::config::ParallelConfig;
+use sextant_planner::schedule::{simulate_schedule, Pass, PassCosts, Schedule, Task};
 use sextant_planner::search::Point;
 
 /// Most schedule passes drawn in the timeline (keeps the file small).
@@ -250,24 +251,39 @@ pub fn stage_memory(e: &Estimate, capacity_gib: f64) -> String {
 }
 
 /// The pipeline schedule of one step (the first micro-batches when the step has
-/// too many to draw). Returns the SVG and a caption.
-pub fn gantt(e: &Estimate, pp: u64, vpp: u64, p2p_secs: f64) -> (String, String) {
+/// too many to draw), under the plan's schedule. Returns the SVG and a caption.
+pub fn gantt(e: &Estimate, cfg: &ParallelConfig, p2p_secs: f64) -> (String, String) {
+    let schedule = cfg.schedule;
+    let pp = cfg.pp;
+    let vpp = if schedule == Schedule::Interleaved { cfg.vpp } else { 1 };
+    let split = schedule.splits_weight_grad();
     let m = e.micro_batches;
-    let per_mb = (2 * pp * vpp).max(1);
+    let per_mb = ((if split { 3 } else { 2 }) * pp * vpp).max(1);
     let mut shown = m.min((MAX_GANTT_TASKS / per_mb).max(1));
     if vpp > 1 {
         shown = (shown / pp).max(1) * pp;
     }
-    let fwd: Vec<f64> = e.stages.iter().map(|s| s.secs_per_micro_batch / 3.0 / vpp as f64).collect();
-    let bwd: Vec<f64> = e.stages.iter().map(|s| 2.0 * s.secs_per_micro_batch / 3.0 / vpp as f64).collect();
-    let Some(tasks) = simulate(pp, vpp, shown, &fwd, &bwd, p2p_secs) else {
+    if schedule == Schedule::DualPipe {
+        // DualPipe needs an even count of at least 2 x pp.
+        shown = (shown.max(2 * pp) / 2 * 2).min(m);
+    }
+    let v = vpp as f64;
+    let weight: Vec<f64> = e.stages.iter().map(|s| if split { s.weight_grad_secs.clamp(0.0, s.secs_per_micro_batch / 3.0) / v } else { 0.0 }).collect();
+    let costs = PassCosts {
+        forward: e.stages.iter().map(|s| s.secs_per_micro_batch / 3.0 / v).collect(),
+        backward: e.stages.iter().zip(&weight).map(|(s, w)| 2.0 * s.secs_per_micro_batch / 3.0 / v - w).collect(),
+        weight,
+    };
+    let Some(tasks) = simulate_schedule(schedule, pp, vpp, shown, &costs, p2p_secs).map(|t| t.tasks) else {
         return (String::new(), "The schedule could not be simulated for this plan.".into());
     };
     let span = tasks.iter().map(|t| t.end).fold(0.0, f64::max).max(1e-9);
+    let passes = if split { "forward passes blue, backward green, weight gradients yellow" } else { "forward passes blue, backward green" };
+    let chunks = if schedule == Schedule::DualPipe { "2 (the two directions)".to_string() } else { vpp.to_string() };
     let caption = if shown < m {
-        format!("{shown} of {m} micro-batches shown (the steady state repeats); forward passes blue, backward green; {} x {} chunks.", pp, vpp)
+        format!("{} schedule, {shown} of {m} micro-batches shown (the steady state repeats); {passes}; {pp} stages x {chunks} chunks.", schedule.name())
     } else {
-        format!("All {m} micro-batches; forward passes blue, backward green; {pp} stages x {vpp} chunks.")
+        format!("{} schedule, all {m} micro-batches; {passes}; {pp} stages x {chunks} chunks.", schedule.name())
     };
     let svg = render((900, (60 + 22 * pp.min(64)) as u32 + 40), |root| {
         let mut chart = ChartBuilder::on(root)

@@ -175,7 +175,7 @@ pub fn render(input: &ReportInput) -> String {
 
     // 6. Schedule.
     let p2p = best.estimate.comm.iter().find(|t| t.kind == CommKind::Pp).map(|t| t.total_secs / t.calls_per_step.max(1.0)).unwrap_or(0.0);
-    let (svg, caption) = charts::gantt(&best.estimate, best.config.pp, best.config.vpp, p2p);
+    let (svg, caption) = charts::gantt(&best.estimate, &best.config, p2p);
     section(&mut h, "schedule", format!("{svg}<p class=\"note\">{}</p>\n", esc(&caption)));
 
     // 7. Why the others lost.

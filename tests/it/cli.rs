@@ -5,6 +5,7 @@ use std::path::Path;
 use crate::common::{data, fails_with_one_line, sextant, stderr, stdout, TempDir};
 
 use sextant_planner::plan::PlanFile;
+use sextant_planner::schedule::Schedule;
 
 #[test]
 fn plan_70b_on_128_gpus_prints_ten_ranked_plans_and_counts() {
@@ -130,6 +131,8 @@ fn estimate_agrees_with_plan() {
     }
     args.push("--sp".into());
     args.push(c.sp.to_string());
+    args.push("--schedule".into());
+    args.push(c.schedule.name().into());
     args.push("--recompute".into());
     args.push(format!("{:?}", c.recompute).to_lowercase());
     args.push("--zero".into());
@@ -150,6 +153,21 @@ fn estimate_agrees_with_plan() {
     let est = PlanFile::from_json(&stdout(&o)).unwrap();
     let (a, b) = (plan.plans[0].estimate.step_secs, est.plans[0].estimate.step_secs);
     assert!((a - b).abs() < 1e-9 * a, "plan {a} vs estimate {b} for {c:?}");
+}
+
+/// `--schedule` restricts the search and picks the schedule `estimate` costs.
+#[test]
+fn schedule_flag_restricts_plan_and_sets_estimate() {
+    let o = sextant(&["plan", "--model", "8b", "--gpus", "64", "--global-batch", "512", "--schedule", "dualpipe,zb-h1", "--top", "5", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = PlanFile::from_json(&stdout(&o)).unwrap();
+    assert!(plan.plans.iter().all(|p| matches!(p.config.schedule, Schedule::DualPipe | Schedule::ZbH1)));
+    let o = sextant(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--global-batch", "512", "--schedule", "dualpipe"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("schedule dualpipe"), "{}", stdout(&o));
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--global-batch", "512", "--schedule", "zb-h2"], "--schedule 'zb-h2' is not one of");
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--global-batch", "96", "--schedule", "dualpipe"], "at least 2 x pp = 8");
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--schedule", "interleaved"], "needs vpp > 1");
 }
 
 #[test]

@@ -10,6 +10,7 @@ use sextant_planner::cost::{evaluate, Assumptions};
 use sextant_planner::hardware::{builtin_profile, Cluster};
 use sextant_planner::plan::PlanFile;
 use sextant_planner::presets::resolve;
+use sextant_planner::schedule::Schedule;
 
 #[allow(clippy::too_many_arguments)]
 fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: ParallelConfig) -> PlanFile {
@@ -23,7 +24,7 @@ fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: P
 }
 
 fn cfg(tp: u64, pp: u64, vpp: u64, cp: u64, dp: u64) -> ParallelConfig {
-    ParallelConfig { tp, pp, vpp, cp, ep: 1, etp: 1, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll }
+    ParallelConfig { tp, pp, vpp, cp, ep: 1, etp: 1, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::default_for(vpp) }
 }
 
 /// Llama 3 70B on 64 H100s, as NeMo's recipe runs it: TP4 PP4 VPP5 CP2, selective.
@@ -206,6 +207,50 @@ fn inexpressible_plans_fail_with_the_reason() {
     // Plan numbers are checked.
     assert!(export(&dense(), 2, Target::MegatronLm, &opts).unwrap_err().to_string().contains("plan #2"));
     assert!(Target::parse("deepspeed").unwrap_err().to_string().contains("unknown export target"));
+}
+
+/// Megatron-LM and the frameworks on Megatron-Core run 1F1B and interleaved 1F1B
+/// only (no flag selects another schedule), so ZB-H1 and DualPipe plans are
+/// refused with the reason; torchtitan has no one-stage-per-rank form of them
+/// either. The exec launchers and the rank map, which do not name a schedule,
+/// still render.
+#[test]
+fn zero_bubble_and_dualpipe_plans_are_refused_where_no_flag_states_them() {
+    let opts = LaunchOptions::default();
+    for s in [Schedule::ZbH1, Schedule::DualPipe] {
+        let mut c = cfg(8, 4, 1, 1, 2);
+        c.schedule = s;
+        c.zero = Zero::None;
+        let p = plan("llama3-70b", 64, 4096, 64, Precision::Bf16, c);
+        for t in [Target::MegatronLm, Target::MegatronCore, Target::MegatronBridge, Target::Nemo, Target::Verl, Target::Rlinf, Target::Torchrun, Target::Slurm, Target::Torchtitan] {
+            let e = export(&p, 1, t, &opts).expect_err("should refuse");
+            assert!(matches!(e, sextant_exports::ExportError::Inexpressible { .. }), "{t}: {e}");
+            assert!(e.to_string().contains(s.name()), "{t}: {e}");
+        }
+        for t in [Target::TorchrunExec, Target::SlurmExec, Target::RankMap, Target::RankMapJson] {
+            export(&p, 1, t, &opts).unwrap_or_else(|e| panic!("{t}: {e}"));
+        }
+    }
+    // GPipe: torchtitan names it, Megatron does not.
+    let mut c = cfg(8, 4, 1, 1, 2);
+    c.schedule = Schedule::Gpipe;
+    let p = plan("llama3-70b", 64, 4096, 64, Precision::Bf16, c);
+    assert!(export(&p, 1, Target::MegatronLm, &opts).unwrap_err().to_string().contains("gpipe"));
+}
+
+/// A plan file written before configurations carried a schedule reads as the
+/// schedule Megatron-LM runs for its vpp, and exports exactly as before.
+#[test]
+fn plan_files_without_a_schedule_still_load() {
+    for (p, want) in [(dense(), Schedule::Interleaved), (moe(), Schedule::OneFOneB)] {
+        let mut v: serde_json::Value = serde_json::from_str(&p.to_json()).unwrap();
+        v["plans"][0]["config"].as_object_mut().unwrap().remove("schedule").expect("schedule is written");
+        let old = PlanFile::from_json(&v.to_string()).unwrap();
+        assert_eq!(old.plans[0].config.schedule, want);
+        assert_eq!(old.plans[0].config, p.plans[0].config);
+        let opts = LaunchOptions::default();
+        assert_eq!(export(&old, 1, Target::MegatronLm, &opts).unwrap(), export(&p, 1, Target::MegatronLm, &opts).unwrap());
+    }
 }
 
 #[test]
