@@ -245,7 +245,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         ep: a.ep,
         etp: a.etp,
         sp: None,
-        schedule: inp.schedules.clone(),
+        schedule: inp.schedules.clone().or_else(|| a.emit.as_deref().and_then(|t| Target::parse(t).ok()).and_then(sextant_exports::expressible_schedules).map(<[_]>::to_vec)),
         mbs: a.mbs,
         zero: a.zero.iter().map(|z| parse_zero(z)).collect::<Result<_>>()?,
         recompute: a.recompute.iter().map(|r| parse_recompute(r)).collect::<Result<_>>()?,

@@ -15,6 +15,7 @@ mod rankmap;
 use std::fmt;
 
 use sextant_planner::plan::PlanFile;
+use sextant_planner::schedule::Schedule;
 use thiserror::Error;
 
 pub use megatron::{pipeline_layout, MEGATRON_VERSION};
@@ -100,6 +101,19 @@ pub struct LaunchOptions {
 impl Default for LaunchOptions {
     fn default() -> Self {
         LaunchOptions { plan_path: "plan.json".into() }
+    }
+}
+
+/// The pipeline schedules a target can state, when it cannot state them all: the
+/// Megatron-Core family (and the launchers that run Megatron-LM) only 1F1B and
+/// interleaved 1F1B, torchtitan those and GPipe. `plan --emit` searches only these.
+pub fn expressible_schedules(target: Target) -> Option<&'static [Schedule]> {
+    match target {
+        Target::MegatronLm | Target::MegatronCore | Target::MegatronBridge | Target::Nemo | Target::Verl | Target::Rlinf | Target::Torchrun | Target::Slurm => {
+            Some(&[Schedule::OneFOneB, Schedule::Interleaved])
+        }
+        Target::Torchtitan => Some(&[Schedule::OneFOneB, Schedule::Interleaved, Schedule::Gpipe]),
+        Target::TorchrunExec | Target::SlurmExec | Target::RankMap | Target::RankMapJson => None,
     }
 }
 

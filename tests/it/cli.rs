@@ -168,6 +168,11 @@ fn schedule_flag_restricts_plan_and_sets_estimate() {
     fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--global-batch", "512", "--schedule", "zb-h2"], "--schedule 'zb-h2' is not one of");
     fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--global-batch", "96", "--schedule", "dualpipe"], "at least 2 x pp = 8");
     fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--schedule", "interleaved"], "needs vpp > 1");
+    // --emit searches only the schedules its target states, so the README's
+    // command gives Megatron-LM arguments (without --emit, ZB-H1 ranks first here).
+    let o = sextant(&["plan", "--model", "70b", "--gpus", "64", "--emit", "megatron-lm"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("--pipeline-model-parallel-size") && !stdout(&o).contains("zb-h1") && !stdout(&o).contains("dualpipe"), "{}", stdout(&o));
 }
 
 #[test]
