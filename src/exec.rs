@@ -119,17 +119,6 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
         bail!("--max-steps 0: run at least one timed step");
     }
     let fault = a.fault.as_deref().map(parse_fault).transpose()?;
-    if let Some(n) = a.ranks {
-        return launch_local(&a, n);
-    }
-    let env = launch_env(|k| std::env::var(k).ok()).map_err(|e| anyhow!(e))?;
-    let out = Path::new(&a.out);
-    if env.rank == 0 && out.exists() && !a.force {
-        bail!("rank 0: '{}' exists; not overwriting it (pass --force to replace it)", out.display());
-    }
-    let text = read_text(Path::new(&a.plan), "plan")?;
-    let hash = program::plan_hash(text.as_bytes());
-    let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
     let opts = Options {
         plan_rank: a.plan_rank,
         steps: a.steps,
@@ -144,9 +133,22 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
             _ => None,
         },
     };
+    let text = read_text(Path::new(&a.plan), "plan")?;
+    let hash = program::plan_hash(text.as_bytes());
+    let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
+    if let Some(n) = a.ranks {
+        // Refuse an unrunnable plan once, before starting any rank.
+        program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
+        return launch_local(&a, n);
+    }
+    let env = launch_env(|k| std::env::var(k).ok()).map_err(|e| anyhow!(e))?;
+    let out = Path::new(&a.out);
+    if env.rank == 0 && out.exists() && !a.force {
+        bail!("rank 0: '{}' exists; not overwriting it (pass --force to replace it)", out.display());
+    }
     let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
     if a.backend == "cuda" {
-        return cuda_unavailable(env.local_rank);
+        return run_cuda(&setup, &opts, &env, out, a.force);
     }
     if let Some(Fault::Absent(r)) = fault {
         if r == env.rank {
@@ -190,14 +192,50 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
     }
 }
 
+/// The CUDA backend so far: on one GPU, time every GEMM shape of the plan's layers
+/// with cuBLAS and the gradient all-reduce with an NCCL communicator of one, and
+/// record them as component times (no step runs; `step_secs` stays empty).
 #[cfg(feature = "cuda")]
-fn cuda_unavailable(local_rank: u64) -> Result<()> {
-    let dev = sextant_executor::cuda::probe(local_rank as usize).map_err(|e| anyhow!("CUDA backend: {e}"))?;
-    bail!("CUDA backend: found {dev}, but the CUDA per-rank program is not implemented yet; run the CPU backend (--backend cpu) to check the plan")
+fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rendezvous::LaunchEnv, out: &Path, force: bool) -> Result<()> {
+    use sextant_executor::{cuda, model::layer_gemms};
+    let ordinal = env.local_rank as usize;
+    let device = cuda::probe(ordinal).map_err(|e| anyhow!("CUDA backend: {e}"))?;
+    if env.world != 1 {
+        bail!("CUDA backend: found {device}; multi-rank CUDA runs are not implemented yet (one-GPU plans only); run the CPU backend (--backend cpu --ranks {}) to check the plan", env.world);
+    }
+    let d = &setup.dims;
+    let c = &setup.cfg;
+    let mats = setup.model.mlp.matrices();
+    let micro = setup.micro_batches;
+    let mut per_step: std::collections::BTreeMap<(String, u64, u64, u64), u64> = Default::default();
+    for l in 0..d.layers {
+        for g in layer_gemms(d, d.moe_layer[l], (c.tp as usize, c.cp as usize, c.ep as usize), mats) {
+            *per_step.entry((g.class.to_string(), g.m, g.n, g.k)).or_default() += g.calls * micro;
+        }
+    }
+    let shapes: Vec<(String, u64, u64, u64)> = per_step.keys().cloned().collect();
+    let mut gemms = cuda::time_gemms(ordinal, &shapes, 20).map_err(|e| anyhow!("CUDA backend: {e}"))?;
+    let mut run = program::incomplete_run(setup, opts, "cuda", &device, 1, "");
+    run.failure = None;
+    run.complete = true;
+    run.schedule = "components only (no step executed)".into();
+    for g in &mut gemms {
+        g.calls = per_step[&(g.class.clone(), g.m, g.n, g.k)];
+        *run.components.entry(g.class.clone()).or_default() += g.median_secs * g.calls as f64;
+    }
+    run.gemms = gemms;
+    let params: u64 = setup.model.params().total;
+    let id = cuda::nccl_unique_id().map_err(|e| anyhow!("CUDA backend: {e}"))?;
+    run.collectives = cuda::time_all_reduce(ordinal, &id, 0, 1, &[2 * params.min(1 << 30)], 20).map_err(|e| anyhow!("CUDA backend: {e}"))?;
+    let json = serde_json::to_string_pretty(&run).expect("run serialises");
+    write_new(out, &json, force)?;
+    println!("Timed {} GEMM shapes on {device}; component seconds per step: {:?}", run.gemms.len(), run.components);
+    println!("Measured run written to {}", out.display());
+    Ok(())
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_unavailable(_local_rank: u64) -> Result<()> {
+fn run_cuda(_: &program::Setup, _: &Options, _: &sextant_executor::rendezvous::LaunchEnv, _: &Path, _: bool) -> Result<()> {
     bail!("this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu")
 }
 

@@ -113,7 +113,10 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
     if m0.mla.is_some() && o.full_size {
         return Err("MLA attention is executed as standard multi-head attention; full-size runs of MLA models are refused".into());
     }
-    let schedule = if cfg.vpp > 1 { Schedule::Interleaved } else { Schedule::OneFOneB };
+    let schedule = cfg.schedule;
+    if schedule == Schedule::DualPipe {
+        return Err("DualPipe is simulated by the planner but not executed yet: plan with another --schedule".into());
+    }
     let (p, v) = (cfg.pp as usize, cfg.vpp as usize);
     let plan_counts = cfg.stage_layers(m0.layers).map_err(|r| r.to_string())?;
     let layers = match o.scale_layers {
@@ -137,6 +140,7 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
             layers,
             hidden: m0.hidden as usize,
             heads: m0.heads as usize,
+            kv_heads: m0.kv_heads as usize,
             head_dim: m0.head_dim as usize,
             ffn: m0.ffn_hidden as usize,
             experts: moe.map_or(0, |x| x.experts as usize),
@@ -155,6 +159,7 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
             layers,
             hidden,
             heads,
+            kv_heads: heads,
             head_dim,
             ffn: 2 * hidden,
             experts,
