@@ -163,6 +163,11 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
     );
     if let Some(b) = &e.band {
         let _ = writeln!(s, "80% band: {:.3} to {:.3} s (the model's errors on {})", b.low_secs, b.high_secs, b.basis);
+        if let Some(a) = &b.attribution {
+            let parts: Vec<String> = a.variance_shares.iter().filter(|x| x.1 >= 0.005).map(|(t, v)| format!("{t} {:.0}%", 100.0 * v)).collect();
+            let sig: Vec<String> = a.term_sigmas.iter().map(|(t, g)| format!("{t} {:.0}%", 100.0 * g)).collect();
+            let _ = writeln!(s, "Uncertainty is dominated by {} (share of the error variance: {}; per-term error fitted on the published runs: {})", a.dominant, parts.join(", "), sig.join(", "));
+        }
     }
     let _ = writeln!(s, "\nTime per step on the critical stage (stage {} of {}):", e.critical_stage, cfg.pp);
     let c = &e.time.compute;

@@ -760,6 +760,13 @@ pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
     e.bubble_fraction = e.time.bubble / new_step;
     e.exposed_comm_fraction = e.time.exposed_comm / new_step;
     e.pipeline_simulated = true;
+    if e.band.is_some() {
+        let moe = e.stages.iter().any(|s| s.moe_layers > 0);
+        let attribution = crate::uncertainty::attribution_of(e, moe);
+        if let Some(b) = &mut e.band {
+            b.attribution = attribution;
+        }
+    }
     true
 }
 
@@ -770,7 +777,7 @@ pub fn estimate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
 
 pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
     let mut e = estimate_unbanded(model, cluster, w, cfg, a)?;
-    e.band = crate::uncertainty::band(&cluster.profile.name, model.moe.is_some(), e.step_secs);
+    e.band = crate::uncertainty::band_for(&cluster.profile.name, model.moe.is_some(), &e);
     Ok(e)
 }
 

@@ -16,13 +16,59 @@ use serde::{Deserialize, Serialize};
 /// Fewest comparable runs a band is drawn from.
 pub const MIN_SAMPLES: usize = 5;
 
-/// One validated run: predicted / measured - 1.
+/// One validated run: predicted / measured - 1, and how its predicted step time
+/// divided among the terms.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorSample {
     pub id: String,
     pub profile: String,
     pub moe: bool,
     pub rel_error: f64,
+    #[serde(default)]
+    pub shares: Option<Shares>,
+}
+
+/// Fractions of a predicted step time, summing to 1.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Shares {
+    /// Forward, backward and recomputed compute, with the overlap slowdown.
+    pub compute: f64,
+    /// Communication not hidden behind compute.
+    pub communication: f64,
+    /// Pipeline fill and drain.
+    pub bubble: f64,
+    /// Optimizer step.
+    pub optimizer: f64,
+}
+
+impl Shares {
+    pub const TERMS: [&'static str; 4] = ["compute", "communication", "bubble", "optimizer"];
+
+    pub fn of(e: &crate::cost::Estimate) -> Shares {
+        let t = &e.time;
+        let parts = [t.compute.total() + t.recompute + t.overlap_slowdown, t.exposed_comm, t.bubble, t.optimizer];
+        let sum: f64 = parts.iter().sum();
+        if !(sum > 0.0) {
+            return Shares::default();
+        }
+        Shares { compute: parts[0] / sum, communication: parts[1] / sum, bubble: parts[2] / sum, optimizer: parts[3] / sum }
+    }
+
+    fn array(&self) -> [f64; 4] {
+        [self.compute, self.communication, self.bubble, self.optimizer]
+    }
+}
+
+/// How much each term contributes to the uncertainty of one prediction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attribution {
+    /// The term with the largest share of the error variance.
+    pub dominant: String,
+    /// (term, fraction of the predicted error variance), largest first.
+    pub variance_shares: Vec<(String, f64)>,
+    /// Each term's relative error (one standard deviation) fitted on the published
+    /// runs: error^2 ~ sum over terms of (share x sigma)^2, sigma^2 >= 0.
+    pub term_sigmas: Vec<(String, f64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,6 +89,10 @@ pub struct Band {
     /// Which runs it is drawn from, e.g. "17 h100-sxm dense runs".
     pub basis: String,
     pub samples: usize,
+    /// Which term dominates the uncertainty (absent when the validation set carries
+    /// no term shares).
+    #[serde(default)]
+    pub attribution: Option<Attribution>,
 }
 
 fn validation() -> &'static ValidationSet {
@@ -86,9 +136,78 @@ pub fn band_from(set: &ValidationSet, profile: &str, moe: bool, step_secs: f64) 
             high_secs: step_secs / (1.0 + q10),
             basis: format!("{} {label} runs", errs.len()),
             samples: errs.len(),
+            attribution: None,
         });
     }
     None
+}
+
+/// Non-negative least squares of `y ~ sum_t x_t v_t` by cyclic coordinate descent
+/// (few terms, so exact enough after a few hundred sweeps).
+fn nnls(rows: &[([f64; 4], f64)]) -> [f64; 4] {
+    let mut v = [0.0f64; 4];
+    for _ in 0..500 {
+        for t in 0..4 {
+            let (mut num, mut den) = (0.0, 0.0);
+            for (x, y) in rows {
+                let others: f64 = (0..4).filter(|&u| u != t).map(|u| x[u] * v[u]).sum();
+                num += x[t] * (y - others);
+                den += x[t] * x[t];
+            }
+            v[t] = if den > 0.0 { (num / den).max(0.0) } else { 0.0 };
+        }
+    }
+    v
+}
+
+/// Fewest runs of one kind (dense or MoE) that the term fit uses on their own;
+/// with fewer, it uses every run.
+pub const MIN_FIT_SAMPLES: usize = 12;
+
+/// Per-term relative sigmas fitted on the runs of `set` of the same kind as `moe`
+/// (or all runs, with fewer than [`MIN_FIT_SAMPLES`]): each run's squared error
+/// against its squared term shares. `None` without shares in the set.
+pub fn term_sigmas(set: &ValidationSet, moe: bool) -> Option<[f64; 4]> {
+    let same = set.samples.iter().filter(|s| s.moe == moe && s.shares.is_some()).count();
+    let rows: Vec<([f64; 4], f64)> = set
+        .samples
+        .iter()
+        .filter(|s| same < MIN_FIT_SAMPLES || s.moe == moe)
+        .filter_map(|s| s.shares.map(|sh| (sh.array().map(|x| x * x), s.rel_error * s.rel_error)))
+        .collect();
+    if rows.len() < MIN_SAMPLES {
+        return None;
+    }
+    Some(nnls(&rows).map(f64::sqrt))
+}
+
+/// Which term dominates the uncertainty of a prediction with `shares`.
+pub fn attribute(set: &ValidationSet, shares: &Shares, moe: bool) -> Option<Attribution> {
+    let sig = term_sigmas(set, moe)?;
+    let var: Vec<f64> = shares.array().iter().zip(sig).map(|(s, g)| (s * g).powi(2)).collect();
+    let total: f64 = var.iter().sum();
+    if !(total > 0.0) {
+        return None;
+    }
+    let mut variance_shares: Vec<(String, f64)> = Shares::TERMS.iter().zip(&var).map(|(t, v)| (t.to_string(), v / total)).collect();
+    variance_shares.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Some(Attribution {
+        dominant: variance_shares[0].0.clone(),
+        variance_shares,
+        term_sigmas: Shares::TERMS.iter().zip(sig).map(|(t, g)| (t.to_string(), g)).collect(),
+    })
+}
+
+/// The attribution of an estimate's uncertainty, from the compiled-in validation set.
+pub fn attribution_of(e: &crate::cost::Estimate, moe: bool) -> Option<Attribution> {
+    attribute(validation(), &Shares::of(e), moe)
+}
+
+/// The band of an estimate, with the dominant term named.
+pub fn band_for(profile: &str, moe: bool, e: &crate::cost::Estimate) -> Option<Band> {
+    let mut b = band(profile, moe, e.step_secs)?;
+    b.attribution = attribution_of(e, moe);
+    Some(b)
 }
 
 #[cfg(test)]
@@ -96,7 +215,27 @@ mod tests {
     use super::*;
 
     fn sample(profile: &str, moe: bool, e: f64) -> ErrorSample {
-        ErrorSample { id: "x".into(), profile: profile.into(), moe, rel_error: e }
+        ErrorSample { id: "x".into(), profile: profile.into(), moe, rel_error: e, shares: None }
+    }
+
+    #[test]
+    fn attribution_recovers_the_noisy_term() {
+        // Errors made by communication alone (sigma 0.3), compute exact.
+        let samples: Vec<ErrorSample> = (0..12)
+            .map(|i| {
+                let comm = 0.05 * (i % 6) as f64;
+                let sh = Shares { compute: 1.0 - comm - 0.05, communication: comm, bubble: 0.05, optimizer: 0.0 };
+                let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+                ErrorSample { shares: Some(sh), ..sample("h100-sxm", false, sign * 0.3 * comm) }
+            })
+            .collect();
+        let set = ValidationSet { schema_version: 1, source: "test".into(), samples };
+        let sig = term_sigmas(&set, false).unwrap();
+        assert!((sig[1] - 0.3).abs() < 1e-3 && sig[0] < 1e-3, "{sig:?}");
+        let a = attribute(&set, &Shares { compute: 0.6, communication: 0.3, bubble: 0.1, optimizer: 0.0 }, false).unwrap();
+        assert_eq!(a.dominant, "communication");
+        let total: f64 = a.variance_shares.iter().map(|x| x.1).sum();
+        assert!((total - 1.0).abs() < 1e-9);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! the median absolute error.
 
 use sextant_planner::runs::parse_runs;
-use sextant_planner::uncertainty::{ErrorSample, ValidationSet};
+use sextant_planner::uncertainty::{ErrorSample, Shares, ValidationSet};
 
 fn shared_csv() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/published_runs.csv");
@@ -29,7 +29,10 @@ fn published_runs_median_error_within_15_percent() {
         let measured = case.measured_step_secs();
         let err = (est.step_secs - measured) / measured;
         errors.push(err.abs());
-        samples.push(ErrorSample { id: case.id.clone(), profile: case.cluster.profile.name.clone(), moe: case.moe, rel_error: (err * 1e4).round() / 1e4 });
+        let sh = Shares::of(&est);
+        let round = |x: f64| (x * 1e4).round() / 1e4;
+        let shares = Shares { compute: round(sh.compute), communication: round(sh.communication), bubble: round(sh.bubble), optimizer: round(sh.optimizer) };
+        samples.push(ErrorSample { id: case.id.clone(), profile: case.cluster.profile.name.clone(), moe: case.moe, rel_error: round(err), shares: Some(shares) });
         println!(
             "{:<44} {:>5} {:>9.3}s {:>9.3}s {:>+7.1}%  bubble {:.0}% comm {:.0}% mfu {:.0}%",
             case.id, case.cluster.gpus, measured, est.step_secs, 100.0 * err, 100.0 * est.bubble_fraction, 100.0 * est.exposed_comm_fraction, 100.0 * est.mfu
@@ -58,6 +61,7 @@ fn check_validation_file(samples: Vec<ErrorSample>) {
     let committed: ValidationSet = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(committed.samples.len(), fresh.samples.len(), "hwprofiles/validation.json is stale: run SEXTANT_BLESS=1 cargo test --release --test it published");
     for (a, b) in committed.samples.iter().zip(&fresh.samples) {
+        assert!(a.shares.is_some(), "hwprofiles/validation.json has no term shares for {}: run SEXTANT_BLESS=1 cargo test --release --test it published", a.id);
         assert!(a.id == b.id && (a.rel_error - b.rel_error).abs() < 0.005, "hwprofiles/validation.json is stale for {} ({} vs {}): run SEXTANT_BLESS=1 cargo test --release --test it published", b.id, a.rel_error, b.rel_error);
     }
 }
