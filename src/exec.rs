@@ -214,7 +214,8 @@ fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rend
         }
     }
     let shapes: Vec<(String, u64, u64, u64)> = per_step.keys().cloned().collect();
-    let mut gemms = cuda::time_gemms(ordinal, &shapes, 20).map_err(|e| anyhow!("CUDA backend: {e}"))?;
+    let predicted = format!("the plan predicts {:.1} GiB per GPU at full size", setup.predicted_bytes / (1u64 << 30) as f64);
+    let mut gemms = cuda::time_gemms(ordinal, &shapes, 20).map_err(|e| anyhow!("CUDA backend: {e} ({predicted})"))?;
     let mut run = program::incomplete_run(setup, opts, "cuda", &device, 1, "");
     run.failure = None;
     run.complete = true;
@@ -226,7 +227,7 @@ fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rend
     run.gemms = gemms;
     let params: u64 = setup.model.params().total;
     let id = cuda::nccl_unique_id().map_err(|e| anyhow!("CUDA backend: {e}"))?;
-    run.collectives = cuda::time_all_reduce(ordinal, &id, 0, 1, &[2 * params.min(1 << 30)], 20).map_err(|e| anyhow!("CUDA backend: {e}"))?;
+    run.collectives = cuda::time_all_reduce(ordinal, &id, 0, 1, &[2 * params.min(1 << 30)], 20).map_err(|e| anyhow!("CUDA backend: {e} ({predicted})"))?;
     let json = serde_json::to_string_pretty(&run).expect("run serialises");
     write_new(out, &json, force)?;
     println!("Timed {} GEMM shapes on {device}; component seconds per step: {:?}", run.gemms.len(), run.components);

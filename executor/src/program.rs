@@ -71,6 +71,8 @@ pub struct Setup {
     pub profile: String,
     pub gpus_per_node: u64,
     pub rank_order: String,
+    /// The plan's predicted peak memory per GPU, bytes (for out-of-memory messages).
+    pub predicted_bytes: f64,
 }
 
 /// FNV-1a of the plan file's bytes: what ranks compare at the rendezvous.
@@ -208,6 +210,7 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
         profile: plan.hardware.name.clone(),
         gpus_per_node: plan.hardware.node.gpus_per_node,
         rank_order: plan.rank_order.clone(),
+        predicted_bytes: ranked.estimate.memory.total,
     })
 }
 

@@ -45,20 +45,8 @@ pub struct RankStats {
     pub checks: Checks,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Checks {
-    /// Stage inputs and outputs compared with the reference.
-    pub activations: u64,
-    /// Gradients (stage boundaries and weight gradients) compared with the reference.
-    pub gradients: u64,
-    /// Known-data collective results checked at start-up.
-    pub collectives: u64,
-    /// Replica comparisons of weights after the optimizer step.
-    pub replicas: u64,
-    /// Pipeline messages whose header (step, micro-batch, stage, direction) was checked.
-    pub p2p_messages: u64,
-    pub max_rel_error: f64,
-}
+/// What the checks counted: the measured-run format's own type.
+pub use sextant_planner::calibration::RunChecks as Checks;
 
 pub struct Recorder {
     enabled: bool,
