@@ -149,8 +149,11 @@ impl Layout {
     /// as a layer when that divides; else the same idea with the remainder spread
     /// over the middle stages (an explicit per-stage list).
     pub fn balanced(layers: u64, pp: u64, vpp: u64) -> Layout {
-        let chunks = pp * vpp;
-        if layers.is_multiple_of(chunks) {
+        let chunks = pp.saturating_mul(vpp);
+        // Zero chunks is for `check` to reject; with more chunks than layers + 2
+        // no split below holds every layer, so those are even too (and the list
+        // is never allocated).
+        if chunks == 0 || chunks > layers.saturating_add(2) || layers.is_multiple_of(chunks) {
             return Layout::Even;
         }
         if chunks > 1 && (layers + 2).is_multiple_of(chunks) && (layers + 2) / chunks >= 2 {

@@ -319,6 +319,9 @@ impl Cluster {
     /// Checks the GPU count against the node size.
     pub fn new(profile: HardwareProfile, gpus: u64) -> Result<Cluster, InputError> {
         let per_node = profile.node.gpus_per_node;
+        if per_node == 0 {
+            return Err(InputError::Profile { profile: profile.name.clone(), field: "node.gpus_per_node".into(), problem: "0 must be between 1 and 1024".into() });
+        }
         if gpus == 0 {
             return Err(InputError::Workload("--gpus must be at least 1".into()));
         }

@@ -86,7 +86,7 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
         source: format!("Hugging Face config.json (model_type {model_type})"),
         layers,
         hidden,
-        ffn_hidden: ffn.unwrap_or(4 * hidden),
+        ffn_hidden: ffn.unwrap_or(hidden.saturating_mul(4)),
         heads,
         kv_heads,
         head_dim,

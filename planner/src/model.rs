@@ -11,6 +11,10 @@ use crate::error::InputError;
 /// Version of Sextant's own model JSON format.
 pub const MODEL_SCHEMA_VERSION: u32 = 1;
 
+/// Most parameters a model may have (2^50, about 1.1e15): far beyond any trained
+/// model, and low enough that parameter and byte counts never overflow a u64.
+pub const MAX_PARAMS: u64 = 1 << 50;
+
 /// Feed-forward block type. Gated MLPs (SwiGLU, GeGLU) have three weight matrices,
 /// plain ones (GeLU, squared ReLU) two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,7 +79,7 @@ fn one() -> u64 {
 impl Moe {
     pub fn shared_hidden(&self) -> u64 {
         self.shared_ffn_hidden
-            .unwrap_or(self.shared_experts * self.expert_ffn_hidden)
+            .unwrap_or(self.shared_experts.saturating_mul(self.expert_ffn_hidden))
     }
 }
 
@@ -216,43 +220,59 @@ impl ModelSpec {
         self.moe_layers_in(0, self.layers)
     }
 
-    /// Parameters of the attention projections of one layer (no norm).
-    fn attention_projection_params(&self) -> u64 {
-        let h = self.hidden;
+    /// Parameters of the attention projections of one layer (no norm). Counted in
+    /// u128 so that [`ModelSpec::validate`] can bound the total without overflow.
+    fn attention_projection_params(&self) -> u128 {
+        let w = u128::from;
+        let h = w(self.hidden);
         let proj = match &self.mla {
             Some(m) => {
                 let q = if m.q_lora_rank > 0 {
-                    h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.q_dim()
+                    h * w(m.q_lora_rank) + w(m.q_lora_rank) + w(m.q_lora_rank) * w(self.q_dim())
                 } else {
-                    h * self.q_dim()
+                    h * w(self.q_dim())
                 };
-                let kv = h * (m.kv_lora_rank + m.qk_rope_head_dim)
-                    + m.kv_lora_rank
-                    + m.kv_lora_rank * self.heads * (m.qk_nope_head_dim + m.v_head_dim);
-                q + kv + self.attn_out_dim() * h
+                let kv = h * (w(m.kv_lora_rank) + w(m.qk_rope_head_dim))
+                    + w(m.kv_lora_rank)
+                    + w(m.kv_lora_rank) * w(self.heads) * (w(m.qk_nope_head_dim) + w(m.v_head_dim));
+                q + kv + w(self.attn_out_dim()) * h
             }
-            None => h * (self.q_dim() + 2 * self.kv_dim()) + self.attn_out_dim() * h,
+            None => h * (w(self.q_dim()) + 2 * w(self.kv_dim())) + w(self.attn_out_dim()) * h,
         };
         let bias = if self.bias {
-            self.q_dim() + 2 * self.kv_dim() + h
+            w(self.q_dim()) + 2 * w(self.kv_dim()) + h
         } else {
             0
         };
         proj + bias
     }
 
-    fn mlp_params(&self, ffn: u64) -> u64 {
-        let w = self.mlp.matrices() * self.hidden * ffn;
-        let b = if self.bias {
-            (self.mlp.matrices() - 1) * ffn + self.hidden
-        } else {
-            0
-        };
-        w + b
+    fn mlp_params(&self, ffn: u64) -> u128 {
+        let (m, h, f) = (u128::from(self.mlp.matrices()), u128::from(self.hidden), u128::from(ffn));
+        let b = if self.bias { (m - 1) * f + h } else { 0 };
+        m * h * f + b
     }
 
     pub fn params(&self) -> ParamCounts {
-        let h = self.hidden;
+        let [attention, dense_mlp, routed_experts, moe_non_expert, embedding, output, total, active] =
+            self.params_wide().map(|n| u64::try_from(n).unwrap_or(u64::MAX));
+        ParamCounts {
+            attention,
+            dense_mlp,
+            routed_experts,
+            moe_non_expert,
+            embedding,
+            output,
+            total,
+            active,
+        }
+    }
+
+    /// [`ModelSpec::params`] in u128, in the field order of [`ParamCounts`]: no
+    /// shape within the per-field bounds of `validate` overflows it.
+    fn params_wide(&self) -> [u128; 8] {
+        let w = u128::from;
+        let h = w(self.hidden);
         let norm = if self.bias { 2 * h } else { h };
         let attention = self.attention_projection_params() + norm;
         let dense_mlp = self.mlp_params(self.ffn_hidden) + norm;
@@ -264,42 +284,34 @@ impl ModelSpec {
                 } else {
                     0
                 };
-                let router = h * m.experts;
+                let router = h * w(m.experts);
                 (
-                    m.experts * one_expert,
+                    w(m.experts) * one_expert,
                     shared + router + norm,
-                    m.top_k * one_expert,
+                    w(m.top_k) * one_expert,
                 )
             }
             None => (0, 0, 0),
         };
-        let embedding = self.vocab * h;
-        let output = if self.tied_embeddings { 0 } else { self.vocab * h };
-        let moe_layers = self.moe_layers();
-        let dense_layers = self.layers - moe_layers;
+        let embedding = w(self.vocab) * h;
+        let output = if self.tied_embeddings { 0 } else { w(self.vocab) * h };
+        let moe_layers = w(self.moe_layers());
+        let dense_layers = w(self.layers) - moe_layers;
+        let layers = w(self.layers);
         let final_norm = norm;
-        let total = self.layers * attention
+        let total = layers * attention
             + dense_layers * dense_mlp
             + moe_layers * (routed_experts + moe_non_expert)
             + embedding
             + output
             + final_norm;
-        let active = self.layers * attention
+        let active = layers * attention
             + dense_layers * dense_mlp
             + moe_layers * (active_expert + moe_non_expert)
             + embedding
             + output
             + final_norm;
-        ParamCounts {
-            attention,
-            dense_mlp,
-            routed_experts,
-            moe_non_expert,
-            embedding,
-            output,
-            total,
-            active,
-        }
+        [attention, dense_mlp, routed_experts, moe_non_expert, embedding, output, total, active]
     }
 
     /// Checks that the numbers describe a buildable model. Returns the first problem.
@@ -347,8 +359,8 @@ impl ModelSpec {
             if m.experts == 0 || m.top_k == 0 || m.expert_ffn_hidden == 0 {
                 return bad("moe", "experts, top_k and expert_ffn_hidden must be at least 1".into());
             }
-            if m.experts > 1 << 20 || m.expert_ffn_hidden > MAX {
-                return bad("moe", "expert count or size is absurdly large".into());
+            if m.experts > 1 << 20 || m.expert_ffn_hidden > MAX || m.shared_experts > 1 << 20 || m.shared_hidden() > MAX {
+                return bad("moe", "expert count, shared-expert count or expert size is absurdly large".into());
             }
             if m.top_k > m.experts {
                 return bad(
@@ -373,6 +385,9 @@ impl ModelSpec {
             if m.kv_lora_rank == 0 || m.v_head_dim == 0 || m.qk_nope_head_dim + m.qk_rope_head_dim == 0 {
                 return bad("mla", "kv_lora_rank, v_head_dim and qk head dims must be positive".into());
             }
+            if [m.q_lora_rank, m.kv_lora_rank].iter().any(|&r| r > 1 << 24) || [m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim].iter().any(|&d| d > 1 << 16) {
+                return bad("mla", "a LoRA rank above 2^24 or a head dim above 2^16 is absurdly large".into());
+            }
         }
         if let Some(w) = &self.sliding_window {
             if w.window == 0 || w.layers > self.layers {
@@ -381,6 +396,10 @@ impl ModelSpec {
                     format!("window must be positive and layers at most {}", self.layers),
                 );
             }
+        }
+        let total = self.params_wide()[6];
+        if total > u128::from(MAX_PARAMS) {
+            return bad("params", format!("{total} parameters is beyond any trainable model (at most {MAX_PARAMS}, about 1.1 quadrillion)"));
         }
         Ok(())
     }

@@ -53,7 +53,7 @@ pub fn gpt(name: &str, source: &str, layers: u64, hidden: u64, heads: u64) -> Mo
         tied_embeddings: true,
         dropout: true,
         bias: true,
-        ..dense(name, source, layers, hidden, 4 * hidden, heads, heads, 51200, MlpKind::Plain)
+        ..dense(name, source, layers, hidden, hidden.saturating_mul(4), heads, heads, 51200, MlpKind::Plain)
     }
 }
 

@@ -142,6 +142,9 @@ fn model_for(r: &Row) -> Result<ModelSpec, String> {
     let layers = req(r, "layers")?;
     let hidden = req(r, "hidden")?;
     let heads = req(r, "heads")?;
+    if heads == 0 {
+        return Err("column 'heads' is 0; a model needs at least one attention head".into());
+    }
     let base = match resolve(name) {
         Ok(p) => p.spec,
         Err(_) if name.starts_with("gpt") => gpt(name, "GPT shape from the run's columns (Megatron GPT: GeLU 4h MLP, tied embeddings)", layers, hidden, heads),
@@ -193,6 +196,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
             profile.node.nvlink_domain = per_node;
         }
         profile.node.gpus_per_node = per_node;
+        profile.validate().map_err(|e| e.to_string())?;
     }
     let gpus = req(r, "gpus")?;
     let cluster = Cluster::new(profile, gpus).map_err(|e| e.to_string())?;
