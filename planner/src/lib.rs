@@ -16,6 +16,7 @@ pub mod comm;
 pub mod config;
 pub mod cost;
 pub mod error;
+pub mod fuzzing;
 pub mod hardware;
 pub mod hf;
 pub mod memory;

@@ -2,6 +2,7 @@
 
 mod cli;
 mod exports;
+mod fuzz_replay;
 mod published;
 mod report;
 mod common;

@@ -1,0 +1,115 @@
+//! What each fuzz target does with its input, shared by the cargo-fuzz targets in
+//! `fuzz/fuzz_targets/` and the stable replay test `tests/it/fuzz_replay.rs`, so
+//! that the corpus is replayed through exactly the code that was fuzzed.
+//!
+//! Each function takes arbitrary bytes, returns early on invalid UTF-8, parses the
+//! text and, when it parses, runs the cheap pure code downstream of the parser. An
+//! `Err` anywhere is fine; a panic is a bug. Nothing here reads a file.
+
+use crate::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
+use crate::cost;
+use crate::hardware::{builtin_profile, Cluster, HardwareProfile};
+use crate::model::ModelSpec;
+use crate::plan::PlanFile;
+
+/// The fuzz targets, in the order the replay test reports them.
+pub const TARGETS: &[&str] = &["hf_config", "model_json", "profile_json", "plan_json", "runs_csv"];
+
+/// Runs the named target on `data`. Panics on an unknown name.
+pub fn run(target: &str, data: &[u8]) {
+    match target {
+        "hf_config" => fuzz_hf_config(data),
+        "model_json" => fuzz_model_json(data),
+        "profile_json" => fuzz_profile_json(data),
+        "plan_json" => fuzz_plan_json(data),
+        "runs_csv" => fuzz_runs_csv(data),
+        other => panic!("unknown fuzz target '{other}'"),
+    }
+}
+
+/// One GPU, no parallelism, one micro-batch of one sequence.
+fn single(dp: u64) -> ParallelConfig {
+    ParallelConfig {
+        tp: 1,
+        pp: 1,
+        vpp: 1,
+        cp: 1,
+        ep: 1,
+        etp: 1,
+        dp,
+        sp: false,
+        mbs: 1,
+        zero: Zero::None,
+        recompute: Recompute::None,
+        layout: Layout::Even,
+        overlap: Overlap::default(),
+        bf16_grads: false,
+        moe_dispatcher: Dispatcher::AllToAll,
+        schedule: crate::schedule::Schedule::OneFOneB,
+    }
+}
+
+fn workload(seq: u64, global_batch: u64) -> Workload {
+    Workload { seq, global_batch, precision: Precision::Bf16, moe_imbalance: 1.0 }
+}
+
+/// A parsed model: parameter counts, the summary line, and one estimate on one GPU
+/// (`evaluate`, so that memory and time are computed even when it does not fit).
+fn exercise_model(m: &ModelSpec) {
+    let _ = m.params();
+    let _ = m.summary();
+    let cluster = Cluster::new(builtin_profile("h100-sxm").expect("built-in profile"), 1).expect("one GPU");
+    let _ = cost::evaluate(m, &cluster, &workload(4096, 1), &single(1), cost::Assumptions::default());
+}
+
+pub fn fuzz_hf_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    if let Ok(m) = crate::hf::from_hf_config(text, "fuzz") {
+        exercise_model(&m);
+    }
+}
+
+pub fn fuzz_model_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    if let Ok(m) = ModelSpec::from_json(text) {
+        exercise_model(&m);
+    }
+}
+
+/// A parsed profile: a small GPT on one GPU and data-parallel over two nodes.
+pub fn fuzz_profile_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(p) = HardwareProfile::from_json(text) else { return };
+    let _ = p.peak_flops(true);
+    let _ = p.usable_bytes();
+    let model = crate::presets::gpt("fuzz", "fuzz", 4, 1024, 16);
+    for gpus in [1, 2 * p.node.gpus_per_node] {
+        if let Ok(cluster) = Cluster::new(p.clone(), gpus) {
+            let _ = cost::evaluate(&model, &cluster, &workload(2048, gpus), &single(gpus), cost::Assumptions::default());
+        }
+    }
+}
+
+/// A parsed plan: the chosen plan re-estimated on the plan's own inputs, its
+/// pipeline simulated, and the file written back out.
+pub fn fuzz_plan_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(p) = PlanFile::from_json(text) else { return };
+    let _ = p.to_json();
+    let Ok(mut cluster) = Cluster::new(p.hardware.clone(), p.gpus) else { return };
+    cluster.allow_tp_beyond_nvlink = true;
+    let cfg = &p.plans[0].config;
+    if let Ok(mut e) = cost::estimate(&p.model, &cluster, &p.workload, cfg) {
+        cost::apply_simulation(&mut e, cfg);
+    }
+}
+
+/// A parsed CSV: every representable row estimated.
+pub fn fuzz_runs_csv(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(rows) = crate::runs::parse_runs(text) else { return };
+    for case in rows.iter().flatten() {
+        let _ = case.estimate();
+        let _ = case.measured_step_secs();
+    }
+}
