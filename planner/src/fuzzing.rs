@@ -13,7 +13,7 @@ use crate::model::ModelSpec;
 use crate::plan::PlanFile;
 
 /// The fuzz targets, in the order the replay test reports them.
-pub const TARGETS: &[&str] = &["hf_config", "model_json", "profile_json", "plan_json", "runs_csv"];
+pub const TARGETS: &[&str] = &["hf_config", "model_json", "profile_json", "plan_json", "runs_csv", "run_json", "overlay_json"];
 
 /// Runs the named target on `data`. Panics on an unknown name.
 pub fn run(target: &str, data: &[u8]) {
@@ -23,6 +23,8 @@ pub fn run(target: &str, data: &[u8]) {
         "profile_json" => fuzz_profile_json(data),
         "plan_json" => fuzz_plan_json(data),
         "runs_csv" => fuzz_runs_csv(data),
+        "run_json" => fuzz_run_json(data),
+        "overlay_json" => fuzz_overlay_json(data),
         other => panic!("unknown fuzz target '{other}'"),
     }
 }
@@ -111,5 +113,34 @@ pub fn fuzz_runs_csv(data: &[u8]) {
     for case in rows.iter().flatten() {
         let _ = case.estimate();
         let _ = case.measured_step_secs();
+    }
+}
+
+/// A parsed measured run (what `sextant exec` writes): calibrated against its
+/// profile when that is built in, and its configuration estimated.
+pub fn fuzz_run_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(r) = crate::calibration::MeasuredRun::from_json(text) else { return };
+    let _ = r.median_step_secs();
+    let Ok(profile) = builtin_profile(&r.profile) else { return };
+    if let Ok(o) = crate::calibration::calibrate(std::slice::from_ref(&r), &profile) {
+        let _ = crate::calibration::apply(&profile, &o);
+    }
+    if let Ok(mut cluster) = Cluster::new(profile, r.world_size) {
+        cluster.allow_tp_beyond_nvlink = true;
+        let _ = cost::estimate(&r.model, &cluster, &r.workload, &r.config);
+    }
+}
+
+/// A parsed calibration overlay, applied to its profile and used for one estimate.
+pub fn fuzz_overlay_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(o) = crate::calibration::Overlay::from_json(text) else { return };
+    let Ok(profile) = builtin_profile(&o.profile) else { return };
+    let Ok(p) = crate::calibration::apply(&profile, &o) else { return };
+    let model = crate::presets::gpt("fuzz", "fuzz", 4, 1024, 16);
+    let gpus = 2 * p.node.gpus_per_node;
+    if let Ok(cluster) = Cluster::new(p, gpus) {
+        let _ = cost::evaluate(&model, &cluster, &workload(2048, gpus), &single(gpus), cost::Assumptions::default());
     }
 }

@@ -207,8 +207,8 @@ fn invalid_configurations_say_exactly_why() {
     assert!(stdout(&o).contains("optimizer states"));
 }
 
-#[test]
-fn bad_input_gets_one_clear_line() {
+/// Run by the reliability summary (`tests/it/reliability.rs`), which counts the cases.
+pub fn bad_input_gets_one_clear_line() {
     fails_with_one_line(&["plan", "--model", "lama3-70b", "--gpus", "128"], "did you mean llama3-70b");
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "0"], "at least 1");
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "7"], "7 GPUs do not fill");

@@ -40,8 +40,18 @@ impl Drop for TempDir {
     }
 }
 
+thread_local! {
+    static HOSTILE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// How many hostile command lines this thread has checked.
+pub fn hostile_count() -> u32 {
+    HOSTILE.with(|c| c.get())
+}
+
 /// Bad input: non-zero exit, exactly one line on stderr naming the problem, no panic.
 pub fn fails_with_one_line(args: &[&str], needle: &str) {
+    HOSTILE.with(|c| c.set(c.get() + 1));
     let o = sextant(args);
     let err = stderr(&o);
     assert!(!o.status.success(), "{args:?} succeeded; stdout: {}", stdout(&o));

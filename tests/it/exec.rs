@@ -95,12 +95,12 @@ fn cpu_backend_interleaved_schedule_with_uneven_layers() {
     assert_in_flight_matches_simulator(&run, Schedule::Interleaved);
 }
 
+/// Fault cases below are run by the reliability summary, which counts them.
 fn temp_plan_8b(dir: &TempDir) -> String {
     plan(dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2"])
 }
 
-#[test]
-fn a_rank_killed_mid_step_ends_every_rank_within_the_timeout() {
+pub fn a_rank_killed_mid_step_ends_every_rank_within_the_timeout() {
     let dir = TempDir::new("exec-kill");
     let p = temp_plan_8b(&dir);
     let out = dir.path("run.json").to_string_lossy().into_owned();
@@ -121,8 +121,7 @@ fn a_rank_killed_mid_step_ends_every_rank_within_the_timeout() {
     assert!(run.failure.unwrap().contains("rank 3"), "the incomplete run names the dead rank");
 }
 
-#[test]
-fn a_rank_that_never_arrives_is_named_after_the_timeout() {
+pub fn a_rank_that_never_arrives_is_named_after_the_timeout() {
     let dir = TempDir::new("exec-absent");
     let p = temp_plan_8b(&dir);
     let out = dir.path("run.json").to_string_lossy().into_owned();
@@ -135,8 +134,7 @@ fn a_rank_that_never_arrives_is_named_after_the_timeout() {
     assert!(t.elapsed() < Duration::from_secs(3 * 2 + 10 + 5), "{:?}", t.elapsed());
 }
 
-#[test]
-fn ranks_with_different_plan_files_are_refused_at_the_rendezvous() {
+pub fn ranks_with_different_plan_files_are_refused_at_the_rendezvous() {
     let dir = TempDir::new("exec-mismatch");
     let a = plan(&dir, "a.json", &["--model", "gpt-1.7b", "--gpus", "2", "--tp", "2"]);
     let b = plan(&dir, "b.json", &["--model", "gpt-1.7b", "--gpus", "2", "--tp", "2", "--recompute", "full"]);
@@ -161,8 +159,7 @@ fn ranks_with_different_plan_files_are_refused_at_the_rendezvous() {
     assert!(stderr(&o1).contains("rendezvous refused by rank 0"), "{}", stderr(&o1));
 }
 
-#[test]
-fn a_rendezvous_port_in_use_is_one_clear_line() {
+pub fn a_rendezvous_port_in_use_is_one_clear_line() {
     let dir = TempDir::new("exec-port");
     let p = plan(&dir, "one.json", &["--model", "gpt-1.7b", "--gpus", "1"]);
     let taken = TcpListener::bind(("127.0.0.1", 0)).unwrap();
@@ -181,8 +178,7 @@ fn a_rendezvous_port_in_use_is_one_clear_line() {
     assert!(err.contains(&format!("MASTER_PORT {port} is already in use")), "{err}");
 }
 
-#[test]
-fn exec_refuses_bad_input_and_never_overwrites() {
+pub fn exec_refuses_bad_input_and_never_overwrites() {
     let dir = TempDir::new("exec-bad");
     let p = temp_plan_8b(&dir);
     let existing = dir.path("mine.json");
@@ -228,4 +224,41 @@ fn calibration_from_a_run_moves_the_prediction_toward_the_measurement() {
     // A CPU overlay describes this CPU, not the plan's GPUs: plan refuses it.
     let plan_file = PlanFile::from_json(&std::fs::read_to_string(&p).unwrap()).unwrap();
     fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--gpu", &plan_file.hardware.name, "--calibration", &overlay], "CPU test backend");
+}
+
+#[test]
+fn cpu_backend_zero_bubble_and_gpipe_schedules() {
+    let dir = TempDir::new("exec-zb");
+    let p = plan(&dir, "zb.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "zb-h1"]);
+    let run = exec_ok(&dir, &p, &[]);
+    assert_eq!(run.schedule, "ZbH1");
+    let p = plan(&dir, "gpipe.json", &["--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "gpipe", "--global-batch", "32"]);
+    let run = exec_ok(&dir, &p, &[]);
+    assert_in_flight_matches_simulator(&run, Schedule::Gpipe);
+    // DualPipe is simulated, not executed: refused once, before any rank starts.
+    let p = plan(&dir, "dual.json", &["--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "dualpipe", "--global-batch", "32"]);
+    fails_with_one_line(&["exec", &p, "--ranks", "8"], "DualPipe is simulated by the planner but not executed");
+}
+
+/// The GEMM shapes the CUDA backend times ([`layer_gemms`]) are the ones the
+/// program actually issues, with the same call counts.
+#[test]
+fn layer_gemms_lists_what_the_program_runs() {
+    use sextant_executor::model::layer_gemms;
+    use sextant_executor::program::{plan_hash, prepare, Options};
+    let dir = TempDir::new("exec-gemms");
+    let p = plan(&dir, "g.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true"]);
+    let run = exec_ok(&dir, &p, &[]);
+    let text = std::fs::read_to_string(&p).unwrap();
+    let setup = prepare(&PlanFile::from_json(&text).unwrap(), plan_hash(text.as_bytes()), &Options::default()).unwrap();
+    let c = &setup.cfg;
+    let per_rank_layers = (setup.dims.layers / c.pp as usize) as u64;
+    let mut want: Vec<(String, u64, u64, u64, u64)> = layer_gemms(&setup.dims, false, (c.tp as usize, c.cp as usize, c.ep as usize), 2)
+        .into_iter()
+        .map(|g| (g.class.to_string(), g.m, g.n, g.k, g.calls * per_rank_layers * setup.micro_batches))
+        .collect();
+    let mut got: Vec<(String, u64, u64, u64, u64)> = run.gemms.iter().map(|g| (g.class.clone(), g.m, g.n, g.k, g.calls)).collect();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
 }

@@ -6,7 +6,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRng, TestRunner};
 use sextant_planner::config::{Precision, Workload};
 use sextant_planner::cost::{estimate, Estimate};
 use sextant_planner::hardware::{builtin_profile, Cluster};
-use sextant_planner::model::{MlpKind, ModelSpec, Moe, MODEL_SCHEMA_VERSION};
+use sextant_planner::model::{MlpKind, ModelSpec, Moe};
 use sextant_planner::search::{search, SearchSpace};
 
 /// Random transformer shapes: dense or MoE, any head grouping, tiny to huge vocabularies.
@@ -15,33 +15,21 @@ pub fn model() -> impl Strategy<Value = ModelSpec> {
         .prop_map(|(layers, kv, group, head_dim, vocab, gated, moe)| {
             let heads = kv * group;
             let hidden = heads * head_dim;
-            ModelSpec {
-                schema_version: MODEL_SCHEMA_VERSION,
-                name: "random".into(),
-                source: "property test".into(),
-                layers,
-                hidden,
-                ffn_hidden: 4 * hidden,
-                heads,
-                kv_heads: kv,
-                head_dim,
-                vocab,
-                tied_embeddings: false,
-                mlp: if gated { MlpKind::Gated } else { MlpKind::Plain },
-                dropout: false,
-                bias: false,
-                mla: None,
-                moe: moe.map(|(experts, top_k, dense)| Moe {
-                    experts,
-                    top_k: top_k.min(experts),
-                    expert_ffn_hidden: hidden,
-                    shared_experts: 0,
-                    shared_ffn_hidden: None,
-                    dense_leading_layers: dense.min(layers.saturating_sub(1)),
-                    layer_freq: 1,
-                }),
-                sliding_window: None,
-            }
+            let mut m = sextant_planner::presets::resolve("8b").expect("preset").spec;
+            m.name = "random".into();
+            m.source = "property test".into();
+            (m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.head_dim, m.vocab) = (layers, hidden, 4 * hidden, heads, kv, head_dim, vocab);
+            m.mlp = if gated { MlpKind::Gated } else { MlpKind::Plain };
+            m.moe = moe.map(|(experts, top_k, dense)| Moe {
+                experts,
+                top_k: top_k.min(experts),
+                expert_ffn_hidden: hidden,
+                shared_experts: 0,
+                shared_ffn_hidden: None,
+                dense_leading_layers: dense.min(layers.saturating_sub(1)),
+                layer_freq: 1,
+            });
+            m
         })
         .prop_filter("valid model", |m| m.validate().is_ok())
 }

@@ -2,10 +2,10 @@
 
 use std::process::Command;
 
-use crate::common::{stderr, TempDir};
+use crate::common::{hostile_count, stderr, TempDir};
 
-#[test]
-fn a_write_that_fails_leaves_the_old_file_and_says_so() {
+/// Three write failures: a full disk (file-size limit), a file as directory, /proc.
+pub fn a_write_that_fails_leaves_the_old_file_and_says_so() {
     let dir = TempDir::new("write-fail");
     let keep = dir.path("plan.json");
     std::fs::write(&keep, "old").unwrap();
@@ -36,12 +36,38 @@ fn a_write_that_fails_leaves_the_old_file_and_says_so() {
     assert!(!o.status.success() && stderr(&o).contains("nothing was written"), "{}", stderr(&o));
 }
 
-/// Property cases, run here so that the summary can count them.
+/// Everything issue 8 asks to count, run in one place: hostile inputs (bad command
+/// lines and files, and the fuzz corpus), fault cases (executor failures, failing
+/// writes) and property cases. `cargo test --release --test it reliability_summary --
+/// --nocapture` prints the counts.
 #[test]
-fn property_cases_hold() {
+fn reliability_summary() {
+    let before = hostile_count();
+    crate::cli::bad_input_gets_one_clear_line();
+    crate::exec::exec_refuses_bad_input_and_never_overwrites();
+    let cli = hostile_count() - before;
+    let corpus: u32 = crate::fuzz_replay::replay_all().iter().map(|(_, n)| *n as u32).sum();
+
+    let faults: [(&str, fn()); 5] = [
+        ("rank killed mid-step", crate::exec::a_rank_killed_mid_step_ends_every_rank_within_the_timeout),
+        ("rank never arrives", crate::exec::a_rank_that_never_arrives_is_named_after_the_timeout),
+        ("mismatched plan files", crate::exec::ranks_with_different_plan_files_are_refused_at_the_rendezvous),
+        ("rendezvous port in use", crate::exec::a_rendezvous_port_in_use_is_one_clear_line),
+        ("failing writes (3 kinds)", a_write_that_fails_leaves_the_old_file_and_says_so),
+    ];
+    for (_, f) in &faults {
+        f();
+    }
+    let fault_cases = faults.len() as u32 + 2;
+
     let (a, planned) = crate::properties::any_model_any_cluster(40);
     let (b, compared) = crate::properties::larger_batch_never_costs_more_than_the_bubble(24);
     // A property that never meets a plan checks nothing.
     assert!(planned >= a / 4 && compared >= b, "too few cases reached a plan: {planned} of {a}, {compared} comparisons");
-    println!("property cases: {a} random models on 1 to 1,000,000 GPUs ({planned} with plans), {b} batch-monotonicity cases ({compared} plans compared)");
+    println!(
+        "reliability summary: {} hostile inputs ({cli} command lines and files, {corpus} fuzz-corpus inputs), {fault_cases} fault cases ({}), {} property cases ({a} random models on 1 to 1,000,000 GPUs, {planned} with plans; {b} batch-monotonicity cases, {compared} plans compared)",
+        cli + corpus,
+        faults.iter().map(|f| f.0).collect::<Vec<_>>().join(", "),
+        a + b
+    );
 }
