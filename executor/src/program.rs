@@ -11,7 +11,7 @@
 //! weights after the step; replicas must hold bit-identical weights. Start-up checks
 //! every communicator with known data.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sextant_planner::calibration::{CommPoint, GemmPoint, MeasuredRun, RunChecks, RUN_SCHEMA_VERSION};
@@ -19,7 +19,7 @@ use sextant_planner::config::{Layout, ParallelConfig, Recompute, Workload, Zero}
 use sextant_planner::model::ModelSpec;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::ranks::rank_map;
-use sextant_planner::schedule::{rank_order, Pass, Schedule};
+use sextant_planner::schedule::{rank_order, virtual_stage, Pass, Schedule};
 
 use crate::comm::{from_bytes, to_bytes, Group, Kind};
 use crate::error::ExecError;
@@ -116,9 +116,6 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
         return Err("MLA attention is executed as standard multi-head attention; full-size runs of MLA models are refused".into());
     }
     let schedule = cfg.schedule;
-    if schedule == Schedule::DualPipe {
-        return Err("DualPipe is simulated by the planner but not executed yet: plan with another --schedule".into());
-    }
     let (p, v) = (cfg.pp as usize, cfg.vpp as usize);
     let plan_counts = cfg.stage_layers(m0.layers).map_err(|r| r.to_string())?;
     let layers = match o.scale_layers {
@@ -392,8 +389,21 @@ impl<'a> Rank<'a> {
         Ok(())
     }
 
-    fn holder(&self, vstage: usize) -> u64 {
-        self.g.pp.members[vstage % self.s.cfg.pp as usize]
+    /// The rank (in this rank's pipeline group) that runs model stage `vstage` for
+    /// micro-batch `mb`: under DualPipe the second half of the micro-batches runs
+    /// the pipeline from the other end.
+    fn holder(&self, vstage: usize, mb: u64) -> u64 {
+        let p = self.s.cfg.pp as usize;
+        let r = if self.s.schedule == Schedule::DualPipe {
+            if mb >= self.s.micro_batches / 2 {
+                p - 1 - vstage
+            } else {
+                vstage
+            }
+        } else {
+            vstage % p
+        };
+        self.g.pp.members[r]
     }
 
     fn layers_of(&self, vstage: usize) -> std::ops::Range<usize> {
@@ -485,7 +495,7 @@ impl<'a> Rank<'a> {
     fn step(&mut self, step: u64) -> Result<(), ExecError> {
         let s = self.s;
         let (p, v, m) = (s.cfg.pp, if s.schedule == Schedule::Interleaved { s.cfg.vpp } else { 1 }, s.micro_batches);
-        let last_vstage = (p * v) as usize - 1;
+        let last_vstage = s.stage_layers.len() - 1;
         let rows = (self.own.1 - self.own.0) * s.dims.mbs;
         let tokens = (s.dims.seq * s.dims.mbs) as f32 * (m * s.cfg.dp) as f32;
         self.phase = format!("step {step}, reference");
@@ -498,10 +508,15 @@ impl<'a> Rank<'a> {
         let t_step = Instant::now();
         let order = rank_order(s.schedule, p, v, m, self.pp_rank as u64);
         let mut live: HashMap<(u64, u64), Live> = HashMap::new();
-        let mut wqueue: VecDeque<Vec<WJob>> = VecDeque::new();
+        // Backward passes whose weight gradient the schedule runs later, as its own pass.
+        let deferred: std::collections::HashSet<(u64, u64)> = order.iter().filter(|o| o.0 == Pass::Weight).map(|o| (o.1, o.2)).collect();
+        let mut wjobs: HashMap<(u64, u64), Vec<WJob>> = HashMap::new();
         let (mut live_bytes, mut first_op) = (0usize, true);
         for (pass, c, mb) in order {
-            let vstage = (c * p) as usize + self.pp_rank;
+            let vstage = virtual_stage(s.schedule, p, v, self.pp_rank as u64, c) as usize;
+            if s.schedule == Schedule::DualPipe && c != u64::from(mb >= m / 2) {
+                return Err(self.err(format!("DualPipe runs micro-batch {mb} on chunk {c}, which is the other direction's")));
+            }
             if first_op {
                 first_op = false;
             } else if self.o.die_at == Some((self.rank, step)) {
@@ -518,7 +533,7 @@ impl<'a> Rank<'a> {
                     let x = if vstage == 0 {
                         input_rows(&s.dims, self.first_sample(step, self.dp_rank, mb), self.own)
                     } else {
-                        self.recv(self.holder(vstage - 1), pp_tag(step, false, vstage, mb), header, rows)?
+                        self.recv(self.holder(vstage - 1, mb), pp_tag(step, false, vstage, mb), header, rows)?
                     };
                     let first = self.layers_of(vstage).start;
                     if let Some(r) = &self.reference {
@@ -538,7 +553,7 @@ impl<'a> Rank<'a> {
                         dy.scale(1.0 / tokens);
                         dy_last = Some(dy);
                     } else {
-                        self.send(self.holder(vstage + 1), pp_tag(step, false, vstage + 1, mb), [step as f32, mb as f32, (vstage + 1) as f32, 0.0], &y)?;
+                        self.send(self.holder(vstage + 1, mb), pp_tag(step, false, vstage + 1, mb), [step as f32, mb as f32, (vstage + 1) as f32, 0.0], &y)?;
                     }
                     live.insert((c, mb), Live { input: x, saved, dy_last });
                     let n = live.len() as u64;
@@ -552,7 +567,7 @@ impl<'a> Rank<'a> {
                     let entry = live.remove(&(c, mb)).ok_or_else(|| self.err("backward before its forward: the schedule is inconsistent"))?;
                     let mut dy = match entry.dy_last {
                         Some(dy) => dy,
-                        None => self.recv(self.holder(vstage + 1), pp_tag(step, true, vstage, mb), [step as f32, mb as f32, vstage as f32, 1.0], rows)?,
+                        None => self.recv(self.holder(vstage + 1, mb), pp_tag(step, true, vstage, mb), [step as f32, mb as f32, vstage as f32, 1.0], rows)?,
                     };
                     let range = self.layers_of(vstage);
                     if let Some(r) = &self.reference {
@@ -573,8 +588,8 @@ impl<'a> Rank<'a> {
                         let p = self.params[l].as_ref().expect("own layer");
                         dy = model::backward(&self.shard(), &s.dims, p, l, &saved[i], &dy, self.q0, &mut jobs).map_err(|e| self.err(e))?;
                     }
-                    if s.schedule == Schedule::ZbH1 {
-                        wqueue.push_back(jobs);
+                    if deferred.contains(&(c, mb)) {
+                        wjobs.insert((c, mb), jobs);
                     } else {
                         self.run_jobs(jobs);
                     }
@@ -584,12 +599,12 @@ impl<'a> Rank<'a> {
                             self.rec.check(|c| c.gradients += 1);
                         }
                     } else {
-                        self.send(self.holder(vstage - 1), pp_tag(step, true, vstage - 1, mb), [step as f32, mb as f32, (vstage - 1) as f32, 1.0], &dy)?;
+                        self.send(self.holder(vstage - 1, mb), pp_tag(step, true, vstage - 1, mb), [step as f32, mb as f32, (vstage - 1) as f32, 1.0], &dy)?;
                     }
                 }
                 Pass::Weight => {
                     self.phase = format!("step {step}, weight gradient of micro-batch {mb}");
-                    let jobs = wqueue.pop_front().ok_or_else(|| self.err("weight-gradient pass before its backward"))?;
+                    let jobs = wjobs.remove(&(c, mb)).ok_or_else(|| self.err("weight-gradient pass before its backward"))?;
                     self.run_jobs(jobs);
                 }
             }
@@ -597,13 +612,51 @@ impl<'a> Rank<'a> {
         if !live.is_empty() {
             return Err(self.err(format!("{} forward passes never got their backward", live.len())));
         }
-        for jobs in wqueue.drain(..) {
-            self.run_jobs(jobs);
+        if !wjobs.is_empty() {
+            return Err(self.err(format!("{} deferred weight-gradient passes never ran", wjobs.len())));
+        }
+        if s.schedule == Schedule::DualPipe {
+            self.phase = format!("step {step}, DualPipe mirror gradient sum");
+            self.sum_mirror_gradients(step)?;
         }
         self.phase = format!("step {step}, gradient reduction and optimizer");
         self.optimize()?;
         let secs = t_step.elapsed().as_secs_f64();
         self.rec.step_time(secs);
+        Ok(())
+    }
+
+    /// DualPipe holds every stage twice (rank r and rank p-1-r): the two copies' weight
+    /// gradients are summed between the mirror ranks before the data-parallel reduction.
+    fn sum_mirror_gradients(&mut self, step: u64) -> Result<(), ExecError> {
+        let p = self.s.cfg.pp as usize;
+        let partner = self.g.pp.members[p - 1 - self.pp_rank];
+        let own: Vec<usize> = (0..self.s.dims.layers).filter(|&l| self.grads[l].is_some()).collect();
+        let flat: Vec<f32> = own.iter().flat_map(|&l| {
+            let g = self.grads[l].as_ref().expect("own layer");
+            flatten(&g.dense()).into_iter().chain(flatten(&g.expert()))
+        }).collect();
+        let tag = ((Kind::Pp as u64) << 56) | (step << 44) | ((1 << 30) - 1);
+        let t = self.rec.start();
+        self.mesh.send(partner, tag, &to_bytes(&flat)).map_err(|e| self.err(e))?;
+        let theirs = from_bytes(&self.mesh.recv(partner, tag).map_err(|e| self.err(e))?).map_err(|e| self.err(e))?;
+        if theirs.len() != flat.len() {
+            return Err(self.err(format!("mirror rank {partner} holds {} gradient values, this rank {}: the stages are not mirrored", theirs.len(), flat.len())));
+        }
+        self.rec.comm("dp_grad", "all_reduce", 2, flat.len() * 4, t);
+        let mut i = 0;
+        for &l in &own {
+            let g = self.grads[l].as_mut().expect("own layer");
+            for expert in [false, true] {
+                let mats = if expert { g.expert_mut() } else { g.dense_mut() };
+                for m in mats {
+                    for x in m.data.iter_mut() {
+                        *x += theirs[i];
+                        i += 1;
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -870,10 +923,10 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
     let q0 = entry.cp as usize * chunk;
     let own = if s.cfg.sp { (q0 + entry.tp as usize * chunk / tp, q0 + (entry.tp as usize + 1) * chunk / tp) } else { (q0, q0 + chunk) };
     let pp_rank = entry.pp as usize;
-    let v = if s.schedule == Schedule::Interleaved { s.cfg.vpp as usize } else { 1 };
+    let v = if s.schedule == Schedule::Interleaved { s.cfg.vpp } else { 1 };
     let mut params: Vec<Option<LayerParams>> = vec![None; d.layers];
-    for c in 0..v {
-        let vs = c * s.cfg.pp as usize + pp_rank;
+    for c in 0..s.schedule.chunks_per_rank(v) {
+        let vs = virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize;
         for l in s.first_layer[vs]..s.first_layer[vs] + s.stage_layers[vs] {
             params[l] = Some(LayerParams::init(d, l, (entry.tp as usize, tp), (g.ep.me, g.ep.size())));
         }

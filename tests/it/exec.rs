@@ -227,7 +227,7 @@ fn calibration_from_a_run_moves_the_prediction_toward_the_measurement() {
 }
 
 #[test]
-fn cpu_backend_zero_bubble_and_gpipe_schedules() {
+fn cpu_backend_zero_bubble_gpipe_and_dualpipe_schedules() {
     let dir = TempDir::new("exec-zb");
     let p = plan(&dir, "zb.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "zb-h1"]);
     let run = exec_ok(&dir, &p, &[]);
@@ -235,9 +235,16 @@ fn cpu_backend_zero_bubble_and_gpipe_schedules() {
     let p = plan(&dir, "gpipe.json", &["--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "gpipe", "--global-batch", "32"]);
     let run = exec_ok(&dir, &p, &[]);
     assert_in_flight_matches_simulator(&run, Schedule::Gpipe);
-    // DualPipe is simulated, not executed: refused once, before any rank starts.
+    // DualPipe: both directions, every stage held twice and the mirror copies'
+    // gradients summed; p + 1 micro-batches live on every rank, as simulated.
     let p = plan(&dir, "dual.json", &["--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "dualpipe", "--global-batch", "32"]);
-    fails_with_one_line(&["exec", &p, "--ranks", "8"], "DualPipe is simulated by the planner but not executed");
+    let run = exec_ok(&dir, &p, &[]);
+    assert_eq!(run.peak_live_chunks, vec![5; 4]);
+    assert_in_flight_matches_simulator(&run, Schedule::DualPipe);
+    assert!(run.collectives.iter().any(|c| c.kind == "dp_grad" && c.ranks == 2), "mirror gradient sum");
+    // An etp > 1 plan is refused once, before any rank starts.
+    let p = plan(&dir, "etp.json", &["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8", "--tp", "2", "--ep", "2", "--etp", "2", "--sp", "true", "--recompute", "full"]);
+    fails_with_one_line(&["exec", &p, "--ranks", "8"], "expert tensor parallelism (etp 2) is not executed yet");
 }
 
 /// The GEMM shapes the CUDA backend times ([`layer_gemms`]) are the ones the
