@@ -173,11 +173,6 @@ impl Group {
         Ok(out)
     }
 
-    /// Gathers every member's vector (any sizes) on every member.
-    pub fn all_gather_var(&self, mesh: &Mesh, mine: &[f32]) -> Result<Vec<Vec<f32>>, String> {
-        self.all_to_all(mesh, vec![mine.to_vec(); self.size()])
-    }
-
     pub fn barrier(&self, mesh: &Mesh) -> Result<(), String> {
         let mut one = vec![1.0f32; self.size()];
         self.all_reduce(mesh, &mut one)?;

@@ -233,7 +233,6 @@ pub struct Saved {
     /// Attention probabilities per (batch item, head); empty when recomputed.
     probs: Vec<Mat>,
     o: Mat,
-    x1: Mat,
     /// MLP: gathered input and pre-activation. MoE: per local expert, the rows it
     /// received and their pre-activation.
     x1f: Mat,
@@ -253,7 +252,7 @@ struct MoeSaved {
 
 impl Saved {
     pub fn bytes(&self) -> usize {
-        let mut b = self.xf.bytes() + self.q.bytes() + self.k_all.bytes() + self.v_all.bytes() + self.o.bytes() + self.x1.bytes() + self.x1f.bytes() + self.h.bytes();
+        let mut b = self.xf.bytes() + self.q.bytes() + self.k_all.bytes() + self.v_all.bytes() + self.o.bytes() + self.x1f.bytes() + self.h.bytes();
         b += self.probs.iter().map(Mat::bytes).sum::<usize>();
         if let Some(m) = &self.moe {
             b += m.rows.iter().map(|(a, c)| a.bytes() + c.bytes()).sum::<usize>();
@@ -366,7 +365,7 @@ fn probs(s: &Shard, q: &Mat, k: &Mat, q0: usize) -> Mat {
             *x /= sum;
         }
     }
-    s.rec.elementwise("attention_core", t);
+    s.rec.add("attention_core", t);
     sc
 }
 
@@ -410,13 +409,13 @@ pub fn forward(s: &Shard, d: &Dims, p: &LayerParams, moe: bool, x: &Mat, q0: usi
         let t = s.rec.start();
         let mut a = h.clone();
         a.data.iter_mut().for_each(|z| *z = z.max(0.0));
-        s.rec.elementwise("elementwise", t);
+        s.rec.add("elementwise", t);
         let y = leave_tp(s, gemm(s, "mlp", &a, false, &p.w2, false))?;
         (y, x1f, h, None)
     };
     let mut out = x1.clone();
     out.add_assign(&y2);
-    Ok((out, Saved { xf, q, k_all, v_all, probs: kept, o, x1, x1f, h, moe: moe_saved }))
+    Ok((out, Saved { xf, q, k_all, v_all, probs: kept, o, x1f, h, moe: moe_saved }))
 }
 
 /// The rows of `x` this rank routes: its SP shard, or its 1/tp slice of replicated rows.
@@ -594,7 +593,7 @@ pub fn backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, sv: &Saved, 
                     *x = pv * (*x - dot) * scale;
                 }
             }
-            s.rec.elementwise("attention_core", t);
+            s.rec.add("attention_core", t);
             let dqh = gemm(s, "attention_core", &ds, false, &kh, false);
             let dkh = gemm(s, "attention_core", &ds, true, &qh, false);
             put_item_rows(&mut dq, &dqh, d.mbs, b, hh * hd, false);

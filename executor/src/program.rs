@@ -295,12 +295,22 @@ fn flatten(v: &[&Mat]) -> Vec<f32> {
     v.iter().flat_map(|m| m.data.iter().copied()).collect()
 }
 
-fn unflatten(v: &mut [&mut Mat], flat: &[f32]) {
+/// Copies `flat` back into `mats` in order: the inverse of [`flatten`].
+fn unflatten<'a>(mats: impl IntoIterator<Item = &'a mut Mat>, flat: &[f32]) {
     let mut i = 0;
-    for m in v.iter_mut() {
+    for m in mats {
         let n = m.data.len();
         m.data.copy_from_slice(&flat[i..i + n]);
         i += n;
+    }
+}
+
+/// A layer's dense or expert trainable tensors, mutably.
+fn tensors_mut(lp: &mut LayerParams, expert: bool) -> Vec<&mut Mat> {
+    if expert {
+        lp.expert_mut()
+    } else {
+        lp.dense_mut()
     }
 }
 
@@ -631,11 +641,9 @@ impl<'a> Rank<'a> {
     fn sum_mirror_gradients(&mut self, step: u64) -> Result<(), ExecError> {
         let p = self.s.cfg.pp as usize;
         let partner = self.g.pp.members[p - 1 - self.pp_rank];
-        let own: Vec<usize> = (0..self.s.dims.layers).filter(|&l| self.grads[l].is_some()).collect();
-        let flat: Vec<f32> = own.iter().flat_map(|&l| {
-            let g = self.grads[l].as_ref().expect("own layer");
-            flatten(&g.dense()).into_iter().chain(flatten(&g.expert()))
-        }).collect();
+        // Every dense tensor of the held layers, then every expert tensor.
+        let held = || self.grads.iter().flatten();
+        let flat: Vec<f32> = held().flat_map(|g| flatten(&g.dense())).chain(held().flat_map(|g| flatten(&g.expert()))).collect();
         let tag = ((Kind::Pp as u64) << 56) | (step << 44) | ((1 << 30) - 1);
         let t = self.rec.start();
         self.mesh.send(partner, tag, &to_bytes(&flat)).map_err(|e| self.err(e))?;
@@ -644,19 +652,10 @@ impl<'a> Rank<'a> {
             return Err(self.err(format!("mirror rank {partner} holds {} gradient values, this rank {}: the stages are not mirrored", theirs.len(), flat.len())));
         }
         self.rec.comm("dp_grad", "all_reduce", 2, flat.len() * 4, t);
-        let mut i = 0;
-        for &l in &own {
-            let g = self.grads[l].as_mut().expect("own layer");
-            for expert in [false, true] {
-                let mats = if expert { g.expert_mut() } else { g.dense_mut() };
-                for m in mats {
-                    for x in m.data.iter_mut() {
-                        *x += theirs[i];
-                        i += 1;
-                    }
-                }
-            }
-        }
+        let summed: Vec<f32> = flat.iter().zip(&theirs).map(|(a, b)| a + b).collect();
+        let dense_len: usize = self.grads.iter().flatten().map(|g| g.dense().iter().map(|m| m.data.len()).sum::<usize>()).sum();
+        unflatten(self.grads.iter_mut().flatten().flat_map(|g| tensors_mut(g, false)), &summed[..dense_len]);
+        unflatten(self.grads.iter_mut().flatten().flat_map(|g| tensors_mut(g, true)), &summed[dense_len..]);
         Ok(())
     }
 
@@ -719,13 +718,7 @@ impl<'a> Rank<'a> {
                 let full_g: Vec<f32> = r.grads.iter().flat_map(|lp| pick(lp)).collect();
                 let adam = if expert { &mut r.adam_expert } else { &mut r.adam_dense };
                 adam.step(&mut full_w, &full_g);
-                for lp in r.params.iter_mut() {
-                    let mut v = if expert { lp.expert_mut() } else { lp.dense_mut() };
-                    let len: usize = v.iter().map(|m| m.data.len()).sum();
-                    let (head, rest) = full_w.split_at(len);
-                    unflatten(&mut v, head);
-                    full_w = rest.to_vec();
-                }
+                unflatten(r.params.iter_mut().flat_map(|lp| tensors_mut(lp, expert)), &full_w);
                 ref_w = Some(own.iter().flat_map(|&l| pick(&shard_of(&r.params[l], d, tp, ep))).collect::<Vec<f32>>());
                 if e.is_nan() || e > TOLERANCE {
                     return Err(self.err(format!("{} weight gradients differ from the reference by {e:.2e}", if expert { "expert" } else { "dense" })));
@@ -744,14 +737,7 @@ impl<'a> Rank<'a> {
                 g.all_gather_chunks(self.mesh, &mut flat_w).map_err(|e| self.err(e))?;
                 self.rec.comm(kind_param, "all_gather", n, flat_w.len() * 4, t);
             }
-            for &l in &own {
-                let lp = self.params[l].as_mut().expect("own");
-                let mut v = if expert { lp.expert_mut() } else { lp.dense_mut() };
-                let len: usize = v.iter().map(|m| m.data.len()).sum();
-                let head: Vec<f32> = flat_w.drain(..len).collect();
-                unflatten(&mut v, &head);
-            }
-            let flat_w: Vec<f32> = own.iter().flat_map(|&l| pick(self.params[l].as_ref().expect("own"))).collect();
+            unflatten(self.params.iter_mut().flatten().flat_map(|lp| tensors_mut(lp, expert)), &flat_w);
             if let Some(want) = ref_w {
                 self.check("weights after the optimizer step", &flat_w, &want)?;
             }
@@ -812,13 +798,13 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// Merges every rank's statistics into the measured run (rank 0).
-fn merge(s: &Setup, o: &Options, device: &str, all: Vec<RankStats>, world: u64, tier_of: impl Fn(&str) -> String) -> MeasuredRun {
+fn merge(s: &Setup, o: &Options, device: &str, all: &[RankStats], world: u64, tier_of: impl Fn(&str) -> String) -> MeasuredRun {
     let mut run = run_header(s, o, "cpu", device, world);
     let steps = o.steps.max(1) as f64;
     run.complete = true;
     let nsteps = all.iter().map(|r| r.step_secs.len()).max().unwrap_or(0);
     run.step_secs = (0..nsteps).map(|i| all.iter().filter_map(|r| r.step_secs.get(i)).fold(0.0, |a: f64, &b| a.max(b))).collect();
-    for r in &all {
+    for r in all {
         for (k, v) in &r.components {
             let e = run.components.entry(k.clone()).or_insert(0.0);
             *e = e.max(v / steps);
@@ -826,7 +812,7 @@ fn merge(s: &Setup, o: &Options, device: &str, all: Vec<RankStats>, world: u64, 
     }
     let mut gemms: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
     let mut calls: std::collections::BTreeMap<&str, u64> = Default::default();
-    for r in &all {
+    for r in all {
         for (k, smp) in &r.gemms {
             gemms.entry(k).or_default().extend(&smp.secs);
             *calls.entry(k).or_default() = calls.get(k.as_str()).copied().unwrap_or(0).max(smp.calls);
@@ -848,7 +834,7 @@ fn merge(s: &Setup, o: &Options, device: &str, all: Vec<RankStats>, world: u64, 
         });
     }
     let mut comms: std::collections::BTreeMap<&str, (Vec<f64>, u64)> = Default::default();
-    for r in &all {
+    for r in all {
         for (k, smp) in &r.comms {
             let e = comms.entry(k).or_default();
             e.0.extend(&smp.secs);
@@ -877,16 +863,10 @@ fn merge(s: &Setup, o: &Options, device: &str, all: Vec<RankStats>, world: u64, 
             busbw_gbytes_per_s: if med > 0.0 { bytes * factor / med / 1e9 } else { 0.0 },
         });
     }
-    let pp = s.cfg.pp as usize;
-    run.peak_live_chunks = vec![0; pp];
-    for r in &all {
-        let stage = r.rank as usize; // replaced below with the pp coordinate
-        let _ = stage;
-    }
     run.peak_activation_bytes = all.iter().map(|r| r.peak_activation_bytes).max().unwrap_or(0);
     run.param_bytes = all.iter().map(|r| r.param_bytes).max().unwrap_or(0);
     run.optimizer_bytes = all.iter().map(|r| r.optimizer_bytes).max().unwrap_or(0);
-    for r in &all {
+    for r in all {
         let c = &r.checks;
         run.checks.activations += c.activations;
         run.checks.gradients += c.gradients;
@@ -987,7 +967,7 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
             map.groups[k].1.iter().any(|g| g.iter().any(|&q| q / gpn != g[0] / gpn))
         };
         let cpu = device.starts_with("cpu");
-        let mut run = merge(s, o, device, all.clone(), world, |kind| {
+        let mut run = merge(s, o, device, &all, world, |kind| {
             if cpu {
                 "loopback".into()
             } else if spans_nodes(kind) {

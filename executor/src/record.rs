@@ -12,14 +12,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Samples {
     pub calls: u64,
-    pub total_secs: f64,
     pub secs: Vec<f64>,
 }
 
 impl Samples {
     fn add(&mut self, s: f64) {
         self.calls += 1;
-        self.total_secs += s;
         if self.secs.len() < 4096 {
             self.secs.push(s);
         }
@@ -75,9 +73,6 @@ impl Recorder {
             *st.components.entry(class.to_string()).or_default() += s;
             st.gemms.entry(format!("{class} {m} {n} {k}")).or_default().add(s);
         }
-    }
-    pub fn elementwise(&self, class: &'static str, t: Instant) {
-        self.add(class, t);
     }
     pub fn comm(&self, kind: &'static str, op: &'static str, ranks: usize, bytes: usize, t: Instant) {
         if self.enabled {

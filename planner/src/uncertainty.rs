@@ -183,7 +183,10 @@ pub fn term_sigmas(set: &ValidationSet, moe: bool) -> Option<[f64; 4]> {
 
 /// Which term dominates the uncertainty of a prediction with `shares`.
 pub fn attribute(set: &ValidationSet, shares: &Shares, moe: bool) -> Option<Attribution> {
-    let sig = term_sigmas(set, moe)?;
+    attribute_with(term_sigmas(set, moe)?, shares)
+}
+
+fn attribute_with(sig: [f64; 4], shares: &Shares) -> Option<Attribution> {
     let var: Vec<f64> = shares.array().iter().zip(sig).map(|(s, g)| (s * g).powi(2)).collect();
     let total: f64 = var.iter().sum();
     if !(total > 0.0) {
@@ -200,7 +203,10 @@ pub fn attribute(set: &ValidationSet, shares: &Shares, moe: bool) -> Option<Attr
 
 /// The attribution of an estimate's uncertainty, from the compiled-in validation set.
 pub fn attribution_of(e: &crate::cost::Estimate, moe: bool) -> Option<Attribution> {
-    attribute(validation(), &Shares::of(e), moe)
+    // The fit depends only on the compiled-in set: once per kind.
+    static SIGMAS: OnceLock<[Option<[f64; 4]>; 2]> = OnceLock::new();
+    let sig = SIGMAS.get_or_init(|| [term_sigmas(validation(), false), term_sigmas(validation(), true)])[usize::from(moe)]?;
+    attribute_with(sig, &Shares::of(e))
 }
 
 /// The band of an estimate, with the dominant term named.
