@@ -41,8 +41,17 @@ pub struct Common {
     #[arg(long, default_value = "bf16")]
     pub precision: String,
     /// Busiest expert's load over the mean (MoE); 1.0 is perfectly balanced.
-    #[arg(long = "moe-imbalance", default_value_t = 1.0)]
-    pub moe_imbalance: f64,
+    /// Default: 1.52 with auxiliary-loss balancing, 1.04 with loss-free balancing
+    /// (DeepSeek-V3), the MaxVio of Wang et al. 2024 (arXiv:2408.15664) Table 2.
+    #[arg(long = "moe-imbalance")]
+    pub moe_imbalance: Option<f64>,
+    /// Expert capacity factor (MoE): tokens beyond it are dropped. Default:
+    /// dropless.
+    #[arg(long = "moe-capacity-factor")]
+    pub moe_capacity_factor: Option<f64>,
+    /// Pad every expert's input to its capacity (needs --moe-capacity-factor).
+    #[arg(long = "moe-pad-to-capacity")]
+    pub moe_pad_to_capacity: bool,
     /// Keep and reduce main gradients in BF16 instead of FP32.
     #[arg(long = "bf16-grads")]
     pub bf16_grads: bool,
@@ -166,7 +175,22 @@ impl Common {
         if self.global_batch == 0 || self.global_batch > MAX_GLOBAL_BATCH {
             bail!("--global-batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences", self.global_batch);
         }
-        let workload = Workload { seq: self.seq, global_batch: self.global_batch, precision, moe_imbalance: self.moe_imbalance };
+        if model.moe.is_none() && (self.moe_imbalance.is_some() || self.moe_capacity_factor.is_some()) {
+            bail!("--moe-imbalance and --moe-capacity-factor describe expert routing, but '{}' is a dense model; drop them", model.name);
+        }
+        if self.moe_pad_to_capacity && self.moe_capacity_factor.is_none() {
+            bail!("--moe-pad-to-capacity pads to a capacity: also give --moe-capacity-factor (for example 1.25)");
+        }
+        let moe_imbalance = match (self.moe_imbalance, &model.moe) {
+            (Some(x), Some(moe)) if x > sextant_planner::routing::max_imbalance(moe) => {
+                bail!("--moe-imbalance {x} is more than one expert can carry: with {} experts and top-{} routing the busiest expert takes at most {} times the mean", moe.experts, moe.top_k, sextant_planner::routing::max_imbalance(moe))
+            }
+            (Some(x), _) => x,
+            (None, Some(moe)) => sextant_planner::routing::default_imbalance(moe).min(sextant_planner::routing::max_imbalance(moe)).max(1.0),
+            (None, None) => 1.0,
+        };
+        let moe_capacity = self.moe_capacity_factor.map(|factor| sextant_planner::routing::Capacity { factor, pad: self.moe_pad_to_capacity });
+        let workload = Workload { seq: self.seq, global_batch: self.global_batch, precision, moe_imbalance, moe_capacity };
         workload.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let overlap = Overlap {
             grad_reduce: !self.no_overlap_grad_reduce,

@@ -169,6 +169,13 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
             let _ = writeln!(s, "Uncertainty is dominated by {} (share of the error variance: {}; per-term error fitted on the published runs: {})", a.dominant, parts.join(", "), sig.join(", "));
         }
     }
+    if let Some(r) = &e.moe_routing {
+        let cap = match r.capacity_factor {
+            None => "dropless".to_string(),
+            Some(c) => format!("capacity factor {c}{}, {:.2}% of routed tokens dropped", if r.pad_to_capacity { " padded" } else { "" }, 100.0 * r.dropped_fraction),
+        };
+        let _ = writeln!(s, "MoE routing: busiest expert at {:.2}x the mean, {cap}; the busiest of {} expert-parallel ranks processes and receives {:.3}x the balanced tokens", r.imbalance, cfg.ep, r.busiest_rank_load);
+    }
     let _ = writeln!(s, "\nTime per step on the critical stage (stage {} of {}):", e.critical_stage, cfg.pp);
     let c = &e.time.compute;
     for (name, v) in [

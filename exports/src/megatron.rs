@@ -234,6 +234,20 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
                 arg(&mut v, "moe-flex-dispatcher-backend", "deepep");
             }
         }
+        // TransformerConfig.moe_expert_capacity_factor / moe_pad_expert_input_to_capacity
+        // (token dropping; absent: dropless).
+        if let Some(c) = &w.moe_capacity {
+            arg(&mut v, "moe-expert-capacity-factor", c.factor);
+            if c.pad {
+                flag(&mut v, "moe-pad-expert-input-to-capacity");
+            }
+        }
+        // Auxiliary-loss-free balancing: per-expert score bias, sigmoid scores
+        // (TransformerConfig requires sigmoid or sqrtsoftplus with the bias).
+        if moe.balancing == sextant_planner::routing::Balancing::LossFree {
+            flag(&mut v, "moe-router-enable-expert-bias");
+            arg(&mut v, "moe-router-score-function", "sigmoid");
+        }
         if moe.dense_leading_layers > 0 || moe.layer_freq > 1 {
             let pattern: Vec<String> = (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }.to_string()).collect();
             v.push(format!("--moe-layer-freq \"[{}]\"", pattern.join(",")));
@@ -300,6 +314,9 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     if let Some(moe) = &m.moe {
         let _ = writeln!(s, "    expert_model_parallel_size={},\n    expert_tensor_parallel_size={},", cfg.ep, cfg.etp);
         let _ = writeln!(s, "    num_moe_experts={},\n    moe_router_topk={},\n    moe_ffn_hidden_size={},", moe.experts, moe.top_k, moe.expert_ffn_hidden);
+        if let Some(c) = &w.moe_capacity {
+            let _ = writeln!(s, "    moe_expert_capacity_factor={},\n    moe_pad_expert_input_to_capacity={},", c.factor, py_bool(c.pad));
+        }
     }
     match &cfg.layout {
         Layout::Even => {}

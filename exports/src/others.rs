@@ -77,6 +77,10 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
                 put("model.moe_flex_dispatcher_backend", "deepep".into());
             }
         }
+        if let Some(c) = &w.moe_capacity {
+            put("model.moe_expert_capacity_factor", c.factor.to_string());
+            put("model.moe_pad_expert_input_to_capacity", c.pad.to_string());
+        }
     }
     for (k, v) in layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
         put(&format!("model.{k}"), v);

@@ -15,7 +15,7 @@ fn bench(c: &mut Criterion) {
     for (model, gpus) in [("70b", 128u64), ("405b", 16384), ("deepseek-v3", 2048)] {
         let m = resolve(model).unwrap().spec;
         let cl = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
-        let w = Workload { seq: 4096, global_batch: 1024, precision: Precision::Bf16, moe_imbalance: 1.0 };
+        let w = Workload { seq: 4096, global_batch: 1024, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
         let space = SearchSpace::default();
         let r = search(&m, &cl, &w, &space, 10);
         assert!(r.valid > 0 && r.top.len() == 10, "{model} on {gpus}: no plan");
@@ -37,7 +37,7 @@ fn bench(c: &mut Criterion) {
     ];
     for (name, m, gpus, seq, gbs, expect_plans) in cases {
         let cl = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
-        let w = Workload { seq, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0 };
+        let w = Workload { seq, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
         let space = SearchSpace::default();
         let r = search(&m, &cl, &w, &space, 10);
         assert_eq!(r.valid > 0, expect_plans, "{name} on {gpus} GPUs");

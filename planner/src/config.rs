@@ -58,6 +58,9 @@ pub struct Workload {
     /// Busiest expert's load relative to the mean (1.0: perfectly balanced routing).
     #[serde(default = "one_f64")]
     pub moe_imbalance: f64,
+    /// Expert capacity (tokens over it are dropped); `None` is dropless routing.
+    #[serde(default)]
+    pub moe_capacity: Option<crate::routing::Capacity>,
 }
 
 fn one_f64() -> f64 {
@@ -298,6 +301,12 @@ pub const MAX_SEQ: u64 = 1 << 24;
 pub const MAX_GLOBAL_BATCH: u64 = 1 << 32;
 
 impl Workload {
+    /// Tokens the busiest of `ep` expert-parallel ranks processes over the
+    /// balanced share, and the fraction dropped ([`crate::routing::rank_load`]).
+    pub fn moe_rank_load(&self, moe: &crate::model::Moe, ep: u64) -> crate::routing::RankLoad {
+        crate::routing::rank_load(moe, ep, self.moe_imbalance, self.moe_capacity)
+    }
+
     /// Checks the ranges; the message names the field and what would be right.
     pub fn validate(&self) -> Result<(), String> {
         if self.seq < 2 || self.seq > MAX_SEQ {
@@ -308,6 +317,9 @@ impl Workload {
         }
         if !(self.moe_imbalance.is_finite() && (1.0..=64.0).contains(&self.moe_imbalance)) {
             return Err(format!("MoE imbalance {} is out of range: use 1.0 (balanced) up to 64", self.moe_imbalance));
+        }
+        if let Some(c) = &self.moe_capacity {
+            c.validate()?;
         }
         Ok(())
     }
@@ -730,7 +742,7 @@ mod tests {
             assert_eq!(back.schedule, expect);
             assert_eq!(back, cfg(4, vpp, Layout::Even));
         }
-        let w = |gbs: u64| Workload { seq: 4096, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0 };
+        let w = |gbs: u64| Workload { seq: 4096, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
         let with = |pp: u64, vpp: u64, s: Schedule| ParallelConfig { schedule: s, ..cfg(pp, vpp, Layout::Even) };
         let why = |c: ParallelConfig, gbs: u64| c.check_schedule(&w(gbs)).err().map(|r| r.to_string()).unwrap_or_default();
         assert!(why(with(4, 1, Schedule::Interleaved), 8).contains("needs vpp > 1"));

@@ -201,6 +201,23 @@ pub struct Estimate {
     /// ([`apply_simulation`]) rather than the closed form.
     #[serde(default)]
     pub pipeline_simulated: bool,
+    /// MoE routing as costed (absent for dense models).
+    #[serde(default)]
+    pub moe_routing: Option<MoeRouting>,
+}
+
+/// How expert routing was costed ([`crate::routing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MoeRouting {
+    /// Busiest expert's load over the mean, as assumed.
+    pub imbalance: f64,
+    /// Capacity factor; absent: dropless.
+    pub capacity_factor: Option<f64>,
+    pub pad_to_capacity: bool,
+    /// Tokens the busiest expert-parallel rank processes over the balanced share.
+    pub busiest_rank_load: f64,
+    /// Fraction of routed token copies dropped by the capacity.
+    pub dropped_fraction: f64,
 }
 
 /// Software assumptions that are not search knobs.
@@ -399,7 +416,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         (LayerKind::Moe, Some(moe)) => {
             let etp = cfg.etp as f64;
             let local_experts = (moe.experts / cfg.ep) as f64;
-            routed_tokens = tokens / t * moe.top_k as f64 * etp * c.w.moe_imbalance;
+            routed_tokens = tokens / t * moe.top_k as f64 * etp * c.w.moe_rank_load(moe, cfg.ep).factor;
             expert_ffn = moe.expert_ffn_hidden as f64;
             let per_expert = routed_tokens / local_experts;
             fwd.moe_experts = local_experts * mlp(expert_ffn, etp, per_expert);
@@ -517,11 +534,12 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     // EP: dispatch and combine forward, the same backward.
     if kind == LayerKind::Moe && cfg.ep > 1 {
         let moe = m.moe.as_ref().expect("MoE layer of an MoE model");
-        let bytes = tokens / t * moe.top_k as f64 * h * 2.0 * c.w.moe_imbalance;
+        let load = c.w.moe_rank_load(moe, cfg.ep).factor;
+        let bytes = tokens / t * moe.top_k as f64 * h * 2.0 * load;
         let g = c.ep_group();
         let one = match cfg.moe_dispatcher {
             Dispatcher::AllToAll => c.coll(Collective::AllToAll, bytes, g),
-            Dispatcher::Deduplicated => dedup_dispatch_secs(c.hw, tokens / t * c.w.moe_imbalance * h * 2.0, moe.experts, moe.top_k, g),
+            Dispatcher::Deduplicated => dedup_dispatch_secs(c.hw, tokens / t * load * h * 2.0, moe.experts, moe.top_k, g),
         };
         let calls = 2.0 * (2.0 + replays);
         lc.ep = (calls * one, calls * one);
@@ -892,7 +910,7 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         // MoE token dispatch: send and receive buffers of the layer in flight
         // (routed tokens x h in BF16, each way).
         let dispatch = match &model.moe {
-            Some(mo) if n_moe > 0.0 => 2.0 * tokens / t * mo.top_k as f64 * w.moe_imbalance * h * 2.0,
+            Some(mo) if n_moe > 0.0 => 2.0 * tokens / t * mo.top_k as f64 * w.moe_rank_load(mo, cfg.ep).factor * h * 2.0,
             _ => 0.0,
         };
         // A backward holds its input gradient and weight gradient GEMMs; the weight
@@ -1187,6 +1205,16 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         critical_stage: critical,
         band: None,
         pipeline_simulated: false,
+        moe_routing: model.moe.as_ref().map(|moe| {
+            let load = w.moe_rank_load(moe, cfg.ep);
+            MoeRouting {
+                imbalance: w.moe_imbalance,
+                capacity_factor: w.moe_capacity.map(|c| c.factor),
+                pad_to_capacity: w.moe_capacity.is_some_and(|c| c.pad),
+                busiest_rank_load: load.factor,
+                dropped_fraction: load.dropped,
+            }
+        }),
     })
 }
 
@@ -1202,7 +1230,7 @@ mod tests {
     }
 
     fn wl(seq: u64, gbs: u64) -> Workload {
-        Workload { seq, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0 }
+        Workload { seq, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None }
     }
 
     fn term(e: &Estimate, kind: CommKind) -> &CommTerm {
@@ -1437,6 +1465,7 @@ mod tests {
                         shared_ffn_hidden: None,
                         dense_leading_layers: dense.min(layers - 1),
                         layer_freq: 1,
+                        balancing: Default::default(),
                     });
                     ModelSpec {
                         schema_version: MODEL_SCHEMA_VERSION,
@@ -1474,7 +1503,7 @@ mod tests {
                 let profile = builtin_profile(gpu).unwrap();
                 let gpus = profile.node.gpus_per_node << nodes_log;
                 let c = Cluster::new(profile, gpus).unwrap();
-                let w = Workload { seq: 1 << seq_log, global_batch: 8 * gbs_mult, precision: Precision::Bf16, moe_imbalance: 1.0 };
+                let w = Workload { seq: 1 << seq_log, global_batch: 8 * gbs_mult, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
                 let r = search(&m, &c, &w, &SearchSpace::default(), 5);
                 prop_assert_eq!(r.enumerated, r.valid + r.rejected.values().sum::<u64>());
                 for cand in &r.top {
@@ -1492,7 +1521,7 @@ mod tests {
                 let small = builtin_profile("h100-sxm").unwrap();
                 let mut big = small.clone();
                 big.gpu.hbm_gib *= 2.0;
-                let w = Workload { seq: 1 << seq_log, global_batch: 64, precision: Precision::Bf16, moe_imbalance: 1.0 };
+                let w = Workload { seq: 1 << seq_log, global_batch: 64, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
                 let a = search(&m, &Cluster::new(small, 64).unwrap(), &w, &SearchSpace::default(), 1);
                 let b = search(&m, &Cluster::new(big, 64).unwrap(), &w, &SearchSpace::default(), 1);
                 prop_assert!(b.valid >= a.valid);

@@ -52,7 +52,7 @@ fn single(dp: u64) -> ParallelConfig {
 }
 
 fn workload(seq: u64, global_batch: u64) -> Workload {
-    Workload { seq, global_batch, precision: Precision::Bf16, moe_imbalance: 1.0 }
+    Workload { seq, global_batch, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None }
 }
 
 /// A parsed model: parameter counts, the summary line, and one estimate on one GPU

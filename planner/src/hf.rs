@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::error::InputError;
 use crate::model::{Mla, MlpKind, ModelSpec, Moe, SlidingWindow, MODEL_SCHEMA_VERSION};
+use crate::routing::Balancing;
 
 pub const SUPPORTED_TYPES: &[&str] = &[
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
@@ -110,6 +111,7 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
                 shared_ffn_hidden: None,
                 dense_leading_layers: 0,
                 layer_freq: 1,
+                balancing: Balancing::AuxLoss,
             });
         }
         "qwen2_moe" | "qwen3_moe" => {
@@ -129,6 +131,7 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
                 shared_ffn_hidden: if shared > 0 { Some(shared) } else { None },
                 dense_leading_layers: 0,
                 layer_freq: step.max(1),
+                balancing: Balancing::AuxLoss,
             });
         }
         "deepseek_v2" | "deepseek_v3" => {
@@ -149,6 +152,8 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
                     shared_ffn_hidden: None,
                     dense_leading_layers: opt(&v, "first_k_dense_replace")?.unwrap_or(0),
                     layer_freq: opt(&v, "moe_layer_freq")?.unwrap_or(1).max(1),
+                    // DeepSeek-V3's bias-corrected routing; V2 uses auxiliary losses.
+                    balancing: if v.get("topk_method").and_then(Value::as_str) == Some("noaux_tc") { Balancing::LossFree } else { Balancing::AuxLoss },
                 });
             }
         }
@@ -162,6 +167,7 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
                 shared_ffn_hidden: None,
                 dense_leading_layers: 0,
                 layer_freq: 1,
+                balancing: Balancing::AuxLoss,
             });
         }
         _ => {}

@@ -26,6 +26,7 @@ pub mod partition;
 pub mod plan;
 pub mod presets;
 pub mod ranks;
+pub mod routing;
 pub mod runs;
 pub mod schedule;
 pub mod search;

@@ -111,7 +111,7 @@ pub fn layer_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
             // TP; each keeps its permuted input (2h), the expert's inner activations
             // split by expert TP, and the unpermuted output (2h).
             let etp = cfg.etp as f64;
-            let routed = moe.top_k as f64 * w.moe_imbalance / t * etp;
+            let routed = moe.top_k as f64 * w.moe_rank_load(moe, cfg.ep).factor / t * etp;
             let expert = routed * (2.0 * h + mlp_inner(moe.expert_ffn_hidden as f64, etp) + 2.0 * h);
             let shared = mlp_inner(moe.shared_hidden() as f64, t);
             // Router logits and probabilities (fp32) per token.
@@ -126,7 +126,7 @@ pub fn layer_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
         // the QKV and FC1 inputs (outside the TP region) and for the output
         // projection and FC2 inputs (inside it).
         let fc2_in = match (kind, &model.moe) {
-            (LayerKind::Moe, Some(moe)) => moe.top_k as f64 * w.moe_imbalance / t * cfg.etp as f64 * moe.expert_ffn_hidden as f64 / cfg.etp as f64 + moe.shared_hidden() as f64 / t,
+            (LayerKind::Moe, Some(moe)) => moe.top_k as f64 * w.moe_rank_load(moe, cfg.ep).factor / t * cfg.etp as f64 * moe.expert_ffn_hidden as f64 / cfg.etp as f64 + moe.shared_hidden() as f64 / t,
             _ => model.ffn_hidden as f64 / t,
         };
         per_token -= 2.0 * h / sp_div + model.attn_out_dim() as f64 / t + fc2_in;
@@ -219,7 +219,7 @@ mod tests {
     }
 
     fn w(seq: u64) -> Workload {
-        Workload { seq, global_batch: 1, precision: Precision::Bf16, moe_imbalance: 1.0 }
+        Workload { seq, global_batch: 1, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None }
     }
 
     /// Korthikanti et al. 2022, Table 2, evaluated for GPT-3 175B (s=2048, h=12288,

@@ -70,6 +70,9 @@ pub struct Moe {
     /// Every `layer_freq`-th layer after the dense ones is MoE (1: all of them).
     #[serde(default = "one")]
     pub layer_freq: u64,
+    /// How the router balances expert loads; sets the default imbalance.
+    #[serde(default)]
+    pub balancing: crate::routing::Balancing,
 }
 
 fn one() -> u64 {

@@ -5,6 +5,7 @@
 
 use crate::error::InputError;
 use crate::model::{Mla, MlpKind, ModelSpec, Moe, SlidingWindow, MODEL_SCHEMA_VERSION};
+use crate::routing::Balancing;
 
 /// A preset: its canonical name, other names it answers to, and the spec.
 pub struct Preset {
@@ -79,12 +80,12 @@ fn llama31_405b() -> ModelSpec {
 }
 fn mixtral_8x7b() -> ModelSpec {
     let mut m = dense("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1 config.json", 32, 4096, 14336, 32, 8, 32000, MlpKind::Gated);
-    m.moe = Some(Moe { experts: 8, top_k: 2, expert_ffn_hidden: 14336, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1 });
+    m.moe = Some(Moe { experts: 8, top_k: 2, expert_ffn_hidden: 14336, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
     m
 }
 fn mixtral_8x22b() -> ModelSpec {
     let mut m = dense("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1 config.json", 56, 6144, 16384, 48, 8, 32768, MlpKind::Gated);
-    m.moe = Some(Moe { experts: 8, top_k: 2, expert_ffn_hidden: 16384, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1 });
+    m.moe = Some(Moe { experts: 8, top_k: 2, expert_ffn_hidden: 16384, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
     m
 }
 fn deepseek_v3() -> ModelSpec {
@@ -92,26 +93,26 @@ fn deepseek_v3() -> ModelSpec {
     let mut m = dense("deepseek-v3", "deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 report (arXiv 2412.19437) section 4.2", 61, 7168, 18432, 128, 128, 129280, MlpKind::Gated);
     m.head_dim = 128;
     m.mla = Some(Mla { q_lora_rank: 1536, kv_lora_rank: 512, qk_nope_head_dim: 128, qk_rope_head_dim: 64, v_head_dim: 128 });
-    m.moe = Some(Moe { experts: 256, top_k: 8, expert_ffn_hidden: 2048, shared_experts: 1, shared_ffn_hidden: None, dense_leading_layers: 3, layer_freq: 1 });
+    m.moe = Some(Moe { experts: 256, top_k: 8, expert_ffn_hidden: 2048, shared_experts: 1, shared_ffn_hidden: None, dense_leading_layers: 3, layer_freq: 1, balancing: Balancing::LossFree });
     m
 }
 fn qwen3_30b_a3b() -> ModelSpec {
     let mut m = dense("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B config.json", 48, 2048, 6144, 32, 4, 151936, MlpKind::Gated);
     m.head_dim = 128;
-    m.moe = Some(Moe { experts: 128, top_k: 8, expert_ffn_hidden: 768, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1 });
+    m.moe = Some(Moe { experts: 128, top_k: 8, expert_ffn_hidden: 768, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
     m
 }
 fn qwen3_235b_a22b() -> ModelSpec {
     let mut m = dense("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B config.json", 94, 4096, 12288, 64, 4, 151936, MlpKind::Gated);
     m.head_dim = 128;
-    m.moe = Some(Moe { experts: 128, top_k: 8, expert_ffn_hidden: 1536, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1 });
+    m.moe = Some(Moe { experts: 128, top_k: 8, expert_ffn_hidden: 1536, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
     m
 }
 fn gpt_oss_120b() -> ModelSpec {
     let mut m = dense("gpt-oss-120b", "openai/gpt-oss-120b config.json (alternating 128-token sliding window)", 36, 2880, 2880, 64, 8, 201088, MlpKind::Gated);
     m.head_dim = 64;
     m.bias = true;
-    m.moe = Some(Moe { experts: 128, top_k: 4, expert_ffn_hidden: 2880, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1 });
+    m.moe = Some(Moe { experts: 128, top_k: 4, expert_ffn_hidden: 2880, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
     m.sliding_window = Some(SlidingWindow { window: 128, layers: 18 });
     m
 }

@@ -176,6 +176,7 @@ fn model_for(r: &Row) -> Result<ModelSpec, String> {
             shared_ffn_hidden: None,
             dense_leading_layers: prev.map(|p| p.dense_leading_layers).unwrap_or(0),
             layer_freq: prev.map(|p| p.layer_freq).unwrap_or(1),
+            balancing: prev.map(|p| p.balancing).unwrap_or_default(),
         });
         if m.mlp != MlpKind::Gated && prev.is_none() {
             m.mlp = MlpKind::Gated;
@@ -208,7 +209,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "mxfp8" => Precision::Mxfp8,
         other => return Err(format!("precision '{other}' is not one of bf16, fp16, fp8, mxfp8")),
     };
-    let workload = Workload { seq: req(r, "seq")?, global_batch: req(r, "gbs")?, precision, moe_imbalance: 1.0 };
+    let workload = Workload { seq: req(r, "seq")?, global_batch: req(r, "gbs")?, precision, moe_imbalance: 1.0, moe_capacity: None };
     let zero = match get(r, "zero") {
         "0" | "" => Zero::None,
         "1" | "distributed optimizer" => Zero::DistOpt,

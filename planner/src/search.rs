@@ -361,7 +361,7 @@ mod tests {
     fn run(model: &str, gpus: u64, gbs: u64) -> (ModelSpec, Cluster, Workload, SearchResult) {
         let m = resolve(model).unwrap().spec;
         let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
-        let w = Workload { seq: 4096, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0 };
+        let w = Workload { seq: 4096, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
         let r = search(&m, &c, &w, &SearchSpace::default(), 10);
         (m, c, w, r)
     }
@@ -428,7 +428,7 @@ mod tests {
     fn schedules_are_searched_and_restrictable() {
         let m = resolve("llama3-8b").unwrap().spec;
         let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
-        let w = Workload { seq: 4096, global_batch: 512, precision: Precision::Bf16, moe_imbalance: 1.0 };
+        let w = Workload { seq: 4096, global_batch: 512, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
         let r = search(&m, &c, &w, &SearchSpace::default(), 5);
         let seen: Vec<&str> = r.sensitivity.iter().filter(|s| s.dimension == "schedule").map(|s| s.value.as_str()).collect();
         for s in ["1f1b", "interleaved", "zb-h1", "dualpipe"] {

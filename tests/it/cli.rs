@@ -291,3 +291,52 @@ fn models_and_profiles_list_the_built_ins() {
         assert!(out.contains(name), "profiles lacks {name}");
     }
 }
+
+#[test]
+fn moe_routing_defaults_capacity_and_exports() {
+    let est = |extra: &[&str]| {
+        let mut a = vec!["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "2", "--ep", "8", "--json"];
+        a.extend_from_slice(extra);
+        let o = sextant(&a);
+        assert!(o.status.success(), "{a:?}: {}", stderr(&o));
+        PlanFile::from_json(&stdout(&o)).expect("plan JSON")
+    };
+    // Mixtral balances with an auxiliary loss: the default is the published 1.52.
+    let default = est(&[]);
+    assert!((default.workload.moe_imbalance - 1.52).abs() < 1e-12);
+    let r = default.plans[0].estimate.moe_routing.expect("routing summary");
+    // One expert per rank at EP 8 of 8 experts: the rank carries the expert's load.
+    assert!((r.busiest_rank_load - 1.52).abs() < 1e-9 && r.dropped_fraction == 0.0, "{r:?}");
+    let balanced = est(&["--moe-imbalance", "1"]);
+    let capped = est(&["--moe-capacity-factor", "1.25"]);
+    let padded = est(&["--moe-capacity-factor", "1.25", "--moe-pad-to-capacity", "--moe-imbalance", "1"]);
+    let step = |p: &PlanFile| p.plans[0].estimate.step_secs;
+    // Imbalance slows the step; a capacity recovers part of it by dropping tokens;
+    // padding a balanced load to the capacity costs time for nothing.
+    assert!(step(&balanced) < step(&capped) && step(&capped) < step(&default), "{} {} {}", step(&balanced), step(&capped), step(&default));
+    assert!(step(&padded) > step(&balanced));
+    let rc = capped.plans[0].estimate.moe_routing.unwrap();
+    assert!(rc.dropped_fraction > 0.0 && (rc.busiest_rank_load - 1.25).abs() < 1e-9, "{rc:?}");
+    // The expert activations follow the load.
+    assert!(default.plans[0].estimate.memory.activations > balanced.plans[0].estimate.memory.activations);
+
+    // DeepSeek-V3 routes without an auxiliary loss: 1.04.
+    let o = sextant(&["plan", "--model", "deepseek-v3", "--gpus", "1024", "--top", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!((PlanFile::from_json(&stdout(&o)).unwrap().workload.moe_imbalance - 1.04).abs() < 1e-12);
+
+    // The capacity reaches Megatron's arguments.
+    let dir = TempDir::new("routing");
+    let plan = dir.path("plan.json");
+    let o = sextant(&["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "2", "--ep", "8", "--moe-capacity-factor", "1.25", "--moe-pad-to-capacity", "--out", plan.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = sextant(&["export", plan.to_str().unwrap(), "--to", "megatron-lm"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("--moe-expert-capacity-factor 1.25") && out.contains("--moe-pad-expert-input-to-capacity"), "{out}");
+
+    fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-imbalance", "5"], "at most 4 times the mean");
+    fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-pad-to-capacity"], "also give --moe-capacity-factor");
+    fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-capacity-factor=-1"], "capacity factor");
+    fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--moe-capacity-factor", "1.25"], "dense model");
+}

@@ -16,7 +16,7 @@ use sextant_planner::schedule::Schedule;
 fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: ParallelConfig) -> PlanFile {
     let m = resolve(model).unwrap().spec;
     let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
-    let w = Workload { seq, global_batch: gbs, precision, moe_imbalance: 1.0 };
+    let w = Workload { seq, global_batch: gbs, precision, moe_imbalance: 1.0, moe_capacity: None };
     let e = evaluate(&m, &c, &w, &cfg, Assumptions::default()).unwrap_or_else(|r| panic!("{model}: {r}"));
     let mut p = PlanFile::new(m, c.profile, gpus, w, None, vec![(cfg, e)]);
     p.generator = "sextant (test)".into();

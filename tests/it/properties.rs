@@ -28,6 +28,7 @@ pub fn model() -> impl Strategy<Value = ModelSpec> {
                 shared_ffn_hidden: None,
                 dense_leading_layers: dense.min(layers.saturating_sub(1)),
                 layer_freq: 1,
+                balancing: Default::default(),
             });
             m
         })
@@ -66,7 +67,7 @@ pub fn any_model_any_cluster(cases: u32) -> (u32, u32) {
     runner
         .run(&(model(), gpus(), 7u32..=17, 1u64..=4096), |(m, gpus, seq_log, gbs)| {
             let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let w = Workload { seq: 1 << seq_log, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0 };
+            let w = Workload { seq: 1 << seq_log, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
             let r = search(&m, &c, &w, &SearchSpace::default(), 3);
             prop_assert_eq!(r.enumerated, r.valid + r.rejected.values().sum::<u64>());
             if !r.top.is_empty() {
@@ -93,7 +94,7 @@ pub fn larger_batch_never_costs_more_than_the_bubble(cases: u32) -> (u32, u32) {
     runner
         .run(&(model(), 0u32..=9, 9u32..=14, 2u64..=8), |(m, nodes_log, seq_log, factor)| {
             let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 8 << nodes_log).unwrap();
-            let w = Workload { seq: 1 << seq_log, global_batch: 256, precision: Precision::Bf16, moe_imbalance: 1.0 };
+            let w = Workload { seq: 1 << seq_log, global_batch: 256, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
             let r = search(&m, &c, &w, &SearchSpace::default(), 3);
             for cand in &r.top {
                 let big = Workload { global_batch: w.global_batch * factor, ..w.clone() };
