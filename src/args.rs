@@ -58,6 +58,12 @@ pub struct Common {
     /// Overlap TP communication with GEMMs (Megatron --tp-comm-overlap).
     #[arg(long = "tp-comm-overlap")]
     pub tp_comm_overlap: bool,
+    /// Overlap the MoE all-to-all with another micro-batch's compute (Megatron
+    /// --overlap-moe-expert-parallel-comm --delay-wgrad-compute), on plans where
+    /// Megatron allows it: EP > 1, no pipeline or an interleaved one, no full
+    /// recomputation. DualPipe overlaps it by construction.
+    #[arg(long = "ep-comm-overlap")]
+    pub ep_comm_overlap: bool,
     /// Do not overlap DP gradient reduction with the backward pass.
     #[arg(long = "no-overlap-grad-reduce")]
     pub no_overlap_grad_reduce: bool,
@@ -197,6 +203,7 @@ impl Common {
             param_gather: !self.no_overlap_param_gather,
             tp_comm: self.tp_comm_overlap,
             p2p: true,
+            ep_comm: self.ep_comm_overlap,
         };
         let schedules = match &self.schedule {
             None => None,

@@ -248,6 +248,12 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
             flag(&mut v, "moe-router-enable-expert-bias");
             arg(&mut v, "moe-router-score-function", "sigmoid");
         }
+        // TransformerConfig.overlap_moe_expert_parallel_comm needs the delayed
+        // weight-gradient pass to have compute to hide behind.
+        if cfg.overlap.ep_comm && cfg.ep_overlap(w).is_some() {
+            flag(&mut v, "overlap-moe-expert-parallel-comm");
+            flag(&mut v, "delay-wgrad-compute");
+        }
         if moe.dense_leading_layers > 0 || moe.layer_freq > 1 {
             let pattern: Vec<String> = (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }.to_string()).collect();
             v.push(format!("--moe-layer-freq \"[{}]\"", pattern.join(",")));

@@ -77,6 +77,10 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
                 put("model.moe_flex_dispatcher_backend", "deepep".into());
             }
         }
+        if cfg.overlap.ep_comm && cfg.ep_overlap(w).is_some() {
+            put("comm_overlap.overlap_moe_expert_parallel_comm", "true".into());
+            put("comm_overlap.delay_wgrad_compute", "true".into());
+        }
         if let Some(c) = &w.moe_capacity {
             put("model.moe_expert_capacity_factor", c.factor.to_string());
             put("model.moe_pad_expert_input_to_capacity", c.pad.to_string());

@@ -194,11 +194,18 @@ pub struct Overlap {
     pub tp_comm: bool,
     /// `--overlap-p2p-communication` (interleaved schedules).
     pub p2p: bool,
+    /// `--overlap-moe-expert-parallel-comm` with `--delay-wgrad-compute`: the
+    /// forward of one micro-batch and the backward of another run layer by layer
+    /// together, each one's all-to-all hidden behind the other's compute.
+    /// Megatron allows it with EP > 1, no pipeline or an interleaved one, and
+    /// without full recomputation ([`ParallelConfig::ep_overlap`]).
+    #[serde(default)]
+    pub ep_comm: bool,
 }
 
 impl Default for Overlap {
     fn default() -> Self {
-        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, p2p: true }
+        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, p2p: true, ep_comm: false }
     }
 }
 
@@ -410,6 +417,30 @@ impl ParallelConfig {
                 Ok(list.clone())
             }
         }
+    }
+
+    /// Whether the EP all-to-all is overlapped with compute, and over which
+    /// fraction of the layer passes: those whose forward has a backward partner.
+    /// DualPipe pairs the two directions by construction (the DeepSeek-V3
+    /// report's computation-communication overlap); Megatron's
+    /// `--overlap-moe-expert-parallel-comm` pairs micro-batches under its rules.
+    /// Unpaired passes are the warm-up forwards (and as many cool-down backwards).
+    pub fn ep_overlap(&self, w: &Workload) -> Option<f64> {
+        if self.ep < 2 {
+            return None;
+        }
+        let m = self.micro_batches(w) as f64;
+        let (p, v) = (self.pp as f64, self.vpp as f64);
+        let (chunks, warm) = match self.schedule {
+            Schedule::DualPipe => (m, p),
+            _ if !self.overlap.ep_comm || self.recompute == Recompute::Full => return None,
+            _ if self.pp == 1 => (m, 1.0),
+            // Megatron's interleaved warm-up on rank r: 2 (p - r - 1) + (v - 1) p
+            // forward chunks; (p - 1) + (v - 1) p on average over the ranks.
+            Schedule::Interleaved => (m * v, (p - 1.0) + (v - 1.0) * p),
+            _ => return None,
+        };
+        Some(((chunks - warm) / chunks).clamp(0.0, 1.0))
     }
 
     /// The pipeline schedule's rules: interleaving needs virtual stages and the

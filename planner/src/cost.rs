@@ -542,7 +542,15 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
             Dispatcher::Deduplicated => dedup_dispatch_secs(c.hw, tokens / t * load * h * 2.0, moe.experts, moe.top_k, g),
         };
         let calls = 2.0 * (2.0 + replays);
-        lc.ep = (calls * one, calls * one);
+        let total = calls * one;
+        // Paired passes hide this layer's all-to-all behind the partner's compute
+        // of the same layer; what outlasts it stays exposed.
+        let exposed = match cfg.ep_overlap(c.w) {
+            Some(f) => (1.0 - f) * total + f * (total - (fwd.total() + bwd.total())).max(0.0),
+            None => total,
+        };
+        lc.ep = (total, exposed);
+        lc.overlapped += total - exposed;
         lc.ep_calls = calls;
     }
     if kind == LayerKind::Moe && cfg.etp > 1 {
@@ -1239,6 +1247,41 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * b.abs().max(1e-30)
+    }
+
+    /// EP all-to-all overlap: hidden behind the partner pass's compute where
+    /// Megatron allows it (interleaved or no pipeline, no full recomputation) and
+    /// under DualPipe by construction; never elsewhere.
+    #[test]
+    fn ep_all_to_all_overlap_follows_megatrons_rules() {
+        let m = resolve("qwen3-235b-a22b").unwrap().spec;
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 256).unwrap();
+        let w = wl(4096, 1024);
+        let base = ParallelConfig { tp: 2, pp: 8, vpp: 4, ep: 32, dp: 16, sp: true, zero: Zero::DistOpt, schedule: Schedule::Interleaved, moe_dispatcher: Dispatcher::Deduplicated, layout: Layout::AccountEmbeddingLoss, ..cfg(2, 8, 1, 16) };
+        let on = |k: &ParallelConfig| ParallelConfig { overlap: Overlap { ep_comm: true, ..k.overlap }, ..k.clone() };
+        let run = |k: &ParallelConfig| evaluate(&m, &c, &w, k, Assumptions::default()).unwrap();
+        let (off_e, on_e) = (run(&base), run(&on(&base)));
+        let (t_off, t_on) = (term(&off_e, CommKind::Ep), term(&on_e, CommKind::Ep));
+        assert!(close(t_off.total_secs, t_on.total_secs), "the bytes do not change");
+        assert!(close(t_off.exposed_secs, t_off.total_secs));
+        assert!(t_on.exposed_secs < 0.5 * t_off.exposed_secs && t_on.overlapped_secs > 0.0, "{t_on:?}");
+        assert!(on_e.step_secs < off_e.step_secs);
+        // Paired fraction: 64 micro-batches x 4 chunks less the warm-up 7 + 3 x 8.
+        assert_eq!(base.micro_batches(&w), 64);
+        let f = on(&base).ep_overlap(&w).unwrap();
+        assert!(close(f, (256.0 - 31.0) / 256.0), "{f}");
+        // Megatron refuses the overlap with full recomputation and with a
+        // non-interleaved pipeline: nothing changes there.
+        for k in [ParallelConfig { recompute: Recompute::Full, ..on(&base) }, ParallelConfig { vpp: 1, schedule: Schedule::OneFOneB, layout: Layout::Even, ..on(&base) }] {
+            assert_eq!(k.ep_overlap(&w), None);
+        }
+        // Without a pipeline every micro-batch but the first forward has a partner.
+        let flat = ParallelConfig { pp: 1, vpp: 1, dp: 128, schedule: Schedule::OneFOneB, layout: Layout::Even, ..on(&base) };
+        let mb = flat.micro_batches(&w) as f64;
+        assert!(close(flat.ep_overlap(&w).unwrap(), (mb - 1.0) / mb));
+        // DualPipe overlaps without the flag.
+        let dual = ParallelConfig { vpp: 1, schedule: Schedule::DualPipe, layout: Layout::Even, ..base.clone() };
+        assert!(dual.ep_overlap(&w).is_some() && base.ep_overlap(&w).is_none());
     }
 
     /// Megatron-LM `theoretical_memory_usage.py` for Llama 2 7B at TP 2, PP 2 on 8

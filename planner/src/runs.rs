@@ -26,7 +26,15 @@
 //!   Megatron-Bridge recipes of every MoE model in the data set one
 //!   (`moe_flex_dispatcher_backend` = "deepep" in recipes/gpt_oss/h100/gpt_oss.py and
 //!   recipes/qwen/h100/qwen3_moe.py, "hybridep" in recipes/deepseek/h100/deepseek_v3.py
-//!   and recipes/qwen/gb200/qwen3_moe.py).
+//!   and recipes/qwen/gb200/qwen3_moe.py);
+//! - MoE rows on that stack whose expert-parallel group spans more than one NVLink
+//!   domain overlap the all-to-all with compute (`overlap_moe_expert_parallel_comm`
+//!   with `delay_wgrad_compute`). The Megatron-Bridge performance configurations of
+//!   the data set's date (scripts/performance/configs/*/*_workload_base_configs.py,
+//!   April 2026) set `moe_a2a_overlap` exactly there: on for DeepSeek-V3 MXFP8 on
+//!   256 B200 (EP 32 over 8-GPU nodes) and Qwen3-235B on 256 H100 (EP 32); off for
+//!   DeepSeek-V3 on GB200 (EP 64 inside the 72-GPU rack) and GPT-OSS-120B on H100
+//!   (EP 8 in a node).
 
 use serde::Serialize;
 
@@ -225,6 +233,10 @@ fn case(r: &Row) -> Result<RunCase, String> {
         other => return Err(format!("recompute '{other}' is not one of none, selective, full")),
     };
     let modern = zero != Zero::None;
+    let ep: u64 = num(r, "ep")?.unwrap_or(1);
+    // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
+    // NVLink domain (see the module notes).
+    let ep_comm = modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain;
     let tp = req(r, "tp")?;
     let pp = req(r, "pp")?;
     let vpp = num(r, "vpp")?.unwrap_or(1).max(1);
@@ -233,7 +245,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         pp,
         vpp,
         cp: num(r, "cp")?.unwrap_or(1),
-        ep: num(r, "ep")?.unwrap_or(1),
+        ep,
         etp: 1,
         dp: req(r, "dp")?,
         sp: get(r, "sp") == "true",
@@ -241,7 +253,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         zero,
         recompute,
         layout: Layout::balanced(model.layers, pp, vpp),
-        overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm: modern, p2p: true },
+        overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm: modern, p2p: true, ep_comm },
         bf16_grads: modern,
         moe_dispatcher: if modern { Dispatcher::Deduplicated } else { Dispatcher::AllToAll },
         // Every published row ran Megatron's schedule for its vpp.

@@ -335,6 +335,17 @@ fn moe_routing_defaults_capacity_and_exports() {
     let out = stdout(&o);
     assert!(out.contains("--moe-expert-capacity-factor 1.25") && out.contains("--moe-pad-expert-input-to-capacity"), "{out}");
 
+    assert!(!out.contains("--overlap-moe-expert-parallel-comm"), "not asked for:\n{out}");
+    // EP all-to-all overlap reaches the arguments where Megatron allows it
+    // (interleaved pipeline), and only there.
+    for (vpp, expect) in [("2", true), ("1", false)] {
+        let o = sextant(&["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "2", "--vpp", vpp, "--ep", "8", "--ep-comm-overlap", "--out", plan.to_str().unwrap(), "--force"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = sextant(&["export", plan.to_str().unwrap(), "--to", "megatron-lm"]);
+        let out = stdout(&o);
+        assert_eq!(out.contains("--overlap-moe-expert-parallel-comm") && out.contains("--delay-wgrad-compute"), expect, "vpp {vpp}:\n{out}");
+    }
+
     fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-imbalance", "5"], "at most 4 times the mean");
     fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-pad-to-capacity"], "also give --moe-capacity-factor");
     fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-capacity-factor=-1"], "capacity factor");
