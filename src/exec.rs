@@ -255,8 +255,14 @@ fn print_summary(run: &MeasuredRun, out: &Path) {
         run.median_step_secs().unwrap_or(0.0)
     );
     println!(
-        "Checks passed: {} collectives with known data, {} activations and {} gradients against the unsharded reference (max relative error {:.1e}), {} replica comparisons, {} pipeline messages; no unmatched send.",
-        c.collectives, c.activations, c.gradients, c.max_rel_error, c.replicas, c.p2p_messages
+        "Checks passed: {} collectives with known data, {} activations and {} gradients against the unsharded reference (max relative error {:.1e}), {} replica comparisons, {}{} pipeline messages; no unmatched send.",
+        c.collectives,
+        c.activations,
+        c.gradients,
+        c.max_rel_error,
+        c.replicas,
+        if c.param_gathers > 0 { format!("{} ZeRO-3 parameter gathers, ", c.param_gathers) } else { String::new() },
+        c.p2p_messages
     );
     println!("Peak live micro-batch chunks per pipeline rank: {:?}", run.peak_live_chunks);
     println!("Measured run written to {}", out.display());

@@ -240,8 +240,11 @@ struct Rank<'a> {
     rec: Recorder,
     params: Vec<Option<LayerParams>>,
     grads: Vec<Option<LayerParams>>,
-    adam_dense: Adam,
-    adam_expert: Adam,
+    /// The virtual stages this rank holds, in chunk order.
+    vstages: Vec<usize>,
+    /// Adam state per (expert, unit): one unit of all own layers, or with ZeRO-3
+    /// one per held virtual stage (the unit its parameters are gathered in).
+    adam: HashMap<(bool, usize), Adam>,
     reference: Option<Reference>,
     phase: String,
     /// First position of this rank's CP chunk and its own rows (positions) of it.
@@ -550,7 +553,9 @@ impl<'a> Rank<'a> {
                         self.check("stage input", &x.data, &self.own_rows(&r.acts[&key_ref][first]).data)?;
                         self.rec.check(|c| c.activations += 1);
                     }
+                    self.gather(vstage)?;
                     let (y, saved) = self.forward_chunk(vstage, x.clone())?;
+                    self.release(vstage);
                     let saved = if s.cfg.recompute == Recompute::Full { Vec::new() } else { saved };
                     live_bytes += x.bytes() + saved.iter().map(Saved::bytes).sum::<usize>();
                     let mut dy_last = None;
@@ -584,6 +589,7 @@ impl<'a> Rank<'a> {
                         self.check("stage output gradient", &dy.data, &self.own_rows(&r.dacts[&key_ref][range.end]).data)?;
                         self.rec.check(|c| c.gradients += 1);
                     }
+                    self.gather(vstage)?;
                     let saved = if entry.saved.is_empty() {
                         let t = self.rec.start();
                         let out = self.forward_chunk(vstage, entry.input.clone())?.1;
@@ -598,6 +604,7 @@ impl<'a> Rank<'a> {
                         let p = self.params[l].as_ref().expect("own layer");
                         dy = model::backward(&self.shard(), &s.dims, p, l, &saved[i], &dy, self.q0, &mut jobs).map_err(|e| self.err(e))?;
                     }
+                    self.release(vstage);
                     if deferred.contains(&(c, mb)) {
                         wjobs.insert((c, mb), jobs);
                     } else {
@@ -669,86 +676,163 @@ impl<'a> Rank<'a> {
         }
     }
 
-    /// Reduces gradients over the replicas and takes an Adam step (sharded with the
-    /// distributed optimizer); checks against the reference and across replicas.
-    fn optimize(&mut self) -> Result<(), ExecError> {
-        let sharded = self.s.cfg.zero != Zero::None;
-        let own: Vec<usize> = (0..self.s.dims.layers).filter(|&l| self.params[l].is_some()).collect();
+    /// The units parameters are sharded, gathered and stepped in: all own layers
+    /// at once, or with ZeRO-3 each held virtual stage.
+    fn units(&self) -> Vec<Vec<usize>> {
+        if self.s.cfg.zero == Zero::Zero3 {
+            self.vstages.iter().map(|&v| self.layers_of(v).collect::<Vec<_>>()).filter(|u| !u.is_empty()).collect()
+        } else {
+            vec![(0..self.s.dims.layers).filter(|&l| self.params[l].is_some()).collect()]
+        }
+    }
+
+    /// The replica group and the parameter class of one side (dense or expert).
+    fn side(&self, expert: bool) -> (&Group, fn(&LayerParams) -> Vec<f32>) {
+        if expert {
+            (&self.g.edp, |lp| flatten(&lp.expert()))
+        } else {
+            (&self.g.dp_cp, |lp| flatten(&lp.dense()))
+        }
+    }
+
+    /// Writes `flat` back into the layers of `unit` (one side).
+    fn store(&mut self, unit: &[usize], expert: bool, flat: &[f32]) {
+        unflatten(self.params.iter_mut().enumerate().filter(|(l, _)| unit.contains(l)).filter_map(|(_, p)| p.as_mut()).flat_map(|lp| tensors_mut(lp, expert)), flat);
+    }
+
+    /// ZeRO-3: all-gathers the parameters of `vstage` from the replica group
+    /// before a pass uses them, and checks them against the reference.
+    fn gather(&mut self, vstage: usize) -> Result<(), ExecError> {
+        if self.s.cfg.zero != Zero::Zero3 {
+            return Ok(());
+        }
+        let unit: Vec<usize> = self.layers_of(vstage).collect();
         for expert in [false, true] {
-            let g = if expert { &self.g.edp } else { &self.g.dp_cp };
-            let (kind_grad, kind_param) = if expert { ("edp_grad", "edp_param") } else { ("dp_grad", "dp_param") };
-            let pick = |lp: &LayerParams| -> Vec<f32> {
-                if expert {
-                    flatten(&lp.expert())
-                } else {
-                    flatten(&lp.dense())
-                }
-            };
-            let mut flat_g: Vec<f32> = own.iter().flat_map(|&l| pick(self.grads[l].as_ref().expect("own"))).collect();
-            let mut flat_w: Vec<f32> = own.iter().flat_map(|&l| pick(self.params[l].as_ref().expect("own"))).collect();
-            if flat_w.is_empty() {
+            let (g, pick) = self.side(expert);
+            let n = g.size();
+            let mut flat: Vec<f32> = unit.iter().flat_map(|&l| pick(self.params[l].as_ref().expect("own layer"))).collect();
+            if flat.is_empty() || n == 1 {
                 continue;
             }
-            let n = g.size();
-            let (a, b) = (flat_w.len() * g.me / n, flat_w.len() * (g.me + 1) / n);
             let t = self.rec.start();
-            let split = sharded && n > 1;
-            let part = if split {
-                let part = g.reduce_scatter(self.mesh, &flat_g).map_err(|e| self.err(e))?;
-                self.rec.comm(kind_grad, "reduce_scatter", n, flat_g.len() * 4, t);
-                part
-            } else {
-                if n > 1 {
-                    g.all_reduce(self.mesh, &mut flat_g).map_err(|e| self.err(e))?;
-                    self.rec.comm(kind_grad, "all_reduce", n, flat_g.len() * 4, t);
-                }
-                flat_g
-            };
-            let (a, b) = if split { (a, b) } else { (0, flat_w.len()) };
-            // Reference: the reduced gradient and the weights after its own step.
-            let mut ref_w = None;
+            g.all_gather_chunks(self.mesh, &mut flat).map_err(|e| self.err(e))?;
+            self.rec.comm(if expert { "edp_param" } else { "dp_param" }, "all_gather", n, flat.len() * 4, t);
+            if let Some(r) = &self.reference {
+                let (d, tp, ep) = (&self.s.dims, (self.g.tp.me, self.g.tp.size()), (self.g.ep.me, self.g.ep.size()));
+                let want: Vec<f32> = unit.iter().flat_map(|&l| pick(&shard_of(&r.params[l], d, tp, ep))).collect();
+                self.check("parameters gathered for a pass (ZeRO-3)", &flat, &want)?;
+                self.rec.check(|c| c.param_gathers += 1);
+            }
+            self.store(&unit, expert, &flat);
+        }
+        Ok(())
+    }
+
+    /// ZeRO-3: drops the parameters of `vstage` that other replicas own. They are
+    /// overwritten with NaN, so a pass that ran without its gather could not pass
+    /// the reference checks.
+    fn release(&mut self, vstage: usize) {
+        if self.s.cfg.zero != Zero::Zero3 {
+            return;
+        }
+        let unit: Vec<usize> = self.layers_of(vstage).collect();
+        for expert in [false, true] {
+            let (g, pick) = self.side(expert);
+            let (n, me) = (g.size(), g.me);
+            let mut flat: Vec<f32> = unit.iter().flat_map(|&l| pick(self.params[l].as_ref().expect("own layer"))).collect();
+            let (a, b) = (flat.len() * me / n, flat.len() * (me + 1) / n);
+            flat[..a].fill(f32::NAN);
+            flat[b..].fill(f32::NAN);
+            self.store(&unit, expert, &flat);
+        }
+    }
+
+    /// Reduces gradients over the replicas and takes an Adam step (sharded with the
+    /// distributed optimizer and ZeRO-3); checks against the reference and across
+    /// replicas.
+    fn optimize(&mut self) -> Result<(), ExecError> {
+        let sharded = self.s.cfg.zero != Zero::None;
+        let zero3 = self.s.cfg.zero == Zero::Zero3;
+        let units = self.units();
+        for expert in [false, true] {
+            let (kind_grad, kind_param) = if expert { ("edp_grad", "edp_param") } else { ("dp_grad", "dp_param") };
+            let (_, pick) = self.side(expert);
+            // The unsharded reference: this rank's shard of the reduced gradient,
+            // then the whole model's step and this rank's shard of its weights.
+            let mut want = None;
             if let Some(r) = &mut self.reference {
                 let d = &self.s.dims;
                 let (tp, ep) = ((self.g.tp.me, self.g.tp.size()), (self.g.ep.me, self.g.ep.size()));
-                let sh_g: Vec<LayerParams> = own.iter().map(|&l| shard_of(&r.grads[l], d, tp, ep)).collect();
-                let want: Vec<f32> = sh_g.iter().flat_map(|lp| pick(lp)).collect();
-                let e = rel_diff(&part, &want[a..b]);
-                // Full-model step, then this rank's shard of it.
-                let mut full_w: Vec<f32> = r.params.iter().flat_map(|lp| pick(lp)).collect();
-                let full_g: Vec<f32> = r.grads.iter().flat_map(|lp| pick(lp)).collect();
+                let of = |lps: &[LayerParams], u: &[usize]| -> Vec<f32> { u.iter().flat_map(|&l| pick(&shard_of(&lps[l], d, tp, ep))).collect() };
+                let want_g: Vec<Vec<f32>> = units.iter().map(|u| of(&r.grads, u)).collect();
+                let mut full_w: Vec<f32> = r.params.iter().flat_map(pick).collect();
+                let full_g: Vec<f32> = r.grads.iter().flat_map(pick).collect();
                 let adam = if expert { &mut r.adam_expert } else { &mut r.adam_dense };
                 adam.step(&mut full_w, &full_g);
                 unflatten(r.params.iter_mut().flat_map(|lp| tensors_mut(lp, expert)), &full_w);
-                ref_w = Some(own.iter().flat_map(|&l| pick(&shard_of(&r.params[l], d, tp, ep))).collect::<Vec<f32>>());
-                if e.is_nan() || e > TOLERANCE {
-                    return Err(self.err(format!("{} weight gradients differ from the reference by {e:.2e}", if expert { "expert" } else { "dense" })));
+                let want_w: Vec<Vec<f32>> = units.iter().map(|u| of(&r.params, u)).collect();
+                want = Some((want_g, want_w));
+            }
+            for (ui, unit) in units.iter().enumerate() {
+                let (g, _) = self.side(expert);
+                let mut flat_g: Vec<f32> = unit.iter().flat_map(|&l| pick(self.grads[l].as_ref().expect("own"))).collect();
+                let mut flat_w: Vec<f32> = unit.iter().flat_map(|&l| pick(self.params[l].as_ref().expect("own"))).collect();
+                if flat_w.is_empty() {
+                    continue;
                 }
-                self.rec.check(|c| {
-                    c.gradients += 1;
-                    c.max_rel_error = c.max_rel_error.max(e as f64);
-                });
-            }
-            let t = self.rec.start();
-            let adam = if expert { &mut self.adam_expert } else { &mut self.adam_dense };
-            adam.step(&mut flat_w[a..b], &part);
-            self.rec.add("optimizer", t);
-            if split {
+                let n = g.size();
+                let split = sharded && n > 1;
+                let (a, b) = if split { (flat_w.len() * g.me / n, flat_w.len() * (g.me + 1) / n) } else { (0, flat_w.len()) };
                 let t = self.rec.start();
-                g.all_gather_chunks(self.mesh, &mut flat_w).map_err(|e| self.err(e))?;
-                self.rec.comm(kind_param, "all_gather", n, flat_w.len() * 4, t);
+                let part = if split {
+                    let part = g.reduce_scatter(self.mesh, &flat_g).map_err(|e| self.err(e))?;
+                    self.rec.comm(kind_grad, "reduce_scatter", n, flat_g.len() * 4, t);
+                    part
+                } else {
+                    if n > 1 {
+                        g.all_reduce(self.mesh, &mut flat_g).map_err(|e| self.err(e))?;
+                        self.rec.comm(kind_grad, "all_reduce", n, flat_g.len() * 4, t);
+                    }
+                    flat_g
+                };
+                if let Some((want_g, _)) = &want {
+                    let e = rel_diff(&part, &want_g[ui][a..b]);
+                    if e.is_nan() || e > TOLERANCE {
+                        return Err(self.err(format!("{} weight gradients differ from the reference by {e:.2e}", if expert { "expert" } else { "dense" })));
+                    }
+                    self.rec.check(|c| {
+                        c.gradients += 1;
+                        c.max_rel_error = c.max_rel_error.max(e as f64);
+                    });
+                }
+                let t = self.rec.start();
+                self.adam.entry((expert, ui)).or_default().step(&mut flat_w[a..b], &part);
+                self.rec.add("optimizer", t);
+                if split && !zero3 {
+                    let t = self.rec.start();
+                    let (g, _) = self.side(expert);
+                    g.all_gather_chunks(self.mesh, &mut flat_w).map_err(|e| self.err(e))?;
+                    self.rec.comm(kind_param, "all_gather", n, flat_w.len() * 4, t);
+                }
+                self.store(unit, expert, &flat_w);
+                if let Some((_, want_w)) = &want {
+                    self.check("weights after the optimizer step", &flat_w[a..b], &want_w[ui][a..b])?;
+                }
+                if zero3 {
+                    // Replicas hold different shares; the next pass's gather checks
+                    // the assembled weights against the reference.
+                    continue;
+                }
+                let (g, _) = self.side(expert);
+                let sum: f64 = flat_w.iter().map(|&x| x as f64).sum();
+                let sq: f64 = flat_w.iter().map(|&x| (x as f64) * (x as f64)).sum();
+                let digest = [sum as f32, sq as f32, flat_w[0], flat_w[flat_w.len() - 1]];
+                let all = g.all_gather(self.mesh, &digest).map_err(|e| self.err(e))?;
+                if all.chunks(4).any(|c| c.iter().zip(&digest).any(|(x, y)| x.to_bits() != y.to_bits())) {
+                    return Err(self.err(format!("{} replicas hold different weights after the step", g.kind.label())));
+                }
+                self.rec.check(|c| c.replicas += 1);
             }
-            unflatten(self.params.iter_mut().flatten().flat_map(|lp| tensors_mut(lp, expert)), &flat_w);
-            if let Some(want) = ref_w {
-                self.check("weights after the optimizer step", &flat_w, &want)?;
-            }
-            let sum: f64 = flat_w.iter().map(|&x| x as f64).sum();
-            let sq: f64 = flat_w.iter().map(|&x| (x as f64) * (x as f64)).sum();
-            let digest = [sum as f32, sq as f32, flat_w[0], flat_w[flat_w.len() - 1]];
-            let all = g.all_gather(self.mesh, &digest).map_err(|e| self.err(e))?;
-            if all.chunks(4).any(|c| c.iter().zip(&digest).any(|(x, y)| x.to_bits() != y.to_bits())) {
-                return Err(self.err(format!("{} replicas hold different weights after the step", g.kind.label())));
-            }
-            self.rec.check(|c| c.replicas += 1);
         }
         Ok(())
     }
@@ -873,6 +957,7 @@ fn merge(s: &Setup, o: &Options, device: &str, all: &[RankStats], world: u64, ti
         run.checks.collectives += c.collectives;
         run.checks.replicas += c.replicas;
         run.checks.p2p_messages += c.p2p_messages;
+        run.checks.param_gathers += c.param_gathers;
         run.checks.max_rel_error = run.checks.max_rel_error.max(c.max_rel_error);
     }
     run
@@ -905,8 +990,8 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
     let pp_rank = entry.pp as usize;
     let v = if s.schedule == Schedule::Interleaved { s.cfg.vpp } else { 1 };
     let mut params: Vec<Option<LayerParams>> = vec![None; d.layers];
-    for c in 0..s.schedule.chunks_per_rank(v) {
-        let vs = virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize;
+    let vstages: Vec<usize> = (0..s.schedule.chunks_per_rank(v)).map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize).collect();
+    for &vs in &vstages {
         for l in s.first_layer[vs]..s.first_layer[vs] + s.stage_layers[vs] {
             params[l] = Some(LayerParams::init(d, l, (entry.tp as usize, tp), (g.ep.me, g.ep.size())));
         }
@@ -920,7 +1005,10 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
         dacts: HashMap::new(),
         grads: vec![],
     });
-    let param_bytes: usize = params.iter().flatten().map(|p| p.dense().iter().chain(p.expert().iter()).map(|m| m.bytes()).sum::<usize>()).sum();
+    let bytes_of = |mats: Vec<&Mat>| mats.iter().map(|m| m.bytes()).sum::<usize>();
+    let (dense_bytes, expert_bytes) = params.iter().flatten().fold((0, 0), |(a, b), p| (a + bytes_of(p.dense()), b + bytes_of(p.expert())));
+    // ZeRO-3 keeps only this rank's share between uses.
+    let param_bytes = if s.cfg.zero == Zero::Zero3 { dense_bytes / g.dp_cp.size() + expert_bytes / g.edp.size() } else { dense_bytes + expert_bytes };
     let mut r = Rank {
         s,
         o,
@@ -932,21 +1020,24 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
         rec: Recorder::new(rank, false),
         params,
         grads,
-        adam_dense: Adam::default(),
-        adam_expert: Adam::default(),
+        vstages,
+        adam: HashMap::new(),
         reference,
         phase: "start-up collective checks".into(),
         q0,
         own,
     };
     r.self_test()?;
+    for vs in r.vstages.clone() {
+        r.release(vs);
+    }
     for step in 0..o.warmup + o.steps {
         r.rec.set_enabled(step >= o.warmup);
         r.step(step)?;
     }
     r.phase = "gathering measurements".into();
     let pp_of = |q: u64| map.ranks[q as usize].pp;
-    let opt_bytes = (r.adam_dense.m.len() + r.adam_dense.v.len() + r.adam_expert.m.len() + r.adam_expert.v.len()) * 4;
+    let opt_bytes = r.adam.values().map(|a| a.m.len() + a.v.len()).sum::<usize>() * 4;
     let mut stats = std::mem::replace(&mut r.rec, Recorder::new(rank, false)).take();
     stats.param_bytes = param_bytes as u64;
     stats.optimizer_bytes = opt_bytes as u64;

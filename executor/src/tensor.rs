@@ -95,6 +95,11 @@ pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     if a.len() != b.len() {
         return f32::INFINITY;
     }
+    // f32::max drops NaN, so a NaN anywhere must be caught explicitly: a NaN
+    // result is a failed comparison, not a perfect one.
+    if a.iter().chain(b).any(|x| x.is_nan()) {
+        return f32::NAN;
+    }
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
     a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
@@ -115,5 +120,13 @@ mod tests {
         // a b^T with b^T of shape 2x3
         let bt = Mat::from_vec(2, 3, vec![1., 0., 1., 0., 1., 1.]).unwrap();
         assert_eq!(matmul(&a, false, &bt, true).data, vec![4., 5., 10., 11.]);
+    }
+
+    #[test]
+    fn rel_diff_fails_on_nan() {
+        assert!(rel_diff(&[1.0, f32::NAN], &[1.0, 2.0]).is_nan());
+        assert!(rel_diff(&[1.0, 2.0], &[f32::NAN, 2.0]).is_nan());
+        assert_eq!(rel_diff(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!((rel_diff(&[1.0, 2.5], &[1.0, 2.0]) - 0.25).abs() < 1e-6);
     }
 }

@@ -59,6 +59,9 @@ pub struct RunChecks {
     pub collectives: u64,
     pub replicas: u64,
     pub p2p_messages: u64,
+    /// ZeRO-3 parameter all-gathers checked against the reference.
+    #[serde(default)]
+    pub param_gathers: u64,
     pub max_rel_error: f64,
 }
 
