@@ -41,7 +41,12 @@ pub fn assumptions(inp: &Inputs) -> String {
         onoff(inp.overlap.grad_reduce),
         onoff(inp.overlap.param_gather),
         onoff(inp.overlap.tp_comm),
-        if m.moe.is_some() { format!(", MoE imbalance {:.2}", w.moe_imbalance) } else { String::new() }
+        if m.moe.is_some() {
+            let cap = w.moe_capacity.map(|c| format!("capacity factor {}{}", c.factor, if c.pad { " padded" } else { "" })).unwrap_or_else(|| "dropless".into());
+            format!(", ep-comm {}, MoE imbalance {:.2}, {cap}", onoff(inp.overlap.ep_comm), w.moe_imbalance)
+        } else {
+            String::new()
+        }
     );
     s
 }
