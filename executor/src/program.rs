@@ -695,6 +695,11 @@ impl<'a> Rank<'a> {
         }
     }
 
+    /// One side of `unit`'s layers from `of` (parameters or gradients), flattened.
+    fn flat(of: &[Option<LayerParams>], unit: &[usize], pick: fn(&LayerParams) -> Vec<f32>) -> Vec<f32> {
+        unit.iter().flat_map(|&l| pick(of[l].as_ref().expect("own layer"))).collect()
+    }
+
     /// Writes `flat` back into the layers of `unit` (one side).
     fn store(&mut self, unit: &[usize], expert: bool, flat: &[f32]) {
         unflatten(self.params.iter_mut().enumerate().filter(|(l, _)| unit.contains(l)).filter_map(|(_, p)| p.as_mut()).flat_map(|lp| tensors_mut(lp, expert)), flat);
@@ -710,7 +715,7 @@ impl<'a> Rank<'a> {
         for expert in [false, true] {
             let (g, pick) = self.side(expert);
             let n = g.size();
-            let mut flat: Vec<f32> = unit.iter().flat_map(|&l| pick(self.params[l].as_ref().expect("own layer"))).collect();
+            let mut flat = Self::flat(&self.params, &unit, pick);
             if flat.is_empty() || n == 1 {
                 continue;
             }
@@ -739,7 +744,7 @@ impl<'a> Rank<'a> {
         for expert in [false, true] {
             let (g, pick) = self.side(expert);
             let (n, me) = (g.size(), g.me);
-            let mut flat: Vec<f32> = unit.iter().flat_map(|&l| pick(self.params[l].as_ref().expect("own layer"))).collect();
+            let mut flat = Self::flat(&self.params, &unit, pick);
             let (a, b) = (flat.len() * me / n, flat.len() * (me + 1) / n);
             flat[..a].fill(f32::NAN);
             flat[b..].fill(f32::NAN);
@@ -775,8 +780,8 @@ impl<'a> Rank<'a> {
             }
             for (ui, unit) in units.iter().enumerate() {
                 let (g, _) = self.side(expert);
-                let mut flat_g: Vec<f32> = unit.iter().flat_map(|&l| pick(self.grads[l].as_ref().expect("own"))).collect();
-                let mut flat_w: Vec<f32> = unit.iter().flat_map(|&l| pick(self.params[l].as_ref().expect("own"))).collect();
+                let mut flat_g = Self::flat(&self.grads, unit, pick);
+                let mut flat_w = Self::flat(&self.params, unit, pick);
                 if flat_w.is_empty() {
                     continue;
                 }

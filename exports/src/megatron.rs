@@ -250,7 +250,7 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         }
         // TransformerConfig.overlap_moe_expert_parallel_comm needs the delayed
         // weight-gradient pass to have compute to hide behind.
-        if cfg.overlap.ep_comm && cfg.ep_overlap(w).is_some() {
+        if cfg.megatron_ep_overlap(w) {
             flag(&mut v, "overlap-moe-expert-parallel-comm");
             flag(&mut v, "delay-wgrad-compute");
         }

@@ -77,7 +77,7 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
                 put("model.moe_flex_dispatcher_backend", "deepep".into());
             }
         }
-        if cfg.overlap.ep_comm && cfg.ep_overlap(w).is_some() {
+        if cfg.megatron_ep_overlap(w) {
             put("comm_overlap.overlap_moe_expert_parallel_comm", "true".into());
             put("comm_overlap.delay_wgrad_compute", "true".into());
         }

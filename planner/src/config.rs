@@ -443,6 +443,12 @@ impl ParallelConfig {
         Some(((chunks - warm) / chunks).clamp(0.0, 1.0))
     }
 
+    /// Whether Megatron runs this plan with `--overlap-moe-expert-parallel-comm`:
+    /// asked for, and allowed by its rules (DualPipe's own overlap needs no flag).
+    pub fn megatron_ep_overlap(&self, w: &Workload) -> bool {
+        self.overlap.ep_comm && self.schedule != Schedule::DualPipe && self.ep_overlap(w).is_some()
+    }
+
     /// The pipeline schedule's rules: interleaving needs virtual stages and the
     /// others one chunk per rank; ZB-H1, DualPipe and GPipe need a pipeline;
     /// DualPipe needs an even pp and an even number of micro-batches, at least

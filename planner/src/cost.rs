@@ -409,6 +409,8 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         }
         c.gemm(rows, first_mats * ffn / div, h, true) + c.gemm(rows, h, ffn / div, true)
     };
+    // The busiest expert-parallel rank's load over the balanced share.
+    let moe_load = m.moe.as_ref().map_or(1.0, |moe| c.w.moe_rank_load(moe, cfg.ep).factor);
     // Tokens each routed-expert rank processes for this micro-batch.
     let mut routed_tokens = 0.0;
     let mut expert_ffn = 0.0;
@@ -416,7 +418,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         (LayerKind::Moe, Some(moe)) => {
             let etp = cfg.etp as f64;
             let local_experts = (moe.experts / cfg.ep) as f64;
-            routed_tokens = tokens / t * moe.top_k as f64 * etp * c.w.moe_rank_load(moe, cfg.ep).factor;
+            routed_tokens = tokens / t * moe.top_k as f64 * etp * moe_load;
             expert_ffn = moe.expert_ffn_hidden as f64;
             let per_expert = routed_tokens / local_experts;
             fwd.moe_experts = local_experts * mlp(expert_ffn, etp, per_expert);
@@ -534,12 +536,11 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     // EP: dispatch and combine forward, the same backward.
     if kind == LayerKind::Moe && cfg.ep > 1 {
         let moe = m.moe.as_ref().expect("MoE layer of an MoE model");
-        let load = c.w.moe_rank_load(moe, cfg.ep).factor;
-        let bytes = tokens / t * moe.top_k as f64 * h * 2.0 * load;
+        let bytes = tokens / t * moe.top_k as f64 * h * 2.0 * moe_load;
         let g = c.ep_group();
         let one = match cfg.moe_dispatcher {
             Dispatcher::AllToAll => c.coll(Collective::AllToAll, bytes, g),
-            Dispatcher::Deduplicated => dedup_dispatch_secs(c.hw, tokens / t * load * h * 2.0, moe.experts, moe.top_k, g),
+            Dispatcher::Deduplicated => dedup_dispatch_secs(c.hw, tokens / t * moe_load * h * 2.0, moe.experts, moe.top_k, g),
         };
         let calls = 2.0 * (2.0 + replays);
         let total = calls * one;

@@ -105,13 +105,14 @@ pub fn layer_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
         let first = model.mlp.matrices() as f64 - 1.0;
         (2.0 * first * ffn + 2.0 * ffn) / div
     };
+    let moe_load = model.moe.as_ref().map_or(1.0, |moe| w.moe_rank_load(moe, cfg.ep).factor);
     let mut per_token = match (kind, &model.moe) {
         (LayerKind::Moe, Some(moe)) => {
             // Routed tokens on this rank: (tokens / tp) * top_k, gathered over expert
             // TP; each keeps its permuted input (2h), the expert's inner activations
             // split by expert TP, and the unpermuted output (2h).
             let etp = cfg.etp as f64;
-            let routed = moe.top_k as f64 * w.moe_rank_load(moe, cfg.ep).factor / t * etp;
+            let routed = moe.top_k as f64 * moe_load / t * etp;
             let expert = routed * (2.0 * h + mlp_inner(moe.expert_ffn_hidden as f64, etp) + 2.0 * h);
             let shared = mlp_inner(moe.shared_hidden() as f64, t);
             // Router logits and probabilities (fp32) per token.
@@ -126,7 +127,7 @@ pub fn layer_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
         // the QKV and FC1 inputs (outside the TP region) and for the output
         // projection and FC2 inputs (inside it).
         let fc2_in = match (kind, &model.moe) {
-            (LayerKind::Moe, Some(moe)) => moe.top_k as f64 * w.moe_rank_load(moe, cfg.ep).factor / t * cfg.etp as f64 * moe.expert_ffn_hidden as f64 / cfg.etp as f64 + moe.shared_hidden() as f64 / t,
+            (LayerKind::Moe, Some(moe)) => moe.top_k as f64 * moe_load / t * cfg.etp as f64 * moe.expert_ffn_hidden as f64 / cfg.etp as f64 + moe.shared_hidden() as f64 / t,
             _ => model.ffn_hidden as f64 / t,
         };
         per_token -= 2.0 * h / sp_div + model.attn_out_dim() as f64 / t + fc2_in;
