@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use sextant_planner::config::{Dispatcher, Overlap, Precision, Workload};
+use sextant_planner::config::{Dispatcher, Overlap, Precision, RecomputeModules, Workload};
 use sextant_planner::cost::Assumptions;
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile, DEFAULT_PROFILE};
 use sextant_planner::hf::from_hf_config;
@@ -55,6 +55,17 @@ pub struct Common {
     /// Keep and reduce main gradients in BF16 instead of FP32.
     #[arg(long = "bf16-grads")]
     pub bf16_grads: bool,
+    /// Keep Adam's moments in BF16 (Megatron --use-precision-aware-optimizer
+    /// --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16): 8 optimizer bytes per parameter
+    /// instead of 12.
+    #[arg(long = "bf16-moments")]
+    pub bf16_moments: bool,
+    /// What selective recomputation replays, as Megatron's --recompute-modules
+    /// (comma-separated: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
+    /// shared_experts). Needs --recompute selective. Default: `plan` tries core_attn
+    /// and the model's fine-grained set; `estimate` uses core_attn.
+    #[arg(long = "recompute-modules", value_name = "LIST")]
+    pub recompute_modules: Option<String>,
     /// Overlap TP communication with GEMMs (Megatron --tp-comm-overlap).
     #[arg(long = "tp-comm-overlap")]
     pub tp_comm_overlap: bool,
@@ -109,6 +120,9 @@ pub struct Inputs {
     pub workload: Workload,
     pub overlap: Overlap,
     pub bf16_grads: bool,
+    pub bf16_moments: bool,
+    /// `--recompute-modules`, parsed and checked against the model.
+    pub recompute_modules: Option<RecomputeModules>,
     pub moe_dispatcher: Dispatcher,
     pub assumptions: Assumptions,
     /// `--schedule`, parsed.
@@ -213,6 +227,14 @@ impl Common {
                     .collect::<Result<Vec<_>>>()?,
             ),
         };
+        let recompute_modules = match &self.recompute_modules {
+            None => None,
+            Some(list) => {
+                let m = RecomputeModules::parse(list).map_err(|e| anyhow::anyhow!("--recompute-modules: {e}"))?;
+                m.check_for(&model).map_err(|e| anyhow::anyhow!("--recompute-modules: {e}"))?;
+                Some(m)
+            }
+        };
         Ok(Inputs {
             model,
             model_note,
@@ -220,6 +242,8 @@ impl Common {
             workload,
             overlap,
             bf16_grads: self.bf16_grads,
+            bf16_moments: self.bf16_moments,
+            recompute_modules,
             moe_dispatcher: match self.moe_dispatcher.to_ascii_lowercase().as_str() {
                 "alltoall" | "all-to-all" => Dispatcher::AllToAll,
                 "dedup" | "deepep" | "hybridep" | "flex" => Dispatcher::Deduplicated,

@@ -64,6 +64,15 @@ struct ValidateArgs {
     /// Also run leave-one-source-out cross-validation.
     #[arg(long = "cross-validate")]
     cross_validate: bool,
+    /// A CSV completing the runs' software configuration: `id`, `source`, and any of
+    /// recompute, recompute_modules, optimizer_moments (bf16/fp32), dispatcher
+    /// (alltoall/deepep/hybridep), ep_comm_overlap, tp_comm_overlap (true/false).
+    /// Blank columns follow the default rules (see ARCHITECTURE.md).
+    #[arg(long, value_name = "CSV")]
+    stack: Option<String>,
+    /// Print one row's configuration and full cost breakdown instead of the table.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["json", "markdown", "cross_validate"])]
+    row: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -237,6 +246,10 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         check_knobs(name, v)?;
     }
     check_knobs("mbs", &Some(a.mbs.clone()))?;
+    let recomputes: Vec<Recompute> = a.recompute.iter().map(|r| parse_recompute(r)).collect::<Result<_>>()?;
+    if inp.recompute_modules.is_some() && !recomputes.contains(&Recompute::Selective) {
+        bail!("--recompute-modules applies to selective recomputation: add selective to --recompute");
+    }
     let space = SearchSpace {
         tp: a.tp,
         pp: a.pp,
@@ -248,9 +261,11 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         schedule: inp.schedules.clone().or_else(|| a.emit.as_deref().and_then(|t| Target::parse(t).ok()).and_then(sextant_exports::expressible_schedules).map(<[_]>::to_vec)),
         mbs: a.mbs,
         zero: a.zero.iter().map(|z| parse_zero(z)).collect::<Result<_>>()?,
-        recompute: a.recompute.iter().map(|r| parse_recompute(r)).collect::<Result<_>>()?,
+        recompute: recomputes.clone(),
+        recompute_modules: inp.recompute_modules.map(|m| vec![m]),
         overlap: inp.overlap,
         bf16_grads: inp.bf16_grads,
+        bf16_moments: inp.bf16_moments,
         moe_dispatcher: inp.moe_dispatcher,
         assumptions: inp.assumptions,
     };
@@ -322,7 +337,11 @@ fn cmd_report(a: ReportArgs) -> Result<()> {
 fn cmd_validate(a: ValidateArgs) -> Result<()> {
     use sextant_planner::validate::{cross_validate, summarize, validate};
     let text = io::read_text(Path::new(&a.csv), "runs CSV")?;
-    let parsed = sextant_planner::runs::parse_runs(&text).map_err(|e| anyhow::anyhow!("'{}': {e}", a.csv))?;
+    let stack = match &a.stack {
+        Some(p) => Some(io::read_text(Path::new(p), "stack CSV")?),
+        None => None,
+    };
+    let parsed = sextant_planner::runs::parse_runs_with(&text, stack.as_deref()).map_err(|e| anyhow::anyhow!("'{}': {e}", a.csv))?;
     let mut unrepresentable = Vec::new();
     let mut cases = Vec::new();
     for r in parsed {
@@ -330,6 +349,19 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
             Ok(c) => cases.push(c),
             Err(u) => unrepresentable.push(u),
         }
+    }
+    if let Some(id) = &a.row {
+        let Some(case) = cases.iter().find(|c| &c.id == id) else {
+            if let Some(u) = unrepresentable.iter().find(|u| &u.id == id) {
+                bail!("row '{id}' cannot be estimated: {}", u.reason);
+            }
+            bail!("no row '{id}' in '{}' (ids are the first column, e.g. '{}')", a.csv, cases.first().map_or("", |c| c.id.as_str()));
+        };
+        let (cfg, e) = case.estimate_config().map_err(|r| anyhow::anyhow!("row '{id}' is rejected: {r}"))?;
+        let measured = case.measured_step_secs();
+        println!("{id}: {} on {} x {}, measured {measured:.3} s, predicted {:.3} s ({:+.1}%)", case.model.name, case.cluster.gpus, case.gpu, e.step_secs, 100.0 * (e.step_secs / measured - 1.0));
+        print!("{}", render::breakdown(&cfg, &e, &case.cluster.profile));
+        return Ok(());
     }
     let (rows, rejected) = validate(&cases);
     unrepresentable.extend(rejected);
@@ -398,6 +430,10 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     } else {
         Layout::Even
     };
+    let recompute = parse_recompute(&a.recompute)?;
+    if inp.recompute_modules.is_some() && recompute != Recompute::Selective {
+        bail!("--recompute-modules applies to selective recomputation: add --recompute selective");
+    }
     let cfg = ParallelConfig {
         tp: a.tp,
         pp: a.pp,
@@ -409,10 +445,12 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         sp: a.sp.unwrap_or(a.tp > 1),
         mbs: a.mbs,
         zero: parse_zero(&a.zero)?,
-        recompute: parse_recompute(&a.recompute)?,
+        recompute,
         layout,
         overlap: inp.overlap,
         bf16_grads: inp.bf16_grads,
+        bf16_moments: inp.bf16_moments,
+        recompute_modules: inp.recompute_modules.unwrap_or_default(),
         moe_dispatcher: inp.moe_dispatcher,
         schedule: inp.schedule_for(a.vpp)?,
     };

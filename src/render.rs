@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use sextant_planner::comm::Tier;
-use sextant_planner::config::{Layout, ParallelConfig, RejectKind};
+use sextant_planner::config::{Layout, ParallelConfig, Recompute, RejectKind};
 use sextant_planner::cost::Estimate;
 use sextant_planner::hardware::{HardwareProfile, GIB};
 use sextant_planner::model::ModelSpec;
@@ -94,7 +94,7 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
             cfg.mbs,
             e.micro_batches,
             cfg.zero.to_string(),
-            cfg.recompute.to_string(),
+            cfg.recompute_label(),
             cfg.schedule.name(),
             e.step_secs,
             e.tokens_per_sec_per_gpu,
@@ -139,7 +139,7 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
     let pct = |x: f64| 100.0 * x / step;
     let _ = writeln!(
         s,
-        "Configuration: TP {} PP {} VPP {} CP {} SP {} EP {} ETP {} DP {}, micro-batch {} x {} accumulation steps, ZeRO {}, recompute {}, schedule {}{}",
+        "Configuration: TP {} PP {} VPP {} CP {} SP {} EP {} ETP {} DP {}, micro-batch {} x {} accumulation steps, ZeRO {}{}, recompute {}, schedule {}{}",
         cfg.tp,
         cfg.pp,
         cfg.vpp,
@@ -151,7 +151,11 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         cfg.mbs,
         e.micro_batches,
         cfg.zero,
-        format!("{:?}", cfg.recompute).to_lowercase(),
+        if cfg.bf16_moments { " (BF16 Adam moments)" } else { "" },
+        match cfg.recompute {
+            Recompute::Selective => format!("selective ({})", cfg.recompute_modules),
+            r => format!("{r:?}").to_lowercase(),
+        },
         cfg.schedule.name(),
         layout_note(cfg)
     );

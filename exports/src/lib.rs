@@ -125,6 +125,17 @@ pub fn export(plan: &PlanFile, rank: usize, target: Target, opts: &LaunchOptions
     let i = rank - 1;
     let exec = || launch::Program::SextantExec { plan_path: opts.plan_path.clone() };
     let megatron = || megatron::args(plan, i).map(launch::Program::Megatron);
+    let cfg = &plan.plans[i].config;
+    // Only Megatron-LM's flags and Megatron-Core's OptimizerConfig are written here
+    // for the precision-aware optimizer; the YAML/Hydra targets would need a torch
+    // dtype, and torchtitan has no Megatron module list.
+    let moments_ok = matches!(target, Target::MegatronLm | Target::MegatronCore | Target::Torchrun | Target::Slurm | Target::TorchrunExec | Target::SlurmExec | Target::RankMap | Target::RankMapJson);
+    if cfg.bf16_moments && !moments_ok {
+        return Err(ExportError::Inexpressible { target, reason: "BF16 Adam moments (precision-aware optimizer) are written only for megatron-lm and megatron-core; export to one of those".into() });
+    }
+    if target == Target::Torchtitan && cfg.recompute_modules != sextant_planner::config::RecomputeModules::DEFAULT && cfg.recompute == sextant_planner::config::Recompute::Selective {
+        return Err(ExportError::Inexpressible { target, reason: format!("torchtitan has no per-module recomputation like Megatron's --recompute-modules {}", cfg.recompute_modules) });
+    }
     match target {
         Target::MegatronLm => megatron::megatron_lm(plan, i),
         Target::MegatronCore => megatron::megatron_core(plan, i),

@@ -8,7 +8,7 @@
 
 use std::fmt::Write;
 
-use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, Zero};
+use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero};
 use sextant_planner::model::MlpKind;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::schedule::Schedule;
@@ -138,7 +138,12 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     // Recomputation: TransformerConfig recompute_granularity / _method / _num_layers.
     match cfg.recompute {
         Recompute::None => {}
-        Recompute::Selective => arg(&mut v, "recompute-granularity", "selective"),
+        Recompute::Selective => {
+            arg(&mut v, "recompute-granularity", "selective");
+            if cfg.recompute_modules != RecomputeModules::DEFAULT {
+                arg(&mut v, "recompute-modules", cfg.recompute_modules.names().join(" "));
+            }
+        }
         Recompute::Full => {
             arg(&mut v, "recompute-granularity", "full");
             arg(&mut v, "recompute-method", "uniform");
@@ -190,6 +195,13 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         }
     }
     // With --bf16, FP32 gradient reduction is switched on unless --grad-reduce-in-bf16.
+    // OptimizerConfig (megatron/core/optimizer/optimizer_config.py): Adam's moments
+    // in BF16 through the precision-aware optimizer.
+    if cfg.bf16_moments {
+        flag(&mut v, "use-precision-aware-optimizer");
+        arg(&mut v, "exp-avg-dtype", "bf16");
+        arg(&mut v, "exp-avg-sq-dtype", "bf16");
+    }
     if cfg.bf16_grads {
         flag(&mut v, "grad-reduce-in-bf16");
     } else if w.precision == Precision::Fp16 {
@@ -291,7 +303,11 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let _ = writeln!(s, "import torch");
     let _ = writeln!(s, "from megatron.core import parallel_state");
     let _ = writeln!(s, "from megatron.core.transformer.transformer_config import TransformerConfig");
-    let _ = writeln!(s, "from megatron.core.distributed import DistributedDataParallelConfig\n");
+    let _ = writeln!(s, "from megatron.core.distributed import DistributedDataParallelConfig");
+    if cfg.bf16_moments {
+        let _ = writeln!(s, "from megatron.core.optimizer import OptimizerConfig");
+    }
+    let _ = writeln!(s);
     let _ = writeln!(s, "parallel_state.initialize_model_parallel(");
     let _ = writeln!(s, "    tensor_model_parallel_size={},", cfg.tp);
     let _ = writeln!(s, "    pipeline_model_parallel_size={},", cfg.pp);
@@ -341,6 +357,10 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
         Recompute::None => {}
         Recompute::Selective => {
             let _ = writeln!(s, "    recompute_granularity=\"selective\",");
+            if cfg.recompute_modules != RecomputeModules::DEFAULT {
+                let names: Vec<String> = cfg.recompute_modules.names().iter().map(|n| format!("\"{n}\"")).collect();
+                let _ = writeln!(s, "    recompute_modules=[{}],", names.join(", "));
+            }
         }
         Recompute::Full => {
             let _ = writeln!(s, "    recompute_granularity=\"full\",\n    recompute_method=\"uniform\",\n    recompute_num_layers=1,");
@@ -379,6 +399,10 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
         Zero::None | Zero::DistOpt => {}
     }
     let _ = writeln!(s, ")");
+    if cfg.bf16_moments {
+        let _ = writeln!(s, "\noptimizer_config = OptimizerConfig(  # megatron/core/optimizer/optimizer_config.py");
+        let _ = writeln!(s, "    optimizer=\"adam\",\n    use_precision_aware_optimizer=True,\n    exp_avg_dtype=torch.bfloat16,\n    exp_avg_sq_dtype=torch.bfloat16,\n)");
+    }
     let _ = writeln!(s, "# micro-batch {} x {} accumulation steps = global batch {} at sequence length {}", cfg.mbs, w.global_batch / (cfg.mbs * cfg.dp), w.global_batch, w.seq);
     Ok(s)
 }

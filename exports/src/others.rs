@@ -7,7 +7,7 @@
 
 use std::fmt::Write;
 
-use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, Zero};
+use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero};
 use sextant_planner::plan::PlanFile;
 use sextant_planner::schedule::Schedule;
 
@@ -21,6 +21,10 @@ fn cannot(target: Target, reason: impl Into<String>) -> ExportError {
 fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
     match cfg.recompute {
         Recompute::None => vec![],
+        Recompute::Selective if cfg.recompute_modules != RecomputeModules::DEFAULT => {
+            let names: Vec<String> = cfg.recompute_modules.names().iter().map(|n| format!("\"{n}\"")).collect();
+            vec![("recompute_granularity", "selective".into()), ("recompute_modules", format!("[{}]", names.join(", ")))]
+        }
         Recompute::Selective => vec![("recompute_granularity", "selective".into())],
         Recompute::Full => vec![
             ("recompute_granularity", "full".into()),

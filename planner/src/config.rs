@@ -113,6 +113,123 @@ impl fmt::Display for Recompute {
     }
 }
 
+/// Megatron-Core's `--recompute-modules`: the parts of each layer that selective
+/// recomputation discards after the forward and replays in the backward
+/// (`TransformerConfig.recompute_modules`, used with `--recompute-granularity
+/// selective`; its default is core attention alone). A set, kept as bits so that
+/// a configuration stays `Copy`-cheap and hashable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecomputeModules(u8);
+
+impl RecomputeModules {
+    /// Core attention (the softmax over the score matrix; nothing to save with a
+    /// fused flash kernel).
+    pub const CORE_ATTN: RecomputeModules = RecomputeModules(1);
+    /// The input and pre-MLP norms: their outputs are not stored.
+    pub const LAYERNORM: RecomputeModules = RecomputeModules(2);
+    /// MLA's up-projections and rotary: Q, K and V are not stored.
+    pub const MLA_UP_PROJ: RecomputeModules = RecomputeModules(4);
+    /// The dense MLP of non-MoE layers: only its input is stored.
+    pub const MLP: RecomputeModules = RecomputeModules(8);
+    /// The routed experts' activation function: its output is not stored.
+    pub const MOE_ACT: RecomputeModules = RecomputeModules(16);
+    /// The shared experts: only their input is stored.
+    pub const SHARED_EXPERTS: RecomputeModules = RecomputeModules(32);
+    /// The whole MoE block (router, dispatch, experts, combine): only its input is
+    /// stored, and the forward all-to-alls run again.
+    pub const MOE: RecomputeModules = RecomputeModules(64);
+    /// Megatron's default set.
+    pub const DEFAULT: RecomputeModules = RecomputeModules::CORE_ATTN;
+    /// Names in Megatron's spelling, in its documentation order.
+    pub const NAMES: [(&'static str, RecomputeModules); 7] = [
+        ("core_attn", RecomputeModules::CORE_ATTN),
+        ("moe_act", RecomputeModules::MOE_ACT),
+        ("layernorm", RecomputeModules::LAYERNORM),
+        ("mla_up_proj", RecomputeModules::MLA_UP_PROJ),
+        ("mlp", RecomputeModules::MLP),
+        ("moe", RecomputeModules::MOE),
+        ("shared_experts", RecomputeModules::SHARED_EXPERTS),
+    ];
+
+    pub fn contains(self, m: RecomputeModules) -> bool {
+        self.0 & m.0 == m.0 && m.0 != 0
+    }
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    pub fn union(self, m: RecomputeModules) -> RecomputeModules {
+        RecomputeModules(self.0 | m.0)
+    }
+    /// The members' names in Megatron's spelling.
+    pub fn names(self) -> Vec<&'static str> {
+        Self::NAMES.iter().filter(|(_, m)| self.contains(*m)).map(|(n, _)| *n).collect()
+    }
+    /// Whether every module has something to replay in `model` (see
+    /// [`ParallelConfig::check_recompute_modules`]); the error says which does not.
+    pub fn check_for(self, model: &ModelSpec) -> Result<(), String> {
+        let m = self;
+        if m.contains(RecomputeModules::MLA_UP_PROJ) && model.mla.is_none() {
+            return Err("mla_up_proj needs multi-latent attention (this model has none)".into());
+        }
+        let moe = model.moe.as_ref();
+        for (name, bit) in [("moe_act", RecomputeModules::MOE_ACT), ("moe", RecomputeModules::MOE)] {
+            if m.contains(bit) && moe.is_none() {
+                return Err(format!("{name} needs an MoE model (this one is dense)"));
+            }
+        }
+        if m.contains(RecomputeModules::SHARED_EXPERTS) && moe.is_none_or(|x| x.shared_hidden() == 0) {
+            return Err("shared_experts needs a model with shared experts".into());
+        }
+        if m.contains(RecomputeModules::MLP) && model.moe_layers() == model.layers {
+            return Err("mlp recomputes dense MLPs only, and every layer of this model is MoE (use moe or moe_act)".into());
+        }
+        Ok(())
+    }
+
+    /// Parses a comma-separated list of Megatron module names.
+    pub fn parse(s: &str) -> Result<RecomputeModules, String> {
+        let mut set = RecomputeModules(0);
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match Self::NAMES.iter().find(|(n, _)| *n == name) {
+                Some((_, m)) => set = set.union(*m),
+                None => {
+                    let all: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
+                    return Err(format!("unknown recompute module '{name}': use a comma-separated list of {}", all.join(", ")));
+                }
+            }
+        }
+        if set.is_empty() {
+            return Err("no recompute module given: name at least one (Megatron's default is core_attn)".into());
+        }
+        Ok(set)
+    }
+}
+
+impl Default for RecomputeModules {
+    fn default() -> Self {
+        RecomputeModules::DEFAULT
+    }
+}
+
+impl fmt::Display for RecomputeModules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.names().join(","))
+    }
+}
+
+impl Serialize for RecomputeModules {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.names().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecomputeModules {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let names = Vec::<String>::deserialize(d)?;
+        RecomputeModules::parse(&names.join(",")).map_err(serde::de::Error::custom)
+    }
+}
+
 /// How transformer layers are split across pipeline stages.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -234,6 +351,13 @@ pub struct ParallelConfig {
     /// / `grad_reduce_in_fp32=False`, NeMo `grad_sync_dtype=bf16`); FP32 otherwise,
     /// Megatron-LM's default for BF16 training.
     pub bf16_grads: bool,
+    /// Adam's two moments kept in BF16 (Megatron `--use-precision-aware-optimizer
+    /// --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`): 8 optimizer bytes per
+    /// parameter instead of 12. The FP32 master weight stays.
+    pub bf16_moments: bool,
+    /// What selective recomputation replays (read only with
+    /// [`Recompute::Selective`]; [`RecomputeModules::DEFAULT`] otherwise).
+    pub recompute_modules: RecomputeModules,
     /// MoE token dispatcher (ignored for dense models).
     pub moe_dispatcher: Dispatcher,
     /// Pipeline schedule. A plan file without it (written before it existed) reads
@@ -260,6 +384,10 @@ struct ParallelConfigFile {
     #[serde(default)]
     bf16_grads: bool,
     #[serde(default)]
+    bf16_moments: bool,
+    #[serde(default)]
+    recompute_modules: RecomputeModules,
+    #[serde(default)]
     moe_dispatcher: Dispatcher,
     #[serde(default)]
     schedule: Option<Schedule>,
@@ -282,6 +410,8 @@ impl From<ParallelConfigFile> for ParallelConfig {
             layout: f.layout,
             overlap: f.overlap,
             bf16_grads: f.bf16_grads,
+            bf16_moments: f.bf16_moments,
+            recompute_modules: f.recompute_modules,
             moe_dispatcher: f.moe_dispatcher,
             schedule: f.schedule.unwrap_or(Schedule::default_for(f.vpp)),
         }
@@ -433,7 +563,8 @@ impl ParallelConfig {
         let (p, v) = (self.pp as f64, self.vpp as f64);
         let (chunks, warm) = match self.schedule {
             Schedule::DualPipe => (m, p),
-            _ if !self.overlap.ep_comm || self.recompute == Recompute::Full => return None,
+            // Megatron asserts no full recomputation and no "moe" recompute module.
+            _ if !self.overlap.ep_comm || self.recompute == Recompute::Full || self.recomputes(RecomputeModules::MOE) => return None,
             _ if self.pp == 1 => (m, 1.0),
             // Megatron's interleaved warm-up on rank r: 2 (p - r - 1) + (v - 1) p
             // forward chunks; (p - 1) + (v - 1) p on average over the ranks.
@@ -441,6 +572,38 @@ impl ParallelConfig {
             _ => return None,
         };
         Some(((chunks - warm) / chunks).clamp(0.0, 1.0))
+    }
+
+    /// Megatron-Core's rules for `recompute_modules` (`TransformerConfig.__post_init__`):
+    /// a set other than the default only with selective recomputation;
+    /// `mla_up_proj` only with MLA; `moe_act` only with (grouped-GEMM) experts.
+    /// Modules that would replay nothing in this model (`moe`, `shared_experts`,
+    /// `mlp` with no part to act on) are refused too, so that a plan never names a
+    /// saving it does not get.
+    pub fn check_recompute_modules(&self, model: &ModelSpec) -> Result<(), Rejection> {
+        let m = self.recompute_modules;
+        let fail = |detail: String| Err(Rejection::RecomputeModules { detail });
+        if self.recompute != Recompute::Selective {
+            if m != RecomputeModules::DEFAULT {
+                return fail(format!("{m} needs selective recomputation (the recompute setting is {})", self.recompute));
+            }
+            return Ok(());
+        }
+        m.check_for(model).map_err(|detail| Rejection::RecomputeModules { detail })
+    }
+
+    /// The recomputation in one short word for tables: none, sel, full, or
+    /// sel:MODULES when selective recomputation replays other than Megatron's default.
+    pub fn recompute_label(&self) -> String {
+        match self.recompute {
+            Recompute::Selective if self.recompute_modules != RecomputeModules::DEFAULT => format!("sel:{}", self.recompute_modules),
+            r => r.to_string(),
+        }
+    }
+
+    /// Whether selective recomputation replays module `m`.
+    pub fn recomputes(&self, m: RecomputeModules) -> bool {
+        self.recompute == Recompute::Selective && self.recompute_modules.contains(m)
     }
 
     /// Whether Megatron runs this plan with `--overlap-moe-expert-parallel-comm`:
@@ -556,6 +719,7 @@ impl ParallelConfig {
                 }
             }
         }
+        self.check_recompute_modules(model)?;
         if !w.global_batch.is_multiple_of(self.mbs * self.dp) {
             return Err(Rejection::Batch { gbs: w.global_batch, mbs: self.mbs, dp: self.dp });
         }
@@ -604,6 +768,7 @@ pub enum Rejection {
     EtpFfn { etp: u64, ffn: u64 },
     MoeNeedsSp { tp: u64 },
     Batch { gbs: u64, mbs: u64, dp: u64 },
+    RecomputeModules { detail: String },
     OutOfMemory { stage: u64, needed_gib: f64, usable_gib: f64, reserve_gib: f64 },
 }
 
@@ -670,7 +835,7 @@ impl Rejection {
             Rejection::MoeNeedsSp { .. } => RejectKind::MoeNeedsSp,
             Rejection::Batch { .. } => RejectKind::Batch,
             Rejection::OutOfMemory { .. } => RejectKind::OutOfMemory,
-            Rejection::Zero { .. } | Rejection::GpuProduct { .. } | Rejection::SpWithoutTp | Rejection::EpDenseModel => RejectKind::Other,
+            Rejection::Zero { .. } | Rejection::GpuProduct { .. } | Rejection::SpWithoutTp | Rejection::EpDenseModel | Rejection::RecomputeModules { .. } => RejectKind::Other,
         }
     }
 }
@@ -733,6 +898,7 @@ impl fmt::Display for Rejection {
                 "global batch {gbs} is not divisible by micro-batch {mbs} x data parallel {dp} = {}",
                 mbs * dp
             ),
+            Rejection::RecomputeModules { detail } => write!(f, "recompute modules: {detail}"),
             Rejection::OutOfMemory { stage, needed_gib, usable_gib, reserve_gib } => write!(
                 f,
                 "pipeline stage {stage} needs {needed_gib:.1} GiB per GPU but only {usable_gib:.1} GiB is usable (HBM less a {reserve_gib:.1} GiB reserve)"
@@ -753,7 +919,7 @@ mod tests {
     }
 
     fn cfg(pp: u64, vpp: u64, layout: Layout) -> ParallelConfig {
-        ParallelConfig { tp: 1, pp, vpp, cp: 1, ep: 1, etp: 1, dp: 1, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::default_for(vpp) }
+        ParallelConfig { tp: 1, pp, vpp, cp: 1, ep: 1, etp: 1, dp: 1, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::default_for(vpp) }
     }
 
     #[test]
@@ -793,5 +959,37 @@ mod tests {
         assert_eq!(with(4, 1, Schedule::ZbH1).check_schedule(&w(3)), Ok(()));
         assert_eq!(with(1, 1, Schedule::OneFOneB).check_schedule(&w(3)), Ok(()));
         assert_eq!(with(3, 1, Schedule::DualPipe).check_schedule(&w(12)).unwrap_err().kind(), RejectKind::Schedule);
+    }
+
+    /// Module names parse in Megatron's spelling, serialise as a list, and a plan
+    /// file written before the field existed reads Megatron's default; Megatron's
+    /// rules reject modules the model has nothing to replay for.
+    #[test]
+    fn recompute_modules_parse_serialise_and_check() {
+        let m = RecomputeModules::parse("mla_up_proj, mlp").unwrap();
+        assert!(m.contains(RecomputeModules::MLP) && m.contains(RecomputeModules::MLA_UP_PROJ) && !m.contains(RecomputeModules::CORE_ATTN));
+        assert_eq!(serde_json::to_string(&m).unwrap(), r#"["mla_up_proj","mlp"]"#);
+        assert_eq!(serde_json::from_str::<RecomputeModules>(r#"["mlp","mla_up_proj"]"#).unwrap(), m);
+        assert!(RecomputeModules::parse("attn").unwrap_err().contains("unknown recompute module 'attn'"));
+        assert!(RecomputeModules::parse(" , ").is_err());
+        let mut v = serde_json::to_value(cfg(2, 1, Layout::Even)).unwrap();
+        v.as_object_mut().unwrap().remove("recompute_modules");
+        v.as_object_mut().unwrap().remove("bf16_moments");
+        let old: ParallelConfig = serde_json::from_value(v).unwrap();
+        assert_eq!((old.recompute_modules, old.bf16_moments), (RecomputeModules::DEFAULT, false));
+
+        let dense = crate::presets::resolve("llama3-8b").unwrap().spec;
+        let ds = crate::presets::resolve("deepseek-v3").unwrap().spec;
+        let sel = |m: &str| ParallelConfig { recompute: Recompute::Selective, recompute_modules: RecomputeModules::parse(m).unwrap(), ..cfg(1, 1, Layout::Even) };
+        assert!(sel("mla_up_proj").check_recompute_modules(&dense).unwrap_err().to_string().contains("multi-latent attention"));
+        assert!(sel("moe_act").check_recompute_modules(&dense).is_err());
+        assert!(sel("mla_up_proj,mlp,moe_act,layernorm,shared_experts").check_recompute_modules(&ds).is_ok());
+        let not_selective = ParallelConfig { recompute: Recompute::Full, ..sel("mlp") };
+        assert!(not_selective.check_recompute_modules(&ds).unwrap_err().to_string().contains("needs selective"));
+        // Megatron refuses the all-to-all overlap with "moe" recomputed.
+        let ep = ParallelConfig { ep: 2, overlap: Overlap { ep_comm: true, ..Overlap::default() }, ..sel("moe_act") };
+        let w = Workload { seq: 4096, global_batch: 8, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
+        assert!(ep.ep_overlap(&w).is_some());
+        assert!(ParallelConfig { recompute_modules: RecomputeModules::parse("moe").unwrap(), ..ep }.ep_overlap(&w).is_none());
     }
 }

@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::comm::{collective_secs, Collective, Placement, Tier};
-use crate::config::{Dispatcher, ParallelConfig, Recompute, Rejection, Workload, Zero};
+use crate::config::{Dispatcher, ParallelConfig, Recompute, RecomputeModules, Rejection, Workload, Zero};
 use crate::hardware::{Cluster, HardwareProfile, GIB};
 use crate::memory::{self, kv_dim_per_rank, LayerKind, StageMemory};
 use crate::model::ModelSpec;
@@ -356,6 +356,8 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let e = &c.hw.efficiency;
     let mut lc = LayerCost::default();
     let mut fwd = OpClasses::default();
+    // MLA's up-projections: (time, FLOPs) of one forward.
+    let mut mla_up = (0.0, 0.0);
 
     // Attention projections.
     let kv_rank = kv_dim_per_rank(m, cfg.tp) as f64;
@@ -373,6 +375,9 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
             let kv_up = m.heads as f64 * (mla.qk_nope_head_dim + mla.v_head_dim) as f64 / t;
             let kv = c.gemm(tokens, kv_lora + mla.qk_rope_head_dim as f64, h, true) + c.gemm(tokens, kv_up, kv_lora, true);
             fwd.attention_proj = q + kv + c.gemm(tokens, h, out_in, true);
+            // What "mla_up_proj" replays: both up-projections and the rotary.
+            let q_up = if mla.q_lora_rank > 0 { c.gemm(tokens, q_rank, q_lora, true) } else { 0.0 };
+            mla_up = (q_up + c.gemm(tokens, kv_up, kv_lora, true), 2.0 * tokens * (if mla.q_lora_rank > 0 { q_rank * q_lora } else { 0.0 } + kv_up * kv_lora));
         }
         None => {
             fwd.attention_proj = c.gemm(tokens, q_rank + 2.0 * kv_rank, h, true) + c.gemm(tokens, h, out_in, true);
@@ -449,10 +454,39 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     bwd.attention_core = core_bwd;
     lc.gemm = fwd.attention_proj + fwd.mlp + fwd.moe_experts;
 
-    // Recomputation replays work in the backward pass.
+    // Recomputation replays work in the backward pass: the whole forward (full) or
+    // the selected modules' forward (selective).
+    let sel = |x: RecomputeModules| cfg.recomputes(x);
+    let shared_ffn = m.moe.map_or(0.0, |x| x.shared_hidden() as f64);
+    let mut sel_secs = 0.0;
+    if sel(RecomputeModules::CORE_ATTN) {
+        sel_secs += core_fwd;
+    }
+    if sel(RecomputeModules::LAYERNORM) {
+        // Two norms: read 2h, write 2h (+ the FP8 cast of the output) per token.
+        sel_secs += c.mem(tokens * 2.0 * (4.0 * h + if c.fp8 { 3.0 * h } else { 0.0 }) / sp_div);
+    }
+    if sel(RecomputeModules::MLA_UP_PROJ) {
+        sel_secs += mla_up.0 + c.mem(tokens * rotary);
+    }
+    match kind {
+        LayerKind::Dense if sel(RecomputeModules::MLP) => sel_secs += fwd.mlp + c.mem(tokens * act(m.ffn_hidden as f64, t)),
+        LayerKind::Moe if sel(RecomputeModules::MOE) => {
+            sel_secs += fwd.moe_experts + fwd.router + fwd.mlp + c.mem(tokens * (routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + 8.0 * h) + act(shared_ffn, t)));
+        }
+        LayerKind::Moe => {
+            if sel(RecomputeModules::MOE_ACT) {
+                sel_secs += c.mem(routed_tokens * act(expert_ffn, cfg.etp as f64));
+            }
+            if sel(RecomputeModules::SHARED_EXPERTS) {
+                sel_secs += fwd.mlp + c.mem(tokens * act(shared_ffn, t));
+            }
+        }
+        _ => {}
+    }
     lc.recompute = match cfg.recompute {
         Recompute::None => 0.0,
-        Recompute::Selective => core_fwd,
+        Recompute::Selective => sel_secs,
         Recompute::Full => fwd.total(),
     };
 
@@ -474,14 +508,45 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let fwd_flops_seq = 2.0 * (proj_params + mlp_params) * seq_tokens + 2.0 * cfg.mbs as f64 * head_flops * t * dense_pairs * cfg.cp as f64;
     // Per GPU: the micro-batch is spread over TP x CP ranks.
     lc.model_flops = 3.0 * fwd_flops_seq / (t * cfg.cp as f64);
+    let mats = m.mlp.matrices() as f64;
+    let mut sel_flops = 0.0;
+    if sel(RecomputeModules::CORE_ATTN) {
+        sel_flops += attn_fwd_flops;
+    }
+    if sel(RecomputeModules::MLA_UP_PROJ) {
+        sel_flops += mla_up.1;
+    }
+    match (kind, &m.moe) {
+        (LayerKind::Dense, _) if sel(RecomputeModules::MLP) => sel_flops += 2.0 * tokens * mats * h * m.ffn_hidden as f64 / t,
+        (LayerKind::Moe, Some(moe)) => {
+            let experts = 2.0 * routed_tokens * mats * h * expert_ffn / cfg.etp as f64;
+            let shared = 2.0 * tokens * mats * h * shared_ffn / t;
+            if sel(RecomputeModules::MOE) {
+                sel_flops += experts + shared + 2.0 * tokens / t * h * moe.experts as f64;
+            } else if sel(RecomputeModules::SHARED_EXPERTS) {
+                sel_flops += shared;
+            }
+        }
+        _ => {}
+    }
     lc.recompute_flops = match cfg.recompute {
         Recompute::None => 0.0,
-        Recompute::Selective => attn_fwd_flops,
+        Recompute::Selective => sel_flops,
         Recompute::Full => fwd_flops_seq / (t * cfg.cp as f64),
     };
 
     // --- Communication of this layer, one micro-batch. ---
     let replays = if cfg.recompute == Recompute::Full { 1.0 } else { 0.0 };
+    // Selective modules that replay a whole block replay its communication too:
+    // "mlp" (dense layers) and "shared_experts" their TP collectives, "moe" its
+    // TP collectives (shared experts), all-to-alls and expert-TP gathers.
+    let moe_replay = if kind == LayerKind::Moe && sel(RecomputeModules::MOE) { 1.0 } else { 0.0 };
+    let has_shared = shared_ffn > 0.0;
+    let tp_block_replays = match kind {
+        _ if cfg.recompute == Recompute::Full => 0.0,
+        LayerKind::Dense => if sel(RecomputeModules::MLP) { 1.0 } else { 0.0 },
+        LayerKind::Moe => if has_shared && (moe_replay > 0.0 || sel(RecomputeModules::SHARED_EXPERTS)) { 1.0 } else { 0.0 },
+    };
     // TP: the activation is tokens x h in BF16. Per layer: attention and MLP each
     // need one all-reduce (or AG + RS with SP) forward and one backward. In an MoE
     // layer with SP, routed experts take their tokens through the all-to-all
@@ -499,8 +564,9 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
             c.coll(Collective::AllReduce, act_bytes, g)
         };
         let passes = 2.0 + replays;
-        let total = blocks * passes * per_block;
-        lc.tp_calls = blocks * passes * if cfg.sp { 2.0 } else { 1.0 };
+        let block_passes = blocks * passes + tp_block_replays;
+        let total = block_passes * per_block;
+        lc.tp_calls = block_passes * if cfg.sp { 2.0 } else { 1.0 };
         let exposed = if cfg.overlap.tp_comm {
             // Userbuffers split each collective into tp chunks pipelined with the
             // GEMM: the first chunk, and whatever outlasts the GEMMs, stays exposed.
@@ -542,7 +608,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
             Dispatcher::AllToAll => c.coll(Collective::AllToAll, bytes, g),
             Dispatcher::Deduplicated => dedup_dispatch_secs(c.hw, tokens / t * moe_load * h * 2.0, moe.experts, moe.top_k, g),
         };
-        let calls = 2.0 * (2.0 + replays);
+        let calls = 2.0 * (2.0 + replays + moe_replay);
         let total = calls * one;
         // Paired passes hide this layer's all-to-all behind the partner's compute
         // of the same layer; what outlasts it stays exposed.
@@ -559,7 +625,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         lc.etp_bytes = bytes;
         let g = c.etp_group();
         let one = c.coll(Collective::AllGather, bytes, g) + c.coll(Collective::ReduceScatter, bytes, g);
-        let calls = 2.0 + replays;
+        let calls = 2.0 + replays + moe_replay;
         lc.etp = (calls * one, calls * one);
         lc.etp_calls = 2.0 * calls;
     }
@@ -1152,10 +1218,11 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         // Optimizer: Adam reads and writes the FP32 master weight, momentum and
         // variance, reads the FP32 gradient and writes the BF16 weight (~30 bytes
         // per parameter), plus the gradient-norm pass (4 bytes): on the shard this
-        // rank owns.
+        // rank owns. BF16 moments move 8 bytes fewer.
         let (_, _, opt_bytes) = memory::model_state(cfg, dense_p, expert_p);
-        let owned = opt_bytes / memory::OPTIMIZER_BYTES;
-        optimizer_secs = optimizer_secs.max(c.mem(owned * 34.0));
+        let owned = opt_bytes / memory::optimizer_bytes(cfg);
+        let per_param = if cfg.bf16_moments { 26.0 } else { 34.0 };
+        optimizer_secs = optimizer_secs.max(c.mem(owned * per_param));
     }
     comm.extend(dp_terms);
 
@@ -1235,7 +1302,7 @@ mod tests {
     use crate::presets::{gpt, resolve};
 
     fn cfg(tp: u64, pp: u64, cp: u64, dp: u64) -> ParallelConfig {
-        ParallelConfig { tp, pp, vpp: 1, cp, ep: 1, etp: 1, dp, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB }
+        ParallelConfig { tp, pp, vpp: 1, cp, ep: 1, etp: 1, dp, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB }
     }
 
     fn wl(seq: u64, gbs: u64) -> Workload {

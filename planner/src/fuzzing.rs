@@ -46,6 +46,8 @@ fn single(dp: u64) -> ParallelConfig {
         layout: Layout::Even,
         overlap: Overlap::default(),
         bf16_grads: false,
+        bf16_moments: false,
+        recompute_modules: Default::default(),
         moe_dispatcher: Dispatcher::AllToAll,
         schedule: crate::schedule::Schedule::OneFOneB,
     }

@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ParallelConfig, Recompute, Workload, Zero};
+use crate::config::{ParallelConfig, Recompute, RecomputeModules, Workload, Zero};
 use crate::model::ModelSpec;
 use crate::schedule::Schedule;
 
@@ -26,6 +26,9 @@ use crate::schedule::Schedule;
 pub const WEIGHT_BYTES: f64 = 2.0;
 pub const GRAD_BYTES: f64 = 4.0;
 pub const OPTIMIZER_BYTES: f64 = 12.0;
+/// With Megatron's precision-aware optimizer and BF16 moments: FP32 master weight
+/// (4) and two BF16 moments (2 + 2).
+pub const OPTIMIZER_BYTES_BF16_MOMENTS: f64 = 8.0;
 
 /// Memory of one GPU in one pipeline stage, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -68,29 +71,55 @@ pub enum LayerKind {
 /// Activation bytes per layer per micro-batch on one GPU.
 ///
 /// `tokens` is the micro-batch's tokens on this CP rank (mbs * seq / cp), before
-/// sequence-parallel sharding.
+/// sequence-parallel sharding. Selective recomputation drops the tensors of the
+/// modules it replays ([`RecomputeModules`]); `full` is the same layer with nothing
+/// dropped (the working set while a recomputed layer is back-propagated).
 pub fn layer_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, kind: LayerKind, flash: bool) -> LayerActivations {
-    let t = cfg.tp as f64;
     let tokens = (cfg.mbs * w.seq / cfg.cp) as f64;
+    let full = per_token_activations(model, cfg, w, kind, flash, |_| false) * tokens;
+    let stored = match cfg.recompute {
+        Recompute::Full => 2.0 * model.hidden as f64 / if cfg.sp { cfg.tp as f64 } else { 1.0 } * tokens,
+        Recompute::None => full,
+        Recompute::Selective => per_token_activations(model, cfg, w, kind, flash, |m| cfg.recomputes(m)) * tokens,
+    };
+    LayerActivations { stored, full }
+}
+
+/// Stored bytes per token of one layer; `dropped(m)` says whether module `m`'s
+/// tensors are discarded for recomputation.
+fn per_token_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, kind: LayerKind, flash: bool, dropped: impl Fn(RecomputeModules) -> bool) -> f64 {
+    let t = cfg.tp as f64;
     let h = model.hidden as f64;
     // Tensors outside the TP region are split by SP, replicated without it.
     let sp_div = if cfg.sp { t } else { 1.0 };
     let mask = if model.dropout { 1.0 } else { 0.0 };
+    // Bytes per element of a GEMM input kept for the weight gradient: Transformer
+    // Engine keeps the FP8 cast of an FP8 GEMM's input instead of the BF16 tensor.
+    let gemm_in = if w.precision.is_fp8() { 1.0 } else { 2.0 };
+    // The norms' outputs are the QKV and FC1 inputs; "layernorm" recomputes them.
+    let norm_out = if dropped(RecomputeModules::LAYERNORM) { 0.0 } else { gemm_in * h };
 
-    // Attention block. LayerNorm input and QKV input (2 bytes each); the dropout
-    // mask after the output projection (1 byte).
-    let mut outside = 2.0 * h + 2.0 * h + mask * h;
+    // Attention block: LayerNorm input, QKV input, the dropout mask after the
+    // output projection (1 byte).
+    let mut outside = 2.0 * h + norm_out + mask * h;
     let kv_rank = kv_dim_per_rank(model, cfg.tp) as f64;
-    // Q, K, V kept for the attention backward and the attention output kept as the
-    // input of the output projection: all split by TP.
-    let mut inside = 2.0 * model.q_dim() as f64 / t + 2.0 * 2.0 * kv_rank + 2.0 * model.attn_out_dim() as f64 / t;
+    // Q, K, V kept for the attention backward (split by TP); MLA's come out of
+    // its up-projections, which "mla_up_proj" recomputes.
+    let qkv = match &model.mla {
+        // MLA's values are v_head_dim wide, narrower than its keys.
+        Some(_) => 2.0 * (model.q_dim() + model.kv_dim() + model.heads * model.v_head_dim()) as f64 / t,
+        None => 2.0 * model.q_dim() as f64 / t + 2.0 * 2.0 * kv_rank,
+    };
+    let mut inside = if model.mla.is_some() && dropped(RecomputeModules::MLA_UP_PROJ) { 0.0 } else { qkv };
+    // The attention output, input of the output projection.
+    inside += gemm_in * model.attn_out_dim() as f64 / t;
     if let Some(m) = &model.mla {
         // Latent projections are replicated across TP: their inputs are kept.
         outside += 2.0 * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim) as f64;
     }
     // Softmax statistics (flash) or the score matrices (unfused: softmax output 2,
-    // dropout mask 1, dropout output 2 bytes per score).
-    let scores = if flash || cfg.recompute == Recompute::Selective {
+    // dropout mask 1, dropout output 2 bytes per score), which "core_attn" drops.
+    let scores = if flash || dropped(RecomputeModules::CORE_ATTN) {
         4.0 * model.heads as f64 / t
     } else {
         let kv_len = w.seq as f64 / cfg.cp as f64;
@@ -99,45 +128,40 @@ pub fn layer_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
     inside += scores;
 
     // MLP block: LayerNorm input, MLP input, dropout mask.
-    outside += 2.0 * h + 2.0 * h + mask * h;
-    let mlp_inner = |ffn: f64, div: f64| -> f64 {
-        // First projection's output (both halves when gated), activation output.
+    outside += 2.0 * h + norm_out + mask * h;
+    // First projection's output (both halves when gated) and the activation output
+    // (the second projection's input); `act_dropped` for "moe_act".
+    let mlp_inner = |ffn: f64, div: f64, act_dropped: bool| -> f64 {
         let first = model.mlp.matrices() as f64 - 1.0;
-        (2.0 * first * ffn + 2.0 * ffn) / div
+        (2.0 * first * ffn + if act_dropped { 0.0 } else { gemm_in * ffn }) / div
     };
     let moe_load = model.moe.as_ref().map_or(1.0, |moe| w.moe_rank_load(moe, cfg.ep).factor);
-    let mut per_token = match (kind, &model.moe) {
+    match (kind, &model.moe) {
         (LayerKind::Moe, Some(moe)) => {
+            if dropped(RecomputeModules::MOE) {
+                // Only the block's input (the norm output, counted above) is kept.
+                return outside / sp_div + inside;
+            }
             // Routed tokens on this rank: (tokens / tp) * top_k, gathered over expert
-            // TP; each keeps its permuted input (2h), the expert's inner activations
-            // split by expert TP, and the unpermuted output (2h).
+            // TP; each keeps its permuted input (the first grouped GEMM's input), the
+            // expert's inner activations split by expert TP, and its routing
+            // probability (fp32). Megatron-Core multiplies the probabilities inside
+            // the activation function (`weighted_bias_swiglu_impl`,
+            // megatron/core/transformer/moe/experts.py), so unpermuting stores
+            // nothing but its index map.
             let etp = cfg.etp as f64;
             let routed = moe.top_k as f64 * moe_load / t * etp;
-            let expert = routed * (2.0 * h + mlp_inner(moe.expert_ffn_hidden as f64, etp) + 2.0 * h);
-            let shared = mlp_inner(moe.shared_hidden() as f64, t);
+            let expert = routed * (gemm_in * h + mlp_inner(moe.expert_ffn_hidden as f64, etp, dropped(RecomputeModules::MOE_ACT)) + 4.0);
+            let shared = if dropped(RecomputeModules::SHARED_EXPERTS) { 0.0 } else { mlp_inner(moe.shared_hidden() as f64, t, false) };
             // Router logits and probabilities (fp32) per token.
             let router = 8.0 * moe.experts as f64 / t;
             outside / sp_div + inside + expert + shared + router
         }
-        _ => outside / sp_div + inside + mlp_inner(model.ffn_hidden as f64, t),
-    };
-    if w.precision.is_fp8() {
-        // Transformer Engine saves the FP8 cast of each FP8 GEMM's input for the
-        // weight gradient instead of the BF16 tensor: 1 byte less per element for
-        // the QKV and FC1 inputs (outside the TP region) and for the output
-        // projection and FC2 inputs (inside it).
-        let fc2_in = match (kind, &model.moe) {
-            (LayerKind::Moe, Some(moe)) => moe.top_k as f64 * moe_load / t * cfg.etp as f64 * moe.expert_ffn_hidden as f64 / cfg.etp as f64 + moe.shared_hidden() as f64 / t,
-            _ => model.ffn_hidden as f64 / t,
-        };
-        per_token -= 2.0 * h / sp_div + model.attn_out_dim() as f64 / t + fc2_in;
+        _ => {
+            let mlp = if dropped(RecomputeModules::MLP) { 0.0 } else { mlp_inner(model.ffn_hidden as f64, t, false) };
+            outside / sp_div + inside + mlp
+        }
     }
-    let full = per_token * tokens;
-    let stored = match cfg.recompute {
-        Recompute::Full => 2.0 * h / sp_div * tokens,
-        _ => full,
-    };
-    LayerActivations { stored, full }
 }
 
 /// Width of K (or V) held by one TP rank: KV heads split when TP divides them,
@@ -189,6 +213,15 @@ pub fn grad_bytes(cfg: &ParallelConfig) -> f64 {
     }
 }
 
+/// Optimizer bytes per parameter.
+pub fn optimizer_bytes(cfg: &ParallelConfig) -> f64 {
+    if cfg.bf16_moments {
+        OPTIMIZER_BYTES_BF16_MOMENTS
+    } else {
+        OPTIMIZER_BYTES
+    }
+}
+
 /// Model state bytes (weights, gradients, optimizer) for `dense` and `expert`
 /// parameters held by one GPU.
 pub fn model_state(cfg: &ParallelConfig, dense: f64, expert: f64) -> (f64, f64, f64) {
@@ -205,7 +238,7 @@ pub fn model_state(cfg: &ParallelConfig, dense: f64, expert: f64) -> (f64, f64, 
     // the BF16 weight stays the stored copy.
     let weights = WEIGHT_BYTES * (shard(dense, dp_dense, w_shard) + shard(expert, dp_expert, w_shard));
     let grads = grad_bytes(cfg) * (shard(dense, dp_dense, g_shard) + shard(expert, dp_expert, g_shard));
-    let optim = OPTIMIZER_BYTES * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
+    let optim = optimizer_bytes(cfg) * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
     (weights, grads, optim)
 }
 
@@ -216,7 +249,7 @@ mod tests {
     use crate::presets::gpt;
 
     fn cfg(tp: u64, sp: bool, recompute: Recompute) -> ParallelConfig {
-        ParallelConfig { tp, pp: 1, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp, mbs: 1, zero: Zero::None, recompute, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB }
+        ParallelConfig { tp, pp: 1, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp, mbs: 1, zero: Zero::None, recompute, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB }
     }
 
     fn w(seq: u64) -> Workload {
@@ -282,5 +315,43 @@ mod tests {
         c.zero = Zero::Zero3;
         let (wt, g, o) = model_state(&c, 1.0, 0.0);
         assert_eq!(wt + g + o, 18.0 / 8.0);
+    }
+
+    /// Each fine-grained recompute module drops exactly its tensors, by hand:
+    /// "layernorm" the two norm outputs (2 bytes x h / t each with SP), MLA's
+    /// "mla_up_proj" Q, K and V, "moe_act" each routed copy's activation output
+    /// (2 x expert ffn), "mlp" the dense MLP's inner tensors; BF16 moments cost 8
+    /// optimizer bytes per parameter instead of 12.
+    #[test]
+    fn recompute_modules_drop_their_tensors() {
+        use crate::presets::resolve;
+        let bytes = |model: &ModelSpec, c: &ParallelConfig, kind| layer_activations(model, c, &w(4096), kind, true).stored / 4096.0;
+        let sel = |base: &ParallelConfig, m: &str| ParallelConfig { recompute: Recompute::Selective, recompute_modules: RecomputeModules::parse(m).unwrap(), ..base.clone() };
+
+        let g = gpt("gpt", "test", 24, 4096, 32);
+        let base = cfg(8, true, Recompute::None);
+        let (h, t) = (4096.0, 8.0);
+        let none = bytes(&g, &base, LayerKind::Dense);
+        assert!((none - bytes(&g, &sel(&base, "layernorm"), LayerKind::Dense) - 2.0 * 2.0 * h / t).abs() < 1e-9);
+        // GeLU MLP: first output 2 x 4h and activation output 2 x 4h, over t.
+        assert!((none - bytes(&g, &sel(&base, "mlp"), LayerKind::Dense) - 2.0 * 2.0 * 4.0 * h / t).abs() < 1e-9);
+        // Megatron's default set changes nothing with flash attention.
+        assert_eq!(none, bytes(&g, &sel(&base, "core_attn"), LayerKind::Dense));
+
+        let ds = resolve("deepseek-v3").unwrap().spec;
+        let mla = ParallelConfig { ep: 8, ..cfg(1, false, Recompute::None) };
+        let none = bytes(&ds, &mla, LayerKind::Moe);
+        let qkv = 2.0 * (128.0 * 192.0) + 2.0 * (128.0 * 192.0) + 2.0 * (128.0 * 128.0);
+        assert!((none - bytes(&ds, &sel(&mla, "mla_up_proj"), LayerKind::Moe) - qkv).abs() < 1e-6, "{}", none - bytes(&ds, &sel(&mla, "mla_up_proj"), LayerKind::Moe));
+        assert!((none - bytes(&ds, &sel(&mla, "moe_act"), LayerKind::Moe) - 8.0 * 2.0 * 2048.0).abs() < 1e-6);
+        // "moe" keeps only the block input: less than any of its parts alone.
+        let moe = bytes(&ds, &sel(&mla, "moe"), LayerKind::Moe);
+        assert!(moe < bytes(&ds, &sel(&mla, "moe_act"), LayerKind::Moe));
+        // The working set of a recomputed layer is the unrecomputed layer.
+        assert_eq!(layer_activations(&ds, &sel(&mla, "moe,mla_up_proj"), &w(4096), LayerKind::Moe, true).full, none * 4096.0);
+
+        let adam = ParallelConfig { bf16_moments: true, ..cfg(1, false, Recompute::None) };
+        assert_eq!(model_state(&adam, 1.0, 0.0).2, 8.0);
+        assert_eq!(model_state(&cfg(1, false, Recompute::None), 1.0, 0.0).2, 12.0);
     }
 }

@@ -109,7 +109,7 @@ mod tests {
     #[test]
     fn h100_and_a100_share_a_pipeline() {
         let m = resolve("llama3-70b").unwrap().spec;
-        let cfg = ParallelConfig { tp: 8, pp: 16, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp: true, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::Selective, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB };
+        let cfg = ParallelConfig { tp: 8, pp: 16, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp: true, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::Selective, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB };
         let w = Workload { seq: 4096, global_batch: 64, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
         let classes = [(builtin_profile("h100-sxm").unwrap(), 64), (builtin_profile("a100-80g").unwrap(), 64)];
         let plan = plan_mixed(&m, &classes, &w, &cfg, Assumptions::default()).unwrap();

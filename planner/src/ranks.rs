@@ -198,7 +198,7 @@ mod tests {
     use crate::config::{Dispatcher, Layout, Overlap, Recompute, Zero};
 
     fn cfg(tp: u64, cp: u64, dp: u64, pp: u64, ep: u64, etp: u64) -> ParallelConfig {
-        ParallelConfig { tp, pp, vpp: 1, cp, ep, etp, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: crate::schedule::Schedule::OneFOneB }
+        ParallelConfig { tp, pp, vpp: 1, cp, ep, etp, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: crate::schedule::Schedule::OneFOneB }
     }
 
     fn group<'a>(m: &'a RankMap, kind: &str) -> &'a Vec<Vec<u64>> {

@@ -39,7 +39,7 @@
 use serde::Serialize;
 
 use crate::cost::Assumptions;
-use crate::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
+use crate::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload, Zero};
 use crate::hardware::{builtin_profile, Cluster};
 use crate::model::{MlpKind, ModelSpec, Moe};
 use crate::presets::{gpt, resolve};
@@ -71,11 +71,20 @@ pub struct RunCase {
     /// Whether the row states its recomputation (otherwise [`RunCase::estimate`]
     /// picks the least that fits).
     pub recompute_stated: bool,
+    /// Whether the row states the optimizer's moment precision (otherwise FP32,
+    /// or BF16 where only that fits).
+    pub moments_stated: bool,
 }
 
 impl RunCase {
     /// Estimates the row with its exact configuration and stack.
     pub fn estimate(&self) -> Result<crate::cost::Estimate, crate::config::Rejection> {
+        self.estimate_config().map(|(_, e)| e)
+    }
+
+    /// [`RunCase::estimate`], with the configuration it settled on (the row's, with
+    /// the recomputation chosen when the row does not state it).
+    pub fn estimate_config(&self) -> Result<(ParallelConfig, crate::cost::Estimate), crate::config::Rejection> {
         // The same model the search ranks with: closed form, then the pipeline
         // re-scored by the schedule simulator.
         let run = |cfg: &ParallelConfig| {
@@ -84,19 +93,29 @@ impl RunCase {
                 e
             })
         };
-        if self.recompute_stated {
-            return run(&self.config);
-        }
+        // The run was measured, so it fit: what the row leaves out is the least
+        // memory saving under which it fits, recomputation first (none, Megatron's
+        // default selective set, the model's fine-grained set, full), then BF16
+        // Adam moments at each level (they cost no time).
+        let recomputes: Vec<(Recompute, RecomputeModules)> = if self.recompute_stated {
+            vec![(self.config.recompute, self.config.recompute_modules)]
+        } else {
+            let fine = crate::search::fine_grained_modules(&self.model, self.assumptions.flash_attention);
+            vec![(Recompute::None, RecomputeModules::DEFAULT), (Recompute::Selective, RecomputeModules::DEFAULT), (Recompute::Selective, fine), (Recompute::Full, RecomputeModules::DEFAULT)]
+        };
+        let moments: &[bool] = if self.moments_stated { &[self.config.bf16_moments] } else { &[false, true] };
         let mut last = None;
-        for rc in [Recompute::None, Recompute::Selective, Recompute::Full] {
-            let cfg = ParallelConfig { recompute: rc, ..self.config.clone() };
-            match run(&cfg) {
-                Ok(e) => return Ok(e),
-                Err(r @ crate::config::Rejection::OutOfMemory { .. }) => last = Some(r),
-                Err(r) => return Err(r),
+        for &(recompute, recompute_modules) in &recomputes {
+            for &bf16_moments in moments {
+                let cfg = ParallelConfig { recompute, recompute_modules, bf16_moments, ..self.config.clone() };
+                match run(&cfg) {
+                    Ok(e) => return Ok((cfg, e)),
+                    Err(r @ crate::config::Rejection::OutOfMemory { .. }) => last = Some(r),
+                    Err(r) => return Err(r),
+                }
             }
         }
-        Err(last.expect("three attempts made"))
+        Err(last.expect("at least one attempt made"))
     }
 
     /// The measured step time, seconds (converted from tokens/s/GPU when needed).
@@ -232,11 +251,41 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "full" => Recompute::Full,
         other => return Err(format!("recompute '{other}' is not one of none, selective, full")),
     };
+    // Optional columns beyond the published schema (a `--stack` file supplies them
+    // from each run's published configuration); blank: the rules of the module notes.
+    let recompute_modules = match get(r, "recompute_modules") {
+        "" => None,
+        list => Some(crate::config::RecomputeModules::parse(list).map_err(|e| format!("column 'recompute_modules': {e}"))?),
+    };
+    if recompute_modules.is_some() && recompute_stated && recompute != Recompute::Selective {
+        return Err(format!("column 'recompute_modules' needs recompute 'selective' (the row says '{}')", get(r, "recompute")));
+    }
+    let (recompute, recompute_stated) = if recompute_modules.is_some() { (Recompute::Selective, true) } else { (recompute, recompute_stated) };
+    let bf16_moments = match get(r, "optimizer_moments") {
+        "" => None,
+        "bf16" => Some(true),
+        "fp32" => Some(false),
+        other => return Err(format!("column 'optimizer_moments' is '{other}', expected bf16 or fp32")),
+    };
+    let flag = |k: &str| -> Result<Option<bool>, String> {
+        match get(r, k) {
+            "" => Ok(None),
+            "true" => Ok(Some(true)),
+            "false" => Ok(Some(false)),
+            other => Err(format!("column '{k}' is '{other}', expected true or false")),
+        }
+    };
     let modern = zero != Zero::None;
     let ep: u64 = num(r, "ep")?.unwrap_or(1);
     // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
     // NVLink domain (see the module notes).
-    let ep_comm = modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain;
+    let ep_comm = flag("ep_comm_overlap")?.unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
+    let tp_comm = flag("tp_comm_overlap")?.unwrap_or(modern);
+    let moe_dispatcher = match get(r, "dispatcher") {
+        "" | "alltoall" => Dispatcher::AllToAll,
+        "deepep" | "hybridep" | "flex" => Dispatcher::Deduplicated,
+        other => return Err(format!("column 'dispatcher' is '{other}', expected alltoall, deepep, hybridep or flex")),
+    };
     let tp = req(r, "tp")?;
     let pp = req(r, "pp")?;
     let vpp = num(r, "vpp")?.unwrap_or(1).max(1);
@@ -253,9 +302,11 @@ fn case(r: &Row) -> Result<RunCase, String> {
         zero,
         recompute,
         layout: Layout::balanced(model.layers, pp, vpp),
-        overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm: modern, p2p: true, ep_comm },
+        overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm, p2p: true, ep_comm },
         bf16_grads: modern,
-        moe_dispatcher: if modern { Dispatcher::Deduplicated } else { Dispatcher::AllToAll },
+        bf16_moments: bf16_moments.unwrap_or(false),
+        recompute_modules: recompute_modules.unwrap_or_default(),
+        moe_dispatcher,
         // Every published row ran Megatron's schedule for its vpp.
         schedule: Schedule::default_for(vpp),
     };
@@ -269,24 +320,103 @@ fn case(r: &Row) -> Result<RunCase, String> {
         return Err(format!("value {value} must be positive"));
     }
     let moe = model.moe.is_some();
-    Ok(RunCase { id, source: get(r, "source").to_string(), gpu, model, cluster, workload, config, metric, value, moe, assumptions: Assumptions { flash_attention: modern }, recompute_stated })
+    let moments_stated = bf16_moments.is_some();
+    Ok(RunCase { id, source: get(r, "source").to_string(), gpu, model, cluster, workload, config, metric, value, moe, assumptions: Assumptions { flash_attention: modern }, recompute_stated, moments_stated })
 }
 
 /// Parses the CSV text. Each row becomes a case or an explanation.
 pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
+    parse_runs_with(csv_text, None)
+}
+
+/// Optional columns a stack file may add to a run (see [`parse_runs_with`]).
+pub const STACK_COLUMNS: [&str; 6] = ["recompute", "recompute_modules", "optimizer_moments", "dispatcher", "ep_comm_overlap", "tp_comm_overlap"];
+
+fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), String> {
     let mut rdr = csv::ReaderBuilder::new().flexible(false).from_reader(csv_text.as_bytes());
-    let headers = rdr.headers().map_err(|e| format!("CSV header: {e}"))?.clone();
+    let headers: Vec<String> = rdr.headers().map_err(|e| format!("CSV header: {e}"))?.iter().map(str::to_string).collect();
+    let mut rows = Vec::new();
+    for (i, rec) in rdr.records().enumerate() {
+        let rec = rec.map_err(|e| format!("CSV row {}: {e}", i + 2))?;
+        rows.push(headers.iter().zip(rec.iter()).map(|(h, v)| (h.clone(), v.to_string())).collect());
+    }
+    Ok((headers, rows))
+}
+
+/// Parses the runs CSV, completed by an optional stack CSV: an `id` column naming
+/// runs, a `source` column saying where each value was read, and any of
+/// [`STACK_COLUMNS`] — what the runs' own columns leave out of their software
+/// configuration. A stack value fills a blank (or "not stated") run column and may
+/// not contradict a stated one; a stack row naming no run is an error.
+pub fn parse_runs_with(csv_text: &str, stack: Option<&str>) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
+    let (headers, mut rows) = read_rows(csv_text)?;
     for needed in ["id", "gpu", "gpus_per_node", "gpus", "model", "layers", "hidden", "heads", "seq", "tp", "pp", "dp", "gbs", "metric", "value"] {
         if !headers.iter().any(|h| h == needed) {
             return Err(format!("CSV has no '{needed}' column (expected the published_runs.csv schema)"));
         }
     }
-    let mut out = Vec::new();
-    for (i, rec) in rdr.records().enumerate() {
-        let rec = rec.map_err(|e| format!("CSV row {}: {e}", i + 2))?;
-        let row: Row = headers.iter().zip(rec.iter()).map(|(h, v)| (h.to_string(), v.to_string())).collect();
-        let id = get(&row, "id").to_string();
-        out.push(case(&row).map_err(|reason| Unrepresentable { id, reason }));
+    if let Some(text) = stack {
+        let (sh, srows) = read_rows(text).map_err(|e| format!("stack file: {e}"))?;
+        if !sh.iter().any(|h| h == "id") {
+            return Err("stack file has no 'id' column".into());
+        }
+        if let Some(bad) = sh.iter().find(|h| !(h.as_str() == "id" || h.as_str() == "source" || STACK_COLUMNS.contains(&h.as_str()))) {
+            return Err(format!("stack file column '{bad}' is not one of id, source, {}", STACK_COLUMNS.join(", ")));
+        }
+        for srow in &srows {
+            let id = get(srow, "id");
+            let Some(row) = rows.iter_mut().find(|r| get(r, "id") == id) else {
+                return Err(format!("stack file row '{id}' names no run in the runs CSV"));
+            };
+            for k in STACK_COLUMNS {
+                let v = get(srow, k).to_string();
+                if v.is_empty() {
+                    continue;
+                }
+                match get(row, k) {
+                    "" | "not stated" => {
+                        row.insert(k.to_string(), v);
+                    }
+                    same if same == v => {}
+                    other => return Err(format!("stack file says {k} = '{v}' for run '{id}', but the runs CSV says '{other}'")),
+                }
+            }
+        }
     }
-    Ok(out)
+    Ok(rows
+        .iter()
+        .map(|row| case(row).map_err(|reason| Unrepresentable { id: get(row, "id").to_string(), reason }))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RUNS: &str = "id,source,gpu,gpus_per_node,gpus,model,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq,moe_experts,moe_topk,moe_ffn_hidden,moe_shared_experts,tp,pp,vpp,cp,ep,sp,dp,mbs,gbs,recompute,zero,precision,metric,value,note\n\
+r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,1,1,1,8,false,64,1,512,not stated,distributed optimizer,bf16,iter_s,10,\n";
+
+    /// A stack file fills what the row leaves out, refuses to contradict it, and
+    /// names what it cannot match.
+    #[test]
+    fn stack_file_completes_rows_and_refuses_contradictions() {
+        let plain = parse_runs(RUNS).unwrap().remove(0).unwrap();
+        assert_eq!(plain.config.moe_dispatcher, Dispatcher::AllToAll);
+        assert!(!plain.recompute_stated && !plain.moments_stated);
+        let stack = "id,recompute_modules,optimizer_moments,dispatcher,ep_comm_overlap,tp_comm_overlap,source\nr1,\"layernorm,moe_act\",bf16,deepep,true,false,recipe\n";
+        let c = parse_runs_with(RUNS, Some(stack)).unwrap().remove(0).unwrap();
+        assert_eq!((c.config.recompute, c.config.recompute_modules), (Recompute::Selective, RecomputeModules::parse("layernorm,moe_act").unwrap()));
+        assert!(c.config.bf16_moments && c.recompute_stated && c.moments_stated);
+        assert_eq!(c.config.moe_dispatcher, Dispatcher::Deduplicated);
+        assert!(c.config.overlap.ep_comm && !c.config.overlap.tp_comm);
+        let e = c.estimate_config().unwrap();
+        assert_eq!(e.0, c.config);
+        let clash = RUNS.replace("not stated", "full");
+        let err = parse_runs_with(&clash, Some("id,recompute\nr1,none\n")).unwrap_err();
+        assert!(err.contains("recompute = 'none' for run 'r1', but the runs CSV says 'full'"), "{err}");
+        assert!(parse_runs_with(RUNS, Some("id,dispatcher\nr9,deepep\n")).unwrap_err().contains("'r9' names no run"));
+        assert!(parse_runs_with(RUNS, Some("id,zero\nr1,3\n")).unwrap_err().contains("column 'zero' is not one of"));
+        let bad = parse_runs_with(RUNS, Some("id,dispatcher\nr1,nccl\n")).unwrap().remove(0).unwrap_err();
+        assert!(bad.reason.contains("column 'dispatcher' is 'nccl'"), "{}", bad.reason);
+    }
 }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{divisors, Dispatcher, Layout, Overlap, ParallelConfig, Recompute, RejectKind, Workload, Zero};
+use crate::config::{divisors, Dispatcher, Layout, Overlap, ParallelConfig, Recompute, RecomputeModules, RejectKind, Workload, Zero};
 use crate::cost::{estimate_with, Assumptions, Estimate};
 use crate::hardware::Cluster;
 use crate::model::ModelSpec;
@@ -36,8 +36,12 @@ pub struct SearchSpace {
     pub mbs: Vec<u64>,
     pub zero: Vec<Zero>,
     pub recompute: Vec<Recompute>,
+    /// Module sets tried with selective recomputation; `None`: Megatron's default
+    /// and the model's fine-grained set ([`fine_grained_modules`]).
+    pub recompute_modules: Option<Vec<RecomputeModules>>,
     pub overlap: Overlap,
     pub bf16_grads: bool,
+    pub bf16_moments: bool,
     pub moe_dispatcher: Dispatcher,
     pub assumptions: Assumptions,
 }
@@ -56,12 +60,38 @@ impl Default for SearchSpace {
             mbs: vec![1, 2, 4, 8],
             zero: vec![Zero::None, Zero::DistOpt, Zero::Zero2, Zero::Zero3],
             recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            recompute_modules: None,
             overlap: Overlap::default(),
             bf16_grads: false,
+            bf16_moments: false,
             moe_dispatcher: Dispatcher::AllToAll,
             assumptions: Assumptions::default(),
         }
     }
+}
+
+/// The output-discarding modules Megatron's performance recipes recompute, as they
+/// apply to `model`: the norms; MoE's expert activation; MLA's up-projections; the
+/// dense MLPs when the model mixes dense and MoE layers (DeepSeek-V3's leading
+/// dense layers are its first stage's largest activations); core attention only
+/// where attention is not fused. Megatron-Bridge's April-2026 performance configs
+/// use subsets of it: `["layernorm", "moe_act"]` (GPT-OSS-120B on H100),
+/// `["mla_up_proj", "mlp"]` (DeepSeek-V3 MXFP8 on B200).
+pub fn fine_grained_modules(model: &ModelSpec, flash_attention: bool) -> RecomputeModules {
+    let mut m = RecomputeModules::LAYERNORM;
+    if model.moe.is_some() {
+        m = m.union(RecomputeModules::MOE_ACT);
+        if model.moe_layers() < model.layers {
+            m = m.union(RecomputeModules::MLP);
+        }
+    }
+    if model.mla.is_some() {
+        m = m.union(RecomputeModules::MLA_UP_PROJ);
+    }
+    if !flash_attention {
+        m = m.union(RecomputeModules::CORE_ATTN);
+    }
+    m
 }
 
 /// A valid configuration with its full estimate.
@@ -262,6 +292,17 @@ type Tally = (u64, u64, BTreeMap<RejectKind, u64>, Vec<(Point, ParallelConfig)>)
 /// Runs the search and keeps the `top` fastest valid configurations.
 pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpace, top: usize) -> SearchResult {
     let shapes = shapes(model, cluster, w, space);
+    let module_sets: Vec<RecomputeModules> = match &space.recompute_modules {
+        Some(v) => v.clone(),
+        None => {
+            let mut v = vec![RecomputeModules::DEFAULT];
+            let fine = fine_grained_modules(model, space.assumptions.flash_attention);
+            if fine != RecomputeModules::DEFAULT {
+                v.push(fine);
+            }
+            v
+        }
+    };
     // Each shape expands into the product of the remaining knobs.
     let per_shape = |s: &Shape| -> Tally {
         let mut enumerated = 0;
@@ -278,10 +319,18 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
         // With nobody to shard with, every ZeRO stage is the same plan: keep one.
         let unsharded = s.dp * s.cp == 1 && (s.tp * s.cp * s.dp) / (s.ep * s.etp).max(1) <= 1;
         let zeros: &[Zero] = if unsharded { &space.zero[..space.zero.len().min(1)] } else { &space.zero };
+        let recomputes: Vec<(Recompute, RecomputeModules)> = space
+            .recompute
+            .iter()
+            .flat_map(|&r| match r {
+                Recompute::Selective => module_sets.iter().map(|&m| (r, m)).collect::<Vec<_>>(),
+                _ => vec![(r, RecomputeModules::DEFAULT)],
+            })
+            .collect();
         for &sp in &sps {
             for &mbs in &space.mbs {
                 for &zero in zeros {
-                    for &recompute in &space.recompute {
+                    for &(recompute, recompute_modules) in &recomputes {
                         for &schedule in &schedules {
                             enumerated += 1;
                             let cfg = ParallelConfig {
@@ -299,6 +348,8 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
                                 layout: layout.clone(),
                                 overlap: space.overlap,
                                 bf16_grads: space.bf16_grads,
+                                bf16_moments: space.bf16_moments,
+                                recompute_modules,
                                 moe_dispatcher: space.moe_dispatcher,
                                 schedule,
                             };

@@ -133,7 +133,7 @@ pub fn render(input: &ReportInput) -> String {
             b,
             "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}%</td><td>{:.1} / {:.1}</td><td>{:.1}%</td><td>{:.1}%</td></tr>",
             if rp.rank == 1 { " class=\"best\"" } else { "" },
-            rp.rank, c.tp, c.pp, c.vpp, c.cp, if c.sp { "y" } else { "n" }, c.ep, c.etp, c.dp, c.mbs, e.micro_batches, esc(&c.zero.to_string()), c.recompute,
+            rp.rank, c.tp, c.pp, c.vpp, c.cp, if c.sp { "y" } else { "n" }, c.ep, c.etp, c.dp, c.mbs, e.micro_batches, esc(&c.zero.to_string()), esc(&c.recompute_label()),
             secs(e.step_secs), band, e.tokens_per_sec_per_gpu, 100.0 * e.mfu, e.memory.total / GIB, cap, 100.0 * e.bubble_fraction, 100.0 * e.exposed_comm_fraction
         );
     }
@@ -200,7 +200,7 @@ pub fn render(input: &ReportInput) -> String {
             let _ = writeln!(
                 b,
                 "<tr><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:+.1}%</td><td class=\"l\">TP {} PP {} VPP {} CP {} EP {} DP {} MBS {} ZeRO {} RC {}</td></tr>",
-                s.dimension, esc(&s.value), secs(s.step_secs), 100.0 * (s.step_secs / best_step - 1.0), c.tp, c.pp, c.vpp, c.cp, c.ep, c.dp, c.mbs, esc(&c.zero.to_string()), c.recompute
+                s.dimension, esc(&s.value), secs(s.step_secs), 100.0 * (s.step_secs / best_step - 1.0), c.tp, c.pp, c.vpp, c.cp, c.ep, c.dp, c.mbs, esc(&c.zero.to_string()), esc(&c.recompute_label())
             );
         }
         let _ = writeln!(b, "</tbody></table>");

@@ -351,3 +351,32 @@ fn moe_routing_defaults_capacity_and_exports() {
     fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-capacity-factor=-1"], "capacity factor");
     fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--moe-capacity-factor", "1.25"], "dense model");
 }
+
+/// `--recompute-modules` and `--bf16-moments` change the plan and its memory;
+/// misuse gets one line and a non-zero exit.
+#[test]
+fn recompute_modules_and_bf16_moments() {
+    let base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--tp", "2", "--ep", "8", "--global-batch", "256", "--json"];
+    let gib = |extra: &[&str]| -> (f64, f64) {
+        let o = sextant(&[&base[..], extra].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let e = &v["plans"][0]["estimate"];
+        (e["memory"]["activations"].as_f64().unwrap(), e["memory"]["optimizer"].as_f64().unwrap())
+    };
+    let (act, opt) = gib(&["--recompute", "selective"]);
+    let (act_fine, _) = gib(&["--recompute", "selective", "--recompute-modules", "layernorm,moe_act"]);
+    let (_, opt_bf16) = gib(&["--recompute", "selective", "--bf16-moments"]);
+    assert!(act_fine < act, "{act_fine} vs {act}");
+    assert!((opt_bf16 / opt - 8.0 / 12.0).abs() < 1e-9, "{opt_bf16} vs {opt}");
+    for (args, msg) in [
+        (vec!["--recompute-modules", "layernorm"], "add --recompute selective"),
+        (vec!["--recompute", "selective", "--recompute-modules", "mla_up_proj"], "mla_up_proj needs multi-latent attention"),
+        (vec!["--recompute", "selective", "--recompute-modules", "everything"], "unknown recompute module 'everything'"),
+    ] {
+        let o = sextant(&[&base[..base.len() - 1], &args[..]].concat());
+        assert!(!o.status.success());
+        let err = stderr(&o);
+        assert!(err.contains(msg) && err.trim().lines().count() == 1, "{err}");
+    }
+}

@@ -24,7 +24,7 @@ fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: P
 }
 
 fn cfg(tp: u64, pp: u64, vpp: u64, cp: u64, dp: u64) -> ParallelConfig {
-    ParallelConfig { tp, pp, vpp, cp, ep: 1, etp: 1, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::default_for(vpp) }
+    ParallelConfig { tp, pp, vpp, cp, ep: 1, etp: 1, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::default_for(vpp) }
 }
 
 /// Llama 3 70B on 64 H100s, as NeMo's recipe runs it: TP4 PP4 VPP5 CP2, selective.
