@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use sextant_planner::comm::Tier;
-use sextant_planner::config::{Layout, ParallelConfig, Recompute, RejectKind};
+use sextant_planner::config::{Layout, ParallelConfig, Recompute, RecomputeModules, RejectKind};
 use sextant_planner::cost::Estimate;
 use sextant_planner::hardware::{HardwareProfile, GIB};
 use sextant_planner::model::ModelSpec;
@@ -94,7 +94,10 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
             cfg.mbs,
             e.micro_batches,
             cfg.zero.to_string(),
-            cfg.recompute_label(),
+            match cfg.recompute {
+                Recompute::Selective if cfg.recompute_modules != RecomputeModules::DEFAULT => "sel+".to_string(),
+                r => r.to_string(),
+            },
             cfg.schedule.name(),
             e.step_secs,
             e.tokens_per_sec_per_gpu,
@@ -105,6 +108,11 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
             100.0 * e.exposed_comm_fraction,
             layout_note(cfg)
         );
+    }
+    let mut fine: Vec<String> = res.top.iter().filter(|c| c.config.recompute == Recompute::Selective && c.config.recompute_modules != RecomputeModules::DEFAULT).map(|c| c.config.recompute_modules.to_string()).collect();
+    fine.dedup();
+    for m in fine {
+        let _ = writeln!(s, "  sel+: selective recomputation of {m} (Megatron --recompute-modules); sel: core attention (Megatron's default)");
     }
     s
 }
