@@ -22,8 +22,9 @@ fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
     match cfg.recompute {
         Recompute::None => vec![],
         Recompute::Selective if cfg.recompute_modules != RecomputeModules::DEFAULT => {
+            // No spaces: one Hydra override must stay one shell word.
             let names: Vec<String> = cfg.recompute_modules.names().iter().map(|n| format!("\"{n}\"")).collect();
-            vec![("recompute_granularity", "selective".into()), ("recompute_modules", format!("[{}]", names.join(", ")))]
+            vec![("recompute_granularity", "selective".into()), ("recompute_modules", format!("[{}]", names.join(",")))]
         }
         Recompute::Selective => vec![("recompute_granularity", "selective".into())],
         Recompute::Full => vec![
