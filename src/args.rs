@@ -244,10 +244,9 @@ impl Common {
             bf16_grads: self.bf16_grads,
             bf16_moments: self.bf16_moments,
             recompute_modules,
-            moe_dispatcher: match self.moe_dispatcher.to_ascii_lowercase().as_str() {
-                "alltoall" | "all-to-all" => Dispatcher::AllToAll,
-                "dedup" | "deepep" | "hybridep" | "flex" => Dispatcher::Deduplicated,
-                other => bail!("--moe-dispatcher '{other}' is not one of alltoall, dedup (deepep, hybridep)"),
+            moe_dispatcher: match Dispatcher::parse(&self.moe_dispatcher) {
+                Some(d) => d,
+                None => bail!("--moe-dispatcher '{}' is not one of {}", self.moe_dispatcher, Dispatcher::NAMES),
             },
             assumptions: Assumptions { flash_attention: !self.no_flash_attention },
             schedules,

@@ -431,6 +431,20 @@ pub enum Dispatcher {
     Deduplicated,
 }
 
+impl Dispatcher {
+    /// The names [`Dispatcher::parse`] accepts.
+    pub const NAMES: &'static str = "alltoall, dedup (deepep, hybridep, flex)";
+
+    /// Megatron's dispatcher names, and the flex backends that deduplicate.
+    pub fn parse(s: &str) -> Option<Dispatcher> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "alltoall" | "all-to-all" => Some(Dispatcher::AllToAll),
+            "dedup" | "deepep" | "hybridep" | "flex" => Some(Dispatcher::Deduplicated),
+            _ => None,
+        }
+    }
+}
+
 /// Largest value any parallel size or micro-batch may take.
 pub const MAX_KNOB: u64 = 1 << 24;
 /// Largest sequence length (tokens) and global batch (sequences) accepted.

@@ -9,9 +9,10 @@
 //!
 //! Mapping rules that are not in the columns, applied to every row alike:
 //! - blank micro-batch: 1; blank virtual stages: 1;
-//! - blank or "not stated" recomputation: the least recomputation (none, then
-//!   selective, then full) under which the configuration fits in memory. The run
-//!   was measured, so it fit;
+//! - blank or "not stated" recomputation: the least memory saving under which the
+//!   configuration fits (none, Megatron's default selective set, the model's
+//!   fine-grained modules, full; at each, FP32 then BF16 Adam moments). The run was
+//!   measured, so it fit;
 //! - stage layout: [`Layout::balanced`];
 //! - the `zero` column tells the software stack. `distributed optimizer` rows ran
 //!   Megatron-Core (NeMo, Megatron-Bridge, Megatron-LM 2024+), whose performance
@@ -22,12 +23,10 @@
 //!   after the backward, no TP overlap, unfused softmax attention (FlashAttention
 //!   appeared in May 2022 and reached Megatron-LM in 2023);
 //! - MoE routing is balanced (imbalance 1.0), expert-TP is 1;
-//! - MoE rows on the Megatron-Core stack use a node-deduplicating dispatcher: the
-//!   Megatron-Bridge recipes of every MoE model in the data set one
-//!   (`moe_flex_dispatcher_backend` = "deepep" in recipes/gpt_oss/h100/gpt_oss.py and
-//!   recipes/qwen/h100/qwen3_moe.py, "hybridep" in recipes/deepseek/h100/deepseek_v3.py
-//!   and recipes/qwen/gb200/qwen3_moe.py);
-//! - MoE rows on that stack whose expert-parallel group spans more than one NVLink
+//! - MoE rows use Megatron's alltoall dispatcher, the `moe_token_dispatcher_type`
+//!   the Megatron-Bridge recipes set before a performance config names a flex
+//!   backend (DeepEP / HybridEP);
+//! - MoE rows on the Megatron-Core stack whose expert-parallel group spans more than one NVLink
 //!   domain overlap the all-to-all with compute (`overlap_moe_expert_parallel_comm`
 //!   with `delay_wgrad_compute`). The Megatron-Bridge performance configurations of
 //!   the data set's date (scripts/performance/configs/*/*_workload_base_configs.py,
@@ -35,6 +34,10 @@
 //!   256 B200 (EP 32 over 8-GPU nodes) and Qwen3-235B on 256 H100 (EP 32); off for
 //!   DeepSeek-V3 on GB200 (EP 64 inside the 72-GPU rack) and GPT-OSS-120B on H100
 //!   (EP 8 in a node).
+//!
+//! Optional columns (`recompute_modules`, `optimizer_moments`, `dispatcher`,
+//! `ep_comm_overlap`, `tp_comm_overlap`), in the CSV or from a stack file
+//! ([`parse_runs_with`]), replace these rules for the rows that state them.
 
 use serde::Serialize;
 
@@ -282,9 +285,8 @@ fn case(r: &Row) -> Result<RunCase, String> {
     let ep_comm = flag("ep_comm_overlap")?.unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
     let tp_comm = flag("tp_comm_overlap")?.unwrap_or(modern);
     let moe_dispatcher = match get(r, "dispatcher") {
-        "" | "alltoall" => Dispatcher::AllToAll,
-        "deepep" | "hybridep" | "flex" => Dispatcher::Deduplicated,
-        other => return Err(format!("column 'dispatcher' is '{other}', expected alltoall, deepep, hybridep or flex")),
+        "" => Dispatcher::AllToAll,
+        name => Dispatcher::parse(name).ok_or_else(|| format!("column 'dispatcher' is '{name}', expected {}", Dispatcher::NAMES))?,
     };
     let tp = req(r, "tp")?;
     let pp = req(r, "pp")?;
