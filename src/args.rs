@@ -66,6 +66,10 @@ pub struct Common {
     /// and the model's fine-grained set; `estimate` uses core_attn.
     #[arg(long = "recompute-modules", value_name = "LIST")]
     pub recompute_modules: Option<String>,
+    /// Multi-token-prediction layers (Megatron --mtp-num-layers), replacing the
+    /// model's own (DeepSeek-V3: 1; 0 trains without MTP).
+    #[arg(long = "mtp-layers", value_name = "N")]
+    pub mtp_layers: Option<u64>,
     /// Overlap TP communication with GEMMs (Megatron --tp-comm-overlap).
     #[arg(long = "tp-comm-overlap")]
     pub tp_comm_overlap: bool,
@@ -172,7 +176,11 @@ pub fn load_profile(gpu: Option<&str>, cluster: Option<&str>) -> Result<Hardware
 
 impl Common {
     pub fn resolve(&self) -> Result<Inputs> {
-        let (model, model_note) = load_model(&self.model)?;
+        let (mut model, model_note) = load_model(&self.model)?;
+        if let Some(n) = self.mtp_layers {
+            model.mtp_layers = n;
+            model.validate().map_err(|e| anyhow::anyhow!("--mtp-layers {n}: {e}"))?;
+        }
         let mut profile = load_profile(self.gpu.as_deref(), self.cluster.as_deref())?;
         if let Some(path) = &self.calibration {
             let overlay = crate::exec::read_overlay(path)?;

@@ -188,6 +188,11 @@ struct EstimateArgs {
     /// Layers of every virtual stage in pipeline order (pp x vpp values).
     #[arg(long = "layers-per-stage", value_delimiter = ',', conflicts_with = "first_stage_layers")]
     layers_per_stage: Option<Vec<u64>>,
+    /// The stage layout as Megatron's --pipeline-model-parallel-layout string
+    /// (E embedding, t layer, m MTP layer, L loss, | between virtual stages, x*n
+    /// and (...)*n repeat), e.g. "Et*4|(t*4|)*14tmL"; it sets --vpp.
+    #[arg(long = "pp-layout", value_name = "LAYOUT", conflicts_with_all = ["first_stage_layers", "layers_per_stage", "account_embedding_loss"])]
+    pp_layout: Option<String>,
     /// A mixed cluster as PROFILE:GPUS pairs (e.g. h100-sxm:64,a100-80g:64): place
     /// each class on a block of stages and layers on stages by integer program.
     #[arg(long, value_delimiter = ',')]
@@ -421,7 +426,18 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
             inp.cluster.gpus / parts
         }
     };
-    let layout = if let Some(list) = a.layers_per_stage.clone() {
+    let mut vpp = a.vpp;
+    let layout = if let Some(text) = &a.pp_layout {
+        let l = Layout::from_megatron(text, a.pp).map_err(|e| anyhow::anyhow!("--pp-layout: {e}"))?;
+        if a.vpp != 1 && a.vpp != l.vpp {
+            bail!("--pp-layout has {} virtual stages per rank but --vpp is {}: drop --vpp or make them agree", l.vpp, a.vpp);
+        }
+        if l.mtp_layers != inp.model.mtp_layers {
+            bail!("--pp-layout places {} MTP layers but {} has {}: change the layout or give --mtp-layers {}", l.mtp_layers, inp.model.name, inp.model.mtp_layers, l.mtp_layers);
+        }
+        vpp = l.vpp;
+        l.layout
+    } else if let Some(list) = a.layers_per_stage.clone() {
         Layout::Explicit { layers: list }
     } else if let (Some(first), Some(last)) = (a.first_stage_layers, a.last_stage_layers) {
         Layout::FirstLast { first, last }
@@ -437,7 +453,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     let cfg = ParallelConfig {
         tp: a.tp,
         pp: a.pp,
-        vpp: a.vpp,
+        vpp,
         cp: a.cp,
         ep: a.ep,
         etp: a.etp,
@@ -452,7 +468,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         bf16_moments: inp.bf16_moments,
         recompute_modules: inp.recompute_modules.unwrap_or_default(),
         moe_dispatcher: inp.moe_dispatcher,
-        schedule: inp.schedule_for(a.vpp)?,
+        schedule: inp.schedule_for(vpp)?,
     };
     if let Some(mix) = &a.mix {
         return estimate_mixed(&inp, &cfg, mix, a.common.json);

@@ -254,9 +254,10 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
     if e.stages.len() > 1 {
         let _ = writeln!(s, "\nStages:");
         for st in &e.stages {
+            let mtp = if st.mtp_layers > 0 { format!(" + {} MTP", st.mtp_layers) } else { String::new() };
             let _ = writeln!(
                 s,
-                "  stage {:>3}: {:>3} layers ({} MoE), {} per micro-batch, {:.1} GiB",
+                "  stage {:>3}: {:>3} layers ({} MoE){mtp}, {} per micro-batch, {:.1} GiB",
                 st.stage,
                 st.layers,
                 st.moe_layers,

@@ -298,6 +298,113 @@ impl Layout {
         }
         Layout::Explicit { layers: list }
     }
+
+    /// Reads Megatron's `--pipeline-model-parallel-layout` string (grammar of
+    /// megatron/core/transformer/pipeline_parallel_layer_layout.py): `E` embedding,
+    /// `t` decoder layer, `m` multi-token-prediction layer, `L` loss, `|` between
+    /// virtual stages in layer order (stage `j * pp + i` on rank `i`), `x*n` and
+    /// `(...)*n` repeat, commas and spaces are cosmetic. Megatron's own rules apply
+    /// (the embedding first, the loss last, each once; MTP layers after every
+    /// decoder layer), and one of Sextant's: MTP layers sit on the last virtual
+    /// stage, beside the loss.
+    pub fn from_megatron(text: &str, pp: u64) -> Result<MegatronLayout, String> {
+        const MAX_ENTRIES: usize = 1 << 20;
+        let chars: Vec<char> = text.chars().filter(|c| !c.is_whitespace() && *c != ',').collect();
+        if chars.is_empty() {
+            return Err("the pipeline layout is empty (example: \"Et*4|(t*4|)*14tmL\")".into());
+        }
+        let mut pos = 0;
+        let expanded = expand_layout(&chars, &mut pos, 0, MAX_ENTRIES)?;
+        if pos != chars.len() {
+            return Err(format!("unmatched ')' at character {} of the pipeline layout", pos + 1));
+        }
+        let stages: Vec<&[char]> = expanded.split(|&c| c == '|').collect();
+        let n = stages.len() as u64;
+        if pp == 0 || !n.is_multiple_of(pp) {
+            return Err(format!("the pipeline layout has {n} virtual stages, not a multiple of pp = {pp}"));
+        }
+        let count = |c: char| expanded.iter().filter(|&&x| x == c).count();
+        if count('E') != 1 || stages[0].first() != Some(&'E') {
+            return Err("the pipeline layout must start with the embedding 'E', once".into());
+        }
+        if count('L') != 1 || stages[stages.len() - 1].last() != Some(&'L') {
+            return Err("the pipeline layout must end with the loss 'L', once".into());
+        }
+        let mtp = count('m') as u64;
+        if let Some(first_m) = expanded.iter().position(|&c| c == 'm') {
+            if expanded[first_m..].contains(&'t') {
+                return Err("decoder layers 't' must come before the MTP layers 'm' (Megatron's rule)".into());
+            }
+            if stages[..stages.len() - 1].iter().any(|s| s.contains(&'m')) {
+                return Err("MTP layers 'm' must be on the last virtual stage, with the loss (Sextant does not model Megatron's standalone MTP stage)".into());
+            }
+        }
+        let layers: Vec<u64> = stages.iter().map(|s| s.iter().filter(|&&c| c == 't').count() as u64).collect();
+        if layers.iter().sum::<u64>() == 0 {
+            return Err("the pipeline layout holds no decoder layer 't'".into());
+        }
+        Ok(MegatronLayout { layout: Layout::Explicit { layers }, vpp: n / pp, mtp_layers: mtp })
+    }
+}
+
+/// What a Megatron layout string states: the per-virtual-stage decoder layers,
+/// the virtual stages per rank it implies and its MTP layers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MegatronLayout {
+    pub layout: Layout,
+    pub vpp: u64,
+    pub mtp_layers: u64,
+}
+
+/// Expands repetitions of a Megatron layout from `pos` to the end or to the
+/// closing parenthesis of this group, refusing more than `max` entries.
+fn expand_layout(chars: &[char], pos: &mut usize, depth: usize, max: usize) -> Result<Vec<char>, String> {
+    let mut out: Vec<char> = Vec::new();
+    while *pos < chars.len() {
+        let c = chars[*pos];
+        let item: Vec<char> = match c {
+            'E' | 't' | 'm' | 'L' | '|' => {
+                *pos += 1;
+                vec![c]
+            }
+            '(' => {
+                *pos += 1;
+                let inner = expand_layout(chars, pos, depth + 1, max)?;
+                if chars.get(*pos) != Some(&')') {
+                    return Err("an opening '(' in the pipeline layout is never closed".into());
+                }
+                *pos += 1;
+                if chars.get(*pos) != Some(&'*') {
+                    return Err("a parenthesised group in the pipeline layout needs a repeat count, as in (t*4|)*14".into());
+                }
+                inner
+            }
+            ')' if depth > 0 => return Ok(out),
+            ')' => return Err(format!("unmatched ')' at character {} of the pipeline layout", *pos + 1)),
+            '*' => return Err(format!("'*' at character {} repeats nothing", *pos + 1)),
+            other => return Err(format!("'{other}' is not a pipeline layout character (E embedding, t decoder layer, m MTP layer, L loss, | stage break, x*n and (...)*n repeats)")),
+        };
+        let mut times = 1usize;
+        if chars.get(*pos) == Some(&'*') {
+            *pos += 1;
+            let start = *pos;
+            while chars.get(*pos).is_some_and(|c| c.is_ascii_digit()) {
+                *pos += 1;
+            }
+            let digits: String = chars[start..*pos].iter().collect();
+            times = digits.parse().map_err(|_| format!("'*' at character {start} needs a whole repeat count"))?;
+        }
+        if out.len().saturating_add(item.len().saturating_mul(times)) > max {
+            return Err(format!("the pipeline layout expands to more than {max} entries"));
+        }
+        for _ in 0..times {
+            out.extend_from_slice(&item);
+        }
+    }
+    if depth > 0 {
+        return Err("an opening '(' in the pipeline layout is never closed".into());
+    }
+    Ok(out)
 }
 
 /// Communication that Megatron can overlap with compute.
@@ -947,6 +1054,47 @@ mod tests {
         assert_eq!(cfg(4, 1, Layout::FirstLast { first: 30, last: 30 }).stage_layers(126).unwrap(), vec![30, 33, 33, 30]);
         assert!(cfg(16, 1, Layout::Even).stage_layers(126).is_err());
         assert!(cfg(4, 1, Layout::FirstLast { first: 30, last: 31 }).stage_layers(126).is_err());
+    }
+
+    #[test]
+    fn megatron_layout_strings() {
+        // Megatron-Bridge's DeepSeek-V3 layout for pp 8 x vpp 2 (and pp 4 x vpp 4).
+        let l = Layout::from_megatron("Et*4|(t*4|)*14tmL", 8).unwrap();
+        let mut want = vec![4u64; 16];
+        want[15] = 1;
+        assert_eq!((l.layout.clone(), l.vpp, l.mtp_layers), (Layout::Explicit { layers: want.clone() }, 2, 1));
+        assert_eq!(cfg(8, 2, l.layout).stage_layers(61).unwrap(), want);
+        assert_eq!(Layout::from_megatron("Et*4|(t*4|)*14tmL", 4).unwrap().vpp, 4);
+        // Megatron's docstring example: commas are cosmetic, an MTP-and-loss-only
+        // last stage is allowed.
+        let l = Layout::from_megatron("Ettt|(tt|)*29,m|L", 1);
+        assert!(l.unwrap_err().contains("last virtual stage"));
+        let l = Layout::from_megatron("Et|(tt|)*30mL", 8).unwrap();
+        assert_eq!((l.vpp, l.mtp_layers), (4, 1));
+        let Layout::Explicit { layers } = &l.layout else { panic!() };
+        assert_eq!((layers.len(), layers[0], layers[31], layers.iter().sum::<u64>()), (32, 1, 0, 61));
+        // Nested groups expand; no MTP.
+        let l = Layout::from_megatron("E((t|)*2)*2tL", 5).unwrap();
+        assert_eq!((l.layout, l.vpp, l.mtp_layers), (Layout::Explicit { layers: vec![1, 1, 1, 1, 1] }, 1, 0));
+        for (bad, why) in [
+            ("", "empty"),
+            ("tt|ttL", "start with the embedding"),
+            ("Ett|tt", "end with the loss"),
+            ("Ett|tLL", "end with the loss"),
+            ("Etx|tL", "'x' is not a pipeline layout character"),
+            ("Et|mtL", "before the MTP layers"),
+            ("Et|t|tL", "not a multiple of pp = 2"),
+            ("E(t|tL", "never closed"),
+            ("Et)|tL", "unmatched ')'"),
+            ("E(t|)t|L", "needs a repeat count"),
+            ("E*2t|tL", "start with the embedding"),
+            ("Et*|tL", "whole repeat count"),
+            ("Et*99999999999999|tL", "more than"),
+            ("E|L", "no decoder layer"),
+        ] {
+            let e = Layout::from_megatron(bad, 2).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

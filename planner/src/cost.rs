@@ -53,7 +53,8 @@ pub struct OpClasses {
     pub moe_experts: f64,
     /// MoE router GEMM.
     pub router: f64,
-    /// Output layer (logits) GEMM and cross-entropy.
+    /// Output layer (logits) GEMM and cross-entropy; with multi-token prediction
+    /// also its second pass and the MTP module's 2h -> h projection.
     pub output_layer: f64,
     /// Norms, residuals, activation functions, rotary, casts, embedding.
     pub elementwise: f64,
@@ -157,6 +158,9 @@ pub struct StageSummary {
     pub stage: u64,
     pub layers: u64,
     pub moe_layers: u64,
+    /// Multi-token-prediction layers (on the last stage), beside `layers`.
+    #[serde(default)]
+    pub mtp_layers: u64,
     /// Forward + backward (+ recompute, + exposed TP/CP/EP) of one micro-batch.
     pub secs_per_micro_batch: f64,
     /// The weight-gradient GEMMs within it (what zero-bubble schedules defer to a
@@ -695,6 +699,25 @@ struct Pieces {
     tied_single: bool,
     act_dense: memory::LayerActivations,
     act_moe: memory::LayerActivations,
+    mtp: MtpCost,
+}
+
+/// One multi-token-prediction layer per micro-batch, beside its transformer layer
+/// and its pass through the output layer and loss.
+#[derive(Debug, Clone, Copy, Default)]
+struct MtpCost {
+    /// The 2h -> h projection: forward and both backward GEMMs.
+    proj_secs: f64,
+    /// Its forward GEMM, which the weight gradient also takes.
+    proj_gemm: f64,
+    /// Embedding lookup of the shifted tokens and the embedding and hidden norms.
+    elementwise_secs: f64,
+    proj_flops: f64,
+    /// Projection and norms per GPU (the embedding copy is counted apart).
+    params: f64,
+    /// Activations kept for the backward: both norms' inputs and the 2h-wide
+    /// projection input.
+    stored: f64,
 }
 
 fn pieces(c: &Ctx) -> Pieces {
@@ -740,7 +763,27 @@ fn pieces(c: &Ctx) -> Pieces {
     let act_dense = memory::layer_activations(model, cfg, w, LayerKind::Dense, a.flash_attention);
     let act_moe = memory::layer_activations(model, cfg, w, LayerKind::Moe, a.flash_attention);
 
-    Pieces { dense, moe, vocab_rank, output_secs, output_gemm: logits_fwd, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe }
+    // Multi-token prediction (Megatron's MultiTokenPredictionLayer): the shifted
+    // tokens' embedding and the previous hidden state are each normed, concatenated
+    // and projected 2h -> h (column-parallel over TP, kept in BF16), then pass one
+    // transformer layer and the shared output layer.
+    let sp_div = if cfg.sp { t } else { 1.0 };
+    let mtp = if model.mtp_layers > 0 {
+        let proj_gemm = c.gemm(tokens, h / t, 2.0 * h, false);
+        let norm_bytes = 2.0 * tokens * h * (2.0 + 2.0) / sp_div;
+        MtpCost {
+            proj_secs: 3.0 * proj_gemm,
+            proj_gemm,
+            elementwise_secs: embed_secs + c.mem(3.0 * norm_bytes),
+            proj_flops: 3.0 * 2.0 * tokens * 2.0 * h * h / t,
+            params: (2.0 * h * h + 2.0 * h) / t + h,
+            stored: tokens * h * 2.0 * (1.0 + 1.0 + 2.0) / sp_div,
+        }
+    } else {
+        MtpCost::default()
+    };
+
+    Pieces { dense, moe, vocab_rank, output_secs, output_gemm: logits_fwd, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp }
 }
 
 /// The partition problem ([`crate::partition`]) of a non-interleaved pipeline:
@@ -781,6 +824,15 @@ pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
     extra_secs[p - 1] += pc.output_secs + 2.0 * pc.out_tp;
     let out_params = if pc.tied_single { 0.0 } else { pc.embed_params } + h;
     extra_bytes[p - 1] += state(out_params, 0.0) + c.tokens * pc.vocab_rank * 6.0 * frag;
+    // Multi-token prediction on the last stage: its layers (of the last layer's
+    // kind), projections, second output pass and embedding copy.
+    let mtp = model.mtp_layers as f64;
+    if mtp > 0.0 {
+        let (m_layer, m_act, m_dense, m_expert) = if model.mtp_is_moe() { (pc.moe, pc.act_moe, pc.moe_dense_params, pc.moe_expert_params) } else { (pc.dense, pc.act_dense, pc.dense_layer_params, 0.0) };
+        extra_secs[p - 1] += mtp * (m_layer.secs() + pc.output_secs + 2.0 * pc.out_tp + pc.mtp.proj_secs + pc.mtp.elementwise_secs);
+        let copy = if model.tied_embeddings { 0.0 } else { pc.embed_params };
+        extra_bytes[p - 1] += state(mtp * (m_dense + pc.mtp.params) + copy, mtp * m_expert) + flight[p - 1] * mtp * (m_act.stored + pc.mtp.stored) * frag + mtp * c.tokens * pc.vocab_rank * 6.0 * frag;
+    }
     Ok(crate::partition::StageProblem {
         layers: model.layers,
         layer_secs: layer.secs(),
@@ -911,7 +963,12 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     let h = model.hidden as f64;
     let tokens = c.tokens;
 
-    let Pieces { dense, moe, vocab_rank, output_secs, output_gemm, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe } = pieces(&c);
+    let Pieces { dense, moe, vocab_rank, output_secs, output_gemm, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp: mtp_cost } = pieces(&c);
+    // Multi-token-prediction layers run on the last virtual stage (Megatron's
+    // layout rules put them there), which the last rank holds; each is a layer of
+    // the last decoder layer's kind.
+    let mtp = model.mtp_layers as f64;
+    let (mtp_dense, mtp_moe) = if model.mtp_is_moe() { (0.0, mtp) } else { (mtp, 0.0) };
 
     // Layers of each physical stage (sum over its virtual chunks). Under DualPipe
     // (one chunk per stage, vpp 1) entry i is model stage i, which runs on rank i
@@ -950,18 +1007,20 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     }
     let stage_cost = |i: u64| -> StageCost {
         let iu = i as usize;
-        let n_moe = stage_moe[iu] as f64;
-        let n_dense = stage_layers[iu] as f64 - n_moe;
-        let mut secs = n_dense * dense.secs() + n_moe * moe.secs();
-        let mut weight_secs = n_dense * dense.gemm + n_moe * moe.gemm;
         let first = i == 0;
         let last = i == p - 1;
+        let (extra_dense, extra_moe, extra_mtp) = if last { (mtp_dense, mtp_moe, mtp) } else { (0.0, 0.0, 0.0) };
+        let n_moe = stage_moe[iu] as f64 + extra_moe;
+        let n_dense = (stage_layers[iu] - stage_moe[iu]) as f64 + extra_dense;
+        let mut secs = n_dense * dense.secs() + n_moe * moe.secs();
+        let mut weight_secs = n_dense * dense.gemm + n_moe * moe.gemm;
         if first {
             secs += embed_secs;
         }
         if last {
-            secs += output_secs + 2.0 * out_tp;
-            weight_secs += output_gemm;
+            let passes = 1.0 + extra_mtp;
+            secs += passes * (output_secs + 2.0 * out_tp) + extra_mtp * (mtp_cost.proj_secs + mtp_cost.elementwise_secs);
+            weight_secs += passes * output_gemm + extra_mtp * mtp_cost.proj_gemm;
         }
         let mut dense_p = n_dense * dense_layer_params + n_moe * moe_dense_params;
         let expert_p = n_moe * moe_expert_params;
@@ -973,9 +1032,17 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         }
         if last {
             dense_p += h; // final norm
+            dense_p += extra_mtp * mtp_cost.params;
+            // MTP looks up the shifted tokens on the last stage: a copy of the
+            // embedding there unless the first stage is the last, or the output
+            // weight already is that copy (tied embeddings).
+            if extra_mtp > 0.0 && p > 1 && !model.tied_embeddings {
+                dense_p += embed_params;
+            }
         }
-        let stored = n_dense * act_dense.stored + n_moe * act_moe.stored;
-        let per_layer_stored = if stage_layers[iu] > 0 { stored / stage_layers[iu] as f64 } else { 0.0 };
+        let stored = n_dense * act_dense.stored + n_moe * act_moe.stored + extra_mtp * mtp_cost.stored;
+        let held = n_dense + n_moe;
+        let per_layer_stored = if held > 0.0 { stored / held } else { 0.0 };
         // Working set: with full recomputation, one layer is rebuilt in full for the
         // micro-batch being back-propagated.
         let working = match cfg.recompute {
@@ -1017,7 +1084,8 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
             // Embedding output kept for its backward (and dropout mask).
             activations += k * flight * tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 }) / if cfg.sp { t } else { 1.0 };
         }
-        let logits = if here.iter().any(|&(s, _)| s == p - 1) { tokens * vocab_rank * (2.0 + 4.0) } else { 0.0 };
+        // Logits in BF16 and FP32, once for the loss and once per MTP layer.
+        let logits = if here.iter().any(|&(s, _)| s == p - 1) { (1.0 + mtp) * tokens * vocab_rank * (2.0 + 4.0) } else { 0.0 };
         let fragmentation = hw.memory.fragmentation * (activations + logits);
         let reserve = hw.memory.reserve_gib * GIB;
         let total = weights + gradients + optimizer + activations + logits + fragmentation + reserve;
@@ -1042,6 +1110,7 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
             stage: i,
             layers: stage_layers[iu],
             moe_layers: stage_moe[iu],
+            mtp_layers: if i == p - 1 { model.mtp_layers } else { 0 },
             secs_per_micro_batch: costs[iu].secs,
             weight_grad_secs: costs[iu].weight_secs,
             memory: mem,
@@ -1075,10 +1144,10 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     let mut comm: Vec<CommTerm> = Vec::new();
     // The critical rank's stages, with the share of its micro-batches on each.
     let crit_hosts = hosts(critical);
-    let crit_dense: f64 = crit_hosts.iter().map(|&(s, k)| k * (stage_layers[s as usize] - stage_moe[s as usize]) as f64).sum();
-    let crit_moe: f64 = crit_hosts.iter().map(|&(s, k)| k * stage_moe[s as usize] as f64).sum();
     let crit_first: f64 = crit_hosts.iter().filter(|&&(s, _)| s == 0).map(|&(_, k)| k).sum();
     let crit_last: f64 = crit_hosts.iter().filter(|&&(s, _)| s == p - 1).map(|&(_, k)| k).sum();
+    let crit_dense: f64 = crit_hosts.iter().map(|&(s, k)| k * (stage_layers[s as usize] - stage_moe[s as usize]) as f64).sum::<f64>() + crit_last * mtp_dense;
+    let crit_moe: f64 = crit_hosts.iter().map(|&(s, k)| k * stage_moe[s as usize] as f64).sum::<f64>() + crit_last * mtp_moe;
     let mb = m as f64;
     let mut push_layer_comm = |kind: CommKind, coll: Collective, group: Placement, bytes: f64, d: (f64, f64), mo: (f64, f64), calls_d: f64, calls_m: f64| {
         let total = mb * (crit_dense * d.0 + crit_moe * mo.0);
@@ -1236,9 +1305,10 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     compute.add_scaled(&moe.fwd, mb * crit_moe);
     compute.add_scaled(&moe.bwd, mb * crit_moe);
     compute.elementwise += crit_first * mb * embed_secs;
-    compute.output_layer += crit_last * mb * output_secs;
+    compute.output_layer += crit_last * mb * ((1.0 + mtp) * output_secs + mtp * mtp_cost.proj_secs);
+    compute.elementwise += crit_last * mb * mtp * mtp_cost.elementwise_secs;
     let recompute = mb * (crit_dense * dense.recompute + crit_moe * moe.recompute);
-    let out_tp_secs = crit_last * mb * 2.0 * out_tp;
+    let out_tp_secs = crit_last * mb * 2.0 * out_tp * (1.0 + mtp);
     let exposed_layer_comm: f64 = comm.iter().filter(|t| matches!(t.kind, CommKind::Tp | CommKind::Cp | CommKind::Ep | CommKind::Etp)).map(|t| t.exposed_secs).sum::<f64>() + out_tp_secs;
     if out_tp_secs > 0.0 {
         if let Some(tp) = comm.iter_mut().find(|t| t.kind == CommKind::Tp) {
@@ -1255,7 +1325,10 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     // step passes all layers once, spread over the PP stages and the DP replicas.
     let per_gpu_div = (p * cfg.dp) as f64;
     let total_micro = (w.global_batch / cfg.mbs) as f64;
-    let model_flops = total_micro * (dense_layers * dense.model_flops + moe_layers * moe.model_flops + output_flops) / per_gpu_div;
+    // Megatron's FLOP count includes the MTP layers, their projections and their
+    // second output-layer pass (num_floating_point_operations, megatron/training).
+    let (dense_layers, moe_layers) = (dense_layers + mtp_dense, moe_layers + mtp_moe);
+    let model_flops = total_micro * (dense_layers * dense.model_flops + moe_layers * moe.model_flops + (1.0 + mtp) * output_flops + mtp * mtp_cost.proj_flops) / per_gpu_div;
     let recompute_flops = total_micro * (dense_layers * dense.recompute_flops + moe_layers * moe.recompute_flops) / per_gpu_div;
     let peak = hw.peak_flops(false);
     let mfu = model_flops / (step * peak);
@@ -1315,6 +1388,40 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * b.abs().max(1e-30)
+    }
+
+    /// Multi-token prediction loads only the last stage: one more layer of the
+    /// last layer's kind, a second output pass, the projection and a copy of the
+    /// embedding; Megatron's FLOP count grows by the same layer and pass.
+    #[test]
+    fn mtp_layers_load_the_last_stage() {
+        let with = resolve("deepseek-v3").unwrap().spec;
+        assert!(with.mtp_layers == 1 && with.mtp_is_moe());
+        let without = ModelSpec { mtp_layers: 0, ..with.clone() };
+        let c = Cluster::new(builtin_profile("b200").unwrap(), 256).unwrap();
+        let w = wl(4096, 512);
+        let layout = Layout::from_megatron("Et*7|(t*8|)*6t*6mL", 8).unwrap();
+        let k = ParallelConfig { ep: 32, zero: Zero::DistOpt, layout: layout.layout, ..cfg(1, 8, 1, 32) };
+        let (a, b) = (evaluate(&without, &c, &w, &k, Assumptions::default()).unwrap(), evaluate(&with, &c, &w, &k, Assumptions::default()).unwrap());
+        for i in 0..7 {
+            assert!(close(a.stages[i].secs_per_micro_batch, b.stages[i].secs_per_micro_batch) && close(a.stages[i].memory.total, b.stages[i].memory.total), "stage {i} changed");
+            assert_eq!(b.stages[i].mtp_layers, 0);
+        }
+        let (sa, sb) = (&a.stages[7], &b.stages[7]);
+        assert_eq!((sb.layers, sb.mtp_layers), (6, 1));
+        // Time: at least one more MoE layer (a full middle stage has eight).
+        let moe_layer = a.stages[1].secs_per_micro_batch / 8.0;
+        assert!(sb.secs_per_micro_batch - sa.secs_per_micro_batch > moe_layer, "{} vs {}", sb.secs_per_micro_batch, sa.secs_per_micro_batch);
+        // Parameters: the MTP module (experts sharded over EP) and the embedding copy.
+        let p = with.params();
+        let added = (with.mtp_params() - p.routed_experts) as f64 + p.routed_experts as f64 / 32.0 + p.embedding as f64;
+        assert!((sb.memory.params - sa.memory.params - added).abs() < 1.0, "{} vs {added}", sb.memory.params - sa.memory.params);
+        // Model FLOPs: Megatron's count with one more MoE layer (about 1/60 of
+        // the layers' FLOPs) and one more logits pass (6 x 0.93B FLOPs per token,
+        // about 2% of DeepSeek-V3's): 3 to 5 percent more.
+        let flops = |e: &Estimate| e.model_tflops_per_gpu * e.step_secs;
+        let ratio = flops(&b) / flops(&a);
+        assert!(ratio > 1.03 && ratio < 1.05, "{ratio}");
     }
 
     /// EP all-to-all overlap: hidden behind the partner pass's compute where
@@ -1596,6 +1703,7 @@ mod tests {
                         mla: None,
                         moe,
                         sliding_window: None,
+                        mtp_layers: 0,
                     }
                 })
         }

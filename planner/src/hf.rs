@@ -99,6 +99,8 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
         mla: None,
         moe: None,
         sliding_window: None,
+        // DeepSeek-V3, GLM-4.5 and MiMo state their multi-token-prediction layers.
+        mtp_layers: opt(&v, "num_nextn_predict_layers")?.unwrap_or(0),
     };
 
     match model_type.as_str() {

@@ -128,6 +128,14 @@ pub struct ModelSpec {
     pub moe: Option<Moe>,
     #[serde(default)]
     pub sliding_window: Option<SlidingWindow>,
+    /// Multi-token-prediction layers (DeepSeek-V3's MTP; Megatron's
+    /// `--mtp-num-layers`, Hugging Face `num_nextn_predict_layers`). Each is one
+    /// more transformer layer of the last layer's kind, with its own embedding
+    /// lookup, two norms, a 2h -> h projection and a second pass through the
+    /// output layer and loss, all on the last pipeline stage. Not in
+    /// [`ParamCounts::total`], which counts the main model as model cards do.
+    #[serde(default)]
+    pub mtp_layers: u64,
 }
 
 fn model_schema() -> u32 {
@@ -221,6 +229,28 @@ impl ModelSpec {
 
     pub fn moe_layers(&self) -> u64 {
         self.moe_layers_in(0, self.layers)
+    }
+
+    /// Whether a multi-token-prediction layer is an MoE layer: Megatron builds it
+    /// with the last decoder layer's spec.
+    pub fn mtp_is_moe(&self) -> bool {
+        self.moe_layers_in(self.layers.saturating_sub(1), self.layers) > 0
+    }
+
+    /// Parameters of the multi-token-prediction module, beside the shared
+    /// embedding and output layer: per MTP layer one transformer layer of the last
+    /// layer's kind, the 2h -> h projection and three norms (embedding, hidden and
+    /// final).
+    pub fn mtp_params(&self) -> u64 {
+        if self.mtp_layers == 0 {
+            return 0;
+        }
+        let [attention, dense_mlp, routed, non_expert, ..] = self.params_wide();
+        let h = u128::from(self.hidden);
+        let norm = if self.bias { 2 * h } else { h };
+        let block = attention + if self.mtp_is_moe() { routed + non_expert } else { dense_mlp };
+        let one = block + 2 * h * h + 3 * norm;
+        u64::try_from(u128::from(self.mtp_layers) * one).unwrap_or(u64::MAX)
     }
 
     /// Parameters of the attention projections of one layer (no norm). Counted in
@@ -391,6 +421,9 @@ impl ModelSpec {
             if [m.q_lora_rank, m.kv_lora_rank].iter().any(|&r| r > 1 << 24) || [m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim].iter().any(|&d| d > 1 << 16) {
                 return bad("mla", "a LoRA rank above 2^24 or a head dim above 2^16 is absurdly large".into());
             }
+        }
+        if self.mtp_layers > 16 {
+            return bad("mtp_layers", format!("{} multi-token-prediction layers is not a real model (DeepSeek-V3 has 1; at most 16)", self.mtp_layers));
         }
         if let Some(w) = &self.sliding_window {
             if w.window == 0 || w.layers > self.layers {

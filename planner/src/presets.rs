@@ -44,6 +44,7 @@ fn dense(
         mla: None,
         moe: None,
         sliding_window: None,
+        mtp_layers: 0,
     }
 }
 
@@ -89,11 +90,11 @@ fn mixtral_8x22b() -> ModelSpec {
     m
 }
 fn deepseek_v3() -> ModelSpec {
-    // The multi-token-prediction module (one extra layer) is not counted.
-    let mut m = dense("deepseek-v3", "deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 report (arXiv 2412.19437) section 4.2", 61, 7168, 18432, 128, 128, 129280, MlpKind::Gated);
+    let mut m = dense("deepseek-v3", "deepseek-ai/DeepSeek-V3 config.json (num_nextn_predict_layers 1: one MTP layer); DeepSeek-V3 report (arXiv 2412.19437) sections 2.2 and 4.2", 61, 7168, 18432, 128, 128, 129280, MlpKind::Gated);
     m.head_dim = 128;
     m.mla = Some(Mla { q_lora_rank: 1536, kv_lora_rank: 512, qk_nope_head_dim: 128, qk_rope_head_dim: 64, v_head_dim: 128 });
     m.moe = Some(Moe { experts: 256, top_k: 8, expert_ffn_hidden: 2048, shared_experts: 1, shared_ffn_hidden: None, dense_leading_layers: 3, layer_freq: 1, balancing: Balancing::LossFree });
+    m.mtp_layers = 1;
     m
 }
 fn qwen3_30b_a3b() -> ModelSpec {
@@ -288,6 +289,12 @@ mod tests {
         assert!((a("mixtral-8x7b") - 12.9).abs() < 0.2);
         assert!((a("deepseek-v3") - 37.0).abs() < 1.0);
         assert!((a("qwen3-235b-a22b") - 22.0).abs() < 0.5);
+        // DeepSeek-V3's model card: 671B main model and 14B of MTP module, whose
+        // checkpoint also holds its own embedding and output head.
+        let d = resolve("deepseek-v3").unwrap().spec;
+        let mtp = (d.mtp_params() + 2 * d.vocab * d.hidden) as f64 / 1e9;
+        assert!((mtp - 14.0).abs() / 14.0 < 0.05, "MTP module {mtp:.2}B vs 14B");
+        assert_eq!(resolve("llama3-70b").unwrap().spec.mtp_params(), 0);
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //!   fine-grained modules, full; at each, FP32 then BF16 Adam moments). The run was
 //!   measured, so it fit;
 //! - stage layout: [`Layout::balanced`];
+//! - multi-token prediction: the model's published configuration (DeepSeek-V3:
+//!   one MTP layer, which Megatron-Bridge's recipe trains too);
 //! - the `zero` column tells the software stack. `distributed optimizer` rows ran
 //!   Megatron-Core (NeMo, Megatron-Bridge, Megatron-LM 2024+), whose performance
 //!   recipes overlap gradient reduction, parameter gathering and TP communication,
@@ -36,7 +38,8 @@
 //!   (EP 8 in a node).
 //!
 //! Optional columns (`recompute_modules`, `optimizer_moments`, `dispatcher`,
-//! `ep_comm_overlap`, `tp_comm_overlap`), in the CSV or from a stack file
+//! `ep_comm_overlap`, `tp_comm_overlap`, `pp_layout` in Megatron's layout syntax,
+//! `mtp_layers`), in the CSV or from a stack file
 //! ([`parse_runs_with`]), replace these rules for the rows that state them.
 
 use serde::Serialize;
@@ -231,7 +234,11 @@ fn case(r: &Row) -> Result<RunCase, String> {
     }
     let gpus = req(r, "gpus")?;
     let cluster = Cluster::new(profile, gpus).map_err(|e| e.to_string())?;
-    let model = model_for(r)?;
+    let mut model = model_for(r)?;
+    if let Some(n) = num(r, "mtp_layers")? {
+        model.mtp_layers = n;
+        model.validate().map_err(|e| format!("column 'mtp_layers': {e}"))?;
+    }
     let precision = match get(r, "precision") {
         "bf16" => Precision::Bf16,
         "fp16" | "mixed (fp16/bf16)" => Precision::Fp16,
@@ -291,6 +298,19 @@ fn case(r: &Row) -> Result<RunCase, String> {
     let tp = req(r, "tp")?;
     let pp = req(r, "pp")?;
     let vpp = num(r, "vpp")?.unwrap_or(1).max(1);
+    let layout = match get(r, "pp_layout") {
+        "" => Layout::balanced(model.layers, pp, vpp),
+        text => {
+            let l = Layout::from_megatron(text, pp).map_err(|e| format!("column 'pp_layout': {e}"))?;
+            if l.vpp != vpp {
+                return Err(format!("column 'pp_layout' has {} virtual stages per rank, but vpp is {vpp}", l.vpp));
+            }
+            if l.mtp_layers != model.mtp_layers {
+                return Err(format!("column 'pp_layout' places {} MTP layers; {} has {} (state mtp_layers)", l.mtp_layers, model.name, model.mtp_layers));
+            }
+            l.layout
+        }
+    };
     let config = ParallelConfig {
         tp,
         pp,
@@ -303,7 +323,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         mbs: num(r, "mbs")?.unwrap_or(1),
         zero,
         recompute,
-        layout: Layout::balanced(model.layers, pp, vpp),
+        layout,
         overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm, p2p: true, ep_comm },
         bf16_grads: modern,
         bf16_moments: bf16_moments.unwrap_or(false),
@@ -332,7 +352,7 @@ pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>
 }
 
 /// Optional columns a stack file may add to a run (see [`parse_runs_with`]).
-pub const STACK_COLUMNS: [&str; 6] = ["recompute", "recompute_modules", "optimizer_moments", "dispatcher", "ep_comm_overlap", "tp_comm_overlap"];
+pub const STACK_COLUMNS: [&str; 8] = ["recompute", "recompute_modules", "optimizer_moments", "dispatcher", "ep_comm_overlap", "tp_comm_overlap", "pp_layout", "mtp_layers"];
 
 fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), String> {
     let mut rdr = csv::ReaderBuilder::new().flexible(false).from_reader(csv_text.as_bytes());
@@ -420,5 +440,22 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
         assert!(parse_runs_with(RUNS, Some("id,zero\nr1,3\n")).unwrap_err().contains("column 'zero' is not one of"));
         let bad = parse_runs_with(RUNS, Some("id,dispatcher\nr1,nccl\n")).unwrap().remove(0).unwrap_err();
         assert!(bad.reason.contains("column 'dispatcher' is 'nccl'"), "{}", bad.reason);
+        // A Megatron layout and MTP layers, on the row made two pipeline stages.
+        let pp2 = RUNS.replace(",1,1,1,1,8,false,64,", ",1,2,1,1,8,false,32,");
+        let c = parse_runs_with(&pp2, Some("id,pp_layout,mtp_layers\nr1,Et*23|t*25mL,1\n")).unwrap().remove(0).unwrap();
+        assert_eq!((c.config.layout.clone(), c.model.mtp_layers), (Layout::Explicit { layers: vec![23, 25] }, 1));
+        for (stack, why) in [
+            ("id,pp_layout\nr1,Et*23|t*25mL\n", "places 1 MTP layers; qwen3-30b-a3b has 0"),
+            ("id,pp_layout\nr1,Et*11|t*12|t*12|t*13L\n", "has 2 virtual stages per rank, but vpp is 1"),
+            ("id,pp_layout\nr1,Et*24|t*25L\n", "column 'pp_layout'"),
+            ("id,mtp_layers\nr1,40\n", "column 'mtp_layers'"),
+        ] {
+            let bad = parse_runs_with(&pp2, Some(stack)).unwrap().remove(0);
+            let reason = match bad {
+                Ok(c) => c.config.check(&c.model, &c.cluster, &c.workload).map(|_| String::new()).unwrap_or_else(|r| format!("column 'pp_layout': {r}")),
+                Err(u) => u.reason,
+            };
+            assert!(reason.contains(why), "{stack}: {reason}");
+        }
     }
 }

@@ -244,6 +244,11 @@ fn model_files_of_every_supported_family_plan() {
         assert!(o.status.success(), "{file}: {}", stderr(&o));
         let plan = PlanFile::from_json(&stdout(&o)).unwrap();
         assert_eq!(plan.plans.len(), 1, "{file}");
+        // num_nextn_predict_layers: DeepSeek-V3's one MTP layer, on the last stage.
+        assert_eq!(plan.model.mtp_layers, u64::from(file == "deepseek-v3"), "{file}");
+        let stages = &plan.plans[0].estimate.stages;
+        assert_eq!(stages.iter().map(|s| s.mtp_layers).sum::<u64>(), plan.model.mtp_layers, "{file}");
+        assert_eq!(stages.last().unwrap().mtp_layers, plan.model.mtp_layers, "{file}");
     }
 }
 
@@ -373,6 +378,38 @@ fn recompute_modules_and_bf16_moments() {
         (vec!["--recompute-modules", "layernorm"], "add --recompute selective"),
         (vec!["--recompute", "selective", "--recompute-modules", "mla_up_proj"], "mla_up_proj needs multi-latent attention"),
         (vec!["--recompute", "selective", "--recompute-modules", "everything"], "unknown recompute module 'everything'"),
+    ] {
+        let o = sextant(&[&base[..base.len() - 1], &args[..]].concat());
+        assert!(!o.status.success());
+        let err = stderr(&o);
+        assert!(err.contains(msg) && err.trim().lines().count() == 1, "{err}");
+    }
+}
+
+#[test]
+fn megatron_pp_layout_and_mtp_layers() {
+    let base = ["estimate", "--model", "deepseek-v3", "--gpu", "b200", "--gpus", "256", "--pp", "8", "--ep", "32", "--global-batch", "512", "--precision", "mxfp8", "--recompute", "selective", "--recompute-modules", "mla_up_proj,mlp", "--bf16-moments", "--json"];
+    let stages = |extra: &[&str]| -> Vec<(u64, u64)> {
+        let o = sextant(&[&base[..], extra].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let p = &v["plans"][0];
+        assert_eq!(p["config"]["vpp"], 2);
+        p["estimate"]["stages"].as_array().unwrap().iter().map(|s| (s["layers"].as_u64().unwrap(), s["mtp_layers"].as_u64().unwrap())).collect()
+    };
+    // Megatron-Bridge's DeepSeek-V3 layout: 4 layers a virtual stage, the last
+    // holding one layer, the MTP layer and the loss; it implies vpp 2.
+    let s = stages(&["--pp-layout", "Et*4|(t*4|)*14tmL"]);
+    assert_eq!(s[0], (8, 0));
+    assert_eq!(s[7], (5, 1));
+    let s = stages(&["--pp-layout", "Et*3|(t*4|)*14t*2L", "--mtp-layers", "0"]);
+    assert_eq!(s[7], (6, 0));
+    for (args, msg) in [
+        (vec!["--pp-layout", "Et*3|(t*4|)*14t*2L"], "places 0 MTP layers but deepseek-v3 has 1"),
+        (vec!["--pp-layout", "Et*4|(t*4|)*14tmL", "--vpp", "4"], "has 2 virtual stages per rank but --vpp is 4"),
+        (vec!["--pp-layout", "Et*4|(t*4|)*14tmX"], "'X' is not a pipeline layout character"),
+        (vec!["--pp-layout", "Et*4|(t*4|)*13tmL"], "not a multiple of pp = 8"),
+        (vec!["--mtp-layers", "99"], "at most 16"),
     ] {
         let o = sextant(&[&base[..base.len() - 1], &args[..]].concat());
         assert!(!o.status.success());
