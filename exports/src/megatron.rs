@@ -19,8 +19,9 @@ pub const MEGATRON_VERSION: &str = "Megatron-LM main 2026-08 (core_v0.19); core_
 
 /// `--pipeline-model-parallel-layout` string for an explicit per-stage list
 /// (syntax: megatron/core/transformer/pipeline_parallel_layer_layout.py; `E`
-/// embedding, `t` decoder layer, `L` loss, `|` between virtual stages, stage index
-/// = vpp_rank * PP + pp_rank, which is Sextant's order too).
+/// embedding, `t` decoder layer, `m` multi-token-prediction layer, `L` loss, `|`
+/// between virtual stages, stage index = vpp_rank * PP + pp_rank, which is
+/// Sextant's order too). MTP layers go on the last virtual stage, before the loss.
 pub fn pipeline_layout(plan: &PlanFile, cfg: &ParallelConfig) -> Result<String, String> {
     let chunks = cfg.stage_layers(plan.model.layers).map_err(|r| r.to_string())?;
     let last = chunks.len() - 1;
@@ -38,6 +39,11 @@ pub fn pipeline_layout(plan: &PlanFile, cfg: &ParallelConfig) -> Result<String, 
                 n => s.push_str(&format!("t*{n}")),
             }
             if i == last {
+                match plan.model.mtp_layers {
+                    0 => {}
+                    1 => s.push('m'),
+                    n => s.push_str(&format!("m*{n}")),
+                }
                 s.push('L');
             }
             s
@@ -227,6 +233,10 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     if !m.tied_embeddings {
         flag(&mut v, "untie-embeddings-and-output-weights");
     }
+    // TransformerConfig.mtp_num_layers (absent: no MTP).
+    if m.mtp_layers > 0 {
+        arg(&mut v, "mtp-num-layers", m.mtp_layers);
+    }
     if !m.bias {
         flag(&mut v, "disable-bias-linear");
     }
@@ -271,8 +281,17 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
             v.push(format!("--moe-layer-freq \"[{}]\"", pattern.join(",")));
         }
     }
-    if m.mla.is_some() {
-        return Err(cannot("multi-latent attention: the MLA flags are not yet mapped and verified; set them from your model's recipe".into()));
+    if let Some(mla) = &m.mla {
+        // TransformerConfig.multi_latent_attention and _add_mla_args
+        // (megatron/training/arguments.py); no --q-lora-rank: Q is not compressed.
+        flag(&mut v, "multi-latent-attention");
+        if mla.q_lora_rank > 0 {
+            arg(&mut v, "q-lora-rank", mla.q_lora_rank);
+        }
+        arg(&mut v, "kv-lora-rank", mla.kv_lora_rank);
+        arg(&mut v, "qk-head-dim", mla.qk_nope_head_dim);
+        arg(&mut v, "qk-pos-emb-head-dim", mla.qk_rope_head_dim);
+        arg(&mut v, "v-head-dim", mla.v_head_dim);
     }
     Ok(v)
 }
@@ -302,7 +321,10 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let _ = writeln!(s, "# Megatron-Core, {MEGATRON_VERSION}, for plan #{}: {} on {} GPUs.", plan.plans[index].rank, m.name, plan.gpus);
     let _ = writeln!(s, "import torch");
     let _ = writeln!(s, "from megatron.core import parallel_state");
-    let _ = writeln!(s, "from megatron.core.transformer.transformer_config import TransformerConfig");
+    // Multi-latent attention takes MLATransformerConfig, a TransformerConfig subclass
+    // in the same module.
+    let config_class = if m.mla.is_some() { "MLATransformerConfig" } else { "TransformerConfig" };
+    let _ = writeln!(s, "from megatron.core.transformer.transformer_config import {config_class}");
     let _ = writeln!(s, "from megatron.core.distributed import DistributedDataParallelConfig");
     if cfg.bf16_moments {
         let _ = writeln!(s, "from megatron.core.optimizer import OptimizerConfig");
@@ -317,8 +339,16 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let _ = writeln!(s, "    expert_tensor_parallel_size={},", cfg.etp);
     let _ = writeln!(s, "    order=\"{}\",", plan.rank_order);
     let _ = writeln!(s, ")\n");
-    let _ = writeln!(s, "config = TransformerConfig(");
+    let _ = writeln!(s, "config = {config_class}(");
     let _ = writeln!(s, "    num_layers={},\n    hidden_size={},\n    ffn_hidden_size={},\n    num_attention_heads={},", m.layers, m.hidden, m.ffn_hidden, m.heads);
+    if let Some(mla) = &m.mla {
+        let q = if mla.q_lora_rank > 0 { mla.q_lora_rank.to_string() } else { "None".into() };
+        let _ = writeln!(
+            s,
+            "    q_lora_rank={q},\n    kv_lora_rank={},\n    qk_head_dim={},\n    qk_pos_emb_head_dim={},\n    v_head_dim={},",
+            mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+        );
+    }
     if m.kv_heads != m.heads && m.mla.is_none() {
         let _ = writeln!(s, "    num_query_groups={},", m.kv_heads);
     }
@@ -333,6 +363,9 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     }
     let _ = writeln!(s, "    context_parallel_size={},", cfg.cp);
     let _ = writeln!(s, "    sequence_parallel={},", py_bool(cfg.sp && cfg.tp > 1));
+    if m.mtp_layers > 0 {
+        let _ = writeln!(s, "    mtp_num_layers={},", m.mtp_layers);
+    }
     if let Some(moe) = &m.moe {
         let _ = writeln!(s, "    expert_model_parallel_size={},\n    expert_tensor_parallel_size={},", cfg.ep, cfg.etp);
         let _ = writeln!(s, "    num_moe_experts={},\n    moe_router_topk={},\n    moe_ffn_hidden_size={},", moe.experts, moe.top_k, moe.expert_ffn_hidden);

@@ -46,6 +46,15 @@ fn layout_fields(plan: &PlanFile, cfg: &ParallelConfig) -> Result<Vec<(&'static 
     })
 }
 
+/// TransformerConfig.mtp_num_layers: stated even when 0 (as null), because
+/// recipes such as Megatron-Bridge's DeepSeek-V3 switch MTP on by default.
+fn mtp_value(plan: &PlanFile) -> String {
+    match plan.model.mtp_layers {
+        0 => "null".into(),
+        n => n.to_string(),
+    }
+}
+
 fn vpp_value(cfg: &ParallelConfig) -> String {
     if cfg.vpp > 1 {
         cfg.vpp.to_string()
@@ -94,6 +103,7 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     for (k, v) in layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
         put(&format!("model.{k}"), v);
     }
+    put("model.mtp_num_layers", mtp_value(plan));
     // megatron/core/transformer/transformer_config.py
     for (k, v) in recompute_fields(cfg) {
         put(&format!("model.{k}"), v);
@@ -195,6 +205,9 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     // override_transformer_config passes Megatron-Core TransformerConfig fields.
     let mut over = recompute_fields(cfg);
     over.extend(layout_fields(plan, cfg).map_err(|r| cannot(t, r))?);
+    if plan.model.mtp_layers > 0 {
+        over.push(("mtp_num_layers", mtp_value(plan)));
+    }
     if !over.is_empty() {
         let _ = writeln!(s, "      override_transformer_config:");
         for (k, v) in over {
@@ -211,6 +224,9 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let cfg = &plan.plans[index].config;
     crate::megatron::megatron_schedule(cfg, "RLinf's Megatron backend").map_err(|r| cannot(t, r))?;
     let w = &plan.workload;
+    if plan.model.mtp_layers > 0 {
+        return Err(cannot(t, "RLinf's actor configuration names no multi-token-prediction setting; re-plan with --mtp-layers 0"));
+    }
     let mut s = String::new();
     let _ = writeln!(s, "# RLinf 0.4 actor settings for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
     let _ = writeln!(s, "# For RL reasoning tasks RLinf derives actor.micro_batch_size from algorithm.training_batch_size_per_gpu");
@@ -279,6 +295,9 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     let t = Target::Torchtitan;
     let cfg = &plan.plans[index].config;
     let w = &plan.workload;
+    if plan.model.mtp_layers > 0 {
+        return Err(cannot(t, "torchtitan's models train no multi-token-prediction layers; re-plan with --mtp-layers 0"));
+    }
     if cfg.tp > 1 && !cfg.sp {
         return Err(cannot(t, "torchtitan applies sequence parallelism whenever TP > 1; this plan has TP without SP"));
     }
@@ -411,6 +430,8 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         let v = if k == "recompute_granularity" || k == "recompute_method" { format!("\"{v}\"") } else { v };
         let _ = writeln!(s, "recipe.model.config.{k} = {v}");
     }
+    // GPTConfig is a Megatron-Core TransformerConfig.
+    let _ = writeln!(s, "recipe.model.config.mtp_num_layers = {}", if plan.model.mtp_layers > 0 { plan.model.mtp_layers.to_string() } else { "None".into() });
     let _ = writeln!(s, "recipe.trainer.plugins = {}()", match w.precision {
         Precision::Bf16 => "bf16_mixed",
         Precision::Fp16 => "fp16_mixed",

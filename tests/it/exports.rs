@@ -122,6 +122,16 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("accumulate-allreduce-grads-in-fp32", "megatron/training/arguments.py _add_mixed_precision_args"),
     ("attention-backend", "megatron/core/transformer/transformer_config.py TransformerConfig; values in megatron/core/transformer/enums.py AttnBackend"),
     ("num-layers", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("mtp-num-layers", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("moe-router-enable-expert-bias", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("moe-router-score-function", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("moe-layer-freq", "megatron/training/arguments.py _add_moe_args (type moe_freq_type: an int or a Python list)"),
+    ("multi-latent-attention", "megatron/core/transformer/transformer_config.py TransformerConfig"),
+    ("q-lora-rank", "megatron/training/arguments.py _add_mla_args"),
+    ("kv-lora-rank", "megatron/training/arguments.py _add_mla_args"),
+    ("qk-head-dim", "megatron/training/arguments.py _add_mla_args"),
+    ("qk-pos-emb-head-dim", "megatron/training/arguments.py _add_mla_args"),
+    ("v-head-dim", "megatron/training/arguments.py _add_mla_args"),
     ("hidden-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("ffn-hidden-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("num-attention-heads", "megatron/core/transformer/transformer_config.py TransformerConfig"),
@@ -162,6 +172,7 @@ fn every_megatron_flag_is_a_verified_argument() {
     c.ep = 16;
     c.moe_dispatcher = Dispatcher::Deduplicated;
     variants.push(plan("qwen3-30b-a3b", 16, 4096, 64, Precision::Bf16, c));
+    variants.push(deepseek_with_mtp());
     let mut seen = std::collections::BTreeSet::new();
     for p in &variants {
         let text = export(p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", p.model.name));
@@ -185,6 +196,42 @@ fn explicit_layout_uses_megatron_layout_syntax() {
     assert!(text.contains("--pipeline-model-parallel-layout \"Et*15|t*17L\""), "{text}");
 }
 
+/// DeepSeek-V3 (one MTP layer) in Megatron-Bridge's layout for pp 8 x vpp 2.
+fn deepseek_with_mtp() -> PlanFile {
+    let l = Layout::from_megatron("Et*4|(t*4|)*14tmL", 8).unwrap();
+    let mut c = cfg(1, 8, l.vpp, 1, 32);
+    c.ep = 32;
+    c.layout = l.layout;
+    plan("deepseek-v3", 256, 4096, 4096, Precision::Bf16, c)
+}
+
+#[test]
+fn mtp_layers_reach_every_megatron_target() {
+    let p = deepseek_with_mtp();
+    let opts = LaunchOptions::default();
+    let lm = export(&p, 1, Target::MegatronLm, &opts).unwrap();
+    assert!(lm.contains("--mtp-num-layers 1"), "{lm}");
+    // The exported layout reads back as the plan's layout, MTP on the last stage.
+    let quoted = lm.split("--pipeline-model-parallel-layout \"").nth(1).and_then(|r| r.split('"').next()).unwrap();
+    assert!(quoted.ends_with("|tmL"), "{quoted}");
+    let back = Layout::from_megatron(quoted, 8).unwrap();
+    assert_eq!((back.layout, back.vpp, back.mtp_layers), (p.plans[0].config.layout.clone(), 2, 1));
+    assert!(lm.contains("--multi-latent-attention") && lm.contains("--q-lora-rank 1536") && lm.contains("--kv-lora-rank 512") && lm.contains("--qk-head-dim 128") && lm.contains("--qk-pos-emb-head-dim 64") && lm.contains("--v-head-dim 128"), "{lm}");
+    let core = export(&p, 1, Target::MegatronCore, &opts).unwrap();
+    assert!(core.contains("mtp_num_layers=1,") && core.contains("config = MLATransformerConfig(") && core.contains("q_lora_rank=1536,"), "{core}");
+    assert!(export(&p, 1, Target::MegatronBridge, &opts).unwrap().contains("model.mtp_num_layers=1\n"));
+    assert!(export(&p, 1, Target::Verl, &opts).unwrap().contains("mtp_num_layers: 1"));
+    for t in [Target::Rlinf, Target::Torchtitan] {
+        let e = export(&p, 1, t, &opts).unwrap_err().to_string();
+        assert!(e.contains("--mtp-layers 0"), "{e}");
+    }
+    // A plan without MTP says so to Bridge, whose DeepSeek-V3 recipe turns it on.
+    let mut m = p.clone();
+    m.model.mtp_layers = 0;
+    assert!(export(&m, 1, Target::MegatronBridge, &opts).unwrap().contains("model.mtp_num_layers=null\n"));
+    assert!(!export(&m, 1, Target::MegatronLm, &opts).unwrap().contains("mtp"));
+}
+
 #[test]
 fn inexpressible_plans_fail_with_the_reason() {
     let opts = LaunchOptions::default();
@@ -198,12 +245,8 @@ fn inexpressible_plans_fail_with_the_reason() {
     assert!(err(&p, Target::Rlinf).contains("first/last"));
     // verl has no confirmed FP8 setting.
     assert!(err(&moe(), Target::Verl).contains("FP8"));
-    // MLA flags are not mapped yet: refuse rather than emit a wrong model.
-    let mut c = cfg(1, 16, 1, 1, 4);
-    c.ep = 4;
-    c.layout = Layout::balanced(61, 16, 1);
-    let p = plan("deepseek-v3", 64, 4096, 64, Precision::Bf16, c);
-    assert!(err(&p, Target::MegatronLm).contains("multi-latent"));
+    // A plan with MTP layers where the framework names no MTP setting.
+    assert!(err(&deepseek_with_mtp(), Target::Torchtitan).contains("multi-token-prediction"));
     // Plan numbers are checked.
     assert!(export(&dense(), 2, Target::MegatronLm, &opts).unwrap_err().to_string().contains("plan #2"));
     assert!(Target::parse("deepspeed").unwrap_err().to_string().contains("unknown export target"));
