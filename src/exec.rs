@@ -209,7 +209,7 @@ fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rend
     let micro = setup.micro_batches;
     let mut per_step: std::collections::BTreeMap<(String, u64, u64, u64), u64> = Default::default();
     for l in 0..d.layers {
-        for g in layer_gemms(d, d.moe_layer[l], (c.tp as usize, c.cp as usize, c.ep as usize), mats) {
+        for g in layer_gemms(d, d.moe_layer[l], (c.tp as usize, c.cp as usize, c.ep as usize, c.etp as usize), mats) {
             *per_step.entry((g.class.to_string(), g.m, g.n, g.k)).or_default() += g.calls * micro;
         }
     }

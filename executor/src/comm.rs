@@ -22,6 +22,7 @@ pub enum Kind {
     Ep,
     Edp,
     World,
+    Etp,
 }
 
 impl Kind {
@@ -34,6 +35,7 @@ impl Kind {
             Kind::Ep => "ep",
             Kind::Edp => "edp",
             Kind::World => "world",
+            Kind::Etp => "etp",
         }
     }
 }

@@ -136,6 +136,8 @@ pub struct Shard<'a> {
     pub tp: &'a Group,
     pub cp: &'a Group,
     pub ep: &'a Group,
+    /// Expert tensor parallelism: the ranks that split each local expert's FFN.
+    pub etp: &'a Group,
     pub sp: bool,
     pub rec: &'a Recorder,
 }
@@ -158,13 +160,14 @@ pub struct LayerParams {
     pub w2: Mat,
     /// Replicated router, hidden x experts (frozen).
     pub router: Mat,
-    /// This rank's experts: (hidden x expert_ffn, expert_ffn x hidden).
+    /// This rank's experts: (hidden x expert_ffn / etp, expert_ffn / etp x hidden).
     pub experts: Vec<(Mat, Mat)>,
 }
 
 impl LayerParams {
-    /// The shard of layer `layer` at TP rank `t` of `tp`, EP rank `e` of `ep`.
-    pub fn init(d: &Dims, layer: usize, (t, tp): (usize, usize), (e, ep): (usize, usize)) -> LayerParams {
+    /// The shard of layer `layer` at TP rank `t` of `tp`, EP rank `e` of `ep` and
+    /// expert-TP rank `et` of `etp` (FFN columns of each expert).
+    pub fn init(d: &Dims, layer: usize, (t, tp): (usize, usize), (e, ep): (usize, usize), (et, etp): (usize, usize)) -> LayerParams {
         let h = d.hidden;
         let full = d.heads * d.head_dim;
         let hl = full / tp;
@@ -183,10 +186,12 @@ impl LayerParams {
         };
         let (router, experts) = if moe {
             let per = d.experts / ep;
+            let fe = d.expert_ffn / etp;
+            let f = (et * fe, (et + 1) * fe);
             let experts = (e * per..(e + 1) * per)
                 .map(|x| {
                     let base = pid::EXPERT + 2 * x as u64;
-                    (block(layer, base, (0, h), (0, d.expert_ffn), h), block(layer, base + 1, (0, d.expert_ffn), (0, h), d.expert_ffn))
+                    (block(layer, base, (0, h), f, h), block(layer, base + 1, f, (0, h), d.expert_ffn))
                 })
                 .collect();
             (block(layer, pid::ROUTER, (0, h), (0, d.experts), h), experts)
@@ -244,10 +249,13 @@ pub struct Saved {
 struct MoeSaved {
     /// Per token of this rank's slice: (expert, gate) choices.
     routes: Vec<Vec<(usize, f32)>>,
-    /// Per local expert: received rows and pre-activation.
+    /// Per local expert: its input rows (with expert TP, those of the whole
+    /// group) and this rank's columns of the pre-activation.
     rows: Vec<(Mat, Mat)>,
     /// Per EP member: how many rows it sent to each of this rank's experts.
     counts: Vec<Vec<usize>>,
+    /// Per expert-TP member: how many rows it gave each local expert.
+    etp_counts: Vec<Vec<usize>>,
 }
 
 impl Saved {
@@ -457,8 +465,7 @@ fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(Mat, MoeSave
         bodies.push(body.to_vec());
     }
     // Per local expert: rows from every member, member order.
-    let mut rows = Vec::new();
-    let mut outs: Vec<Mat> = Vec::new();
+    let mut mine = Vec::new();
     for le in 0..per {
         let mut data = Vec::new();
         for (m, body) in bodies.iter().enumerate() {
@@ -466,14 +473,22 @@ fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(Mat, MoeSave
             let n = recv_counts[m][le];
             data.extend_from_slice(&body[before * d.hidden..(before + n) * d.hidden]);
         }
-        let xr = Mat::from_vec(data.len() / d.hidden, d.hidden, data)?;
+        mine.push(Mat::from_vec(data.len() / d.hidden, d.hidden, data)?);
+    }
+    // Expert TP: every member of the group computes its FFN columns for the rows
+    // all of them received, then the partial outputs are summed back to owners.
+    let (gathered, etp_counts) = etp_gather(s, &mine, d.hidden)?;
+    let mut rows = Vec::new();
+    let mut partial: Vec<Mat> = Vec::new();
+    for (le, xr) in gathered.into_iter().enumerate() {
         let (w1, w2) = &p.experts[le];
         let h = gemm(s, "moe_experts", &xr, false, w1, false);
         let mut act = h.clone();
         act.data.iter_mut().for_each(|z| *z = z.max(0.0));
-        outs.push(gemm(s, "moe_experts", &act, false, w2, false));
+        partial.push(gemm(s, "moe_experts", &act, false, w2, false));
         rows.push((xr, h));
     }
+    let outs = etp_reduce_scatter(s, &partial, &etp_counts, d.hidden)?;
     // Combine: send each member its rows back, in the order it sent them.
     let back = split_back(&outs, &recv_counts, d.hidden);
     let returned = ep_all_to_all(s, back)?;
@@ -492,7 +507,73 @@ fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(Mat, MoeSave
         }
     }
     let y = if s.sp || s.tp_n() == 1 { y } else { gather_rows(s, s.tp, "tp", &y)? };
-    Ok((y, MoeSaved { routes, rows, counts: recv_counts }))
+    Ok((y, MoeSaved { routes, rows, counts: recv_counts, etp_counts }))
+}
+
+/// Expert-TP all-gather of each local expert's rows: per expert, the rows of every
+/// group member in member order, and how many each member gave (`[member][expert]`).
+/// Row counts differ between members, so it runs as an all-to-all of the same
+/// parts, each closed by its counts.
+fn etp_gather(s: &Shard, mine: &[Mat], hidden: usize) -> R<(Vec<Mat>, Vec<Vec<usize>>)> {
+    let n = s.etp.size();
+    if n == 1 {
+        return Ok((mine.to_vec(), vec![mine.iter().map(|m| m.rows).collect()]));
+    }
+    let mut part: Vec<f32> = mine.iter().flat_map(|m| m.data.iter().copied()).collect();
+    part.extend(mine.iter().map(|m| m.rows as f32));
+    let t = s.rec.start();
+    let got = s.etp.all_to_all(s.mesh, vec![part; n])?;
+    // nccl-tests convention: the all-gather's output buffer.
+    s.rec.comm("etp", "all_gather", n, got.iter().map(|g| g.len() * 4).sum(), t);
+    let per = mine.len();
+    let mut counts = Vec::with_capacity(n);
+    let mut out: Vec<Vec<f32>> = vec![Vec::new(); per];
+    for g in &got {
+        let (body, tail) = g.split_at(g.len() - per);
+        let c: Vec<usize> = tail.iter().map(|&x| x as usize).collect();
+        let mut off = 0;
+        for (le, &k) in c.iter().enumerate() {
+            out[le].extend_from_slice(&body[off * hidden..(off + k) * hidden]);
+            off += k;
+        }
+        counts.push(c);
+    }
+    let mats = out.into_iter().map(|v| Mat::from_vec(v.len() / hidden, hidden, v)).collect::<R<Vec<Mat>>>()?;
+    Ok((mats, counts))
+}
+
+/// Expert-TP reduce-scatter, the transpose of [`etp_gather`]: each member gets the
+/// sum over the group of the partial rows it gave.
+fn etp_reduce_scatter(s: &Shard, full: &[Mat], counts: &[Vec<usize>], hidden: usize) -> R<Vec<Mat>> {
+    let n = s.etp.size();
+    if n == 1 {
+        return Ok(full.to_vec());
+    }
+    let mut parts: Vec<Vec<f32>> = vec![Vec::new(); n];
+    for (le, m) in full.iter().enumerate() {
+        let mut row = 0;
+        for (member, c) in counts.iter().enumerate() {
+            parts[member].extend_from_slice(&m.data[row * hidden..(row + c[le]) * hidden]);
+            row += c[le];
+        }
+    }
+    let bytes = parts.iter().map(|p| p.len() * 4).sum();
+    let t = s.rec.start();
+    let got = s.etp.all_to_all(s.mesh, parts)?;
+    s.rec.comm("etp", "reduce_scatter", n, bytes, t);
+    let mine = &counts[s.etp.me];
+    let mut out: Vec<Mat> = mine.iter().map(|&k| Mat::zeros(k, hidden)).collect();
+    for g in &got {
+        let mut off = 0;
+        for (le, o) in out.iter_mut().enumerate() {
+            let k = mine[le] * hidden;
+            for (x, v) in o.data.iter_mut().zip(&g[off..off + k]) {
+                *x += v;
+            }
+            off += k;
+        }
+    }
+    Ok(out)
 }
 
 /// Per member, the rows each local expert computed for it, concatenated.
@@ -627,7 +708,7 @@ fn moe_backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, m: &MoeSaved
         }
     }
     let got = ep_all_to_all(s, parts)?;
-    let mut douts = Vec::new();
+    let mut mine = Vec::new();
     for le in 0..per {
         let mut data = Vec::new();
         for (mm, body) in got.iter().enumerate() {
@@ -635,7 +716,14 @@ fn moe_backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, m: &MoeSaved
             let n = m.counts[mm][le];
             data.extend_from_slice(&body[before * d.hidden..(before + n) * d.hidden]);
         }
-        let dy = Mat::from_vec(data.len() / d.hidden, d.hidden, data)?;
+        mine.push(Mat::from_vec(data.len() / d.hidden, d.hidden, data)?);
+    }
+    // Expert TP: the output's reduce-scatter transposes to an all-gather of the
+    // gradient, the input's all-gather to a reduce-scatter of the partial input
+    // gradients.
+    let (gathered, _) = etp_gather(s, &mine, d.hidden)?;
+    let mut partial = Vec::new();
+    for (le, dy) in gathered.into_iter().enumerate() {
         let (w1, w2) = &p.experts[le];
         let (xr, h) = &m.rows[le];
         let mut act = h.clone();
@@ -647,9 +735,10 @@ fn moe_backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, m: &MoeSaved
             }
         }
         wjobs.push(WJob { layer, slot: 100 + 2 * le + 1, class: "moe_experts", a: act, g: dy });
-        douts.push(gemm(s, "moe_experts", &dh, false, w1, true));
+        partial.push(gemm(s, "moe_experts", &dh, false, w1, true));
         wjobs.push(WJob { layer, slot: 100 + 2 * le, class: "moe_experts", a: xr.clone(), g: dh });
     }
+    let douts = etp_reduce_scatter(s, &partial, &m.etp_counts, d.hidden)?;
     let back = split_back(&douts, &m.counts, d.hidden);
     let returned = ep_all_to_all(s, back)?;
     let mut dx = Mat::zeros(dys.rows, d.hidden);
@@ -696,9 +785,10 @@ pub struct GemmShape {
 /// The GEMMs one layer issues on one rank for one micro-batch, forward and backward
 /// (each forward `[m, k] x [k, n]` brings an input-gradient `[m, n] x [n, k]` and a
 /// weight-gradient `[k, m] x [m, n]`), with the program's shard sizes: `tp` heads and
-/// FFN columns, the sequence over `cp`, experts over `ep` with balanced routing.
+/// FFN columns, the sequence over `cp`, experts over `ep` (their FFN columns over
+/// `etp`, on the rows of the expert-TP group) with balanced routing.
 /// `mlp_mats` is 2 for a plain MLP, 3 for a gated one (gate and up fused).
-pub fn layer_gemms(d: &Dims, moe: bool, (tp, cp, ep): (usize, usize, usize), mlp_mats: u64) -> Vec<GemmShape> {
+pub fn layer_gemms(d: &Dims, moe: bool, (tp, cp, ep, etp): (usize, usize, usize, usize), mlp_mats: u64) -> Vec<GemmShape> {
     let t = (d.mbs * d.seq / cp) as u64;
     let (h, hd) = (d.hidden as u64, d.head_dim as u64);
     let heads = (d.heads / tp) as u64;
@@ -715,8 +805,9 @@ pub fn layer_gemms(d: &Dims, moe: bool, (tp, cp, ep): (usize, usize, usize), mlp
     let up = mlp_mats - 1;
     if moe && d.experts > 0 {
         let local_tokens = t / tp as u64;
-        let per_expert = (local_tokens * d.top_k as u64 * ep as u64).div_ceil(d.experts as u64);
-        let e = d.expert_ffn as u64;
+        // Expert TP gathers the rows of its group and splits the FFN columns.
+        let per_expert = (local_tokens * d.top_k as u64 * ep as u64 * etp as u64).div_ceil(d.experts as u64);
+        let e = (d.expert_ffn / etp) as u64;
         linear("moe_experts", per_expert, up * e, h, (d.experts / ep) as u64);
         linear("moe_experts", per_expert, h, e, (d.experts / ep) as u64);
     } else {

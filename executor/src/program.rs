@@ -109,9 +109,6 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
     let ranked = plan.plans.get(o.plan_rank.wrapping_sub(1)).ok_or_else(|| format!("--plan {} : the file holds plans 1 to {}", o.plan_rank, plan.plans.len()))?;
     let cfg = ranked.config.clone();
     let m0 = &plan.model;
-    if cfg.etp != 1 {
-        return Err(format!("expert tensor parallelism (etp {}) is not executed yet: plan with --etp 1", cfg.etp));
-    }
     if m0.mla.is_some() && o.full_size {
         return Err("MLA attention is executed as standard multi-head attention; full-size runs of MLA models are refused".into());
     }
@@ -163,14 +160,19 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
             ffn: 2 * hidden,
             experts,
             top_k: m0.moe.as_ref().map_or(0, |x| (x.top_k as usize).min(experts)),
-            expert_ffn: hidden,
+            // A multiple of etp, which splits each expert's FFN columns.
+            expert_ffn: hidden * cfg.etp as usize,
             seq: 4 * cp * tp,
             mbs: (cfg.mbs as usize).min(2),
             moe_layer,
         }
     };
-    if dims.heads % tp != 0 || dims.ffn % tp != 0 || dims.seq % (cp * tp) != 0 || (dims.experts > 0 && dims.experts % cfg.ep as usize != 0) {
-        return Err(format!("sizes do not divide: heads {} and ffn {} by tp {tp}, seq {} by cp x tp, experts {} by ep {}", dims.heads, dims.ffn, dims.seq, dims.experts, cfg.ep));
+    let etp = cfg.etp as usize;
+    if dims.heads % tp != 0 || dims.ffn % tp != 0 || dims.seq % (cp * tp) != 0 || (dims.experts > 0 && (dims.experts % cfg.ep as usize != 0 || dims.expert_ffn % etp != 0)) {
+        return Err(format!(
+            "sizes do not divide: heads {} and ffn {} by tp {tp}, seq {} by cp x tp, experts {} by ep {}, expert ffn {} by etp {etp}",
+            dims.heads, dims.ffn, dims.seq, dims.experts, cfg.ep, dims.expert_ffn
+        ));
     }
     let plan_m = cfg.micro_batches(&plan.workload);
     let mut m = match o.micro_batches {
@@ -224,6 +226,7 @@ struct Groups {
     dp_cp: Group,
     pp: Group,
     ep: Group,
+    etp: Group,
     edp: Group,
     world: Group,
 }
@@ -318,7 +321,7 @@ fn tensors_mut(lp: &mut LayerParams, expert: bool) -> Vec<&mut Mat> {
 }
 
 /// The same slices [`LayerParams::init`] takes, from full tensors.
-fn shard_of(full: &LayerParams, d: &Dims, (t, tp): (usize, usize), (e, ep): (usize, usize)) -> LayerParams {
+fn shard_of(full: &LayerParams, d: &Dims, (t, tp): (usize, usize), (e, ep): (usize, usize), (et, etp): (usize, usize)) -> LayerParams {
     let hl = d.heads * d.head_dim / tp;
     let full_h = d.heads * d.head_dim;
     let q = full.wqkv.cols_range(t * hl, (t + 1) * hl);
@@ -326,13 +329,14 @@ fn shard_of(full: &LayerParams, d: &Dims, (t, tp): (usize, usize), (e, ep): (usi
     let v = full.wqkv.cols_range(2 * full_h + t * hl, 2 * full_h + (t + 1) * hl);
     let fl = full.w1.cols / tp;
     let per = full.experts.len() / ep.max(1);
+    let fe = d.expert_ffn / etp.max(1);
     LayerParams {
         wqkv: Mat::hstack(&[&q, &k, &v]),
         wo: full.wo.rows_range(t * hl, (t + 1) * hl),
         w1: full.w1.cols_range(t * fl, (t + 1) * fl),
         w2: full.w2.rows_range(t * fl, (t + 1) * fl),
         router: full.router.clone(),
-        experts: full.experts[e * per..(e + 1) * per].to_vec(),
+        experts: full.experts[e * per..(e + 1) * per].iter().map(|(w1, w2)| (w1.cols_range(et * fe, (et + 1) * fe), w2.rows_range(et * fe, (et + 1) * fe))).collect(),
     }
 }
 
@@ -349,7 +353,7 @@ impl<'a> Rank<'a> {
     }
 
     fn shard(&self) -> Shard<'_> {
-        Shard { mesh: self.mesh, tp: &self.g.tp, cp: &self.g.cp, ep: &self.g.ep, sp: self.s.cfg.sp, rec: &self.rec }
+        Shard { mesh: self.mesh, tp: &self.g.tp, cp: &self.g.cp, ep: &self.g.ep, etp: &self.g.etp, sp: self.s.cfg.sp, rec: &self.rec }
     }
 
     fn check(&self, what: &str, got: &[f32], want: &[f32]) -> Result<f32, ExecError> {
@@ -370,7 +374,7 @@ impl<'a> Rank<'a> {
     /// Known-data checks of every communicator this rank belongs to.
     fn self_test(&self) -> Result<(), ExecError> {
         let me = self.rank as f32;
-        for g in [&self.g.tp, &self.g.cp, &self.g.dp_cp, &self.g.pp, &self.g.ep, &self.g.edp, &self.g.world] {
+        for g in [&self.g.tp, &self.g.cp, &self.g.dp_cp, &self.g.pp, &self.g.ep, &self.g.etp, &self.g.edp, &self.g.world] {
             let label = g.kind.label();
             let n = g.size();
             let members: Vec<f32> = g.members.iter().map(|&r| r as f32).collect();
@@ -466,9 +470,9 @@ impl<'a> Rank<'a> {
         let d = &self.s.dims;
         let mesh = self.mesh;
         let solo = |k| Group::new(k, vec![self.rank], self.rank).expect("own group");
-        let (tp, cp, ep) = (solo(Kind::Tp), solo(Kind::Cp), solo(Kind::Ep));
+        let (tp, cp, ep, etp) = (solo(Kind::Tp), solo(Kind::Cp), solo(Kind::Ep), solo(Kind::Etp));
         let quiet = Recorder::new(self.rank, false);
-        let sh = Shard { mesh, tp: &tp, cp: &cp, ep: &ep, sp: false, rec: &quiet };
+        let sh = Shard { mesh, tp: &tp, cp: &cp, ep: &ep, etp: &etp, sp: false, rec: &quiet };
         let tokens = (d.seq * d.mbs) as f32 * (self.s.micro_batches * self.s.cfg.dp) as f32;
         let mut grads: Vec<LayerParams> = r.params.iter().map(LayerParams::zeros_like).collect();
         r.acts.clear();
@@ -667,7 +671,7 @@ impl<'a> Rank<'a> {
     }
 
     fn run_jobs(&mut self, jobs: Vec<WJob>) {
-        let sh = Shard { mesh: self.mesh, tp: &self.g.tp, cp: &self.g.cp, ep: &self.g.ep, sp: self.s.cfg.sp, rec: &self.rec };
+        let sh = Shard { mesh: self.mesh, tp: &self.g.tp, cp: &self.g.cp, ep: &self.g.ep, etp: &self.g.etp, sp: self.s.cfg.sp, rec: &self.rec };
         for j in jobs {
             let l = j.layer;
             if let Some(g) = self.grads[l].as_mut() {
@@ -723,8 +727,8 @@ impl<'a> Rank<'a> {
             g.all_gather_chunks(self.mesh, &mut flat).map_err(|e| self.err(e))?;
             self.rec.comm(if expert { "edp_param" } else { "dp_param" }, "all_gather", n, flat.len() * 4, t);
             if let Some(r) = &self.reference {
-                let (d, tp, ep) = (&self.s.dims, (self.g.tp.me, self.g.tp.size()), (self.g.ep.me, self.g.ep.size()));
-                let want: Vec<f32> = unit.iter().flat_map(|&l| pick(&shard_of(&r.params[l], d, tp, ep))).collect();
+                let (d, tp, ep, etp) = (&self.s.dims, (self.g.tp.me, self.g.tp.size()), (self.g.ep.me, self.g.ep.size()), (self.g.etp.me, self.g.etp.size()));
+                let want: Vec<f32> = unit.iter().flat_map(|&l| pick(&shard_of(&r.params[l], d, tp, ep, etp))).collect();
                 self.check("parameters gathered for a pass (ZeRO-3)", &flat, &want)?;
                 self.rec.check(|c| c.param_gathers += 1);
             }
@@ -767,8 +771,8 @@ impl<'a> Rank<'a> {
             let mut want = None;
             if let Some(r) = &mut self.reference {
                 let d = &self.s.dims;
-                let (tp, ep) = ((self.g.tp.me, self.g.tp.size()), (self.g.ep.me, self.g.ep.size()));
-                let of = |lps: &[LayerParams], u: &[usize]| -> Vec<f32> { u.iter().flat_map(|&l| pick(&shard_of(&lps[l], d, tp, ep))).collect() };
+                let (tp, ep, etp) = ((self.g.tp.me, self.g.tp.size()), (self.g.ep.me, self.g.ep.size()), (self.g.etp.me, self.g.etp.size()));
+                let of = |lps: &[LayerParams], u: &[usize]| -> Vec<f32> { u.iter().flat_map(|&l| pick(&shard_of(&lps[l], d, tp, ep, etp))).collect() };
                 let want_g: Vec<Vec<f32>> = units.iter().map(|u| of(&r.grads, u)).collect();
                 let mut full_w: Vec<f32> = r.params.iter().flat_map(pick).collect();
                 let full_g: Vec<f32> = r.grads.iter().flat_map(pick).collect();
@@ -983,6 +987,7 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
         dp_cp: group(&map, "dp_cp", Kind::DpCp, rank).map_err(early)?,
         pp: group(&map, "pp", Kind::Pp, rank).map_err(early)?,
         ep: group(&map, "ep", Kind::Ep, rank).map_err(early)?,
+        etp: group(&map, "etp", Kind::Etp, rank).map_err(early)?,
         edp: group(&map, "edp", Kind::Edp, rank).map_err(early)?,
         world: Group::new(Kind::World, (0..world).collect(), rank).map_err(early)?,
     };
@@ -998,12 +1003,12 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
     let vstages: Vec<usize> = (0..s.schedule.chunks_per_rank(v)).map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize).collect();
     for &vs in &vstages {
         for l in s.first_layer[vs]..s.first_layer[vs] + s.stage_layers[vs] {
-            params[l] = Some(LayerParams::init(d, l, (entry.tp as usize, tp), (g.ep.me, g.ep.size())));
+            params[l] = Some(LayerParams::init(d, l, (entry.tp as usize, tp), (g.ep.me, g.ep.size()), (g.etp.me, g.etp.size())));
         }
     }
     let grads = params.iter().map(|p| p.as_ref().map(LayerParams::zeros_like)).collect();
     let reference = o.verify.then(|| Reference {
-        params: (0..d.layers).map(|l| LayerParams::init(d, l, (0, 1), (0, 1))).collect(),
+        params: (0..d.layers).map(|l| LayerParams::init(d, l, (0, 1), (0, 1), (0, 1))).collect(),
         adam_dense: Adam::default(),
         adam_expert: Adam::default(),
         acts: HashMap::new(),
