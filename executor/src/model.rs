@@ -50,6 +50,8 @@ impl Dims {
         m.ffn_hidden = self.ffn as u64;
         m.mla = None;
         m.sliding_window = None;
+        // Nor does a multi-token-prediction layer.
+        m.mtp_layers = 0;
         m.mlp = sextant_planner::model::MlpKind::Plain;
         m.bias = false;
         // No embedding or output layer runs: a one-token vocabulary makes them vanish
