@@ -461,22 +461,12 @@ fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(Mat, MoeSave
     let got = ep_all_to_all(s, parts)?;
     let mut recv_counts = Vec::new();
     let mut bodies = Vec::new();
-    for g in got {
+    for g in &got {
         let (body, tail) = g.split_at(g.len() - per);
         recv_counts.push(tail.iter().map(|&c| c as usize).collect::<Vec<usize>>());
-        bodies.push(body.to_vec());
+        bodies.push(body);
     }
-    // Per local expert: rows from every member, member order.
-    let mut mine = Vec::new();
-    for le in 0..per {
-        let mut data = Vec::new();
-        for (m, body) in bodies.iter().enumerate() {
-            let before: usize = recv_counts[m][..le].iter().sum();
-            let n = recv_counts[m][le];
-            data.extend_from_slice(&body[before * d.hidden..(before + n) * d.hidden]);
-        }
-        mine.push(Mat::from_vec(data.len() / d.hidden, d.hidden, data)?);
-    }
+    let mine = by_expert(&bodies, &recv_counts, d.hidden)?;
     // Expert TP: every member of the group computes its FFN columns for the rows
     // all of them received, then the partial outputs are summed back to owners.
     let (gathered, etp_counts) = etp_gather(s, &mine, d.hidden)?;
@@ -529,19 +519,30 @@ fn etp_gather(s: &Shard, mine: &[Mat], hidden: usize) -> R<(Vec<Mat>, Vec<Vec<us
     s.rec.comm("etp", "all_gather", n, got.iter().map(|g| g.len() * 4).sum(), t);
     let per = mine.len();
     let mut counts = Vec::with_capacity(n);
-    let mut out: Vec<Vec<f32>> = vec![Vec::new(); per];
+    let mut bodies = Vec::with_capacity(n);
     for g in &got {
         let (body, tail) = g.split_at(g.len() - per);
-        let c: Vec<usize> = tail.iter().map(|&x| x as usize).collect();
-        let mut off = 0;
-        for (le, &k) in c.iter().enumerate() {
-            out[le].extend_from_slice(&body[off * hidden..(off + k) * hidden]);
-            off += k;
-        }
-        counts.push(c);
+        counts.push(tail.iter().map(|&x| x as usize).collect::<Vec<usize>>());
+        bodies.push(body);
     }
-    let mats = out.into_iter().map(|v| Mat::from_vec(v.len() / hidden, hidden, v)).collect::<R<Vec<Mat>>>()?;
-    Ok((mats, counts))
+    Ok((by_expert(&bodies, &counts, hidden)?, counts))
+}
+
+/// Per local expert, the rows of every member in member order, from per-member
+/// bodies laid out expert by expert with `counts[member][expert]` rows each (the
+/// inverse of [`split_back`]).
+fn by_expert(bodies: &[&[f32]], counts: &[Vec<usize>], hidden: usize) -> R<Vec<Mat>> {
+    let per = counts.first().map_or(0, Vec::len);
+    (0..per)
+        .map(|le| {
+            let mut data = Vec::new();
+            for (body, c) in bodies.iter().zip(counts) {
+                let before: usize = c[..le].iter().sum();
+                data.extend_from_slice(&body[before * hidden..(before + c[le]) * hidden]);
+            }
+            Mat::from_vec(data.len() / hidden, hidden, data)
+        })
+        .collect()
 }
 
 /// Expert-TP reduce-scatter, the transpose of [`etp_gather`]: each member gets the
@@ -551,14 +552,7 @@ fn etp_reduce_scatter(s: &Shard, full: &[Mat], counts: &[Vec<usize>], hidden: us
     if n == 1 {
         return Ok(full.to_vec());
     }
-    let mut parts: Vec<Vec<f32>> = vec![Vec::new(); n];
-    for (le, m) in full.iter().enumerate() {
-        let mut row = 0;
-        for (member, c) in counts.iter().enumerate() {
-            parts[member].extend_from_slice(&m.data[row * hidden..(row + c[le]) * hidden]);
-            row += c[le];
-        }
-    }
+    let parts = split_back(full, counts, hidden);
     let bytes = parts.iter().map(|p| p.len() * 4).sum();
     let t = s.rec.start();
     let got = s.etp.all_to_all(s.mesh, parts)?;
@@ -710,16 +704,8 @@ fn moe_backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, m: &MoeSaved
         }
     }
     let got = ep_all_to_all(s, parts)?;
-    let mut mine = Vec::new();
-    for le in 0..per {
-        let mut data = Vec::new();
-        for (mm, body) in got.iter().enumerate() {
-            let before: usize = m.counts[mm][..le].iter().sum();
-            let n = m.counts[mm][le];
-            data.extend_from_slice(&body[before * d.hidden..(before + n) * d.hidden]);
-        }
-        mine.push(Mat::from_vec(data.len() / d.hidden, d.hidden, data)?);
-    }
+    let bodies: Vec<&[f32]> = got.iter().map(Vec::as_slice).collect();
+    let mine = by_expert(&bodies, &m.counts, d.hidden)?;
     // Expert TP: the output's reduce-scatter transposes to an all-gather of the
     // gradient, the input's all-gather to a reduce-scatter of the partial input
     // gradients.

@@ -720,6 +720,26 @@ struct MtpCost {
     stored: f64,
 }
 
+impl Pieces {
+    /// One MTP layer's work per micro-batch beside its transformer layer: the
+    /// projection, norms and embedding lookup, and its pass through the output
+    /// layer (with that layer's TP communication).
+    fn mtp_extra_secs(&self) -> f64 {
+        self.output_secs + 2.0 * self.out_tp + self.mtp.proj_secs + self.mtp.elementwise_secs
+    }
+
+    /// The embedding copy MTP looks the shifted tokens up in, on the last of `p`
+    /// stages: none without MTP, when the first stage is the last, or when the
+    /// output weight already is that copy (tied embeddings).
+    fn mtp_embedding_copy(&self, model: &ModelSpec, p: u64) -> f64 {
+        if model.mtp_layers > 0 && p > 1 && !model.tied_embeddings {
+            self.embed_params
+        } else {
+            0.0
+        }
+    }
+}
+
 fn pieces(c: &Ctx) -> Pieces {
     let model = c.model;
     let cfg = c.cfg;
@@ -829,9 +849,8 @@ pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
     let mtp = model.mtp_layers as f64;
     if mtp > 0.0 {
         let (m_layer, m_act, m_dense, m_expert) = if model.mtp_is_moe() { (pc.moe, pc.act_moe, pc.moe_dense_params, pc.moe_expert_params) } else { (pc.dense, pc.act_dense, pc.dense_layer_params, 0.0) };
-        extra_secs[p - 1] += mtp * (m_layer.secs() + pc.output_secs + 2.0 * pc.out_tp + pc.mtp.proj_secs + pc.mtp.elementwise_secs);
-        let copy = if model.tied_embeddings { 0.0 } else { pc.embed_params };
-        extra_bytes[p - 1] += state(mtp * (m_dense + pc.mtp.params) + copy, mtp * m_expert) + flight[p - 1] * mtp * (m_act.stored + pc.mtp.stored) * frag + mtp * c.tokens * pc.vocab_rank * 6.0 * frag;
+        extra_secs[p - 1] += mtp * (m_layer.secs() + pc.mtp_extra_secs());
+        extra_bytes[p - 1] += state(mtp * (m_dense + pc.mtp.params) + pc.mtp_embedding_copy(model, cfg.pp), mtp * m_expert) + flight[p - 1] * mtp * (m_act.stored + pc.mtp.stored) * frag + mtp * c.tokens * pc.vocab_rank * 6.0 * frag;
     }
     Ok(crate::partition::StageProblem {
         layers: model.layers,
@@ -963,7 +982,9 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     let h = model.hidden as f64;
     let tokens = c.tokens;
 
-    let Pieces { dense, moe, vocab_rank, output_secs, output_gemm, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp: mtp_cost } = pieces(&c);
+    let pc = pieces(&c);
+    let (mtp_extra_secs, mtp_copy) = (pc.mtp_extra_secs(), pc.mtp_embedding_copy(model, p));
+    let Pieces { dense, moe, vocab_rank, output_secs, output_gemm, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp: mtp_cost } = pc;
     // Multi-token-prediction layers run on the last virtual stage (Megatron's
     // layout rules put them there), which the last rank holds; each is a layer of
     // the last decoder layer's kind.
@@ -1018,9 +1039,8 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
             secs += embed_secs;
         }
         if last {
-            let passes = 1.0 + extra_mtp;
-            secs += passes * (output_secs + 2.0 * out_tp) + extra_mtp * (mtp_cost.proj_secs + mtp_cost.elementwise_secs);
-            weight_secs += passes * output_gemm + extra_mtp * mtp_cost.proj_gemm;
+            secs += output_secs + 2.0 * out_tp + extra_mtp * mtp_extra_secs;
+            weight_secs += (1.0 + extra_mtp) * output_gemm + extra_mtp * mtp_cost.proj_gemm;
         }
         let mut dense_p = n_dense * dense_layer_params + n_moe * moe_dense_params;
         let expert_p = n_moe * moe_expert_params;
@@ -1032,13 +1052,7 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         }
         if last {
             dense_p += h; // final norm
-            dense_p += extra_mtp * mtp_cost.params;
-            // MTP looks up the shifted tokens on the last stage: a copy of the
-            // embedding there unless the first stage is the last, or the output
-            // weight already is that copy (tied embeddings).
-            if extra_mtp > 0.0 && p > 1 && !model.tied_embeddings {
-                dense_p += embed_params;
-            }
+            dense_p += extra_mtp * mtp_cost.params + mtp_copy;
         }
         let stored = n_dense * act_dense.stored + n_moe * act_moe.stored + extra_mtp * mtp_cost.stored;
         let held = n_dense + n_moe;
