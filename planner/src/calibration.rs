@@ -323,6 +323,9 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
         p.network.latency_us = x;
     }
     if let Some(x) = o.gemm_bf16 {
+        // The measured fit (efficiency plus a cost per call) replaces the public
+        // shape curve rather than stacking on it.
+        p.gemm_curves.clear();
         p.efficiency.gemm_bf16 = x;
         p.sources.insert("efficiency.gemm_bf16".into(), note.clone());
     }
@@ -359,6 +362,36 @@ mod tests {
         let (a, b) = fit_two(&rows).unwrap();
         assert!(a > 0.0 && b == 0.0);
         assert!(fit_two(&[]).is_none());
+    }
+
+    /// A measured GEMM fit replaces the profile's public shape curve; an overlay
+    /// without one leaves it.
+    #[test]
+    fn measured_gemms_replace_the_shape_curve() {
+        let h100 = crate::hardware::builtin_profile("h100-sxm").unwrap();
+        assert!(!h100.gemm_curves.is_empty());
+        let mut o = Overlay {
+            schema_version: OVERLAY_SCHEMA_VERSION,
+            profile: h100.name.clone(),
+            backend: "cuda".into(),
+            device: "test".into(),
+            runs: vec![],
+            gemm_bf16: None,
+            attention: None,
+            nvlink_busbw: Some(0.7),
+            network_busbw: None,
+            gemm_overhead_us: None,
+            nvlink_latency_us: None,
+            network_latency_us: None,
+            gemm_points: vec![],
+            collective_points: vec![],
+        };
+        assert_eq!(apply(&h100, &o).unwrap().gemm_curves, h100.gemm_curves);
+        o.gemm_bf16 = Some(0.7);
+        o.gemm_overhead_us = Some(6.0);
+        let p = apply(&h100, &o).unwrap();
+        assert!(p.gemm_curves.is_empty() && p.efficiency.gemm_bf16 == 0.7);
+        assert!(p.gemm_shape_factor(false, 256.0, 256.0, 256.0).is_none());
     }
 
     #[test]

@@ -261,10 +261,16 @@ impl Ctx<'_> {
         } else {
             (self.hw.peak_flops(false), e.gemm_bf16, 2.0)
         };
-        let compute = 2.0 * m * n * k / (peak * eff);
+        // A measured curve gives the shape's efficiency relative to the best shape,
+        // launch and fill/drain included; without one, a fixed cost per call.
+        let (shape, overhead) = match self.hw.gemm_shape_factor(fp8 && self.fp8, m, n, k) {
+            Some(s) => (s, 0.0),
+            None => (1.0, e.gemm_overhead_us * 1e-6),
+        };
+        let compute = 2.0 * m * n * k / (peak * eff * shape);
         let bytes = elem * (m * k + k * n) + 2.0 * m * n;
         let memory = bytes / self.hbm_bw();
-        compute.max(memory) + e.gemm_overhead_us * 1e-6
+        compute.max(memory) + overhead
     }
     fn hbm_bw(&self) -> f64 {
         self.hw.gpu.hbm_tbytes_per_s * 1e12 * self.hw.efficiency.hbm

@@ -106,6 +106,140 @@ pub struct CollectivePoint {
     pub source: String,
 }
 
+/// Data type of a measured GEMM curve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GemmDtype {
+    Bf16,
+    Fp8,
+}
+
+/// Measured GEMM throughput over a grid of shapes for one data type: the shape
+/// dependence of GEMM efficiency (tile and wave quantization, fill and drain).
+///
+/// In the file, `points` lists `[m, n, k, tflops]` (an `m x k` by `k x n` product)
+/// and must cover every combination of the `m`, `n` and `k` values it uses. The
+/// cost model reads only ratios to the curve's best point ([`GemmCurve::shape_factor`]);
+/// the profile's `gemm_bf16` / `gemm_fp8` give the level.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "GemmCurveFile", into = "GemmCurveFile")]
+pub struct GemmCurve {
+    pub dtype: GemmDtype,
+    pub source: String,
+    /// Grid axes, ascending.
+    ms: Vec<f64>,
+    ns: Vec<f64>,
+    ks: Vec<f64>,
+    /// TFLOP/s at `[i_m][i_n][i_k]`, flattened, and its logarithm.
+    tflops: Vec<f64>,
+    ln_tflops: Vec<f64>,
+    best_tflops: f64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct GemmCurveFile {
+    dtype: GemmDtype,
+    source: String,
+    points: Vec<[f64; 4]>,
+}
+
+impl TryFrom<GemmCurveFile> for GemmCurve {
+    type Error = String;
+    fn try_from(f: GemmCurveFile) -> Result<GemmCurve, String> {
+        if f.source.trim().is_empty() {
+            return Err("a GEMM curve needs a source".into());
+        }
+        for p in &f.points {
+            if !p.iter().all(|x| x.is_finite() && *x > 0.0) || p[..3].iter().any(|x| *x > 1e7) {
+                return Err(format!("GEMM curve point {p:?}: m, n, k (up to 1e7) and tflops must be positive numbers"));
+            }
+        }
+        let axis = |i: usize| {
+            let mut v: Vec<f64> = f.points.iter().map(|p| p[i]).collect();
+            v.sort_by(f64::total_cmp);
+            v.dedup();
+            v
+        };
+        let (ms, ns, ks) = (axis(0), axis(1), axis(2));
+        let cells = ms.len() * ns.len() * ks.len();
+        if ms.len() < 2 || ns.len() < 2 || ks.len() < 2 || f.points.len() != cells {
+            return Err(format!(
+                "GEMM curve needs one point for every (m, n, k) of a grid with at least two values per axis; {} points over {} x {} x {} values",
+                f.points.len(),
+                ms.len(),
+                ns.len(),
+                ks.len()
+            ));
+        }
+        let mut tflops = vec![f64::NAN; cells];
+        for p in &f.points {
+            let at = |v: &[f64], x: f64| v.iter().position(|y| *y == x).expect("axis value from the points");
+            let i = (at(&ms, p[0]) * ns.len() + at(&ns, p[1])) * ks.len() + at(&ks, p[2]);
+            if !tflops[i].is_nan() {
+                return Err(format!("GEMM curve lists m={} n={} k={} twice", p[0], p[1], p[2]));
+            }
+            tflops[i] = p[3];
+        }
+        let ln_tflops = tflops.iter().map(|t| t.ln()).collect();
+        let best_tflops = f.points.iter().map(|p| p[3]).fold(0.0, f64::max);
+        Ok(GemmCurve { dtype: f.dtype, source: f.source, ms, ns, ks, tflops, ln_tflops, best_tflops })
+    }
+}
+
+impl From<GemmCurve> for GemmCurveFile {
+    fn from(c: GemmCurve) -> GemmCurveFile {
+        let mut points = Vec::with_capacity(c.tflops.len());
+        for (a, m) in c.ms.iter().enumerate() {
+            for (b, n) in c.ns.iter().enumerate() {
+                for (d, k) in c.ks.iter().enumerate() {
+                    points.push([*m, *n, *k, c.tflops[(a * c.ns.len() + b) * c.ks.len() + d]]);
+                }
+            }
+        }
+        GemmCurveFile { dtype: c.dtype, source: c.source, points }
+    }
+}
+
+/// Where `x` falls on an axis: the two neighbouring indices, the weight of the
+/// upper one (interpolating in log space) and, below the axis, the factor by which
+/// throughput falls (a GEMM narrower than the smallest measured one takes as long).
+fn locate(axis: &[f64], x: f64) -> (usize, usize, f64, f64) {
+    let last = axis.len() - 1;
+    if x <= axis[0] {
+        return (0, 0, 0.0, x / axis[0]);
+    }
+    if x >= axis[last] {
+        return (last, last, 0.0, 1.0);
+    }
+    let i = axis.iter().rposition(|v| *v <= x).expect("x is above the first value");
+    let w = (x.ln() - axis[i].ln()) / (axis[i + 1].ln() - axis[i].ln());
+    (i, i + 1, w, 1.0)
+}
+
+impl GemmCurve {
+    /// Throughput of an `m x k` by `k x n` GEMM over the curve's best point, in (0, 1].
+    /// Log-linear interpolation inside the grid; above it the edge value (a larger
+    /// GEMM is at least as efficient); below it, proportionally less.
+    pub fn shape_factor(&self, m: f64, n: f64, k: f64) -> f64 {
+        let (a0, a1, wa, sa) = locate(&self.ms, m);
+        let (b0, b1, wb, sb) = locate(&self.ns, n);
+        let (c0, c1, wc, sc) = locate(&self.ks, k);
+        let (nn, nk) = (self.ns.len(), self.ks.len());
+        let mut ln = 0.0;
+        for (a, fa) in [(a0, 1.0 - wa), (a1, wa)] {
+            for (b, fb) in [(b0, 1.0 - wb), (b1, wb)] {
+                for (c, fc) in [(c0, 1.0 - wc), (c1, wc)] {
+                    let f = fa * fb * fc;
+                    if f > 0.0 {
+                        ln += f * self.ln_tflops[(a * nn + b) * nk + c];
+                    }
+                }
+            }
+        }
+        (ln.exp() * sa * sb * sc / self.best_tflops).min(1.0)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HardwareProfile {
     pub schema_version: u32,
@@ -120,6 +254,10 @@ pub struct HardwareProfile {
     pub memory: MemoryReserve,
     #[serde(default)]
     pub collective_points: Vec<CollectivePoint>,
+    /// Measured GEMM throughput by shape, at most one per data type. Without one, GEMM
+    /// efficiency does not depend on shape (beyond the memory roofline).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gemm_curves: Vec<GemmCurve>,
     /// Field path -> where its value comes from.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
@@ -225,6 +363,11 @@ impl HardwareProfile {
                 return err(field, format!("{v} is not a fraction: expected {lo} up to 1"));
             }
         }
+        for (i, c) in self.gemm_curves.iter().enumerate() {
+            if self.gemm_curves[..i].iter().any(|d| d.dtype == c.dtype) {
+                return err("gemm_curves", format!("two curves for {:?}; give one per data type", c.dtype));
+            }
+        }
         if self.gpu.peak_tflops.fp8 > 0.0 && self.efficiency.gemm_fp8 <= 0.0 {
             return err("efficiency.gemm_fp8", "the GPU has FP8 peak throughput but no FP8 GEMM efficiency".into());
         }
@@ -247,6 +390,15 @@ impl HardwareProfile {
             );
         }
         Ok(())
+    }
+
+    /// The shape factor of a GEMM ([`GemmCurve::shape_factor`]) from the curve of its
+    /// data type, or the BF16 curve for FP8 when only that one was measured; `None`
+    /// without a curve.
+    pub fn gemm_shape_factor(&self, fp8: bool, m: f64, n: f64, k: f64) -> Option<f64> {
+        let want = if fp8 { GemmDtype::Fp8 } else { GemmDtype::Bf16 };
+        let curve = self.gemm_curves.iter().find(|c| c.dtype == want).or_else(|| self.gemm_curves.iter().find(|c| c.dtype == GemmDtype::Bf16));
+        curve.map(|c| c.shape_factor(m, n, k))
     }
 
     /// Peak dense throughput for GEMMs in the given precision, FLOP/s.
@@ -396,6 +548,89 @@ mod tests {
         v["node"].as_object_mut().unwrap().remove("gpus_per_node");
         let e = HardwareProfile::from_json(&v.to_string()).unwrap_err().to_string();
         assert!(e.contains("gpus_per_node"), "{e}");
+    }
+
+    fn curve(points: serde_json::Value) -> Result<GemmCurve, String> {
+        serde_json::from_value(serde_json::json!({"dtype": "bf16", "source": "test grid", "points": points})).map_err(|e| e.to_string())
+    }
+
+    /// A 2x2x2 grid whose throughput is 100 * m * n * k / 1024^3 TFLOP/s.
+    fn cube() -> GemmCurve {
+        let mut pts = Vec::new();
+        for m in [256.0, 1024.0] {
+            for n in [256.0, 1024.0] {
+                for k in [256.0, 1024.0] {
+                    pts.push(serde_json::json!([m, n, k, 100.0 * m * n * k / 1024f64.powi(3)]));
+                }
+            }
+        }
+        curve(serde_json::Value::Array(pts)).unwrap()
+    }
+
+    #[test]
+    fn gemm_curve_interpolates_in_log_space_and_saturates() {
+        let c = cube();
+        // At the grid points: the ratio to the best point.
+        assert!((c.shape_factor(1024.0, 1024.0, 1024.0) - 1.0).abs() < 1e-12);
+        assert!((c.shape_factor(256.0, 1024.0, 1024.0) - 0.25).abs() < 1e-12);
+        // Between them: log-linear, so a power law is reproduced exactly.
+        assert!((c.shape_factor(512.0, 1024.0, 1024.0) - 0.5).abs() < 1e-12);
+        assert!((c.shape_factor(512.0, 512.0, 512.0) - 0.125).abs() < 1e-12);
+        // Above the grid: the edge value, never above 1.
+        assert_eq!(c.shape_factor(65536.0, 1e6, 4096.0), 1.0);
+        // Below the grid: the smallest GEMM's time, so throughput falls with the size.
+        let s = c.shape_factor(64.0, 1024.0, 1024.0);
+        assert!((s - 0.25 * 64.0 / 256.0).abs() < 1e-12, "{s}");
+        // Round trip through the file form.
+        let back: GemmCurve = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn gemm_curve_rejects_holes_duplicates_and_bad_values() {
+        let e = curve(serde_json::json!([[256, 256, 256, 5.0], [256, 256, 512, 9.0], [256, 512, 256, 9.0]])).unwrap_err();
+        assert!(e.contains("one point for every (m, n, k)"), "{e}");
+        let e = curve(serde_json::json!([[256, 256, 256, -5.0]])).unwrap_err();
+        assert!(e.contains("must be positive"), "{e}");
+        let mut pts: Vec<serde_json::Value> = Vec::new();
+        for m in [256, 512] {
+            for n in [256, 512] {
+                for k in [256, 512] {
+                    pts.push(serde_json::json!([m, n, k, 1.0]));
+                }
+            }
+        }
+        pts[7] = pts[0].clone();
+        let e = curve(serde_json::Value::Array(pts)).unwrap_err();
+        assert!(e.contains("m=256 n=256 k=256 twice"), "{e}");
+        // Two curves of one data type in a profile.
+        let text = include_str!("../../hwprofiles/h100-sxm.json");
+        let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let first = v["gemm_curves"][0].clone();
+        v["gemm_curves"].as_array_mut().unwrap().push(first);
+        let e = HardwareProfile::from_json(&v.to_string()).unwrap_err().to_string();
+        assert!(e.contains("gemm_curves"), "{e}");
+    }
+
+    /// The built-in curves: published points, and what they say about shapes that
+    /// training runs use.
+    #[test]
+    fn builtin_gemm_curves() {
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let s = |m: f64, n: f64, k: f64| h100.gemm_shape_factor(false, m, n, k).unwrap();
+        // A GPT-3 175B TP-8 QKV GEMM runs near the best shape; a 256-row GEMM does not.
+        assert!(s(8192.0, 4608.0, 12288.0) > 0.97);
+        assert!(s(256.0, 4096.0, 4096.0) < 0.6);
+        // More rows, columns or depth never make a GEMM less efficient per FLOP by
+        // much (the table has measurement noise of a few percent).
+        for (m, n, k) in [(1024.0, 1024.0, 1024.0), (2048.0, 512.0, 4096.0), (4096.0, 2048.0, 1024.0)] {
+            assert!(s(2.0 * m, n, k) > 0.95 * s(m, n, k) && s(m, 2.0 * n, k) > 0.95 * s(m, n, k) && s(m, n, 2.0 * k) > 0.95 * s(m, n, k));
+        }
+        // FP8 GEMMs on Hopper use the BF16 shape (its FP8 entries are above the peak).
+        assert_eq!(h100.gemm_shape_factor(true, 1024.0, 2048.0, 4096.0), h100.gemm_shape_factor(false, 1024.0, 2048.0, 4096.0));
+        let b200 = builtin_profile("b200").unwrap();
+        assert_ne!(b200.gemm_shape_factor(true, 1024.0, 2048.0, 4096.0), b200.gemm_shape_factor(false, 1024.0, 2048.0, 4096.0));
+        assert!(builtin_profile("a100-80g").unwrap().gemm_shape_factor(false, 256.0, 256.0, 256.0).is_none());
     }
 
     #[test]

@@ -135,6 +135,10 @@ fn estimate_agrees_with_plan() {
     args.push(c.schedule.name().into());
     args.push("--recompute".into());
     args.push(format!("{:?}", c.recompute).to_lowercase());
+    if c.recompute == sextant_planner::config::Recompute::Selective {
+        args.push("--recompute-modules".into());
+        args.push(c.recompute_modules.to_string());
+    }
     args.push("--zero".into());
     args.push(match c.zero { sextant_planner::config::Zero::None => "0", sextant_planner::config::Zero::DistOpt => "1", sextant_planner::config::Zero::Zero2 => "2", sextant_planner::config::Zero::Zero3 => "3" }.into());
     if let sextant_planner::config::Layout::Explicit { layers } = &c.layout {
