@@ -237,6 +237,28 @@ impl Default for Assumptions {
     }
 }
 
+/// Forward and backward time of one GEMM (or a sum of them).
+#[derive(Debug, Clone, Copy, Default)]
+struct Pass {
+    fwd: f64,
+    /// Input gradient plus weight gradient.
+    bwd: f64,
+}
+
+impl std::ops::Add for Pass {
+    type Output = Pass;
+    fn add(self, o: Pass) -> Pass {
+        Pass { fwd: self.fwd + o.fwd, bwd: self.bwd + o.bwd }
+    }
+}
+
+impl std::ops::Mul<Pass> for f64 {
+    type Output = Pass;
+    fn mul(self, p: Pass) -> Pass {
+        Pass { fwd: self * p.fwd, bwd: self * p.bwd }
+    }
+}
+
 /// Shared inputs of one estimate.
 struct Ctx<'a> {
     model: &'a ModelSpec,
@@ -271,6 +293,13 @@ impl Ctx<'_> {
         let bytes = elem * (m * k + k * n) + 2.0 * m * n;
         let memory = bytes / self.hbm_bw();
         compute.max(memory) + overhead
+    }
+    /// `Y[m,n] = X[m,k] W[k,n]` and its backward: the input gradient
+    /// `dX[m,k] = dY W^T` and the weight gradient `dW[k,n] = X^T dY`, each at its own
+    /// shape (with a measured curve, a short-`m` GEMM's weight gradient reduces over
+    /// few rows and runs less efficiently than its forward).
+    fn pass(&self, m: f64, n: f64, k: f64, fp8: bool) -> Pass {
+        Pass { fwd: self.gemm(m, n, k, fp8), bwd: self.gemm(m, k, n, fp8) + self.gemm(k, n, m, fp8) }
     }
     fn hbm_bw(&self) -> f64 {
         self.hw.gpu.hbm_tbytes_per_s * 1e12 * self.hw.efficiency.hbm
@@ -368,6 +397,11 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let mut fwd = OpClasses::default();
     // MLA's up-projections: (time, FLOPs) of one forward.
     let mut mla_up = (0.0, 0.0);
+    // GEMM passes of the attention projections, dense MLP or shared experts, routed
+    // experts and router.
+    let proj;
+    let ffn;
+    let (mut experts, mut router) = (Pass::default(), Pass::default());
 
     // Attention projections.
     let kv_rank = kv_dim_per_rank(m, cfg.tp) as f64;
@@ -378,19 +412,19 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
             let q_lora = mla.q_lora_rank as f64;
             let kv_lora = mla.kv_lora_rank as f64;
             let q = if mla.q_lora_rank > 0 {
-                c.gemm(tokens, q_lora, h, true) + c.gemm(tokens, q_rank, q_lora, true)
+                c.pass(tokens, q_lora, h, true) + c.pass(tokens, q_rank, q_lora, true)
             } else {
-                c.gemm(tokens, q_rank, h, true)
+                c.pass(tokens, q_rank, h, true)
             };
             let kv_up = m.heads as f64 * (mla.qk_nope_head_dim + mla.v_head_dim) as f64 / t;
-            let kv = c.gemm(tokens, kv_lora + mla.qk_rope_head_dim as f64, h, true) + c.gemm(tokens, kv_up, kv_lora, true);
-            fwd.attention_proj = q + kv + c.gemm(tokens, h, out_in, true);
+            let kv = c.pass(tokens, kv_lora + mla.qk_rope_head_dim as f64, h, true) + c.pass(tokens, kv_up, kv_lora, true);
+            proj = q + kv + c.pass(tokens, h, out_in, true);
             // What "mla_up_proj" replays: both up-projections and the rotary.
             let q_up = if mla.q_lora_rank > 0 { c.gemm(tokens, q_rank, q_lora, true) } else { 0.0 };
             mla_up = (q_up + c.gemm(tokens, kv_up, kv_lora, true), 2.0 * tokens * (if mla.q_lora_rank > 0 { q_rank * q_lora } else { 0.0 } + kv_up * kv_lora));
         }
         None => {
-            fwd.attention_proj = c.gemm(tokens, q_rank + 2.0 * kv_rank, h, true) + c.gemm(tokens, h, out_in, true);
+            proj = c.pass(tokens, q_rank + 2.0 * kv_rank, h, true) + c.pass(tokens, h, out_in, true);
         }
     }
 
@@ -418,11 +452,11 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
 
     // Feed-forward.
     let first_mats = m.mlp.matrices() as f64 - 1.0;
-    let mlp = |ffn: f64, div: f64, rows: f64| -> f64 {
+    let mlp = |ffn: f64, div: f64, rows: f64| -> Pass {
         if ffn <= 0.0 {
-            return 0.0;
+            return Pass::default();
         }
-        c.gemm(rows, first_mats * ffn / div, h, true) + c.gemm(rows, h, ffn / div, true)
+        c.pass(rows, first_mats * ffn / div, h, true) + c.pass(rows, h, ffn / div, true)
     };
     // The busiest expert-parallel rank's load over the balanced share.
     let moe_load = m.moe.as_ref().map_or(1.0, |moe| c.w.moe_rank_load(moe, cfg.ep).factor);
@@ -436,12 +470,16 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
             routed_tokens = tokens / t * moe.top_k as f64 * etp * moe_load;
             expert_ffn = moe.expert_ffn_hidden as f64;
             let per_expert = routed_tokens / local_experts;
-            fwd.moe_experts = local_experts * mlp(expert_ffn, etp, per_expert);
-            fwd.mlp = mlp(moe.shared_hidden() as f64, t, tokens);
-            fwd.router = c.gemm(tokens / t, moe.experts as f64, h, false);
+            experts = local_experts * mlp(expert_ffn, etp, per_expert);
+            ffn = mlp(moe.shared_hidden() as f64, t, tokens);
+            router = c.pass(tokens / t, moe.experts as f64, h, false);
         }
-        _ => fwd.mlp = mlp(m.ffn_hidden as f64, t, tokens),
+        _ => ffn = mlp(m.ffn_hidden as f64, t, tokens),
     }
+    fwd.attention_proj = proj.fwd;
+    fwd.mlp = ffn.fwd;
+    fwd.moe_experts = experts.fwd;
+    fwd.router = router.fwd;
 
     // Element-wise traffic, bytes per token: norms (read 2h, write 2h) and residual
     // adds (read 4h, write 2h, +1 mask byte with dropout), twice per layer, split by
@@ -459,9 +497,14 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let casts = if c.fp8 { 3.0 * (2.0 * h / sp_div + out_in + m.ffn_hidden as f64 / t) } else { 0.0 };
     fwd.elementwise = c.mem(tokens * (outside + inner + rotary + casts));
 
-    // Backward: two GEMMs per forward GEMM; attention backward; element-wise twice.
+    // Backward: each GEMM's input and weight gradients; attention backward;
+    // element-wise twice.
     let mut bwd = fwd.scaled(2.0);
     bwd.attention_core = core_bwd;
+    bwd.attention_proj = proj.bwd;
+    bwd.mlp = ffn.bwd;
+    bwd.moe_experts = experts.bwd;
+    bwd.router = router.bwd;
     lc.gemm = fwd.attention_proj + fwd.mlp + fwd.moe_experts;
 
     // Recomputation replays work in the backward pass: the whole forward (full) or
@@ -761,9 +804,10 @@ fn pieces(c: &Ctx) -> Pieces {
     // Output layer on the last stage: logits GEMM (BF16), fused cross-entropy over
     // FP32 logits (read 2 + write 4, then read 4 again in backward).
     let vocab_rank = model.vocab as f64 / t;
-    let logits_fwd = c.gemm(tokens, vocab_rank, h, false);
+    let logits = c.pass(tokens, vocab_rank, h, false);
+    let logits_fwd = logits.fwd;
     let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
-    let output_secs = 3.0 * logits_fwd + ce;
+    let output_secs = logits.fwd + logits.bwd + ce;
     let output_flops = 3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
     // Embedding lookup on the first stage (gather, and a scatter-add in backward).
     let embed_secs = c.mem(tokens * h * 2.0 * 3.0 / if cfg.sp { t } else { 1.0 });
@@ -795,11 +839,11 @@ fn pieces(c: &Ctx) -> Pieces {
     // transformer layer and the shared output layer.
     let sp_div = if cfg.sp { t } else { 1.0 };
     let mtp = if model.mtp_layers > 0 {
-        let proj_gemm = c.gemm(tokens, h / t, 2.0 * h, false);
+        let proj = c.pass(tokens, h / t, 2.0 * h, false);
         let norm_bytes = 2.0 * tokens * h * (2.0 + 2.0) / sp_div;
         MtpCost {
-            proj_secs: 3.0 * proj_gemm,
-            proj_gemm,
+            proj_secs: proj.fwd + proj.bwd,
+            proj_gemm: proj.fwd,
             elementwise_secs: embed_secs + c.mem(3.0 * norm_bytes),
             proj_flops: 3.0 * 2.0 * tokens * 2.0 * h * h / t,
             params: (2.0 * h * h + 2.0 * h) / t + h,
@@ -1408,6 +1452,25 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * b.abs().max(1e-30)
+    }
+
+    /// The backward prices its two GEMMs at their own shapes. Without a curve that is
+    /// twice the forward; with one, the weight gradient of a short-row GEMM reduces
+    /// over few rows and costs more than its forward.
+    #[test]
+    fn backward_gemms_at_their_own_shapes() {
+        let model = gpt("t", "test", 2, 4096, 32);
+        let (k, w) = (cfg(1, 1, 1, 8), wl(4096, 64));
+        let ctx = |hw| Ctx { model: &model, hw, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0, fp8: false, domain: 8 };
+        let a100 = builtin_profile("a100-80g").unwrap();
+        let p = ctx(&a100).pass(4096.0, 12288.0, 4096.0, false);
+        assert!((p.bwd / p.fwd - 2.0).abs() < 0.01, "{p:?}");
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let c = ctx(&h100);
+        // 1024 routed rows through a 2880 -> 5760 expert GEMM (GPT-OSS-120B, EP 8).
+        let p = c.pass(1024.0, 5760.0, 2880.0, false);
+        assert!(p.bwd > 2.03 * p.fwd, "{p:?}");
+        assert!(close(p.bwd, c.gemm(1024.0, 2880.0, 5760.0, false) + c.gemm(2880.0, 5760.0, 1024.0, false)));
     }
 
     /// Multi-token prediction loads only the last stage: one more layer of the
