@@ -243,19 +243,21 @@ struct Pass {
     fwd: f64,
     /// Input gradient plus weight gradient.
     bwd: f64,
+    /// The weight-gradient part of `bwd` (what ZB-H1 and DualPipe defer as W).
+    wgrad: f64,
 }
 
 impl std::ops::Add for Pass {
     type Output = Pass;
     fn add(self, o: Pass) -> Pass {
-        Pass { fwd: self.fwd + o.fwd, bwd: self.bwd + o.bwd }
+        Pass { fwd: self.fwd + o.fwd, bwd: self.bwd + o.bwd, wgrad: self.wgrad + o.wgrad }
     }
 }
 
 impl std::ops::Mul<Pass> for f64 {
     type Output = Pass;
     fn mul(self, p: Pass) -> Pass {
-        Pass { fwd: self * p.fwd, bwd: self * p.bwd }
+        Pass { fwd: self * p.fwd, bwd: self * p.bwd, wgrad: self * p.wgrad }
     }
 }
 
@@ -299,7 +301,8 @@ impl Ctx<'_> {
     /// shape (with a measured curve, a short-`m` GEMM's weight gradient reduces over
     /// few rows and runs less efficiently than its forward).
     fn pass(&self, m: f64, n: f64, k: f64, fp8: bool) -> Pass {
-        Pass { fwd: self.gemm(m, n, k, fp8), bwd: self.gemm(m, k, n, fp8) + self.gemm(k, n, m, fp8) }
+        let wgrad = self.gemm(k, n, m, fp8);
+        Pass { fwd: self.gemm(m, n, k, fp8), bwd: self.gemm(m, k, n, fp8) + wgrad, wgrad }
     }
     fn hbm_bw(&self) -> f64 {
         self.hw.gpu.hbm_tbytes_per_s * 1e12 * self.hw.efficiency.hbm
@@ -346,6 +349,8 @@ struct LayerCost {
     attn_core_bwd: f64,
     /// GEMM time that TP overlap can hide communication behind.
     gemm: f64,
+    /// Weight-gradient GEMM time of the backward (the W pass of ZB-H1 and DualPipe).
+    wgrad: f64,
     /// Communication of this layer for one micro-batch: (total, exposed) per kind.
     tp: (f64, f64),
     cp: (f64, f64),
@@ -506,6 +511,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     bwd.moe_experts = experts.bwd;
     bwd.router = router.bwd;
     lc.gemm = fwd.attention_proj + fwd.mlp + fwd.moe_experts;
+    lc.wgrad = proj.wgrad + ffn.wgrad + experts.wgrad + router.wgrad;
 
     // Recomputation replays work in the backward pass: the whole forward (full) or
     // the selected modules' forward (selective).
@@ -736,8 +742,8 @@ struct Pieces {
     moe: LayerCost,
     vocab_rank: f64,
     output_secs: f64,
-    /// The logits GEMM's forward time, which its weight gradient also takes.
-    output_gemm: f64,
+    /// The logits GEMM's weight-gradient time.
+    output_wgrad: f64,
     output_flops: f64,
     embed_secs: f64,
     out_tp: f64,
@@ -757,8 +763,8 @@ struct Pieces {
 struct MtpCost {
     /// The 2h -> h projection: forward and both backward GEMMs.
     proj_secs: f64,
-    /// Its forward GEMM, which the weight gradient also takes.
-    proj_gemm: f64,
+    /// Its weight-gradient GEMM.
+    proj_wgrad: f64,
     /// Embedding lookup of the shifted tokens and the embedding and hidden norms.
     elementwise_secs: f64,
     proj_flops: f64,
@@ -805,8 +811,7 @@ fn pieces(c: &Ctx) -> Pieces {
     // FP32 logits (read 2 + write 4, then read 4 again in backward).
     let vocab_rank = model.vocab as f64 / t;
     let logits = c.pass(tokens, vocab_rank, h, false);
-    let logits_fwd = logits.fwd;
-    let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
+        let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
     let output_secs = logits.fwd + logits.bwd + ce;
     let output_flops = 3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
     // Embedding lookup on the first stage (gather, and a scatter-add in backward).
@@ -843,7 +848,7 @@ fn pieces(c: &Ctx) -> Pieces {
         let norm_bytes = 2.0 * tokens * h * (2.0 + 2.0) / sp_div;
         MtpCost {
             proj_secs: proj.fwd + proj.bwd,
-            proj_gemm: proj.fwd,
+            proj_wgrad: proj.wgrad,
             elementwise_secs: embed_secs + c.mem(3.0 * norm_bytes),
             proj_flops: 3.0 * 2.0 * tokens * 2.0 * h * h / t,
             params: (2.0 * h * h + 2.0 * h) / t + h,
@@ -853,7 +858,7 @@ fn pieces(c: &Ctx) -> Pieces {
         MtpCost::default()
     };
 
-    Pieces { dense, moe, vocab_rank, output_secs, output_gemm: logits_fwd, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp }
+    Pieces { dense, moe, vocab_rank, output_secs, output_wgrad: logits.wgrad, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp }
 }
 
 /// The partition problem ([`crate::partition`]) of a non-interleaved pipeline:
@@ -1034,7 +1039,7 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
 
     let pc = pieces(&c);
     let (mtp_extra_secs, mtp_copy) = (pc.mtp_extra_secs(), pc.mtp_embedding_copy(model, p));
-    let Pieces { dense, moe, vocab_rank, output_secs, output_gemm, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp: mtp_cost } = pc;
+    let Pieces { dense, moe, vocab_rank, output_secs, output_wgrad, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp: mtp_cost } = pc;
     // Multi-token-prediction layers run on the last virtual stage (Megatron's
     // layout rules put them there), which the last rank holds; each is a layer of
     // the last decoder layer's kind.
@@ -1084,13 +1089,13 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         let n_moe = stage_moe[iu] as f64 + extra_moe;
         let n_dense = (stage_layers[iu] - stage_moe[iu]) as f64 + extra_dense;
         let mut secs = n_dense * dense.secs() + n_moe * moe.secs();
-        let mut weight_secs = n_dense * dense.gemm + n_moe * moe.gemm;
+        let mut weight_secs = n_dense * dense.wgrad + n_moe * moe.wgrad;
         if first {
             secs += embed_secs;
         }
         if last {
             secs += output_secs + 2.0 * out_tp + extra_mtp * mtp_extra_secs;
-            weight_secs += (1.0 + extra_mtp) * output_gemm + extra_mtp * mtp_cost.proj_gemm;
+            weight_secs += (1.0 + extra_mtp) * output_wgrad + extra_mtp * mtp_cost.proj_wgrad;
         }
         let mut dense_p = n_dense * dense_layer_params + n_moe * moe_dense_params;
         let expert_p = n_moe * moe_expert_params;
@@ -1471,6 +1476,28 @@ mod tests {
         let p = c.pass(1024.0, 5760.0, 2880.0, false);
         assert!(p.bwd > 2.03 * p.fwd, "{p:?}");
         assert!(close(p.bwd, c.gemm(1024.0, 2880.0, 5760.0, false) + c.gemm(2880.0, 5760.0, 1024.0, false)));
+        assert!(close(p.wgrad, c.gemm(2880.0, 5760.0, 1024.0, false)));
+    }
+
+    /// ZB-H1 and DualPipe defer each stage's weight-gradient GEMMs as the W pass:
+    /// a middle stage's W time is its layers' `X^T dY` GEMMs at their own shapes,
+    /// not the forward GEMMs' time.
+    #[test]
+    fn weight_grad_pass_is_the_weight_gradient_gemms() {
+        let model = gpt("t", "test", 8, 2048, 16);
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let c = Cluster::new(h100.clone(), 8).unwrap();
+        let k = ParallelConfig { schedule: Schedule::ZbH1, ..cfg(2, 4, 1, 1) };
+        let w = wl(4096, 16);
+        let e = evaluate(&model, &c, &w, &k, Assumptions::default()).unwrap();
+        let ctx = Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0, fp8: false, domain: 8 };
+        let (h, f, t) = (2048.0, model.ffn_hidden as f64, 2.0);
+        // QKV (MHA: 3h), output projection, and the MLP's two matrices.
+        let wgrad = ctx.gemm(h, 3.0 * h / t, 4096.0, false) + ctx.gemm(h / t, h, 4096.0, false) + ctx.gemm(h, f / t, 4096.0, false) + ctx.gemm(f / t, h, 4096.0, false);
+        let fwd = ctx.gemm(4096.0, 3.0 * h / t, h, false) + ctx.gemm(4096.0, h, h / t, false) + ctx.gemm(4096.0, f / t, h, false) + ctx.gemm(4096.0, h, f / t, false);
+        assert_eq!(model.mlp.matrices(), 2);
+        assert!(close(e.stages[1].weight_grad_secs, 2.0 * wgrad), "{} vs {}", e.stages[1].weight_grad_secs, 2.0 * wgrad);
+        assert!((wgrad / fwd - 1.0).abs() > 1e-3, "the shapes should differ in efficiency: {wgrad} vs {fwd}");
     }
 
     /// Multi-token prediction loads only the last stage: one more layer of the
