@@ -468,10 +468,20 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     // Tokens each routed-expert rank processes for this micro-batch.
     let mut routed_tokens = 0.0;
     let mut expert_ffn = 0.0;
+    // Bytes each routed token moves in HBM to be shuffled into expert order and back
+    // (BF16 rows of h): the permutation into routed order and the un-permutation
+    // that merges the top-k outputs (each reads and writes a row: 8h). Megatron's
+    // all-to-all dispatcher also sorts the received chunks by local expert and
+    // restores the order before the return all-to-all (`sort_chunks_by_idxs`, run
+    // when a rank holds more than one expert): another 8h. DeepEP / HybridEP permute
+    // once on the receiving side.
+    let mut shuffle = 0.0;
     match (kind, &m.moe) {
         (LayerKind::Moe, Some(moe)) => {
             let etp = cfg.etp as f64;
             let local_experts = (moe.experts / cfg.ep) as f64;
+            let sorts = cfg.moe_dispatcher == Dispatcher::AllToAll && moe.experts / cfg.ep > 1;
+            shuffle = if sorts { 16.0 * h } else { 8.0 * h };
             routed_tokens = tokens / t * moe.top_k as f64 * etp * moe_load;
             expert_ffn = moe.expert_ffn_hidden as f64;
             let per_expert = routed_tokens / local_experts;
@@ -495,7 +505,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let outside = 2.0 * (4.0 * h + 6.0 * h + mask * h) / sp_div;
     let act = |ffn: f64, div: f64| (2.0 * (first_mats + 1.0) * ffn) / div;
     let inner = match kind {
-        LayerKind::Moe => routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + 8.0 * h) + act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t),
+        LayerKind::Moe => routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + shuffle) + act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t),
         LayerKind::Dense => act(m.ffn_hidden as f64, t),
     };
     let rotary = 4.0 * (q_rank + kv_rank);
@@ -531,7 +541,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     match kind {
         LayerKind::Dense if sel(RecomputeModules::MLP) => sel_secs += fwd.mlp + c.mem(tokens * act(m.ffn_hidden as f64, t)),
         LayerKind::Moe if sel(RecomputeModules::MOE) => {
-            sel_secs += fwd.moe_experts + fwd.router + fwd.mlp + c.mem(tokens * (routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + 8.0 * h) + act(shared_ffn, t)));
+            sel_secs += fwd.moe_experts + fwd.router + fwd.mlp + c.mem(tokens * (routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + shuffle) + act(shared_ffn, t)));
         }
         LayerKind::Moe => {
             if sel(RecomputeModules::MOE_ACT) {
@@ -1477,6 +1487,26 @@ mod tests {
         assert!(p.bwd > 2.03 * p.fwd, "{p:?}");
         assert!(close(p.bwd, c.gemm(1024.0, 2880.0, 5760.0, false) + c.gemm(2880.0, 5760.0, 1024.0, false)));
         assert!(close(p.wgrad, c.gemm(2880.0, 5760.0, 1024.0, false)));
+    }
+
+    /// Megatron's all-to-all dispatcher sorts the received tokens by local expert and
+    /// back (8h bytes per routed token beyond the permute and un-permute); with one
+    /// expert per rank, or DeepEP-style dispatch, it does not.
+    #[test]
+    fn all_to_all_dispatch_sorts_chunks_by_local_expert() {
+        let model = resolve("gpt-oss-120b").unwrap().spec;
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let w = wl(4096, 64);
+        let elementwise = |ep: u64, d: Dispatcher| {
+            let k = ParallelConfig { ep, moe_dispatcher: d, ..cfg(1, 1, 1, 8) };
+            layer_cost(&Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0, fp8: false, domain: 8 }, LayerKind::Moe).fwd.elementwise
+        };
+        let c = Ctx { model: &model, hw: &h100, w: &w, cfg: &cfg(1, 1, 1, 8), a: Assumptions::default(), tokens: 4096.0, fp8: false, domain: 8 };
+        // 4096 tokens x top-4 routed rows of 2880 BF16 values.
+        let sort = c.mem(4096.0 * 4.0 * 8.0 * 2880.0);
+        assert!(close(elementwise(8, Dispatcher::AllToAll) - elementwise(8, Dispatcher::Deduplicated), sort));
+        // 128 experts on 128 ranks: one local expert, nothing to sort.
+        assert!(close(elementwise(128, Dispatcher::AllToAll), elementwise(128, Dispatcher::Deduplicated)));
     }
 
     /// ZB-H1 and DualPipe defer each stage's weight-gradient GEMMs as the W pass:
