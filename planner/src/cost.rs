@@ -509,7 +509,18 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         LayerKind::Dense => act(m.ffn_hidden as f64, t),
     };
     let rotary = 4.0 * (q_rank + kv_rank);
-    let casts = if c.fp8 { 3.0 * (2.0 * h / sp_div + out_in + m.ffn_hidden as f64 / t) } else { 0.0 };
+    // GEMM inputs cast to FP8, elements per token: the QKV and output projections'
+    // inputs, and the feed-forward's two inputs (dense MLP or shared experts over
+    // every token; routed experts over their routed rows, cast after the BF16
+    // dispatch). The router stays in BF16.
+    let token_ffn_casts = |ffn: f64| if ffn > 0.0 { h / sp_div + ffn / t } else { 0.0 };
+    let cast_elems = h / sp_div
+        + out_in
+        + match kind {
+            LayerKind::Dense => token_ffn_casts(m.ffn_hidden as f64),
+            LayerKind::Moe => token_ffn_casts(m.moe.map_or(0.0, |x| x.shared_hidden() as f64)) + routed_tokens / tokens * (h + expert_ffn / cfg.etp as f64),
+        };
+    let casts = if c.fp8 { 3.0 * cast_elems } else { 0.0 };
     fwd.elementwise = c.mem(tokens * (outside + inner + rotary + casts));
 
     // Backward: each GEMM's input and weight gradients; attention backward;
@@ -1507,6 +1518,24 @@ mod tests {
         assert!(close(elementwise(8, Dispatcher::AllToAll) - elementwise(8, Dispatcher::Deduplicated), sort));
         // 128 experts on 128 ranks: one local expert, nothing to sort.
         assert!(close(elementwise(128, Dispatcher::AllToAll), elementwise(128, Dispatcher::Deduplicated)));
+    }
+
+    /// FP8 casts every GEMM input: in an MoE layer the routed experts' inputs over
+    /// their routed rows (h into FC1, the expert FFN width into FC2), not a dense
+    /// MLP's.
+    #[test]
+    fn fp8_casts_routed_expert_inputs() {
+        let model = resolve("qwen3-235b-a22b").unwrap().spec;
+        let moe = model.moe.unwrap();
+        assert_eq!(moe.shared_hidden(), 0);
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let w = wl(4096, 64);
+        let k = ParallelConfig { ep: 8, ..cfg(1, 1, 1, 8) };
+        let ctx = |fp8| Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0, fp8, domain: 8 };
+        let extra = layer_cost(&ctx(true), LayerKind::Moe).fwd.elementwise - layer_cost(&ctx(false), LayerKind::Moe).fwd.elementwise;
+        let (h, routed) = (model.hidden as f64, 4096.0 * moe.top_k as f64);
+        let elems = 4096.0 * (h + model.attn_out_dim() as f64) + routed * (h + moe.expert_ffn_hidden as f64);
+        assert!(close(extra, ctx(true).mem(3.0 * elems)), "{extra} vs {}", ctx(true).mem(3.0 * elems));
     }
 
     /// ZB-H1 and DualPipe defer each stage's weight-gradient GEMMs as the W pass:
