@@ -832,7 +832,7 @@ fn pieces(c: &Ctx) -> Pieces {
     // FP32 logits (read 2 + write 4, then read 4 again in backward).
     let vocab_rank = model.vocab as f64 / t;
     let logits = c.pass(tokens, vocab_rank, h, false);
-        let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
+    let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
     let output_secs = logits.fwd + logits.bwd + ce;
     let output_flops = 3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
     // Embedding lookup on the first stage (gather, and a scatter-add in backward).
