@@ -480,7 +480,7 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         (LayerKind::Moe, Some(moe)) => {
             let etp = cfg.etp as f64;
             let local_experts = (moe.experts / cfg.ep) as f64;
-            let sorts = cfg.moe_dispatcher == Dispatcher::AllToAll && moe.experts / cfg.ep > 1;
+            let sorts = cfg.moe_dispatcher == Dispatcher::AllToAll && local_experts > 1.0;
             shuffle = if sorts { 16.0 * h } else { 8.0 * h };
             routed_tokens = tokens / t * moe.top_k as f64 * etp * moe_load;
             expert_ffn = moe.expert_ffn_hidden as f64;
