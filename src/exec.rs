@@ -59,6 +59,11 @@ pub struct ExecArgs {
     /// Replace an existing measured-run file.
     #[arg(long)]
     force: bool,
+    /// Build every rank's device program (what the CUDA backend issues, at the
+    /// plan's sizes) and check on this machine that the ranks' collectives and
+    /// transfers pair up without hanging; runs nothing and needs no GPU.
+    #[arg(long = "dry-run")]
+    dry_run: bool,
     /// Testing hook: `die:RANK:STEP` (that rank exits abruptly mid-step) or
     /// `absent:RANK` (that rank never reaches the rendezvous).
     #[arg(long, hide = true)]
@@ -136,6 +141,11 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
     let text = read_text(Path::new(&a.plan), "plan")?;
     let hash = program::plan_hash(text.as_bytes());
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
+    if a.dry_run {
+        let opts = Options { full_size: true, ..opts };
+        let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
+        return dry_run(&setup);
+    }
     if let Some(n) = a.ranks {
         // Refuse an unrunnable plan once, before starting any rank.
         program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
@@ -190,6 +200,42 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
             Err(anyhow!(msg))
         }
     }
+}
+
+/// `--dry-run`: every rank's device program for one step, cross-checked.
+fn dry_run(setup: &program::Setup) -> Result<()> {
+    use sextant_executor::trace::{self, Op};
+    let map = setup.rank_map().map_err(|e| anyhow!(e))?;
+    // Every rank's program is held at once: bound the total.
+    const MAX_OPS: u64 = 60_000_000;
+    let first = trace::program(setup, &map, 0);
+    let total = first.len() as u64 * map.world_size;
+    if total > MAX_OPS {
+        bail!(
+            "--dry-run would hold about {total} ops ({} ranks x {} each), more than {MAX_OPS}: cut the step down with --micro-batches or --scale-layers (the pairing does not depend on either)",
+            map.world_size,
+            first.len()
+        );
+    }
+    let programs: Vec<Vec<Op>> = std::iter::once(first).chain((1..map.world_size).map(|r| trace::program(setup, &map, r))).collect();
+    let checked = trace::check(&programs, &map).map_err(|e| anyhow!(e))?;
+    let mut bytes: std::collections::BTreeMap<&str, u64> = Default::default();
+    for op in &programs[0] {
+        match op {
+            Op::Coll { kind, bytes: b, .. } => *bytes.entry(kind).or_default() += b,
+            Op::P2p { kind, sends, .. } => *bytes.entry(kind).or_default() += sends.iter().map(|x| x.1).sum::<u64>(),
+            _ => {}
+        }
+    }
+    let c = &setup.cfg;
+    println!(
+        "Device programs of {} ranks (tp {} cp {} pp {} dp {} ep {}, {} layers, {} micro-batches, {:?}) pair up: {} ops, {} collectives, {} point-to-point transfers, no hang.",
+        map.world_size, c.tp, c.cp, c.pp, c.dp, c.ep, setup.dims.layers, setup.micro_batches, setup.schedule, checked.ops, checked.collectives, checked.p2p
+    );
+    println!("GEMM work per step: busiest rank {:.4e} FLOP, all ranks {:.4e} FLOP.", checked.max_rank_flops, checked.total_flops);
+    let list: Vec<String> = bytes.iter().map(|(k, b)| format!("{k} {:.3} GB", *b as f64 / 1e9)).collect();
+    println!("Rank 0 moves per step: {}.", if list.is_empty() { "nothing".to_string() } else { list.join(", ") });
+    Ok(())
 }
 
 /// The CUDA backend so far: on one GPU, time every GEMM shape of the plan's layers

@@ -15,5 +15,6 @@ pub mod program;
 pub mod record;
 pub mod rendezvous;
 pub mod tensor;
+pub mod trace;
 
 pub use error::ExecError;

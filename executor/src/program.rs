@@ -19,7 +19,7 @@ use sextant_planner::config::{Layout, ParallelConfig, Recompute, Workload, Zero}
 use sextant_planner::model::ModelSpec;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::ranks::rank_map;
-use sextant_planner::schedule::{rank_order, virtual_stage, Pass, Schedule};
+use sextant_planner::schedule::{locate, rank_order, virtual_stage, Pass, Schedule};
 
 use crate::comm::{from_bytes, to_bytes, Group, Kind};
 use crate::error::ExecError;
@@ -73,6 +73,13 @@ pub struct Setup {
     pub rank_order: String,
     /// The plan's predicted peak memory per GPU, bytes (for out-of-memory messages).
     pub predicted_bytes: f64,
+}
+
+impl Setup {
+    /// The plan's rank map: every rank's coordinates and groups.
+    pub fn rank_map(&self) -> Result<sextant_planner::ranks::RankMap, String> {
+        rank_map(&self.cfg, &self.rank_order, self.gpus_per_node.max(1))
+    }
 }
 
 /// FNV-1a of the plan file's bytes: what ranks compare at the rendezvous.
@@ -410,17 +417,8 @@ impl<'a> Rank<'a> {
     /// micro-batch `mb`: under DualPipe the second half of the micro-batches runs
     /// the pipeline from the other end.
     fn holder(&self, vstage: usize, mb: u64) -> u64 {
-        let p = self.s.cfg.pp as usize;
-        let r = if self.s.schedule == Schedule::DualPipe {
-            if mb >= self.s.micro_batches / 2 {
-                p - 1 - vstage
-            } else {
-                vstage
-            }
-        } else {
-            vstage % p
-        };
-        self.g.pp.members[r]
+        let (r, _) = locate(self.s.schedule, self.s.cfg.pp, self.s.micro_batches, vstage as u64, mb);
+        self.g.pp.members[r as usize]
     }
 
     fn layers_of(&self, vstage: usize) -> std::ops::Range<usize> {
@@ -980,7 +978,7 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
     if world != s.cfg.gpus() {
         return Err(early(format!("the plan needs {} ranks (tp x cp x dp x pp) but {world} were started", s.cfg.gpus())));
     }
-    let map = rank_map(&s.cfg, &s.rank_order, s.gpus_per_node.max(1)).map_err(early)?;
+    let map = s.rank_map().map_err(early)?;
     let g = Groups {
         tp: group(&map, "tp", Kind::Tp, rank).map_err(early)?,
         cp: group(&map, "cp", Kind::Cp, rank).map_err(early)?,

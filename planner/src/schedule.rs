@@ -198,7 +198,7 @@ pub fn virtual_stage(schedule: Schedule, p: u64, v: u64, rank: u64, chunk: u64) 
 /// The (rank, chunk) that runs model stage `stage` for micro-batch `mb`: the
 /// inverse of [`virtual_stage`] (under DualPipe it depends on the micro-batch's
 /// direction).
-fn locate(schedule: Schedule, p: u64, m: u64, stage: u64, mb: u64) -> (u64, u64) {
+pub fn locate(schedule: Schedule, p: u64, m: u64, stage: u64, mb: u64) -> (u64, u64) {
     match schedule {
         Schedule::DualPipe if mb >= m / 2 => (p - 1 - stage, 1),
         Schedule::DualPipe => (stage, 0),

@@ -7,5 +7,6 @@ mod published;
 mod report;
 mod common;
 mod exec;
+mod device;
 mod reliability;
 mod properties;

@@ -1,0 +1,135 @@
+//! The device program (what the CUDA backend issues, rank by rank) checked on the
+//! CPU: every plan shape pairs up without a hang, its GEMM work adds up to the
+//! model's, and a broken program is caught with the ranks named.
+
+use sextant_executor::program::{plan_hash, prepare, Options, Setup};
+use sextant_executor::trace::{check, programs, Op};
+use sextant_planner::plan::PlanFile;
+use sextant_planner::ranks::RankMap;
+
+use crate::common::{fails_with_one_line, sextant, stderr, stdout, TempDir};
+
+/// A plan from `sextant estimate`, prepared at its real sizes with `layers` layers
+/// and `micro` micro-batches.
+fn setup(dir: &TempDir, name: &str, args: &[&str], layers: Option<u64>, micro: Option<u64>) -> (String, Setup, RankMap) {
+    let path = dir.path(name).to_string_lossy().into_owned();
+    let mut a = vec!["estimate"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--json", "--out", &path]);
+    let o = sextant(&a);
+    assert!(o.status.success(), "{a:?}: {}", stderr(&o));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let opts = Options { full_size: true, scale_layers: layers, micro_batches: micro, ..Options::default() };
+    let s = prepare(&PlanFile::from_json(&text).unwrap(), plan_hash(text.as_bytes()), &opts).unwrap();
+    let map = s.rank_map().unwrap();
+    (path, s, map)
+}
+
+/// GEMM FLOPs of one step summed over every rank, from the model's sizes alone:
+/// per token and layer, 6x the linear weights (forward, input and weight
+/// gradients) and the causal attention core (forward 4 * seq/2 * head_dim * heads,
+/// backward 2.5x that, a selective replay 1x more).
+fn model_flops(s: &Setup, replays: f64) -> f64 {
+    let d = &s.dims;
+    let (h, q, kv) = (d.hidden as f64, (d.heads * d.head_dim) as f64, (d.kv_heads * d.head_dim) as f64);
+    let linear = h * (q + 2.0 * kv) + q * h + 2.0 * d.ffn as f64 * h;
+    let attention = 4.0 * (d.seq / 2) as f64 * d.head_dim as f64 * d.heads as f64;
+    let tokens = (d.seq * d.mbs) as f64 * (s.micro_batches * s.cfg.dp) as f64;
+    tokens * d.layers as f64 * (6.0 * linear + (3.5 + replays) * attention)
+}
+
+#[test]
+fn device_programs_pair_up_for_every_schedule_and_parallel_dimension() {
+    let dir = TempDir::new("device-pairs");
+    let dense = ["--model", "8b", "--gpus", "8"];
+    let moe = ["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8"];
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("tp2pp2dp2", [&dense[..], &["--tp", "2", "--pp", "2", "--sp", "false"]].concat()),
+        ("cp2sp", [&dense[..], &["--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true", "--zero", "1"]].concat()),
+        ("vpp", [&dense[..], &["--tp", "2", "--pp", "4", "--vpp", "2", "--sp", "true", "--recompute", "selective"]].concat()),
+        ("zb", [&dense[..], &["--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "zb-h1"]].concat()),
+        ("gpipe", [&dense[..], &["--pp", "8", "--schedule", "gpipe", "--global-batch", "32", "--recompute", "full"]].concat()),
+        ("dualpipe", [&dense[..], &["--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "dualpipe", "--global-batch", "32"]].concat()),
+        ("zero3", [&dense[..], &["--tp", "2", "--pp", "2", "--vpp", "2", "--sp", "true", "--zero", "3"]].concat()),
+        ("ep", [&moe[..], &["--tp", "2", "--pp", "2", "--ep", "2", "--sp", "true", "--recompute", "full"]].concat()),
+        ("etp", [&moe[..], &["--tp", "2", "--ep", "2", "--etp", "2", "--sp", "true"]].concat()),
+        ("etp-zero3", [&moe[..], &["--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "false", "--zero", "3"]].concat()),
+    ];
+    for (name, args) in cases {
+        let (_, s, map) = setup(&dir, &format!("{name}.json"), &args, None, Some(16));
+        let progs = programs(&s, &map);
+        let c = check(&progs, &map).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(c.ops > 0 && c.total_flops > 0.0, "{name}: {c:?}");
+        // Every rank starts the step together and holds no activations at its end.
+        for (r, p) in progs.iter().enumerate() {
+            assert_eq!(p.iter().filter(|o| matches!(o, Op::Barrier)).count(), 1, "{name} rank {r}");
+            let kept = p.iter().filter(|o| matches!(o, Op::Keep { .. })).count();
+            let freed = p.iter().filter(|o| matches!(o, Op::Free { .. })).count();
+            assert_eq!(kept, freed, "{name} rank {r}: every kept activation is freed");
+        }
+        if s.cfg.pp > 1 {
+            assert!(c.p2p > 0, "{name}: a pipeline sends");
+        }
+        if s.cfg.tp > 1 || s.cfg.dp > 1 {
+            assert!(c.collectives > 0, "{name}: groups of more than one rank communicate");
+        }
+    }
+}
+
+#[test]
+fn device_program_gemm_work_adds_up_to_the_model() {
+    let dir = TempDir::new("device-flops");
+    for (name, extra, replays) in [
+        ("plain", vec!["--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true", "--recompute", "none"], 0.0),
+        ("selective", vec!["--tp", "4", "--pp", "2", "--sp", "true", "--recompute", "selective"], 1.0),
+    ] {
+        let args = [&["--model", "8b", "--gpus", "8"][..], &extra].concat();
+        let (_, s, map) = setup(&dir, &format!("{name}.json"), &args, Some(8), Some(8));
+        let c = check(&programs(&s, &map), &map).unwrap();
+        let want = model_flops(&s, replays);
+        let err = (c.total_flops - want).abs() / want;
+        assert!(err < 1e-9, "{name}: programs {:.6e} FLOP vs model {want:.6e}", c.total_flops);
+        // Balanced ranks: every one does an equal share.
+        let per = want / map.world_size as f64;
+        assert!((c.max_rank_flops - per).abs() / per < 1e-9, "{name}: busiest rank {:.6e} vs share {per:.6e}", c.max_rank_flops);
+    }
+}
+
+#[test]
+fn a_broken_device_program_is_caught_with_the_ranks_named() {
+    let dir = TempDir::new("device-broken");
+    let (_, s, map) = setup(&dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "true"], Some(4), Some(4));
+    let good = programs(&s, &map);
+    // A pipeline receive that never happens: its sender waits forever.
+    let mut lost = good.clone();
+    let i = lost[2].iter().position(|o| matches!(o, Op::P2p { recvs, .. } if !recvs.is_empty())).unwrap();
+    lost[2].remove(i);
+    let e = check(&lost, &map).unwrap_err();
+    assert!(e.contains("would hang") && e.contains("rank 0"), "{e}");
+    // Two TP collectives issued in the other order on one rank.
+    let mut swapped = good.clone();
+    let tp: Vec<usize> = swapped[0].iter().enumerate().filter(|(_, o)| matches!(o, Op::Coll { .. })).map(|(i, _)| i).take(2).collect();
+    swapped[0].swap(tp[0], tp[1]);
+    let e = check(&swapped, &map).unwrap_err();
+    assert!(e.contains("different collectives") && e.contains("rank 0") && e.contains("rank 1"), "{e}");
+    // A transfer of the wrong size.
+    let mut sized = good;
+    let j = sized[0].iter().position(|o| matches!(o, Op::P2p { sends, .. } if !sends.is_empty())).unwrap();
+    if let Op::P2p { sends, .. } = &mut sized[0][j] {
+        sends[0].1 += 2;
+    }
+    let e = check(&sized, &map).unwrap_err();
+    assert!(e.contains("bytes"), "{e}");
+}
+
+#[test]
+fn dry_run_prints_the_check_and_refuses_bad_input() {
+    let dir = TempDir::new("device-dry");
+    let (path, _, _) = setup(&dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "4", "--vpp", "2", "--sp", "true"], None, None);
+    let o = sextant(&["exec", &path, "--dry-run", "--micro-batches", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("pair up") && out.contains("no hang") && out.contains("Interleaved"), "{out}");
+    fails_with_one_line(&["exec", &path, "--dry-run", "--micro-batches", "6"], "multiple of pp");
+    fails_with_one_line(&["exec", &path, "--dry-run", "--scale-layers", "3"], "--scale-layers 3");
+}
