@@ -158,7 +158,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
     }
     let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
     if a.backend == "cuda" {
-        return run_cuda(&setup, &opts, &env, out, a.force);
+        return run_cuda(&setup, &opts, &env, hash, out, a.force);
     }
     if let Some(Fault::Absent(r)) = fault {
         if r == env.rank {
@@ -167,12 +167,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
             bail!("rank {r}: stayed away from the rendezvous (testing hook)");
         }
     }
-    let tag = |phase: &str, e: String| anyhow!("rank {}, {phase}: {e}", env.rank);
-    let root = if env.rank == 0 { Some(bind_root(&env).map_err(|e| tag("rendezvous", e))?) } else { None };
-    let data = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| tag("opening the peer port", e.to_string()))?;
-    let port = data.local_addr().map_err(|e| tag("opening the peer port", e.to_string()))?.port();
-    let rz = rendezvous(&env, root, hash, port, opts.timeout, vec![]).map_err(|e| tag("rendezvous", e))?;
-    let mesh = Mesh::connect(env.rank, env.world, data, &rz.peers, opts.timeout).map_err(|e| tag("connecting to peers", e))?;
+    let (mesh, _) = connect(&env, hash, opts.timeout, vec![])?;
     let device = format!("cpu: {} processes, loopback TCP", env.world);
     match program::run(&setup, &opts, &mesh, &device) {
         Ok(Some(run)) => {
@@ -190,24 +185,22 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
             let msg = e.to_string();
             mesh.abort(&msg);
             if env.rank == 0 {
-                let run = program::incomplete_run(&setup, &opts, &a.backend, &device, env.world, &msg);
-                let json = serde_json::to_string_pretty(&run).expect("run serialises");
-                match write_new(out, &json, a.force) {
-                    Ok(()) => eprintln!("rank 0: wrote '{}' marked incomplete", out.display()),
-                    Err(w) => eprintln!("rank 0: could not record the failure in '{}': {w}", out.display()),
-                }
+                record_failure(&setup, &opts, &a.backend, &device, env.world, out, a.force, &msg);
             }
             Err(anyhow!(msg))
         }
     }
 }
 
+/// Most ops held at once to check every rank's device program (about 70 bytes each).
+const DRY_RUN_MAX_OPS: u64 = 60_000_000;
+
 /// `--dry-run`: every rank's device program for one step, cross-checked.
 fn dry_run(setup: &program::Setup) -> Result<()> {
     use sextant_executor::trace::{self, Op};
     let map = setup.rank_map().map_err(|e| anyhow!(e))?;
     // Every rank's program is held at once: bound the total.
-    const MAX_OPS: u64 = 60_000_000;
+    const MAX_OPS: u64 = DRY_RUN_MAX_OPS;
     let first = trace::program(setup, &map, 0);
     let total = first.len() as u64 * map.world_size;
     if total > MAX_OPS {
@@ -238,52 +231,121 @@ fn dry_run(setup: &program::Setup) -> Result<()> {
     Ok(())
 }
 
-/// The CUDA backend so far: on one GPU, time every GEMM shape of the plan's layers
-/// with cuBLAS and the gradient all-reduce with an NCCL communicator of one, and
-/// record them as component times (no step runs; `step_secs` stays empty).
+/// The CUDA backend: every rank runs its device program on GPU `LOCAL_RANK` with
+/// NCCL (the unique id handed out at the rendezvous), rank 0 gathers the timings
+/// over the TCP mesh. A watchdog ends the rank with its phase when a peer fails or
+/// nothing moves for `--timeout` seconds (NCCL would otherwise wait forever).
 #[cfg(feature = "cuda")]
-fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rendezvous::LaunchEnv, out: &Path, force: bool) -> Result<()> {
-    use sextant_executor::{cuda, model::layer_gemms};
+fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rendezvous::LaunchEnv, hash: u64, out: &Path, force: bool) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use sextant_executor::device::{run_device, DeviceJob};
+    use sextant_executor::{cuda, trace};
+    let rank = env.rank;
+    let tag = |phase: &str, e: String| anyhow!("rank {rank}, {phase}: {e}");
     let ordinal = env.local_rank as usize;
-    let device = cuda::probe(ordinal).map_err(|e| anyhow!("CUDA backend: {e}"))?;
-    if env.world != 1 {
-        bail!("CUDA backend: found {device}; multi-rank CUDA runs are not implemented yet (one-GPU plans only); run the CPU backend (--backend cpu --ranks {}) to check the plan", env.world);
+    let gpu = cuda::probe(ordinal).map_err(|e| tag("opening the GPU", e))?;
+    let map = setup.rank_map().map_err(|e| tag("setting up groups", e))?;
+    if map.world_size != env.world {
+        bail!("rank {rank}: the plan needs {} ranks (tp x cp x dp x pp) but {} were started", map.world_size, env.world);
     }
-    let d = &setup.dims;
-    let c = &setup.cfg;
-    let mats = setup.model.mlp.matrices();
-    let micro = setup.micro_batches;
-    let mut per_step: std::collections::BTreeMap<(String, u64, u64, u64), u64> = Default::default();
-    for l in 0..d.layers {
-        for g in layer_gemms(d, d.moe_layer[l], (c.tp as usize, c.cp as usize, c.ep as usize, c.etp as usize), mats) {
-            *per_step.entry((g.class.to_string(), g.m, g.n, g.k)).or_default() += g.calls * micro;
+    let program = trace::program(setup, &map, rank);
+    // Every rank checks the whole set (the same answer everywhere) before any GPU
+    // work: a plan whose programs would hang is refused here, not after a timeout.
+    if (program.len() as u64).saturating_mul(env.world) <= DRY_RUN_MAX_OPS {
+        trace::check(&trace::programs(setup, &map), &map).map_err(|e| tag("checking the device programs", e))?;
+    }
+    let id = if rank == 0 { cuda::nccl_unique_id().map_err(|e| tag("creating the NCCL id", e))? } else { vec![] };
+    let (mesh, blob) = connect(env, hash, opts.timeout, id.clone())?;
+    let unique_id = if rank == 0 { id } else { blob };
+    let device = format!("cuda: {} ranks, {gpu} on rank 0", env.world);
+    let phase = Arc::new(Mutex::new("starting".to_string()));
+    let done = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let (phase, done, watch, timeout) = (phase.clone(), done.clone(), mesh.watch(), opts.timeout);
+        std::thread::spawn(move || {
+            let mut last = (String::new(), Instant::now());
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                let now = phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                if let Some(f) = watch.failure() {
+                    eprintln!("rank {rank}, {now}: {f}");
+                    std::process::exit(1);
+                }
+                if now != last.0 {
+                    last = (now, Instant::now());
+                } else if last.1.elapsed() > timeout {
+                    eprintln!("rank {rank}, {now}: no progress for {} s (a peer is stuck or the step is longer than --timeout)", timeout.as_secs());
+                    std::process::exit(1);
+                }
+            }
+        })
+    };
+    let job = DeviceJob {
+        ordinal,
+        unique_id: &unique_id,
+        rank,
+        map: &map,
+        program: &program,
+        footprint: trace::footprint(setup, &map, rank),
+        warmup: opts.warmup,
+        steps: opts.steps,
+        phase: &phase,
+    };
+    let result = run_device(&job).and_then(|stats| {
+        *phase.lock().unwrap_or_else(|e| e.into_inner()) = "gathering measurements".into();
+        program::collect(setup, opts, &mesh, &map, stats, ("cuda", "bf16"), &device)
+    });
+    done.store(true, Ordering::Relaxed);
+    let _ = watchdog.join();
+    match result {
+        Ok(run) => {
+            mesh.finish();
+            if let Some(run) = run {
+                let json = serde_json::to_string_pretty(&run).expect("run serialises");
+                write_new(out, &json, force)?;
+                println!("Ran {} timed step(s) of the plan on {device}: median step {:.3} s.", run.steps, sextant_planner::calibration::median(&run.step_secs).unwrap_or(0.0));
+                println!("Measured run written to {}", out.display());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let msg = format!("rank {rank}, {}: {e}", phase.lock().unwrap_or_else(|p| p.into_inner()));
+            mesh.abort(&msg);
+            if rank == 0 {
+                record_failure(setup, opts, "cuda", &device, env.world, out, force, &msg);
+            }
+            Err(anyhow!(msg))
         }
     }
-    let shapes: Vec<(String, u64, u64, u64)> = per_step.keys().cloned().collect();
-    let predicted = format!("the plan predicts {:.1} GiB per GPU at full size", setup.predicted_bytes / (1u64 << 30) as f64);
-    let mut gemms = cuda::time_gemms(ordinal, &shapes, 20).map_err(|e| anyhow!("CUDA backend: {e} ({predicted})"))?;
-    let mut run = program::incomplete_run(setup, opts, "cuda", &device, 1, "");
-    run.failure = None;
-    run.complete = true;
-    run.schedule = "components only (no step executed)".into();
-    for g in &mut gemms {
-        g.calls = per_step[&(g.class.clone(), g.m, g.n, g.k)];
-        *run.components.entry(g.class.clone()).or_default() += g.median_secs * g.calls as f64;
-    }
-    run.gemms = gemms;
-    let params: u64 = setup.model.params().total;
-    let id = cuda::nccl_unique_id().map_err(|e| anyhow!("CUDA backend: {e}"))?;
-    run.collectives = cuda::time_all_reduce(ordinal, &id, 0, 1, &[2 * params.min(1 << 30)], 20).map_err(|e| anyhow!("CUDA backend: {e} ({predicted})"))?;
-    let json = serde_json::to_string_pretty(&run).expect("run serialises");
-    write_new(out, &json, force)?;
-    println!("Timed {} GEMM shapes on {device}; component seconds per step: {:?}", run.gemms.len(), run.components);
-    println!("Measured run written to {}", out.display());
-    Ok(())
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda(_: &program::Setup, _: &Options, _: &sextant_executor::rendezvous::LaunchEnv, _: &Path, _: bool) -> Result<()> {
+fn run_cuda(_: &program::Setup, _: &Options, _: &sextant_executor::rendezvous::LaunchEnv, _: u64, _: &Path, _: bool) -> Result<()> {
     bail!("this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu")
+}
+
+/// The rendezvous and the TCP mesh between the ranks; rank 0 hands `blob` to the
+/// others, who get it back.
+fn connect(env: &sextant_executor::rendezvous::LaunchEnv, hash: u64, timeout: Duration, blob: Vec<u8>) -> Result<(Mesh, Vec<u8>)> {
+    let tag = |phase: &str, e: String| anyhow!("rank {}, {phase}: {e}", env.rank);
+    let root = if env.rank == 0 { Some(bind_root(env).map_err(|e| tag("rendezvous", e))?) } else { None };
+    let data = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| tag("opening the peer port", e.to_string()))?;
+    let port = data.local_addr().map_err(|e| tag("opening the peer port", e.to_string()))?.port();
+    let rz = rendezvous(env, root, hash, port, timeout, blob).map_err(|e| tag("rendezvous", e))?;
+    let mesh = Mesh::connect(env.rank, env.world, data, &rz.peers, timeout).map_err(|e| tag("connecting to peers", e))?;
+    Ok((mesh, rz.blob))
+}
+
+/// Rank 0's measured-run file for a failed run, marked incomplete.
+fn record_failure(setup: &program::Setup, opts: &Options, backend: &str, device: &str, world: u64, out: &Path, force: bool, msg: &str) {
+    let run = program::incomplete_run(setup, opts, backend, device, world, msg);
+    let json = serde_json::to_string_pretty(&run).expect("run serialises");
+    match write_new(out, &json, force) {
+        Ok(()) => eprintln!("rank 0: wrote '{}' marked incomplete", out.display()),
+        Err(w) => eprintln!("rank 0: could not record the failure in '{}': {w}", out.display()),
+    }
 }
 
 fn print_summary(run: &MeasuredRun, out: &Path) {

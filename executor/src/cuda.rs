@@ -199,7 +199,7 @@ fn install_quiet_hook() {
 }
 
 /// Runs `f`, turning a panic from inside cudarc into an `Err` with its message.
-fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     install_quiet_hook();
     let outer = QUIET.with(|q| q.replace(true));
     let r = catch_unwind(AssertUnwindSafe(f));
@@ -218,7 +218,7 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
 }
 
 /// Loads the driver, initialises it and returns device `ordinal`.
-fn device(ordinal: usize) -> Result<drv_sys::CUdevice, String> {
+pub(crate) fn device(ordinal: usize) -> Result<drv_sys::CUdevice, String> {
     if !unsafe { drv_sys::is_culib_present() } {
         return Err(NO_DRIVER.into());
     }
@@ -246,16 +246,16 @@ fn no_such_device(ordinal: usize, count: usize) -> String {
     format!("CUDA device {ordinal} does not exist ({count} {plural} visible{vis})")
 }
 
-fn context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
+pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
     CudaContext::new(ordinal).map_err(|e| format!("creating a CUDA context on device {ordinal}: {}", describe(e)))
 }
 
-fn mem_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<(u64, u64), String> {
+pub(crate) fn mem_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<(u64, u64), String> {
     let (free, total) = ctx.mem_get_info().map_err(|e| format!("cuMemGetInfo on device {ordinal}: {}", describe(e)))?;
     Ok((free as u64, total as u64))
 }
 
-fn nccl_loaded() -> Result<(), String> {
+pub(crate) fn nccl_loaded() -> Result<(), String> {
     // NCCL runs on the driver: without it the clearer message is the driver's.
     if !unsafe { drv_sys::is_culib_present() } {
         return Err(NO_DRIVER.into());
@@ -267,14 +267,14 @@ fn nccl_loaded() -> Result<(), String> {
 }
 
 /// "CUDA_ERROR_X: text" for a driver error (the library is loaded when one exists).
-fn describe(e: DriverError) -> String {
+pub(crate) fn describe(e: DriverError) -> String {
     match (e.error_name(), e.error_string()) {
         (Ok(n), Ok(s)) => format!("{}: {}", n.to_string_lossy(), s.to_string_lossy()),
         _ => format!("{:?}", e.0),
     }
 }
 
-fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm_t>) -> String {
+pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm_t>) -> String {
     let text = |p: *const std::ffi::c_char| if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
     let mut s = format!("{:?}", e.0);
     let general = text(unsafe { nccl_sys::ncclGetErrorString(e.0) });
@@ -306,7 +306,7 @@ fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
 /// cuBLAS computes `Cᵀ[n,m] = Bᵀ[n,k] · Aᵀ[k,m]` with no transposes: its "A" is our
 /// B (`lda = n`), its "B" is our A (`ldb = k`), `ldc = n`.
 /// Returns `(m', n', k', lda, ldb, ldc)` where the first operand passed is B.
-fn colmajor_args(m: u64, n: u64, k: u64) -> Result<(c_int, c_int, c_int, c_int, c_int, c_int), String> {
+pub(crate) fn colmajor_args(m: u64, n: u64, k: u64) -> Result<(c_int, c_int, c_int, c_int, c_int, c_int), String> {
     let f = |x: u64| -> Result<c_int, String> {
         if x == 0 || x > c_int::MAX as u64 {
             Err(format!("dimension {x} is outside cuBLAS's range 1..={}", c_int::MAX))
@@ -325,7 +325,7 @@ fn bf16_bits(x: f32) -> u16 {
 }
 
 /// `len` BF16 values spread over [-1, 1) by a fixed xorshift generator.
-fn fill_pattern(len: usize) -> Vec<u16> {
+pub(crate) fn fill_pattern(len: usize) -> Vec<u16> {
     let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
     (0..len)
         .map(|_| {
@@ -337,7 +337,7 @@ fn fill_pattern(len: usize) -> Vec<u16> {
         .collect()
 }
 
-fn oom_or(e: DriverError, ctx: &Arc<CudaContext>, ordinal: usize, what: &str, bytes: u64) -> String {
+pub(crate) fn oom_or(e: DriverError, ctx: &Arc<CudaContext>, ordinal: usize, what: &str, bytes: u64) -> String {
     if e.0 == drv_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         out_of_memory(ctx, ordinal, what, bytes)
     } else {
@@ -345,7 +345,7 @@ fn oom_or(e: DriverError, ctx: &Arc<CudaContext>, ordinal: usize, what: &str, by
     }
 }
 
-fn out_of_memory(ctx: &Arc<CudaContext>, ordinal: usize, what: &str, bytes: u64) -> String {
+pub(crate) fn out_of_memory(ctx: &Arc<CudaContext>, ordinal: usize, what: &str, bytes: u64) -> String {
     let free = match mem_info(ctx, ordinal) {
         Ok((free, total)) => format!("{free} bytes ({:.2} GiB) free of {:.1} GiB", free as f64 / GIB, total as f64 / GIB),
         Err(e) => format!("free memory unknown ({e})"),
@@ -358,7 +358,7 @@ fn alloc_bf16(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, ordinal: usize, 
     unsafe { stream.alloc::<u16>(elems) }.map_err(|e| oom_or(e, ctx, ordinal, what, elems as u64 * 2))
 }
 
-fn fill(stream: &Arc<CudaStream>, buf: &mut CudaSlice<u16>, pattern: &[u16]) -> Result<(), String> {
+pub(crate) fn fill(stream: &Arc<CudaStream>, buf: &mut CudaSlice<u16>, pattern: &[u16]) -> Result<(), String> {
     let len = buf.len();
     let mut off = 0;
     while off < len {
@@ -396,7 +396,7 @@ impl Gate {
     }
 }
 
-fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> {
+pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> {
     ctx.new_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| format!("creating a CUDA event: {}", describe(e)))
 }
 
@@ -491,13 +491,13 @@ fn time_gemm(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, blas: &CudaBlas, 
 
 /// An NCCL communicator: destroyed after a clean run, aborted on any early exit
 /// (`ncclCommDestroy` may wait for peers; `ncclCommAbort` never does).
-struct Comm {
-    raw: nccl_sys::ncclComm_t,
-    finished: bool,
+pub(crate) struct Comm {
+    pub(crate) raw: nccl_sys::ncclComm_t,
+    pub(crate) finished: bool,
 }
 
 impl Comm {
-    fn finish(&mut self, stream: &CudaStream) -> Result<(), String> {
+    pub(crate) fn finish(&mut self, stream: &CudaStream) -> Result<(), String> {
         stream.synchronize().map_err(describe)?;
         self.finished = true;
         unsafe { nccl::comm_destroy(self.raw) }.map(|_| ()).map_err(|e| format!("ncclCommDestroy failed: {}", nccl_describe(&e, None)))

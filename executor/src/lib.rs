@@ -8,6 +8,7 @@
 
 pub mod comm;
 #[cfg(feature = "cuda")] pub mod cuda;
+#[cfg(feature = "cuda")] pub mod device;
 pub mod error;
 pub mod mesh;
 pub mod model;

@@ -32,6 +32,17 @@ struct Inbox {
 
 type Shared = Arc<(Mutex<Inbox>, Condvar)>;
 
+/// See [`Mesh::watch`].
+#[derive(Clone)]
+pub struct MeshWatch(Shared);
+
+impl MeshWatch {
+    /// Why the mesh failed, once it has.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.0).failure.clone()
+    }
+}
+
 pub struct Mesh {
     rank: u64,
     world: u64,
@@ -239,6 +250,12 @@ impl Mesh {
                 let _ = self.write_frame(q, TAG_ABORT, message.as_bytes());
             }
         }
+    }
+
+    /// A handle another thread can poll for this mesh's failure (a peer that died
+    /// or aborted), for a watchdog while this thread waits on something else.
+    pub fn watch(&self) -> MeshWatch {
+        MeshWatch(self.shared.clone())
     }
 
     /// Frames that arrived and were never received: sends no receive matched.

@@ -23,8 +23,9 @@ pub struct Dims {
     pub layers: usize,
     pub hidden: usize,
     pub heads: usize,
-    /// Key/value heads: the program runs multi-head attention (equal to `heads`);
-    /// [`layer_gemms`] uses it for the plan's real projection shapes.
+    /// Key/value heads: the CPU program runs multi-head attention (equal to
+    /// `heads`); the device program ([`crate::trace`]) uses it for the plan's real
+    /// projection shapes.
     pub kv_heads: usize,
     pub head_dim: usize,
     pub ffn: usize,
@@ -758,70 +759,4 @@ pub fn run_wjob(s: &Shard, grads: &mut [LayerParams], first_layer: usize, job: W
     if let Some(dst) = dst {
         dst.add_assign(&g);
     }
-}
-
-/// One GEMM shape a layer issues, and how often per micro-batch.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct GemmShape {
-    pub class: &'static str,
-    pub m: u64,
-    pub n: u64,
-    pub k: u64,
-    pub calls: u64,
-}
-
-/// The GEMMs one layer issues on one rank for one micro-batch, forward and backward
-/// (each forward `[m, k] x [k, n]` brings an input-gradient `[m, n] x [n, k]` and a
-/// weight-gradient `[k, m] x [m, n]`), with the program's shard sizes: `tp` heads and
-/// FFN columns, the sequence over `cp`, experts over `ep` (their FFN columns over
-/// `etp`, on the rows of the expert-TP group) with balanced routing.
-/// `mlp_mats` is 2 for a plain MLP, 3 for a gated one (gate and up fused).
-pub fn layer_gemms(d: &Dims, moe: bool, (tp, cp, ep, etp): (usize, usize, usize, usize), mlp_mats: u64) -> Vec<GemmShape> {
-    let t = (d.mbs * d.seq / cp) as u64;
-    let (h, hd) = (d.hidden as u64, d.head_dim as u64);
-    let heads = (d.heads / tp) as u64;
-    let hl = heads * hd;
-    let mut v = Vec::new();
-    let mut linear = |class: &'static str, m: u64, n: u64, k: u64, calls: u64| {
-        v.push(GemmShape { class, m, n, k, calls });
-        v.push(GemmShape { class, m, n: k, k: n, calls });
-        v.push(GemmShape { class, m: k, n, k: m, calls });
-    };
-    let kvl = (d.kv_heads as u64 * hd).div_ceil(tp as u64);
-    linear("attention_proj", t, hl + 2 * kvl, h, 1);
-    linear("attention_proj", t, h, hl, 1);
-    let up = mlp_mats - 1;
-    if moe && d.experts > 0 {
-        let local_tokens = t / tp as u64;
-        // Expert TP gathers the rows of its group and splits the FFN columns.
-        let per_expert = (local_tokens * d.top_k as u64 * ep as u64 * etp as u64).div_ceil(d.experts as u64);
-        let e = (d.expert_ffn / etp) as u64;
-        linear("moe_experts", per_expert, up * e, h, (d.experts / ep) as u64);
-        linear("moe_experts", per_expert, h, e, (d.experts / ep) as u64);
-    } else {
-        let fl = (d.ffn / tp) as u64;
-        linear("mlp", t, up * fl, h, 1);
-        linear("mlp", t, h, fl, 1);
-    }
-    // Attention core per head and sequence: scores, weighted sum, and their four
-    // backward products.
-    let (sq, skv) = (t / d.mbs as u64, (d.seq) as u64);
-    let n = heads * d.mbs as u64;
-    let mut core = |m: u64, nn: u64, k: u64| v.push(GemmShape { class: "attention_core", m, n: nn, k, calls: n });
-    core(sq, skv, hd);
-    core(sq, hd, skv);
-    core(skv, hd, sq);
-    core(sq, skv, hd);
-    core(sq, hd, skv);
-    core(skv, hd, sq);
-    // Merge repeated shapes.
-    v.sort();
-    let mut out: Vec<GemmShape> = Vec::new();
-    for g in v {
-        match out.last_mut() {
-            Some(last) if (last.class, last.m, last.n, last.k) == (g.class, g.m, g.n, g.k) => last.calls += g.calls,
-            _ => out.push(g),
-        }
-    }
-    out
 }

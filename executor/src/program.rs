@@ -889,8 +889,8 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// Merges every rank's statistics into the measured run (rank 0).
-fn merge(s: &Setup, o: &Options, device: &str, all: &[RankStats], world: u64, tier_of: impl Fn(&str) -> String) -> MeasuredRun {
-    let mut run = run_header(s, o, "cpu", device, world);
+fn merge(s: &Setup, o: &Options, (backend, dtype): (&str, &str), device: &str, all: &[RankStats], world: u64, tier_of: impl Fn(&str) -> String) -> MeasuredRun {
+    let mut run = run_header(s, o, backend, device, world);
     let steps = o.steps.max(1) as f64;
     run.complete = true;
     let nsteps = all.iter().map(|r| r.step_secs.len()).max().unwrap_or(0);
@@ -918,7 +918,7 @@ fn merge(s: &Setup, o: &Options, device: &str, all: &[RankStats], world: u64, ti
             m,
             n,
             k: kk,
-            dtype: "f32".into(),
+            dtype: dtype.into(),
             calls: (calls[k] as f64 / steps).round() as u64,
             median_secs: med,
             tflops: if med > 0.0 { 2.0 * (m * n * kk) as f64 / med / 1e12 } else { 0.0 },
@@ -968,6 +968,49 @@ fn merge(s: &Setup, o: &Options, device: &str, all: &[RankStats], world: u64, ti
         run.checks.max_rel_error = run.checks.max_rel_error.max(c.max_rel_error);
     }
     run
+}
+
+/// Sends this rank's statistics to rank 0, which merges every rank's into the
+/// measured run and returns it (the others return `None`). `backend` and `dtype`
+/// label the run and its GEMMs.
+pub fn collect(s: &Setup, o: &Options, mesh: &Mesh, map: &sextant_planner::ranks::RankMap, stats: RankStats, (backend, dtype): (&str, &str), device: &str) -> Result<Option<MeasuredRun>, String> {
+    let (rank, world) = (mesh.rank(), mesh.world());
+    if rank != 0 {
+        let bytes = serde_json::to_vec(&stats).map_err(|e| e.to_string())?;
+        mesh.send(0, STATS_TAG, &bytes)?;
+        return Ok(None);
+    }
+    let mut all = vec![stats];
+    for q in 1..world {
+        let bytes = mesh.recv(q, STATS_TAG)?;
+        all.push(serde_json::from_slice(&bytes).map_err(|e| format!("rank {q} sent unreadable measurements: {e}"))?);
+    }
+    let gpn = s.gpus_per_node.max(1);
+    let spans_nodes = |kind: &str| -> bool {
+        let name = match kind {
+            "dp_grad" | "dp_param" => "dp_cp",
+            "edp_grad" | "edp_param" => "edp",
+            k => k,
+        };
+        let Some(k) = sextant_planner::ranks::GROUP_KINDS.iter().position(|x| *x == name) else { return false };
+        map.groups[k].1.iter().any(|g| g.iter().any(|&q| q / gpn != g[0] / gpn))
+    };
+    let cpu = backend == "cpu";
+    let mut run = merge(s, o, (backend, dtype), device, &all, world, |kind| {
+        if cpu {
+            "loopback".into()
+        } else if spans_nodes(kind) {
+            "network".into()
+        } else {
+            "nvlink".into()
+        }
+    });
+    run.peak_live_chunks = vec![0; s.cfg.pp as usize];
+    for st in &all {
+        let p = map.ranks[st.rank as usize].pp as usize;
+        run.peak_live_chunks[p] = run.peak_live_chunks[p].max(st.peak_live_chunks);
+    }
+    Ok(Some(run))
 }
 
 /// Runs this rank's part of the plan over `mesh`. Rank 0 returns the measured run.
@@ -1044,48 +1087,11 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
         r.step(step)?;
     }
     r.phase = "gathering measurements".into();
-    let pp_of = |q: u64| map.ranks[q as usize].pp;
     let opt_bytes = r.adam.values().map(|a| a.m.len() + a.v.len()).sum::<usize>() * 4;
     let mut stats = std::mem::replace(&mut r.rec, Recorder::new(rank, false)).take();
     stats.param_bytes = param_bytes as u64;
     stats.optimizer_bytes = opt_bytes as u64;
-    let out = if rank == 0 {
-        let mut all = vec![stats];
-        for q in 1..world {
-            let bytes = mesh.recv(q, STATS_TAG).map_err(|e| r.err(e))?;
-            all.push(serde_json::from_slice(&bytes).map_err(|e| r.err(format!("rank {q} sent unreadable measurements: {e}")))?);
-        }
-        let gpn = s.gpus_per_node.max(1);
-        let spans_nodes = |kind: &str| -> bool {
-            let name = match kind {
-                "dp_grad" | "dp_param" => "dp_cp",
-                "edp_grad" | "edp_param" => "edp",
-                k => k,
-            };
-            let Some(k) = sextant_planner::ranks::GROUP_KINDS.iter().position(|x| *x == name) else { return false };
-            map.groups[k].1.iter().any(|g| g.iter().any(|&q| q / gpn != g[0] / gpn))
-        };
-        let cpu = device.starts_with("cpu");
-        let mut run = merge(s, o, device, &all, world, |kind| {
-            if cpu {
-                "loopback".into()
-            } else if spans_nodes(kind) {
-                "network".into()
-            } else {
-                "nvlink".into()
-            }
-        });
-        run.peak_live_chunks = vec![0; s.cfg.pp as usize];
-        for st in &all {
-            let p = pp_of(st.rank) as usize;
-            run.peak_live_chunks[p] = run.peak_live_chunks[p].max(st.peak_live_chunks);
-        }
-        Some(run)
-    } else {
-        let bytes = serde_json::to_vec(&stats).map_err(|e| r.err(e.to_string()))?;
-        mesh.send(0, STATS_TAG, &bytes).map_err(|e| r.err(e))?;
-        None
-    };
+    let out = collect(s, o, mesh, &map, stats, ("cpu", "f32"), device).map_err(|e| r.err(e))?;
     r.phase = "final barrier".into();
     r.g.world.barrier(mesh).map_err(|e| r.err(e))?;
     let unmatched = mesh.unmatched();

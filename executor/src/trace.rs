@@ -41,11 +41,13 @@
 use std::collections::HashMap;
 
 use sextant_planner::config::{Recompute, RecomputeModules, Zero};
+use sextant_planner::cost::BUCKET_PARAMS;
 use sextant_planner::memory::{self, LayerKind};
 use sextant_planner::ranks::{RankMap, GROUP_KINDS};
 use sextant_planner::schedule::{locate, rank_order, virtual_stage, Pass, Schedule};
 
 use crate::program::Setup;
+use crate::record::RankStats;
 
 /// Bytes of a BF16 element.
 const B: u64 = 2;
@@ -389,12 +391,24 @@ impl Builder<'_> {
         (first..first + self.s.stage_layers[vstage]).map(|l| self.layer_params(self.s.dims.moe_layer[l])).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
+    /// A data-parallel collective over `elems` parameters of `bytes_per` bytes, in
+    /// Megatron's 40M-parameter buckets.
+    fn bucketed(&mut self, kind: &'static str, name: &str, op: Coll, elems: u64, bytes_per: u64) {
+        let bucket = BUCKET_PARAMS as u64;
+        let mut left = elems;
+        while left > 0 {
+            let n = left.min(bucket);
+            self.coll(kind, name, op, n * bytes_per);
+            left -= n;
+        }
+    }
+
     /// ZeRO-3: the stage's parameters gathered before a pass.
     fn gather(&mut self, vstage: usize) {
         if self.s.cfg.zero == Zero::Zero3 {
             let (dense, expert) = self.stage_params(vstage);
-            self.coll("dp_param", "dp_cp", Coll::AllGather, dense * B);
-            self.coll("edp_param", "edp", Coll::AllGather, expert * B);
+            self.bucketed("dp_param", "dp_cp", Coll::AllGather, dense, B);
+            self.bucketed("edp_param", "edp", Coll::AllGather, expert, B);
         }
     }
 
@@ -554,13 +568,13 @@ impl Builder<'_> {
                     continue;
                 }
                 let op = if sharded { Coll::ReduceScatter } else { Coll::AllReduce };
-                self.coll(grad, group, op, elems * gb);
+                self.bucketed(grad, group, op, elems, gb);
                 let shard = if sharded { elems / n } else { elems };
                 // Adam reads the gradient, reads and writes the FP32 master weights and
                 // both moments, and writes the BF16 weights.
                 self.mem("optimizer", shard * (gb + 2 * ob + B), false);
                 if sharded && cfg.zero != Zero::Zero3 {
-                    self.coll(param, group, Coll::AllGather, elems * B);
+                    self.bucketed(param, group, Coll::AllGather, elems, B);
                 }
             }
         }
@@ -569,6 +583,21 @@ impl Builder<'_> {
 
 /// One step of `rank`'s device program.
 pub fn program(s: &Setup, map: &RankMap, rank: u64) -> Vec<Op> {
+    let mut b = builder(s, map, rank);
+    b.step();
+    b.ops
+}
+
+/// Bytes of model state `rank` holds: (weights, gradients, optimizer), sharded as
+/// the plan's ZeRO stage says.
+pub fn footprint(s: &Setup, map: &RankMap, rank: u64) -> (u64, u64, u64) {
+    let b = builder(s, map, rank);
+    let (dense, expert) = b.units().iter().fold((0, 0), |a, u| (a.0 + u.0, a.1 + u.1));
+    let (w, g, o) = memory::model_state(&s.cfg, dense as f64, expert as f64);
+    (w as u64, g as u64, o as u64)
+}
+
+fn builder<'a>(s: &'a Setup, map: &'a RankMap, rank: u64) -> Builder<'a> {
     let cfg = &s.cfg;
     let d = &s.dims;
     let (tp, cp, etp) = (cfg.tp, cfg.cp, cfg.etp);
@@ -591,9 +620,7 @@ pub fn program(s: &Setup, map: &RankMap, rank: u64) -> Vec<Op> {
         top_k: d.top_k as u64,
         e: d.expert_ffn as u64 / etp.max(1),
     };
-    let mut b = Builder { s, map, rank, z, tp, cp, etp, sp: cfg.sp, ops: Vec::new() };
-    b.step();
-    b.ops
+    Builder { s, map, rank, z, tp, cp, etp, sp: cfg.sp, ops: Vec::new() }
 }
 
 /// Every rank's program for one step.
@@ -749,4 +776,123 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
         out.max_rank_flops = out.max_rank_flops.max(f);
     }
     Ok(out)
+}
+
+/// Device scratch a program needs, bytes: GEMM operands (A, B, C) and the send and
+/// receive sides of every transfer; element-wise work is copied through A and B
+/// in pieces of at most [`COPY_PIECE`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scratch {
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+}
+
+/// Largest single device-to-device copy of element-wise traffic.
+pub const COPY_PIECE: u64 = 256 << 20;
+
+/// What each side of a collective holds on one rank of `n`: (send, receive) bytes.
+pub fn coll_sides(op: Coll, bytes: u64, n: u64) -> (u64, u64) {
+    match op {
+        Coll::AllGather => (bytes / n.max(1), bytes),
+        Coll::ReduceScatter => (bytes, bytes / n.max(1)),
+        Coll::AllReduce | Coll::AllToAll => (bytes, bytes),
+    }
+}
+
+impl Scratch {
+    pub fn of(program: &[Op], group_size: impl Fn(usize) -> u64) -> Scratch {
+        let mut s = Scratch::default();
+        for op in program {
+            let (a, b, c) = match *op {
+                Op::Gemm { m, n, k, batch, .. } => (m * k * batch * B, k * n * batch * B, m * n * batch * B),
+                Op::Memory { bytes, .. } => {
+                    let piece = (bytes / 2).min(COPY_PIECE);
+                    (piece, piece, 0)
+                }
+                Op::Coll { group, op, bytes, .. } => {
+                    let (snd, rcv) = coll_sides(op, bytes, group_size(group));
+                    (snd, rcv, 0)
+                }
+                Op::P2p { ref sends, ref recvs, .. } => (sends.iter().map(|x| x.1).max().unwrap_or(0), recvs.iter().map(|x| x.1).sum(), 0),
+                Op::Barrier => (B, B, 0),
+                Op::Keep { .. } | Op::Free { .. } => (0, 0, 0),
+            };
+            s.a = s.a.max(a);
+            s.b = s.b.max(b);
+            s.c = s.c.max(c);
+        }
+        s
+    }
+}
+
+/// Books one op's measured seconds into a rank's statistics, the way the CPU
+/// backend books its own: GEMMs per call under "class m n k" (a batched or repeated
+/// GEMM counts each product), collectives under "kind op ranks bytes", and each
+/// class or kind as a component; recomputed work also under "recompute".
+pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -> u64) {
+    let mut component = |name: &str, secs: f64| *st.components.entry(name.to_string()).or_default() += secs;
+    match *op {
+        Op::Gemm { class, m, n, k, batch, count, recompute } => {
+            component(class, secs);
+            if recompute {
+                component("recompute", secs);
+            }
+            let calls = batch * count;
+            let smp = st.gemms.entry(format!("{class} {m} {n} {k}")).or_default();
+            smp.calls += calls;
+            if smp.secs.len() < 4096 {
+                smp.secs.push(secs / calls as f64);
+            }
+        }
+        Op::Memory { class, recompute, .. } => {
+            component(class, secs);
+            if recompute {
+                component("recompute", secs);
+            }
+        }
+        Op::Coll { kind, group, op, bytes } => {
+            component(kind, secs);
+            let smp = st.comms.entry(format!("{kind} {} {} {bytes}", op.label(), group_size(group))).or_default();
+            smp.calls += 1;
+            if smp.secs.len() < 4096 {
+                smp.secs.push(secs);
+            }
+        }
+        Op::P2p { kind, ref sends, ref recvs } => {
+            component(kind, secs);
+            let bytes = sends.iter().map(|x| x.1).sum::<u64>().max(recvs.iter().map(|x| x.1).sum());
+            let smp = st.comms.entry(format!("{kind} send_recv 2 {bytes}")).or_default();
+            smp.calls += 1;
+            if smp.secs.len() < 4096 {
+                smp.secs.push(secs);
+            }
+        }
+        Op::Keep { .. } | Op::Free { .. } | Op::Barrier => {}
+    }
+}
+
+/// Most (chunk, micro-batch) activations held at once, and their bytes.
+pub fn peaks(program: &[Op]) -> (u64, u64) {
+    let (mut live, mut bytes, mut peak_live, mut peak_bytes) = (0u64, 0u64, 0u64, 0u64);
+    let mut held: HashMap<(u64, u64), u64> = HashMap::new();
+    for op in program {
+        match *op {
+            Op::Keep { key, bytes: b } => {
+                held.insert(key, b);
+                live += 1;
+                bytes += b;
+                peak_live = peak_live.max(live);
+                peak_bytes = peak_bytes.max(bytes);
+            }
+            Op::Free { key } => {
+                if let Some(b) = held.remove(&key) {
+                    live -= 1;
+                    bytes -= b;
+                }
+            }
+            _ => {}
+        }
+    }
+    (peak_live, peak_bytes)
 }

@@ -38,7 +38,7 @@ pub const ESTIMATE_SCHEMA_VERSION: u32 = 1;
 
 /// Megatron's gradient bucket size for overlapped reduction (40M parameters,
 /// `--ddp-bucket-size` default): the last bucket cannot be hidden.
-const BUCKET_PARAMS: f64 = 40e6;
+pub const BUCKET_PARAMS: f64 = 40e6;
 
 /// Seconds per step by operation class, forward + backward, on the critical stage.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]

@@ -133,3 +133,67 @@ fn dry_run_prints_the_check_and_refuses_bad_input() {
     fails_with_one_line(&["exec", &path, "--dry-run", "--micro-batches", "6"], "multiple of pp");
     fails_with_one_line(&["exec", &path, "--dry-run", "--scale-layers", "3"], "--scale-layers 3");
 }
+
+#[test]
+fn device_program_state_and_activations_match_the_plan() {
+    use sextant_executor::trace::{footprint, peaks};
+    use sextant_planner::schedule::{simulate_schedule, PassCosts, Schedule};
+    let dir = TempDir::new("device-state");
+    for (name, extra) in [
+        ("1f1b", vec!["--tp", "2", "--pp", "2", "--sp", "true", "--zero", "1"]),
+        ("vpp", vec!["--tp", "2", "--pp", "4", "--vpp", "2", "--sp", "true", "--zero", "1"]),
+    ] {
+        let args = [&["--model", "8b", "--gpus", "8"][..], &extra].concat();
+        let (_, s, map) = setup(&dir, &format!("{name}.json"), &args, None, Some(16));
+        let d = &s.dims;
+        let (h, q, kv) = (d.hidden as u64, (d.heads * d.head_dim) as u64, (d.kv_heads * d.head_dim) as u64);
+        let per_layer = (h * (q + 2 * kv) + q * h + 2 * d.ffn as u64 * h) / s.cfg.tp;
+        let v = if s.schedule == Schedule::Interleaved { s.cfg.vpp } else { 1 };
+        let costs = PassCosts { forward: vec![1.0; s.cfg.pp as usize], backward: vec![2.0; s.cfg.pp as usize], weight: vec![0.0; s.cfg.pp as usize] };
+        let sim = simulate_schedule(s.schedule, s.cfg.pp, v, s.micro_batches, &costs, 0.0).unwrap();
+        for r in 0..map.world_size {
+            let e = &map.ranks[r as usize];
+            let layers: u64 = (0..s.stage_layers.len()).filter(|&vs| vs as u64 % s.cfg.pp == e.pp).map(|vs| s.stage_layers[vs] as u64).sum();
+            let params = layers * per_layer;
+            let (w, g, o) = footprint(&s, &map, r);
+            assert_eq!(w, 2 * params, "{name} rank {r}: BF16 weights");
+            assert_eq!(g, 4 * params, "{name} rank {r}: FP32 gradients");
+            // The distributed optimizer shards 12 bytes per parameter over dp x cp.
+            assert_eq!(o, 12 * params / (s.cfg.dp * s.cfg.cp), "{name} rank {r}: optimizer state");
+            let (live, bytes) = peaks(&programs(&s, &map)[r as usize]);
+            assert_eq!(live, (sim.peak_in_flight[e.pp as usize] * v as f64).round() as u64, "{name} rank {r}: chunks in flight");
+            assert!(bytes > 0);
+        }
+    }
+}
+
+#[test]
+fn device_timings_are_booked_like_the_cpu_backend() {
+    use sextant_executor::record::RankStats;
+    use sextant_executor::trace::{book, Scratch};
+    let dir = TempDir::new("device-book");
+    let (_, s, map) = setup(&dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "true", "--recompute", "full"], Some(4), Some(4));
+    let prog = &programs(&s, &map)[0];
+    let size = |k: usize| map.groups[k].1[map.ranks[0].group_index[k]].len() as u64;
+    let mut st = RankStats::default();
+    for op in prog {
+        book(&mut st, op, 1e-3, size);
+    }
+    let gemm_ops = prog.iter().filter(|o| matches!(o, Op::Gemm { .. })).count() as f64;
+    let classes = ["attention_proj", "attention_core", "mlp"];
+    let booked: f64 = classes.iter().map(|c| st.components.get(*c).copied().unwrap_or(0.0)).sum();
+    assert!((booked - gemm_ops * 1e-3).abs() < 1e-9, "{booked} vs {gemm_ops} GEMM ops");
+    let replayed = prog.iter().filter(|o| matches!(o, Op::Gemm { recompute: true, .. } | Op::Memory { recompute: true, .. })).count() as f64;
+    assert!(replayed > 0.0 && (st.components["recompute"] - replayed * 1e-3).abs() < 1e-9);
+    let calls: u64 = prog.iter().map(|o| if let Op::Gemm { batch, count, .. } = o { batch * count } else { 0 }).sum();
+    assert_eq!(st.gemms.values().map(|x| x.calls).sum::<u64>(), calls);
+    // SP all-gathers of one micro-batch's rows over the 2 TP ranks: "kind op ranks bytes".
+    let t = (s.dims.mbs * s.dims.seq) as u64;
+    assert!(st.comms.contains_key(&format!("tp all_gather 2 {}", t * s.dims.hidden as u64 * 2)), "{:?}", st.comms.keys().collect::<Vec<_>>());
+    assert!(st.comms.keys().any(|k| k.starts_with("pp send_recv 2 ")));
+    // Scratch holds the largest operand of each side.
+    let sc = Scratch::of(prog, size);
+    let biggest_out = prog.iter().map(|o| if let Op::Gemm { m, n, batch, .. } = o { m * n * batch * 2 } else { 0 }).max().unwrap();
+    assert_eq!(sc.c, biggest_out);
+    assert!(sc.a >= t * s.dims.hidden as u64 && sc.b >= t * s.dims.hidden as u64 * 2);
+}
