@@ -318,6 +318,28 @@ pub(crate) fn colmajor_args(m: u64, n: u64, k: u64) -> Result<(c_int, c_int, c_i
     Ok((n, m, k, n, k, n))
 }
 
+/// Row-major BF16 `C[m,n] = A[m,k] · B[k,n]` (FP32 accumulation) on the handle's
+/// stream, from raw device addresses `(a, b, c)`: `cublasGemmEx`, or for `batch > 1`
+/// `cublasGemmStridedBatchedEx` over contiguous operands.
+pub(crate) fn bf16_gemm(blas: &CudaBlas, (m, n, k): (u64, u64, u64), batch: u64, (a, b, c): (u64, u64, u64)) -> Result<(), String> {
+    let (cm, cn, ck, lda, ldb, ldc) = colmajor_args(m, n, k)?;
+    let count = c_int::try_from(batch).map_err(|_| format!("batch {batch} is outside cuBLAS's range"))?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let (op, bf16) = (blas_sys::cublasOperation_t::CUBLAS_OP_N, blas_sys::cudaDataType::CUDA_R_16BF);
+    let (compute, algo) = (blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT);
+    let (pa, pb, pc) = (a as *const c_void, b as *const c_void, c as *mut c_void);
+    let (al, be) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
+    // cuBLAS's first operand is our B (see `colmajor_args`).
+    let r = unsafe {
+        if batch > 1 {
+            blas::gemm_strided_batched_ex(*blas.handle(), op, op, cm, cn, ck, al, pb, bf16, lda, (k * n) as i64, pa, bf16, ldb, (m * k) as i64, be, pc, bf16, ldc, (m * n) as i64, count, compute, algo)
+        } else {
+            blas::gemm_ex(*blas.handle(), op, op, cm, cn, ck, al, pb, bf16, lda, pa, bf16, ldb, be, pc, bf16, ldc, compute, algo)
+        }
+    };
+    r.map_err(|e| format!("cuBLAS GEMM {m}x{n}x{k} (batch {batch}) failed: {e:?}"))
+}
+
 /// A BF16 value's bits from an f32 (round to nearest even; our values are finite).
 fn bf16_bits(x: f32) -> u16 {
     let b = x.to_bits();
@@ -402,7 +424,7 @@ pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> 
 
 #[allow(clippy::too_many_arguments)]
 fn time_gemm(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, blas: &CudaBlas, ordinal: usize, class: &str, m: u64, n: u64, k: u64, iters: u32) -> Result<GemmPoint, String> {
-    let (cm, cn, ck, lda, ldb, ldc) = colmajor_args(m, n, k)?;
+    colmajor_args(m, n, k)?;
     let shape = format!("the {class} GEMM {m}x{n}x{k} (BF16)");
     let total = gemm_bytes(m, n, k).ok_or_else(|| format!("{shape}: its buffers' size overflows"))?;
     let (free, _) = mem_info(ctx, ordinal)?;
@@ -423,31 +445,7 @@ fn time_gemm(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, blas: &CudaBlas, 
         let (pc, _rc) = c.device_ptr(stream);
         (pa, pb, pc)
     };
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    let gemm = || unsafe {
-        blas::gemm_ex(
-            *blas.handle(),
-            blas_sys::cublasOperation_t::CUBLAS_OP_N,
-            blas_sys::cublasOperation_t::CUBLAS_OP_N,
-            cm,
-            cn,
-            ck,
-            (&alpha as *const f32).cast(),
-            pb as *const c_void,
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            lda,
-            pa as *const c_void,
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            ldb,
-            (&beta as *const f32).cast(),
-            pc as *mut c_void,
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            ldc,
-            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-        .map_err(|e| format!("cublasGemmEx for {shape} failed: {e:?}"))
-    };
+    let gemm = || bf16_gemm(blas, (m, n, k), 1, (pa, pb, pc)).map_err(|e| format!("{shape}: {e}"));
     ctx.bind_to_thread().map_err(describe)?;
     for _ in 0..WARMUP_CALLS {
         gemm()?;

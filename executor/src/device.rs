@@ -22,12 +22,12 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::cublas::{sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use sextant_planner::ranks::{RankMap, GROUP_KINDS};
 
-use crate::cuda::{colmajor_args, context, describe, device, fill_pattern, guarded, nccl_describe, nccl_loaded, oom_or, timing_event, Comm, NO_CUBLAS};
+use crate::cuda::{bf16_gemm, context, describe, device, fill_pattern, guarded, nccl_describe, nccl_loaded, oom_or, timing_event, Comm, NO_CUBLAS};
 use crate::record::RankStats;
 use crate::trace::{book, coll_sides, peaks, Coll, Op, Scratch, COPY_PIECE};
 
@@ -68,10 +68,6 @@ fn alloc(ctx: &Arc<cudarc::driver::CudaContext>, stream: &Arc<CudaStream>, ordin
         p
     };
     Ok(Buf { _slice: slice, ptr })
-}
-
-fn dim(x: u64, what: &str) -> Result<c_int, String> {
-    c_int::try_from(x).map_err(|_| format!("{what} {x} is outside cuBLAS's range"))
 }
 
 /// Runs `warmup + steps` steps of the program and returns the timed steps' statistics.
@@ -151,7 +147,6 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
     let events: Vec<CudaEvent> = (0..=job.program.len()).map(|_| timing_event(&ctx)).collect::<Result<_, _>>()?;
     let mut kept: HashMap<(u64, u64), Buf> = HashMap::new();
     let mut stats = RankStats { rank, ..RankStats::default() };
-    let (alpha, beta) = (1.0f32, 0.0f32);
     fn nccl_err(what: &str, comm: nccl_sys::ncclComm_t) -> impl Fn(nccl::NcclError) -> String + '_ {
         move |e| format!("{what} failed: {}", nccl_describe(&e, Some(comm)))
     }
@@ -163,63 +158,8 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
             events[i].record(&stream).map_err(describe)?;
             match op {
                 Op::Gemm { class, m, n, k, batch, count, .. } => {
-                    let what = format!("the {class} GEMM {m}x{n}x{k} (batch {batch})");
-                    let (cm, cn, ck, lda, ldb, ldc) = colmajor_args(*m, *n, *k).map_err(|e| format!("{what}: {e}"))?;
                     for _ in 0..*count {
-                        let r = if *batch > 1 {
-                            unsafe {
-                                blas::gemm_strided_batched_ex(
-                                    *blas.handle(),
-                                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                                    cm,
-                                    cn,
-                                    ck,
-                                    (&alpha as *const f32).cast(),
-                                    b.ptr as *const c_void,
-                                    blas_sys::cudaDataType::CUDA_R_16BF,
-                                    lda,
-                                    (k * n) as i64,
-                                    a.ptr as *const c_void,
-                                    blas_sys::cudaDataType::CUDA_R_16BF,
-                                    ldb,
-                                    (m * k) as i64,
-                                    (&beta as *const f32).cast(),
-                                    c.ptr as *mut c_void,
-                                    blas_sys::cudaDataType::CUDA_R_16BF,
-                                    ldc,
-                                    (m * n) as i64,
-                                    dim(*batch, "batch")?,
-                                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                                )
-                            }
-                        } else {
-                            unsafe {
-                                blas::gemm_ex(
-                                    *blas.handle(),
-                                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                                    cm,
-                                    cn,
-                                    ck,
-                                    (&alpha as *const f32).cast(),
-                                    b.ptr as *const c_void,
-                                    blas_sys::cudaDataType::CUDA_R_16BF,
-                                    lda,
-                                    a.ptr as *const c_void,
-                                    blas_sys::cudaDataType::CUDA_R_16BF,
-                                    ldb,
-                                    (&beta as *const f32).cast(),
-                                    c.ptr as *mut c_void,
-                                    blas_sys::cudaDataType::CUDA_R_16BF,
-                                    ldc,
-                                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                                )
-                            }
-                        };
-                        r.map_err(|e| format!("{what} failed: {e:?}"))?;
+                        bf16_gemm(&blas, (*m, *n, *k), *batch, (a.ptr, b.ptr, c.ptr)).map_err(|e| format!("the {class} GEMM: {e}"))?;
                     }
                 }
                 Op::Memory { bytes, .. } => {

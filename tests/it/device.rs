@@ -8,16 +8,12 @@ use sextant_planner::plan::PlanFile;
 use sextant_planner::ranks::RankMap;
 
 use crate::common::{fails_with_one_line, sextant, stderr, stdout, TempDir};
+use crate::exec::plan;
 
 /// A plan from `sextant estimate`, prepared at its real sizes with `layers` layers
 /// and `micro` micro-batches.
 fn setup(dir: &TempDir, name: &str, args: &[&str], layers: Option<u64>, micro: Option<u64>) -> (String, Setup, RankMap) {
-    let path = dir.path(name).to_string_lossy().into_owned();
-    let mut a = vec!["estimate"];
-    a.extend_from_slice(args);
-    a.extend_from_slice(&["--json", "--out", &path]);
-    let o = sextant(&a);
-    assert!(o.status.success(), "{a:?}: {}", stderr(&o));
+    let path = plan(dir, name, args);
     let text = std::fs::read_to_string(&path).unwrap();
     let opts = Options { full_size: true, scale_layers: layers, micro_batches: micro, ..Options::default() };
     let s = prepare(&PlanFile::from_json(&text).unwrap(), plan_hash(text.as_bytes()), &opts).unwrap();

@@ -13,7 +13,7 @@ use sextant_planner::schedule::{simulate_schedule, PassCosts, Schedule};
 use crate::common::{fails_with_one_line, sextant, stderr, stdout, TempDir};
 
 /// Writes a one-configuration plan with `sextant estimate` and returns its path.
-fn plan(dir: &TempDir, name: &str, args: &[&str]) -> String {
+pub fn plan(dir: &TempDir, name: &str, args: &[&str]) -> String {
     let path = dir.path(name).to_string_lossy().into_owned();
     let mut a = vec!["estimate"];
     a.extend_from_slice(args);
