@@ -185,7 +185,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
             let msg = e.to_string();
             mesh.abort(&msg);
             if env.rank == 0 {
-                record_failure(&setup, &opts, &a.backend, &device, env.world, out, a.force, &msg);
+                record_failure(&setup, &opts, (&a.backend, &device, env.world), out, a.force, &msg);
             }
             Err(anyhow!(msg))
         }
@@ -314,7 +314,7 @@ fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rend
             let msg = format!("rank {rank}, {}: {e}", phase.lock().unwrap_or_else(|p| p.into_inner()));
             mesh.abort(&msg);
             if rank == 0 {
-                record_failure(setup, opts, "cuda", &device, env.world, out, force, &msg);
+                record_failure(setup, opts, ("cuda", &device, env.world), out, force, &msg);
             }
             Err(anyhow!(msg))
         }
@@ -339,7 +339,7 @@ fn connect(env: &sextant_executor::rendezvous::LaunchEnv, hash: u64, timeout: Du
 }
 
 /// Rank 0's measured-run file for a failed run, marked incomplete.
-fn record_failure(setup: &program::Setup, opts: &Options, backend: &str, device: &str, world: u64, out: &Path, force: bool, msg: &str) {
+fn record_failure(setup: &program::Setup, opts: &Options, (backend, device, world): (&str, &str, u64), out: &Path, force: bool, msg: &str) {
     let run = program::incomplete_run(setup, opts, backend, device, world, msg);
     let json = serde_json::to_string_pretty(&run).expect("run serialises");
     match write_new(out, &json, force) {

@@ -676,8 +676,8 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
     let head = |pos: &[usize], r: usize| programs[r].get(pos[r]);
     loop {
         let mut progress = false;
-        for r in 0..n {
-            open_group(&mut done[r], head(&pos, r));
+        for (r, d) in done.iter_mut().enumerate() {
+            open_group(d, head(&pos, r));
         }
         for r in 0..n {
             let Some(op) = head(&pos, r) else { continue };
