@@ -112,7 +112,7 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
     let mut comms: Vec<Comm> = Vec::with_capacity(GROUP_KINDS.len());
     for (k, kind) in GROUP_KINDS.iter().enumerate() {
         let idx = me.group_index[k];
-        let members = &map.groups[k].1[idx];
+        let members = map.group_of(rank, k);
         let key = members.iter().position(|&q| q == rank).ok_or_else(|| format!("rank {rank} is not in its own {kind} group"))?;
         let mut raw: nccl_sys::ncclComm_t = std::ptr::null_mut();
         unsafe { nccl_sys::ncclCommSplit(world_comm.raw, idx as c_int, key as c_int, &mut raw, std::ptr::null_mut()) }
@@ -120,7 +120,7 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
             .map_err(|e| format!("ncclCommSplit for the {kind} groups failed (NCCL 2.18 or later is needed): {}", nccl_describe(&e, Some(world_comm.raw))))?;
         comms.push(Comm { raw, finished: false });
     }
-    let group_size = |k: usize| map.groups[k].1[me.group_index[k]].len() as u64;
+    let group_size = |k: usize| map.group_of(rank, k).len() as u64;
 
     set(job.phase, "allocating model state and scratch".into());
     let (wb, gb, ob) = job.footprint;

@@ -348,10 +348,8 @@ fn shard_of(full: &LayerParams, d: &Dims, (t, tp): (usize, usize), (e, ep): (usi
 }
 
 fn group(map: &sextant_planner::ranks::RankMap, name: &str, kind: Kind, rank: u64) -> Result<Group, String> {
-    let k = sextant_planner::ranks::GROUP_KINDS.iter().position(|x| *x == name).ok_or_else(|| format!("no group kind {name}"))?;
-    let (_, gs) = &map.groups[k];
-    let members = gs[map.ranks[rank as usize].group_index[k]].clone();
-    Group::new(kind, members, rank)
+    let k = sextant_planner::ranks::group_kind(name).ok_or_else(|| format!("no group kind {name}"))?;
+    Group::new(kind, map.group_of(rank, k).to_vec(), rank)
 }
 
 impl<'a> Rank<'a> {
@@ -992,7 +990,7 @@ pub fn collect(s: &Setup, o: &Options, mesh: &Mesh, map: &sextant_planner::ranks
             "edp_grad" | "edp_param" => "edp",
             k => k,
         };
-        let Some(k) = sextant_planner::ranks::GROUP_KINDS.iter().position(|x| *x == name) else { return false };
+        let Some(k) = sextant_planner::ranks::group_kind(name) else { return false };
         map.groups[k].1.iter().any(|g| g.iter().any(|&q| q / gpn != g[0] / gpn))
     };
     let cpu = backend == "cpu";

@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use sextant_planner::config::{Recompute, RecomputeModules, Zero};
 use sextant_planner::cost::BUCKET_PARAMS;
 use sextant_planner::memory::{self, LayerKind};
-use sextant_planner::ranks::{RankMap, GROUP_KINDS};
+use sextant_planner::ranks::{group_kind, RankMap, GROUP_KINDS};
 use sextant_planner::schedule::{locate, rank_order, virtual_stage, Pass, Schedule};
 
 use crate::program::Setup;
@@ -105,7 +105,7 @@ impl Op {
 }
 
 fn kind_index(name: &str) -> usize {
-    GROUP_KINDS.iter().position(|k| *k == name).expect("a group kind of the rank map")
+    group_kind(name).expect("a group kind of the rank map")
 }
 
 /// Sizes one rank works with.
@@ -145,15 +145,11 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn group_size(&self, name: &str) -> u64 {
-        let k = kind_index(name);
-        let idx = self.map.ranks[self.rank as usize].group_index[k];
-        self.map.groups[k].1[idx].len() as u64
+        self.members(name).len() as u64
     }
 
     fn members(&self, name: &str) -> &[u64] {
-        let k = kind_index(name);
-        let idx = self.map.ranks[self.rank as usize].group_index[k];
-        &self.map.groups[k].1[idx]
+        self.map.group_of(self.rank, kind_index(name))
     }
 
     fn gemm(&mut self, class: &'static str, (m, n, k): (u64, u64, u64), batch: u64, count: u64, recompute: bool) {
@@ -696,7 +692,7 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
                 }
                 Op::Coll { group, op: c, bytes, .. } => {
                     let k = *group;
-                    let members = &map.groups[k].1[map.ranks[r].group_index[k]];
+                    let members = map.group_of(r as u64, k);
                     let mut ready = true;
                     for &q in members {
                         match head(&pos, q as usize) {

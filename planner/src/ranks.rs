@@ -143,6 +143,18 @@ pub struct RankMap {
     pub ranks: Vec<RankEntry>,
 }
 
+impl RankMap {
+    /// The members of `rank`'s group of kind `GROUP_KINDS[kind]`.
+    pub fn group_of(&self, rank: u64, kind: usize) -> &[u64] {
+        &self.groups[kind].1[self.ranks[rank as usize].group_index[kind]]
+    }
+}
+
+/// The index in `GROUP_KINDS` of the kind called `name`.
+pub fn group_kind(name: &str) -> Option<usize> {
+    GROUP_KINDS.iter().position(|k| *k == name)
+}
+
 /// Builds the rank map of a configuration.
 pub fn rank_map(cfg: &ParallelConfig, order: &str, gpus_per_node: u64) -> Result<RankMap, String> {
     if !ORDERS.contains(&order) {

@@ -170,7 +170,7 @@ fn device_timings_are_booked_like_the_cpu_backend() {
     let dir = TempDir::new("device-book");
     let (_, s, map) = setup(&dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "true", "--recompute", "full"], Some(4), Some(4));
     let prog = &programs(&s, &map)[0];
-    let size = |k: usize| map.groups[k].1[map.ranks[0].group_index[k]].len() as u64;
+    let size = |k: usize| map.group_of(0, k).len() as u64;
     let mut st = RankStats::default();
     for op in prog {
         book(&mut st, op, 1e-3, size);
