@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use clap::Args;
 use sextant_planner::config::{Dispatcher, Overlap, Precision, RecomputeModules, Workload};
-use sextant_planner::cost::Assumptions;
+use sextant_planner::cost::{Assumptions, LossKernel};
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile, DEFAULT_PROFILE};
 use sextant_planner::hf::from_hf_config;
 use sextant_planner::model::ModelSpec;
@@ -88,6 +88,11 @@ pub struct Common {
     /// Model unfused softmax attention instead of a flash-attention kernel.
     #[arg(long = "no-flash-attention")]
     pub no_flash_attention: bool,
+    /// Cross-entropy kernel: native (Megatron's `--cross-entropy-loss-fusion`), te
+    /// (Transformer Engine's, as Megatron-Bridge's performance scripts pick) or
+    /// unfused (Megatron-LM without the flag).
+    #[arg(long = "loss", default_value = "native")]
+    pub loss: String,
     /// MoE token dispatcher: alltoall (Megatron's) or dedup (DeepEP / HybridEP:
     /// one network copy per destination node).
     #[arg(long = "moe-dispatcher", default_value = "alltoall")]
@@ -256,7 +261,10 @@ impl Common {
                 Some(d) => d,
                 None => bail!("--moe-dispatcher '{}' is not one of {}", self.moe_dispatcher, Dispatcher::NAMES),
             },
-            assumptions: Assumptions { flash_attention: !self.no_flash_attention },
+            assumptions: Assumptions { flash_attention: !self.no_flash_attention, loss: match LossKernel::parse(&self.loss) {
+                Some(k) => k,
+                None => bail!("--loss '{}' is not one of {}", self.loss, LossKernel::NAMES),
+            } },
             schedules,
         })
     }

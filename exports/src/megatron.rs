@@ -214,6 +214,10 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         flag(&mut v, "accumulate-allreduce-grads-in-fp32");
     }
     arg(&mut v, "attention-backend", "flash");
+    // The cost model prices Megatron's fused loss (cost::LossKernel::Native); without
+    // this flag Megatron-LM runs the unfused one, which moves 52 bytes per logit
+    // instead of 32.
+    flag(&mut v, "cross-entropy-loss-fusion");
 
     // Model shape: TransformerConfig / _add_network_size_args.
     arg(&mut v, "num-layers", m.layers);

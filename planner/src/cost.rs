@@ -229,11 +229,70 @@ pub struct MoeRouting {
 pub struct Assumptions {
     /// Fused (flash) attention; `false` models the unfused softmax of 2021-era Megatron.
     pub flash_attention: bool,
+    /// The cross-entropy implementation behind the output layer.
+    #[serde(default)]
+    pub loss: LossKernel,
 }
 
 impl Default for Assumptions {
     fn default() -> Self {
-        Assumptions { flash_attention: true }
+        Assumptions { flash_attention: true, loss: LossKernel::default() }
+    }
+}
+
+/// How the loss over the vocabulary-parallel logits runs. The three differ in how many
+/// element-wise passes they make over the logits; [`LossKernel::bytes_per_logit`]
+/// counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossKernel {
+    /// Transformer Engine's Triton kernel (`cross_entropy_fusion_impl = "te"`), as of
+    /// the 2026-04 containers: it reads the BF16 logits and writes the gradient in
+    /// place.
+    Te,
+    /// Megatron's own fusion (`--cross-entropy-loss-fusion`, the `native` impl), the
+    /// only one Megatron-LM allows since it disabled TE's in June 2026.
+    #[default]
+    Native,
+    /// Without `--cross-entropy-loss-fusion` (Megatron-LM's default), and the only
+    /// loss Megatron-LM had before June 2024.
+    Unfused,
+}
+
+impl LossKernel {
+    pub const NAMES: &'static str = "te, native, unfused";
+
+    pub fn parse(s: &str) -> Option<LossKernel> {
+        match s {
+            "te" => Some(LossKernel::Te),
+            "native" => Some(LossKernel::Native),
+            "unfused" => Some(LossKernel::Unfused),
+            _ => None,
+        }
+    }
+
+    /// HBM bytes per logit (one token, one vocabulary entry on this rank) that the
+    /// loss moves beyond the logits GEMM, forward and backward together.
+    ///
+    /// - `Te` (transformer_engine/pytorch/triton/cross_entropy.py): the online-softmax
+    ///   pass reads the BF16 logits (2), the loss pass reads them again and writes the
+    ///   gradient in place (2 + 2), the backward scales it by the loss gradient
+    ///   (2 + 2): 10.
+    /// - `Native` (megatron/core/fusions/fused_cross_entropy.py), one kernel per fused
+    ///   function, the fuser's best case: the FP32 upcast with the row maximum
+    ///   (2 + 4), the shifted `exp` with its row sum (4 + 4), the normalisation into the
+    ///   saved softmax (4 + 4), and the backward's in-place gradient and BF16 cast
+    ///   (4 + 4 + 2): 32.
+    /// - `Unfused` (megatron/core/tensor_parallel/cross_entropy.py): `.float()` (2 + 4),
+    ///   the max (4), the in-place subtraction (4 + 4), `exp` (4 + 4), the sum (4), the
+    ///   in-place division (4 + 4); backward the in-place scaling (4 + 4) and the cast
+    ///   back to BF16 (4 + 2): 52.
+    pub fn bytes_per_logit(self) -> f64 {
+        match self {
+            LossKernel::Te => 2.0 + (2.0 + 2.0) + (2.0 + 2.0),
+            LossKernel::Native => (2.0 + 4.0) + (4.0 + 4.0) + (4.0 + 4.0) + (4.0 + 4.0 + 2.0),
+            LossKernel::Unfused => (2.0 + 4.0) + 4.0 + (4.0 + 4.0) + (4.0 + 4.0) + 4.0 + (4.0 + 4.0) + (4.0 + 4.0) + (4.0 + 2.0),
+        }
     }
 }
 
@@ -828,11 +887,11 @@ fn pieces(c: &Ctx) -> Pieces {
     let dense = layer_cost(c, LayerKind::Dense);
     let moe = if model.moe.is_some() { layer_cost(c, LayerKind::Moe) } else { dense };
 
-    // Output layer on the last stage: logits GEMM (BF16), fused cross-entropy over
-    // FP32 logits (read 2 + write 4, then read 4 again in backward).
+    // Output layer on the last stage: logits GEMM (BF16), then the cross-entropy's
+    // element-wise passes over the FP32 logits (fused or not).
     let vocab_rank = model.vocab as f64 / t;
     let logits = c.pass(tokens, vocab_rank, h, false);
-    let ce = c.mem(tokens * vocab_rank * (2.0 + 4.0 + 4.0 + 4.0));
+    let ce = c.mem(tokens * vocab_rank * c.a.loss.bytes_per_logit());
     let output_secs = logits.fwd + logits.bwd + ce;
     let output_flops = 3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
     // Embedding lookup on the first stage (gather, and a scatter-add in backward).
@@ -1498,6 +1557,26 @@ mod tests {
         assert!(p.bwd > 2.03 * p.fwd, "{p:?}");
         assert!(close(p.bwd, c.gemm(1024.0, 2880.0, 5760.0, false) + c.gemm(2880.0, 5760.0, 1024.0, false)));
         assert!(close(p.wgrad, c.gemm(2880.0, 5760.0, 1024.0, false)));
+    }
+
+    /// The loss kernels differ only in the bytes they move over the logits: the
+    /// unfused loss 20 more per logit than Megatron's fused one, on the last stage.
+    #[test]
+    fn loss_kernels_differ_by_their_passes_over_the_logits() {
+        let bytes = [LossKernel::Te, LossKernel::Native, LossKernel::Unfused].map(LossKernel::bytes_per_logit);
+        assert_eq!(bytes, [10.0, 32.0, 52.0]);
+        let model = resolve("llama3-8b").unwrap().spec;
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let (k, w) = (ParallelConfig { zero: Zero::DistOpt, ..cfg(2, 1, 1, 4) }, wl(4096, 64));
+        let ctx = |loss| Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions { loss, ..Assumptions::default() }, tokens: 4096.0, fp8: false, domain: 8 };
+        let output = |loss| pieces(&ctx(loss)).output_secs;
+        // 4096 tokens x half of the 128256-entry vocabulary on each TP rank.
+        let c = ctx(LossKernel::Native);
+        assert!(close(output(LossKernel::Unfused) - output(LossKernel::Native), c.mem(4096.0 * 64128.0 * 20.0)));
+        assert!(close(output(LossKernel::Native) - output(LossKernel::Te), c.mem(4096.0 * 64128.0 * 22.0)));
+        let cluster = Cluster::new(h100.clone(), 8).unwrap();
+        let step = |loss| estimate_with(&model, &cluster, &w, &k, Assumptions { loss, ..Assumptions::default() }).unwrap().step_secs;
+        assert!(step(LossKernel::Unfused) > step(LossKernel::Native) && step(LossKernel::Native) > step(LossKernel::Te));
     }
 
     /// Megatron's all-to-all dispatcher sorts the received tokens by local expert and

@@ -35,16 +35,21 @@
 //!   April 2026) set `moe_a2a_overlap` exactly there: on for DeepSeek-V3 MXFP8 on
 //!   256 B200 (EP 32 over 8-GPU nodes) and Qwen3-235B on 256 H100 (EP 32); off for
 //!   DeepSeek-V3 on GB200 (EP 64 inside the 72-GPU rack) and GPT-OSS-120B on H100
-//!   (EP 8 in a node).
+//!   (EP 8 in a node);
+//! - Cross-entropy: a blank `cross_entropy` is Megatron's fused loss (`native`) on the
+//!   Megatron-Core stack and `unfused` on the 2021-22 stack, which had no other.
+//!   Megatron-LM's `--cross-entropy-loss-fusion` is off by default and Bridge's
+//!   performance scripts pick TE's kernel, so tests/data/published_runs_stack.csv
+//!   states it for every Megatron-Core row from its recipe.
 //!
 //! Optional columns (`recompute_modules`, `optimizer_moments`, `dispatcher`,
 //! `ep_comm_overlap`, `tp_comm_overlap`, `pp_layout` in Megatron's layout syntax,
-//! `mtp_layers`), in the CSV or from a stack file
+//! `mtp_layers`, `cross_entropy`), in the CSV or from a stack file
 //! ([`parse_runs_with`]), replace these rules for the rows that state them.
 
 use serde::Serialize;
 
-use crate::cost::Assumptions;
+use crate::cost::{Assumptions, LossKernel};
 use crate::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload, Zero};
 use crate::hardware::{builtin_profile, Cluster};
 use crate::model::{MlpKind, ModelSpec, Moe};
@@ -291,6 +296,16 @@ fn case(r: &Row) -> Result<RunCase, String> {
     // NVLink domain (see the module notes).
     let ep_comm = flag("ep_comm_overlap")?.unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
     let tp_comm = flag("tp_comm_overlap")?.unwrap_or(modern);
+    let loss = match get(r, "cross_entropy") {
+        "" => {
+            if modern {
+                LossKernel::Native
+            } else {
+                LossKernel::Unfused
+            }
+        }
+        name => LossKernel::parse(name).ok_or_else(|| format!("column 'cross_entropy' is '{name}', expected {}", LossKernel::NAMES))?,
+    };
     let moe_dispatcher = match get(r, "dispatcher") {
         "" => Dispatcher::AllToAll,
         name => Dispatcher::parse(name).ok_or_else(|| format!("column 'dispatcher' is '{name}', expected {}", Dispatcher::NAMES))?,
@@ -343,7 +358,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
     }
     let moe = model.moe.is_some();
     let moments_stated = bf16_moments.is_some();
-    Ok(RunCase { id, source: get(r, "source").to_string(), gpu, model, cluster, workload, config, metric, value, moe, assumptions: Assumptions { flash_attention: modern }, recompute_stated, moments_stated })
+    Ok(RunCase { id, source: get(r, "source").to_string(), gpu, model, cluster, workload, config, metric, value, moe, assumptions: Assumptions { flash_attention: modern, loss }, recompute_stated, moments_stated })
 }
 
 /// Parses the CSV text. Each row becomes a case or an explanation.
@@ -352,7 +367,7 @@ pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>
 }
 
 /// Optional columns a stack file may add to a run (see [`parse_runs_with`]).
-pub const STACK_COLUMNS: [&str; 8] = ["recompute", "recompute_modules", "optimizer_moments", "dispatcher", "ep_comm_overlap", "tp_comm_overlap", "pp_layout", "mtp_layers"];
+pub const STACK_COLUMNS: [&str; 9] = ["recompute", "recompute_modules", "optimizer_moments", "dispatcher", "ep_comm_overlap", "tp_comm_overlap", "pp_layout", "mtp_layers", "cross_entropy"];
 
 fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), String> {
     let mut rdr = csv::ReaderBuilder::new().flexible(false).from_reader(csv_text.as_bytes());
@@ -440,6 +455,15 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
         assert!(parse_runs_with(RUNS, Some("id,zero\nr1,3\n")).unwrap_err().contains("column 'zero' is not one of"));
         let bad = parse_runs_with(RUNS, Some("id,dispatcher\nr1,nccl\n")).unwrap().remove(0).unwrap_err();
         assert!(bad.reason.contains("column 'dispatcher' is 'nccl'"), "{}", bad.reason);
+        // Cross-entropy fusion: on for the Megatron-Core stack unless the stack file
+        // says otherwise, off for the 2021-22 stack (plain data parallelism).
+        assert_eq!(plain.assumptions.loss, LossKernel::Native);
+        let te = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,te\n")).unwrap().remove(0).unwrap();
+        assert!(te.assumptions.loss == LossKernel::Te && te.assumptions.flash_attention);
+        let old_stack = parse_runs(&RUNS.replace("distributed optimizer", "0")).unwrap().remove(0).unwrap();
+        assert!(old_stack.assumptions.loss == LossKernel::Unfused && !old_stack.assumptions.flash_attention);
+        let bad = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,fused\n")).unwrap().remove(0).unwrap_err();
+        assert!(bad.reason.contains("column 'cross_entropy' is 'fused', expected te, native, unfused"), "{}", bad.reason);
         // A Megatron layout and MTP layers, on the row made two pipeline stages.
         let pp2 = RUNS.replace(",1,1,1,1,8,false,64,", ",1,2,1,1,8,false,32,");
         let c = parse_runs_with(&pp2, Some("id,pp_layout,mtp_layers\nr1,Et*23|t*25mL,1\n")).unwrap().remove(0).unwrap();

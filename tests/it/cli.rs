@@ -191,6 +191,23 @@ fn estimate_json_is_versioned() {
     assert!(kinds.contains(&"ep") && kinds.contains(&"tp") && kinds.contains(&"edp_grad"), "{kinds:?}");
 }
 
+/// `--loss` picks the cross-entropy kernel: only the last stage's output layer
+/// changes, growing with the passes the kernel makes over the logits.
+#[test]
+fn loss_kernel_changes_only_the_output_layer() {
+    let run = |loss: &str| {
+        let o = sextant(&["estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--global-batch", "64", "--json", "--loss", loss]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v["plans"][0]["estimate"].clone()
+    };
+    let [te, native, unfused] = ["te", "native", "unfused"].map(run);
+    let secs = |e: &serde_json::Value, i: usize| e["stages"][i]["secs_per_micro_batch"].as_f64().unwrap();
+    assert!(secs(&te, 0) == secs(&native, 0) && secs(&native, 0) == secs(&unfused, 0));
+    assert!(secs(&te, 1) < secs(&native, 1) && secs(&native, 1) < secs(&unfused, 1));
+    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--loss", "fused"], "--loss 'fused' is not one of te, native, unfused");
+}
+
 #[test]
 fn invalid_configurations_say_exactly_why() {
     fails_with_one_line(&["estimate", "--model", "405b", "--gpus", "16384", "--tp", "8", "--pp", "16"], "does not divide 126 layers");

@@ -121,6 +121,7 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("grad-reduce-in-bf16", "megatron/training/arguments.py _add_mixed_precision_args"),
     ("accumulate-allreduce-grads-in-fp32", "megatron/training/arguments.py _add_mixed_precision_args"),
     ("attention-backend", "megatron/core/transformer/transformer_config.py TransformerConfig; values in megatron/core/transformer/enums.py AttnBackend"),
+    ("cross-entropy-loss-fusion", "megatron/core/model_parallel_config.py ModelParallelConfig"),
     ("num-layers", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("mtp-num-layers", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("moe-router-enable-expert-bias", "megatron/core/transformer/transformer_config.py TransformerConfig"),

@@ -19,7 +19,7 @@ fn parse_runs(csv: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, String
 }
 
 #[test]
-fn published_runs_median_error_within_15_percent() {
+fn published_runs_median_error_within_5_percent() {
     let rows = parse_runs(&shared_csv()).expect("CSV parses");
     assert!(rows.len() >= 30, "expected the full published set, got {} rows", rows.len());
     let mut errors = Vec::new();
@@ -52,7 +52,9 @@ fn published_runs_median_error_within_15_percent() {
     let median = errors[errors.len() / 2];
     let max = errors[errors.len() - 1];
     println!("rows {}  median |error| {:.1}%  max |error| {:.1}% (dense {:.1}%, MoE {:.1}%)", errors.len(), 100.0 * median, 100.0 * max, 100.0 * kind_max[0], 100.0 * kind_max[1]);
-    assert!(median <= 0.15, "median absolute error {:.1}% exceeds 15%", 100.0 * median);
+    // Issue 3's bar on the median; its 15% bar on the maximum is not met yet (the
+    // printed line above says by how much), so it is reported, not asserted.
+    assert!(median <= 0.05, "median absolute error {:.1}% exceeds 5%", 100.0 * median);
     check_validation_file(samples);
 }
 
