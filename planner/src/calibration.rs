@@ -330,6 +330,8 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
         p.sources.insert("efficiency.gemm_bf16".into(), note.clone());
     }
     if let Some(x) = o.attention {
+        // A measured level at the executed shapes replaces the public curve too.
+        p.attention_curves.clear();
         p.efficiency.attention_fwd = x;
         p.efficiency.attention_bwd = x;
         p.sources.insert("efficiency.attention_fwd".into(), note.clone());
@@ -392,6 +394,11 @@ mod tests {
         let p = apply(&h100, &o).unwrap();
         assert!(p.gemm_curves.is_empty() && p.efficiency.gemm_bf16 == 0.7);
         assert!(p.gemm_shape_factor(false, 256.0, 256.0, 256.0).is_none());
+        // Likewise a measured attention level replaces the public attention curves.
+        assert_eq!(p.attention_curves, h100.attention_curves);
+        o.attention = Some(0.5);
+        let p = apply(&h100, &o).unwrap();
+        assert!(p.attention_curves.is_empty() && p.attention_factor(crate::hardware::AttentionPass::Fwd, 128.0, 4096.0).is_none());
     }
 
     #[test]

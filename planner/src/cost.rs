@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::comm::{collective_secs, Collective, Placement, Tier};
 use crate::config::{Dispatcher, ParallelConfig, Recompute, RecomputeModules, Rejection, Workload, Zero};
-use crate::hardware::{Cluster, HardwareProfile, GIB};
+use crate::hardware::{AttentionPass, Cluster, HardwareProfile, GIB};
 use crate::memory::{self, kv_dim_per_rank, LayerKind, StageMemory};
 use crate::model::ModelSpec;
 use crate::schedule::Schedule;
@@ -498,9 +498,12 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let attn_fwd_flops = 2.0 * cfg.mbs as f64 * head_flops * causal_pairs;
     let peak16 = c.hw.peak_flops(false);
     let (core_fwd, core_bwd) = if c.a.flash_attention {
+        // The kernel's efficiency at this head width and per-rank sequence, where the
+        // profile has a measured curve.
+        let shape = |pass| c.hw.attention_factor(pass, m.qk_head_dim() as f64, (c.w.seq / cfg.cp) as f64).unwrap_or(1.0);
         (
-            attn_fwd_flops / (peak16 * e.attention_fwd) + e.gemm_overhead_us * 1e-6,
-            2.5 * attn_fwd_flops / (peak16 * e.attention_bwd) + e.gemm_overhead_us * 1e-6,
+            attn_fwd_flops / (peak16 * e.attention_fwd * shape(AttentionPass::Fwd)) + e.gemm_overhead_us * 1e-6,
+            2.5 * attn_fwd_flops / (peak16 * e.attention_bwd * shape(AttentionPass::Bwd)) + e.gemm_overhead_us * 1e-6,
         )
     } else {
         // Unfused: batched GEMMs over the full (masked) score matrix plus softmax
@@ -1557,6 +1560,28 @@ mod tests {
         assert!(p.bwd > 2.03 * p.fwd, "{p:?}");
         assert!(close(p.bwd, c.gemm(1024.0, 2880.0, 5760.0, false) + c.gemm(2880.0, 5760.0, 1024.0, false)));
         assert!(close(p.wgrad, c.gemm(2880.0, 5760.0, 1024.0, false)));
+    }
+
+    /// With a measured attention curve the core's time follows the kernel's
+    /// efficiency at the head width and the per-rank sequence: the same FLOPs in
+    /// 64-wide heads take 518/363 as long as in 128-wide ones at 4096 tokens, and CP 2
+    /// runs its 2048-token shards at the 2048-token point.
+    #[test]
+    fn attention_core_follows_the_measured_curve() {
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let w = wl(4096, 64);
+        let core = |heads: u64, cp: u64| {
+            let model = gpt("t", "test", 2, 4096, heads);
+            let k = cfg(1, 1, cp, 8 / cp);
+            let lc = layer_cost(&Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0 / cp as f64, fp8: false, domain: 8 }, LayerKind::Dense);
+            let launch = h100.efficiency.gemm_overhead_us * 1e-6;
+            (lc.attn_core_fwd - launch, lc.attn_core_bwd - launch)
+        };
+        let ((f128, b128), (f64_, b64)) = (core(32, 1), core(64, 1));
+        assert!((f64_ / f128 - 518.0 / 363.0).abs() < 1e-9 && (b64 / b128 - 499.0 / 417.0).abs() < 1e-9);
+        // CP 2: half of the causal (query, key) pairs on each rank, at the 2048-token point.
+        let (f_cp, _) = core(32, 2);
+        assert!((f_cp / f128 - 0.5 * 518.0 / 484.0).abs() < 1e-3, "{}", f_cp / f128);
     }
 
     /// The loss kernels differ only in the bytes they move over the logits: the

@@ -200,6 +200,118 @@ impl From<GemmCurve> for GemmCurveFile {
     }
 }
 
+/// Which pass of the fused attention kernel a curve measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionPass {
+    Fwd,
+    Bwd,
+}
+
+/// Measured throughput of the fused attention kernel for one pass, over head
+/// dimension and sequence length: short sequences leave tiles idle along the causal
+/// diagonal and narrow heads do less work per load.
+///
+/// In the file, `points` lists `[head_dim, seq, tflops]` and must cover every
+/// combination of the head dimensions and sequence lengths it uses. The cost model
+/// reads only ratios to the curve's best point ([`AttentionCurve::factor`]); the
+/// profile's `attention_fwd` / `attention_bwd` give the level at that point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "AttentionCurveFile", into = "AttentionCurveFile")]
+pub struct AttentionCurve {
+    pub pass: AttentionPass,
+    /// Measured with a causal mask.
+    pub causal: bool,
+    pub source: String,
+    /// Grid axes, ascending.
+    head_dims: Vec<f64>,
+    seqs: Vec<f64>,
+    /// TFLOP/s at `[i_head_dim][i_seq]`, flattened.
+    tflops: Vec<f64>,
+    best_tflops: f64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct AttentionCurveFile {
+    pass: AttentionPass,
+    causal: bool,
+    source: String,
+    points: Vec<[f64; 3]>,
+}
+
+impl TryFrom<AttentionCurveFile> for AttentionCurve {
+    type Error = String;
+    fn try_from(f: AttentionCurveFile) -> Result<AttentionCurve, String> {
+        if f.source.trim().is_empty() {
+            return Err("an attention curve needs a source".into());
+        }
+        for p in &f.points {
+            if !p.iter().all(|x| x.is_finite() && *x > 0.0) || p[0] > 4096.0 || p[1] > 1e8 {
+                return Err(format!("attention curve point {p:?}: head_dim (up to 4096), seq (up to 1e8) and tflops must be positive numbers"));
+            }
+        }
+        let axis = |i: usize| {
+            let mut v: Vec<f64> = f.points.iter().map(|p| p[i]).collect();
+            v.sort_by(f64::total_cmp);
+            v.dedup();
+            v
+        };
+        let (head_dims, seqs) = (axis(0), axis(1));
+        if seqs.len() < 2 || f.points.len() != head_dims.len() * seqs.len() {
+            return Err(format!(
+                "attention curve needs one point for every (head_dim, seq) of a grid with at least two sequence lengths; {} points over {} x {} values",
+                f.points.len(),
+                head_dims.len(),
+                seqs.len()
+            ));
+        }
+        let mut tflops = vec![f64::NAN; f.points.len()];
+        for p in &f.points {
+            let at = |v: &[f64], x: f64| v.iter().position(|y| *y == x).expect("axis value from the points");
+            let i = at(&head_dims, p[0]) * seqs.len() + at(&seqs, p[1]);
+            if !tflops[i].is_nan() {
+                return Err(format!("attention curve lists head_dim={} seq={} twice", p[0], p[1]));
+            }
+            tflops[i] = p[2];
+        }
+        let best_tflops = tflops.iter().copied().fold(0.0, f64::max);
+        Ok(AttentionCurve { pass: f.pass, causal: f.causal, source: f.source, head_dims, seqs, tflops, best_tflops })
+    }
+}
+
+impl From<AttentionCurve> for AttentionCurveFile {
+    fn from(c: AttentionCurve) -> AttentionCurveFile {
+        let mut points = Vec::with_capacity(c.tflops.len());
+        for (a, d) in c.head_dims.iter().enumerate() {
+            for (b, s) in c.seqs.iter().enumerate() {
+                points.push([*d, *s, c.tflops[a * c.seqs.len() + b]]);
+            }
+        }
+        AttentionCurveFile { pass: c.pass, causal: c.causal, source: c.source, points }
+    }
+}
+
+impl AttentionCurve {
+    /// Throughput at this head dimension and sequence length over the curve's best
+    /// point, in (0, 1]: log-linear interpolation inside the grid, the nearest edge
+    /// outside it (the published grids start at 512 tokens and stop at 16k).
+    pub fn factor(&self, head_dim: f64, seq: f64) -> f64 {
+        let (a0, a1, wa, _) = locate(&self.head_dims, head_dim);
+        let (b0, b1, wb, _) = locate(&self.seqs, seq);
+        let ns = self.seqs.len();
+        let mut ln = 0.0;
+        for (a, fa) in [(a0, 1.0 - wa), (a1, wa)] {
+            for (b, fb) in [(b0, 1.0 - wb), (b1, wb)] {
+                let f = fa * fb;
+                if f > 0.0 {
+                    ln += f * self.tflops[a * ns + b].ln();
+                }
+            }
+        }
+        (ln.exp() / self.best_tflops).min(1.0)
+    }
+}
+
 /// Where `x` falls on an axis: the two neighbouring indices, the weight of the
 /// upper one (interpolating in log space) and, below the axis, the factor by which
 /// throughput falls (a GEMM narrower than the smallest measured one takes as long).
@@ -258,6 +370,11 @@ pub struct HardwareProfile {
     /// efficiency does not depend on shape (beyond the memory roofline).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gemm_curves: Vec<GemmCurve>,
+    /// Measured fused-attention throughput by head dimension and sequence length, at
+    /// most one per (pass, causal). Without one for a pass, attention efficiency does
+    /// not depend on shape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention_curves: Vec<AttentionCurve>,
     /// Field path -> where its value comes from.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
@@ -368,6 +485,11 @@ impl HardwareProfile {
                 return err("gemm_curves", format!("two curves for {:?}; give one per data type", c.dtype));
             }
         }
+        for (i, c) in self.attention_curves.iter().enumerate() {
+            if self.attention_curves[..i].iter().any(|d| d.pass == c.pass && d.causal == c.causal) {
+                return err("attention_curves", format!("two curves for the {:?} pass with causal = {}; give one per pass and mask", c.pass, c.causal));
+            }
+        }
         if self.gpu.peak_tflops.fp8 > 0.0 && self.efficiency.gemm_fp8 <= 0.0 {
             return err("efficiency.gemm_fp8", "the GPU has FP8 peak throughput but no FP8 GEMM efficiency".into());
         }
@@ -399,6 +521,14 @@ impl HardwareProfile {
         let want = if fp8 { GemmDtype::Fp8 } else { GemmDtype::Bf16 };
         let curve = self.gemm_curves.iter().find(|c| c.dtype == want).or_else(|| self.gemm_curves.iter().find(|c| c.dtype == GemmDtype::Bf16));
         curve.map(|c| c.shape_factor(m, n, k))
+    }
+
+    /// The shape factor of a causal attention pass ([`AttentionCurve::factor`]) from
+    /// the causal curve of that pass, or the unmasked one where only that was
+    /// measured; `None` without a curve for the pass.
+    pub fn attention_factor(&self, pass: AttentionPass, head_dim: f64, seq: f64) -> Option<f64> {
+        let of_pass = |causal: bool| self.attention_curves.iter().find(|c| c.pass == pass && c.causal == causal);
+        of_pass(true).or_else(|| of_pass(false)).map(|c| c.factor(head_dim, seq))
     }
 
     /// Peak dense throughput for GEMMs in the given precision, FLOP/s.
@@ -631,6 +761,57 @@ mod tests {
         let b200 = builtin_profile("b200").unwrap();
         assert_ne!(b200.gemm_shape_factor(true, 1024.0, 2048.0, 4096.0), b200.gemm_shape_factor(false, 1024.0, 2048.0, 4096.0));
         assert!(builtin_profile("a100-80g").unwrap().gemm_shape_factor(false, 256.0, 256.0, 256.0).is_none());
+    }
+
+    fn attention_curve(pass: &str, causal: bool, points: serde_json::Value) -> Result<AttentionCurve, String> {
+        serde_json::from_value(serde_json::json!({"pass": pass, "causal": causal, "source": "test grid", "points": points})).map_err(|e| e.to_string())
+    }
+
+    /// Grid points are exact, between them the curve is log-linear in head width and
+    /// sequence length, and outside the grid it holds the nearest edge.
+    #[test]
+    fn attention_curve_interpolates_and_holds_its_edges() {
+        let c = attention_curve("fwd", true, serde_json::json!([[64, 1024, 100], [64, 4096, 200], [128, 1024, 200], [128, 4096, 400]])).unwrap();
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(near(c.factor(128.0, 4096.0), 1.0) && near(c.factor(64.0, 1024.0), 0.25));
+        // 2048 tokens sit halfway between 1024 and 4096 on a log axis: the geometric
+        // mean; a head width of sqrt(64 x 128) likewise between the two widths.
+        assert!(near(c.factor(128.0, 2048.0), (200.0f64 * 400.0).sqrt() / 400.0));
+        assert!(near(c.factor((64.0f64 * 128.0).sqrt(), 4096.0), (200.0f64 * 400.0).sqrt() / 400.0));
+        assert!(near(c.factor(256.0, 65536.0), 1.0) && near(c.factor(32.0, 256.0), 0.25));
+        let back: AttentionCurve = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        for (points, why) in [
+            (serde_json::json!([[64, 1024, 100], [64, 4096, 200], [128, 1024, 200]]), "one point for every (head_dim, seq)"),
+            (serde_json::json!([[64, 1024, 100], [64, 1024, 200]]), "at least two sequence lengths"),
+            (serde_json::json!([[64, 1024, 100], [64, 4096, -2]]), "must be positive"),
+        ] {
+            let e = attention_curve("bwd", false, points).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+        let mut v: serde_json::Value = serde_json::from_str(include_str!("../../hwprofiles/h100-sxm.json")).unwrap();
+        let first = v["attention_curves"][0].clone();
+        v["attention_curves"].as_array_mut().unwrap().push(first);
+        let e = HardwareProfile::from_json(&v.to_string()).unwrap_err().to_string();
+        assert!(e.contains("attention_curves") && e.contains("two curves"), "{e}");
+    }
+
+    /// The built-in H100 curves (cuDNN's fused attention in FlashAttention-3's
+    /// benchmark): 64-wide heads and short sequences run well below the best point;
+    /// the backward, measured only without a mask, stands in for the causal one.
+    #[test]
+    fn builtin_attention_curves() {
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let f = |pass, d: f64, s: f64| h100.attention_factor(pass, d, s).unwrap();
+        assert!((f(AttentionPass::Fwd, 128.0, 4096.0) - 518.0 / 539.0).abs() < 1e-12);
+        assert!((f(AttentionPass::Bwd, 128.0, 4096.0) - 499.0 / 518.0).abs() < 1e-12);
+        assert!(f(AttentionPass::Fwd, 64.0, 4096.0) < 0.7 && f(AttentionPass::Fwd, 128.0, 512.0) < 0.6);
+        for pass in [AttentionPass::Fwd, AttentionPass::Bwd] {
+            for d in [64.0, 128.0] {
+                assert!(f(pass, d, 1024.0) < f(pass, d, 4096.0) && f(pass, 64.0, 4096.0) < f(pass, 128.0, 4096.0));
+            }
+        }
+        assert!(builtin_profile("b200").unwrap().attention_factor(AttentionPass::Fwd, 128.0, 4096.0).is_none());
     }
 
     #[test]
