@@ -66,7 +66,8 @@ struct ValidateArgs {
     cross_validate: bool,
     /// A CSV completing the runs' software configuration: `id`, `source`, and any of
     /// recompute, recompute_modules, optimizer_moments (bf16/fp32), dispatcher
-    /// (alltoall/deepep/hybridep), ep_comm_overlap, tp_comm_overlap (true/false).
+    /// (alltoall/deepep/hybridep), ep_comm_overlap, tp_comm_overlap (true/false),
+    /// pp_layout, mtp_layers, cross_entropy (te/native/unfused).
     /// Blank columns follow the default rules (see ARCHITECTURE.md).
     #[arg(long, value_name = "CSV")]
     stack: Option<String>,
