@@ -32,12 +32,13 @@ pub fn assumptions(inp: &Inputs) -> String {
     );
     let _ = writeln!(
         s,
-        "Workload:  seq {}, global batch {} sequences ({:.2}M tokens), precision {}, grads {}, overlap: grad-reduce {}, param-gather {}, tp-comm {}{}",
+        "Workload:  seq {}, global batch {} sequences ({:.2}M tokens), precision {}, grads {}, loss kernel {}, overlap: grad-reduce {}, param-gather {}, tp-comm {}{}",
         w.seq,
         w.global_batch,
         (w.seq * w.global_batch) as f64 / 1e6,
         w.precision,
         if inp.bf16_grads { "bf16" } else { "fp32" },
+        inp.assumptions.loss.name(),
         onoff(inp.overlap.grad_reduce),
         onoff(inp.overlap.param_gather),
         onoff(inp.overlap.tp_comm),

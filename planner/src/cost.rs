@@ -262,13 +262,16 @@ pub enum LossKernel {
 impl LossKernel {
     pub const NAMES: &'static str = "te, native, unfused";
 
-    pub fn parse(s: &str) -> Option<LossKernel> {
-        match s {
-            "te" => Some(LossKernel::Te),
-            "native" => Some(LossKernel::Native),
-            "unfused" => Some(LossKernel::Unfused),
-            _ => None,
+    pub fn name(self) -> &'static str {
+        match self {
+            LossKernel::Te => "te",
+            LossKernel::Native => "native",
+            LossKernel::Unfused => "unfused",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<LossKernel> {
+        [LossKernel::Te, LossKernel::Native, LossKernel::Unfused].into_iter().find(|k| k.name() == s)
     }
 
     /// HBM bytes per logit (one token, one vocabulary entry on this rank) that the

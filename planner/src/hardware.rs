@@ -154,12 +154,7 @@ impl TryFrom<GemmCurveFile> for GemmCurve {
                 return Err(format!("GEMM curve point {p:?}: m, n, k (up to 1e7) and tflops must be positive numbers"));
             }
         }
-        let axis = |i: usize| {
-            let mut v: Vec<f64> = f.points.iter().map(|p| p[i]).collect();
-            v.sort_by(f64::total_cmp);
-            v.dedup();
-            v
-        };
+        let axis = |i: usize| grid_axis(&f.points, i);
         let (ms, ns, ks) = (axis(0), axis(1), axis(2));
         let cells = ms.len() * ns.len() * ks.len();
         if ms.len() < 2 || ns.len() < 2 || ks.len() < 2 || f.points.len() != cells {
@@ -173,8 +168,7 @@ impl TryFrom<GemmCurveFile> for GemmCurve {
         }
         let mut tflops = vec![f64::NAN; cells];
         for p in &f.points {
-            let at = |v: &[f64], x: f64| v.iter().position(|y| *y == x).expect("axis value from the points");
-            let i = (at(&ms, p[0]) * ns.len() + at(&ns, p[1])) * ks.len() + at(&ks, p[2]);
+            let i = (grid_index(&ms, p[0]) * ns.len() + grid_index(&ns, p[1])) * ks.len() + grid_index(&ks, p[2]);
             if !tflops[i].is_nan() {
                 return Err(format!("GEMM curve lists m={} n={} k={} twice", p[0], p[1], p[2]));
             }
@@ -250,13 +244,7 @@ impl TryFrom<AttentionCurveFile> for AttentionCurve {
                 return Err(format!("attention curve point {p:?}: head_dim (up to 4096), seq (up to 1e8) and tflops must be positive numbers"));
             }
         }
-        let axis = |i: usize| {
-            let mut v: Vec<f64> = f.points.iter().map(|p| p[i]).collect();
-            v.sort_by(f64::total_cmp);
-            v.dedup();
-            v
-        };
-        let (head_dims, seqs) = (axis(0), axis(1));
+        let (head_dims, seqs) = (grid_axis(&f.points, 0), grid_axis(&f.points, 1));
         if seqs.len() < 2 || f.points.len() != head_dims.len() * seqs.len() {
             return Err(format!(
                 "attention curve needs one point for every (head_dim, seq) of a grid with at least two sequence lengths; {} points over {} x {} values",
@@ -267,8 +255,7 @@ impl TryFrom<AttentionCurveFile> for AttentionCurve {
         }
         let mut tflops = vec![f64::NAN; f.points.len()];
         for p in &f.points {
-            let at = |v: &[f64], x: f64| v.iter().position(|y| *y == x).expect("axis value from the points");
-            let i = at(&head_dims, p[0]) * seqs.len() + at(&seqs, p[1]);
+            let i = grid_index(&head_dims, p[0]) * seqs.len() + grid_index(&seqs, p[1]);
             if !tflops[i].is_nan() {
                 return Err(format!("attention curve lists head_dim={} seq={} twice", p[0], p[1]));
             }
@@ -310,6 +297,20 @@ impl AttentionCurve {
         }
         (ln.exp() / self.best_tflops).min(1.0)
     }
+}
+
+/// The distinct values of coordinate `i` over a measured grid's points, ascending.
+fn grid_axis<const N: usize>(points: &[[f64; N]], i: usize) -> Vec<f64> {
+    let mut v: Vec<f64> = points.iter().map(|p| p[i]).collect();
+    v.sort_by(f64::total_cmp);
+    v.dedup();
+    v
+}
+
+/// The position of a point's coordinate on its axis (built by [`grid_axis`] from the
+/// same points, so it is there).
+fn grid_index(axis: &[f64], x: f64) -> usize {
+    axis.iter().position(|y| *y == x).expect("axis value from the points")
 }
 
 /// Where `x` falls on an axis: the two neighbouring indices, the weight of the
