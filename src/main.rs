@@ -341,7 +341,7 @@ fn cmd_report(a: ReportArgs) -> Result<()> {
 }
 
 fn cmd_validate(a: ValidateArgs) -> Result<()> {
-    use sextant_planner::validate::{cross_validate, summarize, validate};
+    use sextant_planner::validate::{band_checks, coverage, cross_validate, summarize, validate, HoldOut};
     let text = io::read_text(Path::new(&a.csv), "runs CSV")?;
     let stack = match &a.stack {
         Some(p) => Some(io::read_text(Path::new(p), "stack CSV")?),
@@ -375,17 +375,22 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
         bail!("no row of '{}' could be estimated ({} unrepresentable)", a.csv, unrepresentable.len());
     }
     let summary = summarize(&rows);
+    let bands = band_checks(&rows, HoldOut::Row);
     let cv = if a.cross_validate { Some(cross_validate(&cases)) } else { None };
     let cv_summary = cv.as_ref().map(|(r, _)| summarize(r));
+    let cv_bands = cv.as_ref().map(|(r, _)| band_checks(r, HoldOut::Source));
     if a.json {
+        let bands_json = |b: &[sextant_planner::validate::BandCheck]| serde_json::json!({"checks": b, "coverage": coverage(b)});
         let v = serde_json::json!({
             "schema_version": 1,
             "rows": rows,
             "summary": summary,
+            "bands": bands_json(&bands),
             "unrepresentable": unrepresentable,
             "cross_validation": cv.as_ref().map(|(r, scales)| serde_json::json!({
                 "rows": r,
                 "summary": cv_summary,
+                "bands": cv_bands.as_deref().map(bands_json),
                 "scales": scales.iter().map(|(s, p, k)| serde_json::json!({"held_out": s, "profile": p, "scale": k})).collect::<Vec<_>>(),
             })),
         });
@@ -393,9 +398,11 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
         return Ok(());
     }
     print!("{}", render::validation(&rows, &summary, &unrepresentable, a.markdown));
-    if let (Some((cv_rows, scales)), Some(cs)) = (&cv, &cv_summary) {
+    print!("{}", render::band_coverage(&bands, "the row left out", a.markdown));
+    if let (Some((cv_rows, scales)), Some(cs), Some(cb)) = (&cv, &cv_summary, &cv_bands) {
         println!();
         print!("{}", render::cross_validation(cv_rows, cs, scales, a.markdown));
+        print!("{}", render::band_coverage(cb, "the row's source left out", a.markdown));
     }
     Ok(())
 }

@@ -180,7 +180,7 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         100.0 * e.exposed_comm_fraction
     );
     if let Some(b) = &e.band {
-        let _ = writeln!(s, "80% band: {:.3} to {:.3} s (the model's errors on {})", b.low_secs, b.high_secs, b.basis);
+        let _ = writeln!(s, "{:.0}% band: {:.3} to {:.3} s (the model's errors on {})", 100.0 * b.coverage, b.low_secs, b.high_secs, b.basis);
         if let Some(a) = &b.attribution {
             let parts: Vec<String> = a.variance_shares.iter().filter(|x| x.1 >= 0.005).map(|(t, v)| format!("{t} {:.0}%", 100.0 * v)).collect();
             let sig: Vec<String> = a.term_sigmas.iter().map(|(t, g)| format!("{t} {:.0}%", 100.0 * g)).collect();
@@ -365,6 +365,33 @@ pub fn validation(rows: &[sextant_planner::validate::RowResult], sum: &sextant_p
         for u in unrepresentable {
             let _ = writeln!(s, "{}{}: {}", if md { "- " } else { "  " }, u.id, u.reason);
         }
+    }
+    s
+}
+
+/// How often the measured step time fell inside its error band, each band drawn
+/// from the other rows' errors; then the rows that fell outside.
+pub fn band_coverage(checks: &[sextant_planner::validate::BandCheck], held: &str, md: bool) -> String {
+    let mut s = String::new();
+    let cov = sextant_planner::validate::coverage(checks);
+    let Some(all) = cov.first().filter(|c| c.rows > 0) else {
+        return s;
+    };
+    let pct = |c: &sextant_planner::validate::Coverage| 100.0 * c.inside as f64 / c.rows as f64;
+    let kinds: Vec<String> = cov[1..].iter().map(|c| format!("{} {} of {} ({:.0}%)", c.group, c.inside, c.rows, pct(c))).collect();
+    let _ = writeln!(
+        s,
+        "\n{}Error bands (claiming {:.0}% on average, each drawn with {held}): measured inside for {} of {} rows ({:.0}%){}{}",
+        if md { "**" } else { "" },
+        100.0 * all.nominal,
+        all.inside,
+        all.rows,
+        pct(all),
+        if kinds.is_empty() { String::new() } else { format!("; {}", kinds.join(", ")) },
+        if md { "**" } else { "" },
+    );
+    for c in checks.iter().filter(|c| !c.inside) {
+        let _ = writeln!(s, "{}outside: {} measured {:.3} s, band {:.3} to {:.3} s ({})", if md { "- " } else { "  " }, c.id, c.measured_secs, c.low_secs, c.high_secs, c.basis);
     }
     s
 }

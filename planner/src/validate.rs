@@ -204,6 +204,87 @@ pub fn cross_validate(cases: &[RunCase]) -> (Vec<RowResult>, Vec<(String, String
     (out, scales)
 }
 
+/// What is left out of the errors a row's band is drawn from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldOut {
+    /// The row itself.
+    Row,
+    /// Every row of the row's source.
+    Source,
+}
+
+/// One row's error band, drawn as `plan` and `estimate` draw theirs but from the
+/// other rows' errors, and whether the measured step time fell inside it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BandCheck {
+    pub id: String,
+    pub moe: bool,
+    pub measured_secs: f64,
+    pub low_secs: f64,
+    pub high_secs: f64,
+    pub inside: bool,
+    /// The probability the band claims ([`crate::uncertainty::Band::coverage`]).
+    pub coverage: f64,
+    /// Which runs the band came from.
+    pub basis: String,
+}
+
+/// How many rows of a group fell inside their held-out band.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Coverage {
+    pub group: String,
+    pub rows: usize,
+    pub inside: usize,
+    /// The probability the bands claim, averaged over the group's rows.
+    pub nominal: f64,
+}
+
+/// Checks the error bands against the rows themselves: each row's band is drawn
+/// (by [`crate::uncertainty::band_from`], the same rule `plan` uses) from the errors
+/// of the other rows, leaving out the row or its whole source, so that no band
+/// is judged on the error it was drawn from. Rows for which too few other runs
+/// remain get no band and no check.
+pub fn band_checks(rows: &[RowResult], hold_out: HoldOut) -> Vec<BandCheck> {
+    use crate::uncertainty::{band_from, ErrorSample, ValidationSet};
+    rows.iter()
+        .filter_map(|r| {
+            let samples = rows
+                .iter()
+                .filter(|o| match hold_out {
+                    HoldOut::Row => o.id != r.id,
+                    HoldOut::Source => o.source != r.source,
+                })
+                .map(|o| ErrorSample { id: o.id.clone(), profile: o.profile.clone(), moe: o.moe, rel_error: o.error, shares: None })
+                .collect();
+            let set = ValidationSet { schema_version: 1, source: "held-out rows".into(), samples };
+            let b = band_from(&set, &r.profile, r.moe, r.predicted_secs)?;
+            Some(BandCheck {
+                id: r.id.clone(),
+                moe: r.moe,
+                measured_secs: r.measured_secs,
+                low_secs: b.low_secs,
+                high_secs: b.high_secs,
+                inside: (b.low_secs..=b.high_secs).contains(&r.measured_secs),
+                coverage: b.coverage,
+                basis: b.basis,
+            })
+        })
+        .collect()
+}
+
+/// Coverage of all checked rows, then of dense and MoE rows (a kind with no
+/// checked row is left out).
+pub fn coverage(checks: &[BandCheck]) -> Vec<Coverage> {
+    let of = |group: &str, keep: &dyn Fn(&BandCheck) -> bool| {
+        let kept: Vec<&BandCheck> = checks.iter().filter(|c| keep(c)).collect();
+        let nominal = kept.iter().map(|c| c.coverage).sum::<f64>() / kept.len().max(1) as f64;
+        Coverage { group: group.to_string(), rows: kept.len(), inside: kept.iter().filter(|c| c.inside).count(), nominal }
+    };
+    let mut out = vec![of("all", &|_| true)];
+    out.extend([of("dense", &|c| !c.moe), of("MoE", &|c| c.moe)].into_iter().filter(|c| c.rows > 0));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +300,38 @@ mod tests {
         assert_eq!(s.by_source[0].rows, 2);
         assert!((s.by_source[0].max_abs - 0.3).abs() < 1e-12);
         assert!((s.all.median_abs - 0.1).abs() < 1e-12);
+    }
+
+    fn run(id: &str, profile: &str, error: f64) -> RowResult {
+        RowResult { id: id.into(), source: source_key(id), profile: profile.into(), gpus: 8, moe: false, measured_secs: 2.0, predicted_secs: 2.0 * (1.0 + error), error }
+    }
+
+    #[test]
+    fn held_out_bands_hold_as_often_as_they_claim() {
+        // 50 runs with distinct errors in scrambled order. Each band is drawn from
+        // the other 49, its ends at ranks 50 x 0.1 = 5 and 50 x 0.9 = 45: the run
+        // of rank i among all 50 has i - 1 others below it, so it lies inside when
+        // i - 1 >= 5 and i - 1 < 45, for i = 6..=45: 40 of 50 runs, the 80% claimed.
+        let rows: Vec<RowResult> = (0..50).map(|i| run(&format!("s{}-{i}", i % 5), "h100-sxm", ((i * 37) % 50) as f64 / 500.0 - 0.05)).collect();
+        let checks = band_checks(&rows, HoldOut::Row);
+        assert_eq!(checks.len(), 50);
+        let cov = coverage(&checks);
+        assert_eq!((cov[0].rows, cov[0].inside), (50, 40), "{cov:?}");
+        assert!((cov[0].nominal - 0.8).abs() < 1e-12);
+        assert_eq!(cov.len(), 2, "no MoE row, no MoE group: {cov:?}");
+        // Outside are the five smallest and five largest errors.
+        let outside: Vec<f64> = rows.iter().zip(&checks).filter(|(_, c)| !c.inside).map(|(r, _)| r.error).collect();
+        assert!(outside.iter().all(|e| *e < -0.04 || *e > 0.0389), "{outside:?}");
+        // Leaving out a whole source (10 runs) draws each band from the other 40.
+        let by_source = band_checks(&rows, HoldOut::Source);
+        assert!(by_source.iter().all(|c| c.basis.starts_with("40 ")), "{:?}", by_source[0].basis);
+    }
+
+    #[test]
+    fn a_row_without_enough_other_runs_gets_no_band() {
+        let rows: Vec<RowResult> = (0..5).map(|i| run(&format!("a-{i}"), "a100-80g", 0.01 * i as f64)).collect();
+        // Four others are below the five a band needs.
+        assert!(band_checks(&rows, HoldOut::Row).is_empty());
+        assert!(coverage(&[]).iter().all(|c| c.rows == 0) && coverage(&[]).len() == 1);
     }
 }

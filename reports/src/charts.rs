@@ -138,7 +138,7 @@ pub fn components(e: &Estimate) -> Vec<(&'static str, f64)> {
     ]
 }
 
-/// One stacked bar per plan, with the 80% band as an error bar.
+/// One stacked bar per plan, with its error band as an error bar.
 pub fn stacked_bars(plans: &[&Estimate]) -> String {
     let y_max = plans.iter().map(|e| e.band.as_ref().map(|b| b.high_secs).unwrap_or(e.step_secs).max(e.step_secs)).fold(0.0, f64::max) * 1.1;
     render((900, 420), |root| {
@@ -189,7 +189,7 @@ pub fn stacked_bars(plans: &[&Estimate]) -> String {
         chart
             .draw_series(whiskers)
             .map_err(err)?
-            .label("80% band")
+            .label("error band")
             .legend(|(x, y)| PathElement::new(vec![(x + 4, y - 5), (x + 4, y + 5)], BLACK.stroke_width(2)));
         chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(err)?;
         Ok(())

@@ -124,7 +124,7 @@ pub fn render(input: &ReportInput) -> String {
 
     // 2. Ranked plans.
     let mut b = String::new();
-    let _ = writeln!(b, "<table><thead><tr><th>#</th><th>TP</th><th>PP</th><th>VPP</th><th>CP</th><th>SP</th><th>EP</th><th>ETP</th><th>DP</th><th>MBS</th><th>GA</th><th>ZeRO</th><th>RC</th><th>step</th><th>80% band</th><th>tok/s/GPU</th><th>MFU</th><th>mem GiB / cap</th><th>bubble</th><th>exposed comm</th></tr></thead><tbody>");
+    let _ = writeln!(b, "<table><thead><tr><th>#</th><th>TP</th><th>PP</th><th>VPP</th><th>CP</th><th>SP</th><th>EP</th><th>ETP</th><th>DP</th><th>MBS</th><th>GA</th><th>ZeRO</th><th>RC</th><th>step</th><th>band</th><th>tok/s/GPU</th><th>MFU</th><th>mem GiB / cap</th><th>bubble</th><th>exposed comm</th></tr></thead><tbody>");
     for rp in &plan.plans {
         let c = &rp.config;
         let e = &rp.estimate;
@@ -139,7 +139,7 @@ pub fn render(input: &ReportInput) -> String {
     }
     let _ = writeln!(b, "</tbody></table>");
     if let Some(band) = &best.estimate.band {
-        let _ = writeln!(b, "<p class=\"note\">The 80% band is the spread of the cost model's errors on {} (published measurements).</p>", esc(&band.basis));
+        let _ = writeln!(b, "<p class=\"note\">The band holds the measured step time with probability {:.0}% if the cost model errs on these plans as it did on {} (published measurements).</p>", 100.0 * band.coverage, esc(&band.basis));
     }
     section(&mut h, "plans", b);
 

@@ -116,9 +116,21 @@ fn validate_command_reports_rows_summaries_and_cross_validation() {
     let loso = v["cross_validation"]["summary"]["all"]["median_abs"].as_f64().unwrap();
     println!("leave-one-source-out median |error| {:.1}%", 100.0 * loso);
     assert!(loso <= 0.10, "leave-one-source-out median error {:.1}% exceeds 10%", 100.0 * loso);
+    // The error bands hold as often as they claim, judged on runs they were not
+    // drawn from (each row left out; each source left out): no lower than the
+    // claim by more than two binomial standard deviations.
+    for (what, bands) in [("row", &v["bands"]), ("source", &v["cross_validation"]["bands"])] {
+        let all = &bands["coverage"][0];
+        let (n, inside, claim) = (all["rows"].as_u64().unwrap() as f64, all["inside"].as_u64().unwrap() as f64, all["nominal"].as_f64().unwrap());
+        let floor = claim - 2.0 * (claim * (1.0 - claim) / n).sqrt();
+        println!("bands drawn with the {what} left out: {inside} of {n} rows inside ({:.0}%, claimed {:.0}%, floor {:.0}%)", 100.0 * inside / n, 100.0 * claim, 100.0 * floor);
+        assert_eq!(n, 39.0, "every row gets a held-out band");
+        assert!(inside / n >= floor, "bands drawn with the {what} left out hold for {inside} of {n} rows, below {:.0}%", 100.0 * floor);
+    }
     let o = std::process::Command::new(bin).args(["validate", csv, "--markdown"]).output().unwrap();
     let md = String::from_utf8_lossy(&o.stdout);
     assert!(md.contains("| run |") && md.contains("| source: sc21 |"), "{md}");
+    assert!(md.contains("**Error bands (claiming 80% on average, each drawn with the row left out): measured inside for "), "{md}");
     // A row Sextant cannot represent is listed with its reason, not dropped.
     let dir = std::env::temp_dir().join(format!("sextant-validate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
