@@ -283,6 +283,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         inp.cluster.profile.clone(),
         inp.cluster.gpus,
         inp.workload.clone(),
+        inp.assumptions,
         Some(&res),
         res.top.iter().map(|c| (c.config.clone(), c.estimate.clone())).collect(),
     );
@@ -496,7 +497,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         }
         Err(r) => bail!("invalid configuration: {r}"),
     };
-    let plan = PlanFile::new(inp.model.clone(), inp.cluster.profile.clone(), inp.cluster.gpus, inp.workload.clone(), None, vec![(cfg.clone(), est.clone())]);
+    let plan = PlanFile::new(inp.model.clone(), inp.cluster.profile.clone(), inp.cluster.gpus, inp.workload.clone(), inp.assumptions, None, vec![(cfg.clone(), est.clone())]);
     let mut text = render::assumptions(&inp);
     text.push('\n');
     text.push_str(&render::breakdown(&cfg, &est, &inp.cluster.profile));

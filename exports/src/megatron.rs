@@ -9,6 +9,7 @@
 use std::fmt::Write;
 
 use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero};
+use sextant_planner::cost::LossKernel;
 use sextant_planner::model::MlpKind;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::schedule::Schedule;
@@ -213,11 +214,20 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     } else if w.precision == Precision::Fp16 {
         flag(&mut v, "accumulate-allreduce-grads-in-fp32");
     }
-    arg(&mut v, "attention-backend", "flash");
-    // The cost model prices Megatron's fused loss (cost::LossKernel::Native); without
-    // this flag Megatron-LM runs the unfused one, which moves 52 bytes per logit
-    // instead of 32.
-    flag(&mut v, "cross-entropy-loss-fusion");
+    arg(&mut v, "attention-backend", if plan.assumptions.flash_attention { "flash" } else { "unfused" });
+    // The loss the plan priced (cost::LossKernel): without the flag Megatron-LM runs
+    // the unfused one (52 bytes per logit); with it, its own fusion (32).
+    // Megatron-LM's arguments.py rejects Transformer Engine's kernel.
+    match loss_fields(plan.assumptions.loss) {
+        (true, Some("te")) => {
+            return Err(ExportError::Inexpressible {
+                target: Target::MegatronLm,
+                reason: "the plan prices Transformer Engine's cross-entropy kernel (--loss te), which Megatron-LM refuses (megatron/training/arguments.py); plan with --loss native for Megatron-LM".into(),
+            })
+        }
+        (true, _) => flag(&mut v, "cross-entropy-loss-fusion"),
+        (false, _) => {}
+    }
 
     // Model shape: TransformerConfig / _add_network_size_args.
     arg(&mut v, "num-layers", m.layers);
@@ -300,6 +310,17 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     Ok(v)
 }
 
+/// The loss the plan priced, as Megatron-Core's `ModelParallelConfig` fields
+/// `cross_entropy_loss_fusion` and `cross_entropy_fusion_impl`
+/// (megatron/core/model_parallel_config.py).
+pub fn loss_fields(loss: LossKernel) -> (bool, Option<&'static str>) {
+    match loss {
+        LossKernel::Native => (true, Some("native")),
+        LossKernel::Te => (true, Some("te")),
+        LossKernel::Unfused => (false, None),
+    }
+}
+
 pub fn megatron_lm(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let a = args(plan, index)?;
     let mut s = String::new();
@@ -367,6 +388,11 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     }
     let _ = writeln!(s, "    context_parallel_size={},", cfg.cp);
     let _ = writeln!(s, "    sequence_parallel={},", py_bool(cfg.sp && cfg.tp > 1));
+    let (fusion, fusion_impl) = loss_fields(plan.assumptions.loss);
+    let _ = writeln!(s, "    cross_entropy_loss_fusion={},", py_bool(fusion));
+    if let Some(i) = fusion_impl {
+        let _ = writeln!(s, "    cross_entropy_fusion_impl=\"{i}\",");
+    }
     if m.mtp_layers > 0 {
         let _ = writeln!(s, "    mtp_num_layers={},", m.mtp_layers);
     }

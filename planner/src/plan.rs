@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ParallelConfig, RejectKind, Workload, RANK_ORDER};
-use crate::cost::Estimate;
+use crate::cost::{Assumptions, Estimate};
 use crate::error::InputError;
 use crate::hardware::HardwareProfile;
 use crate::model::ModelSpec;
@@ -42,6 +42,10 @@ pub struct PlanFile {
     pub hardware: HardwareProfile,
     pub gpus: u64,
     pub workload: Workload,
+    /// The kernels the estimates priced (attention, cross-entropy); exports launch
+    /// the same ones. Plan files written before it was recorded read the defaults.
+    #[serde(default)]
+    pub assumptions: Assumptions,
     /// Order in which parallel dimensions are laid over global ranks, innermost first.
     pub rank_order: String,
     /// Present when the plans came from a search.
@@ -52,7 +56,7 @@ pub struct PlanFile {
 }
 
 impl PlanFile {
-    pub fn new(model: ModelSpec, hardware: HardwareProfile, gpus: u64, workload: Workload, search: Option<&SearchResult>, plans: Vec<(ParallelConfig, Estimate)>) -> PlanFile {
+    pub fn new(model: ModelSpec, hardware: HardwareProfile, gpus: u64, workload: Workload, assumptions: Assumptions, search: Option<&SearchResult>, plans: Vec<(ParallelConfig, Estimate)>) -> PlanFile {
         PlanFile {
             schema_version: PLAN_SCHEMA_VERSION,
             generator: format!("sextant {}", env!("CARGO_PKG_VERSION")),
@@ -60,6 +64,7 @@ impl PlanFile {
             hardware,
             gpus,
             workload,
+            assumptions,
             rank_order: RANK_ORDER.to_string(),
             search: search.map(|r| SearchSummary { enumerated: r.enumerated, valid: r.valid, rejected: r.rejected.clone() }),
             plans: plans.into_iter().enumerate().map(|(i, (config, estimate))| RankedPlan { rank: i + 1, config, estimate }).collect(),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use sextant_exports::{export, LaunchOptions, Target, TARGETS};
 use sextant_planner::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
-use sextant_planner::cost::{evaluate, Assumptions};
+use sextant_planner::cost::{evaluate, Assumptions, LossKernel};
 use sextant_planner::hardware::{builtin_profile, Cluster};
 use sextant_planner::plan::PlanFile;
 use sextant_planner::presets::resolve;
@@ -18,7 +18,7 @@ fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: P
     let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
     let w = Workload { seq, global_batch: gbs, precision, moe_imbalance: 1.0, moe_capacity: None };
     let e = evaluate(&m, &c, &w, &cfg, Assumptions::default()).unwrap_or_else(|r| panic!("{model}: {r}"));
-    let mut p = PlanFile::new(m, c.profile, gpus, w, None, vec![(cfg, e)]);
+    let mut p = PlanFile::new(m, c.profile, gpus, w, Assumptions::default(), None, vec![(cfg, e)]);
     p.generator = "sextant (test)".into();
     p
 }
@@ -295,6 +295,40 @@ fn plan_files_without_a_schedule_still_load() {
         let opts = LaunchOptions::default();
         assert_eq!(export(&old, 1, Target::MegatronLm, &opts).unwrap(), export(&p, 1, Target::MegatronLm, &opts).unwrap());
     }
+}
+
+/// Exports launch the kernels the plan priced; a plan file from before they were
+/// recorded reads the defaults (flash attention, Megatron's fused loss).
+#[test]
+fn exports_follow_the_priced_loss_and_attention_kernels() {
+    let opts = LaunchOptions::default();
+    let lm = |p: &PlanFile| export(p, 1, Target::MegatronLm, &opts);
+    let (core, bridge) = (|p: &PlanFile| export(p, 1, Target::MegatronCore, &opts).unwrap(), |p: &PlanFile| export(p, 1, Target::MegatronBridge, &opts).unwrap());
+    let native = dense();
+    assert!(lm(&native).unwrap().contains("--cross-entropy-loss-fusion") && lm(&native).unwrap().contains("--attention-backend flash"));
+    assert!(core(&native).contains("cross_entropy_loss_fusion=True,\n    cross_entropy_fusion_impl=\"native\","));
+    assert!(bridge(&native).contains("model.cross_entropy_loss_fusion=true\nmodel.cross_entropy_fusion_impl=native\n"));
+
+    let mut unfused = dense();
+    unfused.assumptions = Assumptions { flash_attention: false, loss: LossKernel::Unfused };
+    let text = lm(&unfused).unwrap();
+    assert!(!text.contains("cross-entropy") && text.contains("--attention-backend unfused"), "{text}");
+    assert!(core(&unfused).contains("cross_entropy_loss_fusion=False,") && !core(&unfused).contains("cross_entropy_fusion_impl"));
+    assert!(bridge(&unfused).contains("model.cross_entropy_loss_fusion=false\n") && !bridge(&unfused).contains("fusion_impl"));
+
+    // Megatron-LM's arguments reject TE's kernel; Megatron-Core and Bridge take it.
+    let mut te = moe();
+    te.assumptions.loss = LossKernel::Te;
+    let err = lm(&te).unwrap_err().to_string();
+    assert!(err.contains("--loss te") && err.contains("--loss native") && !err.contains('\n'), "{err}");
+    assert!(core(&te).contains("cross_entropy_fusion_impl=\"te\","));
+    assert!(bridge(&te).contains("model.cross_entropy_fusion_impl=te\n"));
+
+    // Round trip, and an old plan file without the field.
+    assert_eq!(PlanFile::from_json(&te.to_json()).unwrap().assumptions, te.assumptions);
+    let mut v: serde_json::Value = serde_json::from_str(&te.to_json()).unwrap();
+    v.as_object_mut().unwrap().remove("assumptions").expect("assumptions are written");
+    assert_eq!(PlanFile::from_json(&v.to_string()).unwrap().assumptions, Assumptions::default());
 }
 
 #[test]
