@@ -17,8 +17,10 @@ use serde::{Deserialize, Serialize};
 /// Fewest comparable runs a band is drawn from.
 pub const MIN_SAMPLES: usize = 5;
 
-/// The probability a band claims: it spans the 10th to 90th percentile of the
-/// comparable errors.
+/// The probability a band claims: its ends sit at the 10th and 90th percentile
+/// ranks of the comparable errors, (n + 1) q. A band widened to cover a kind's
+/// own errors (too few runs of that kind for a pool) claims this for the pool it
+/// was drawn from, not for the kind.
 pub const COVERAGE: f64 = 0.8;
 
 /// One validated run: predicted / measured - 1, and how its predicted step time
