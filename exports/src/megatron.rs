@@ -218,15 +218,15 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     // The loss the plan priced (cost::LossKernel): without the flag Megatron-LM runs
     // the unfused one (52 bytes per logit); with it, its own fusion (32).
     // Megatron-LM's arguments.py rejects Transformer Engine's kernel.
-    match loss_fields(plan.assumptions.loss) {
-        (true, Some("te")) => {
+    match plan.assumptions.loss {
+        LossKernel::Te => {
             return Err(ExportError::Inexpressible {
                 target: Target::MegatronLm,
                 reason: "the plan prices Transformer Engine's cross-entropy kernel (--loss te), which Megatron-LM refuses (megatron/training/arguments.py); plan with --loss native for Megatron-LM".into(),
             })
         }
-        (true, _) => flag(&mut v, "cross-entropy-loss-fusion"),
-        (false, _) => {}
+        LossKernel::Native => flag(&mut v, "cross-entropy-loss-fusion"),
+        LossKernel::Unfused => {}
     }
 
     // Model shape: TransformerConfig / _add_network_size_args.
