@@ -586,8 +586,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            // One write, so that lines from concurrent ranks do not interleave.
-            eprint!("{}", format!("error: {}\n", chain.join(": ")));
+            // One write, so that lines from concurrent ranks do not interleave
+            // (eprint! with arguments writes each piece separately).
+            let line = format!("error: {}\n", chain.join(": "));
+            eprint!("{line}");
             ExitCode::from(1)
         }
     }

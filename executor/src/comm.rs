@@ -165,9 +165,9 @@ impl Group {
             }
         }
         let mut out = Vec::with_capacity(n);
-        for j in 0..n {
+        for (j, part) in parts.iter_mut().enumerate() {
             if j == self.me {
-                out.push(std::mem::take(&mut parts[j]));
+                out.push(std::mem::take(part));
             } else {
                 out.push(from_bytes(&mesh.recv(self.members[j], tag)?)?);
             }

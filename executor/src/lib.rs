@@ -4,7 +4,7 @@
 //! TCP rendezvous ([`rendezvous`]), connect a mesh ([`mesh`]), build their groups
 //! from the plan's rank order and run [`program::run`]. The CPU backend moves real
 //! data over loopback TCP with f32 GEMMs at small sizes: it proves a plan's layout
-//! and schedule are consistent. The CUDA backend (feature `cuda`) is in [`cuda`].
+//! and schedule are consistent. The CUDA backend (feature `cuda`) is in the `cuda` module.
 
 pub mod comm;
 #[cfg(feature = "cuda")] pub mod cuda;

@@ -448,16 +448,16 @@ fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(Mat, MoeSave
     // Dispatch: to each EP member, rows grouped by its local expert, in token order.
     let mut counts = vec![vec![0usize; per]; s.ep.size()];
     let mut parts: Vec<Vec<f32>> = vec![Vec::new(); s.ep.size()];
-    for (owner, part) in parts.iter_mut().enumerate() {
-        for le in 0..per {
+    for (owner, (part, count)) in parts.iter_mut().zip(counts.iter_mut()).enumerate() {
+        for (le, n) in count.iter_mut().enumerate() {
             for (t, r) in routes.iter().enumerate() {
                 if r.iter().any(|&(e, _)| e == owner * per + le) {
                     part.extend_from_slice(xs.row(t));
-                    counts[owner][le] += 1;
+                    *n += 1;
                 }
             }
         }
-        part.extend(counts[owner].iter().map(|&c| c as f32));
+        part.extend(count.iter().map(|&c| c as f32));
     }
     let got = ep_all_to_all(s, parts)?;
     let mut recv_counts = Vec::new();
@@ -619,6 +619,9 @@ pub struct WJob {
 
 /// Backward of one layer: returns the gradient of its input; weight gradients go
 /// to `wjobs`. `dout` is the gradient of the layer's output.
+// The arguments are what one layer's backward reads; a struct for them would be
+// built and taken apart at its one call site.
+#[allow(clippy::too_many_arguments)]
 pub fn backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, sv: &Saved, dout: &Mat, q0: usize, wjobs: &mut Vec<WJob>) -> R<Mat> {
     let hd = d.head_dim;
     let heads = d.heads / s.tp_n();

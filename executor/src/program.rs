@@ -1041,8 +1041,8 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
     let mut params: Vec<Option<LayerParams>> = vec![None; d.layers];
     let vstages: Vec<usize> = (0..s.schedule.chunks_per_rank(v)).map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize).collect();
     for &vs in &vstages {
-        for l in s.first_layer[vs]..s.first_layer[vs] + s.stage_layers[vs] {
-            params[l] = Some(LayerParams::init(d, l, (entry.tp as usize, tp), (g.ep.me, g.ep.size()), (g.etp.me, g.etp.size())));
+        for (l, slot) in params.iter_mut().enumerate().skip(s.first_layer[vs]).take(s.stage_layers[vs]) {
+            *slot = Some(LayerParams::init(d, l, (entry.tp as usize, tp), (g.ep.me, g.ep.size()), (g.etp.me, g.etp.size())));
         }
     }
     let grads = params.iter().map(|p| p.as_ref().map(LayerParams::zeros_like)).collect();

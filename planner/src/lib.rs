@@ -7,7 +7,7 @@
 //! the terminal. Built-in hardware profiles are compiled in from `hwprofiles/`;
 //! the CLI parses user files and passes their text to the `from_json` functions.
 //!
-//! Passes: [`search::enumerate`] -> [`config::ParallelConfig::check`] ->
+//! Passes: [`search::search`] (enumerate) -> [`config::ParallelConfig::check`] ->
 //! [`cost::estimate`] -> rank. A configuration that fails a rule is a
 //! [`config::Rejection`] (data, counted by the search), not an error.
 

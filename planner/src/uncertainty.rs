@@ -55,7 +55,8 @@ impl Shares {
         let t = &e.time;
         let parts = [t.compute.total() + t.recompute + t.overlap_slowdown, t.exposed_comm, t.bubble, t.optimizer];
         let sum: f64 = parts.iter().sum();
-        if !(sum > 0.0) {
+        // Zero or NaN: nothing to share out.
+        if sum.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return Shares::default();
         }
         Shares { compute: parts[0] / sum, communication: parts[1] / sum, bubble: parts[2] / sum, optimizer: parts[3] / sum }
@@ -224,7 +225,7 @@ pub fn attribute(set: &ValidationSet, shares: &Shares, moe: bool) -> Option<Attr
 fn attribute_with(sig: [f64; 4], shares: &Shares) -> Option<Attribution> {
     let var: Vec<f64> = shares.array().iter().zip(sig).map(|(s, g)| (s * g).powi(2)).collect();
     let total: f64 = var.iter().sum();
-    if !(total > 0.0) {
+    if total.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return None;
     }
     let mut variance_shares: Vec<(String, f64)> = Shares::TERMS.iter().zip(&var).map(|(t, v)| (t.to_string(), v / total)).collect();
