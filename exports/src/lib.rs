@@ -126,12 +126,11 @@ pub fn export(plan: &PlanFile, rank: usize, target: Target, opts: &LaunchOptions
     let exec = || launch::Program::SextantExec { plan_path: opts.plan_path.clone() };
     let megatron = || megatron::args(plan, i).map(launch::Program::Megatron);
     let cfg = &plan.plans[i].config;
-    // Only Megatron-LM's flags and Megatron-Core's OptimizerConfig are written here
-    // for the precision-aware optimizer; the YAML/Hydra targets would need a torch
-    // dtype, and torchtitan has no Megatron module list.
-    let moments_ok = matches!(target, Target::MegatronLm | Target::MegatronCore | Target::Torchrun | Target::Slurm | Target::TorchrunExec | Target::SlurmExec | Target::RankMap | Target::RankMapJson);
-    if cfg.bf16_moments && !moments_ok {
-        return Err(ExportError::Inexpressible { target, reason: "BF16 Adam moments (precision-aware optimizer) are written only for megatron-lm and megatron-core; export to one of those".into() });
+    // BF16 Adam moments (Megatron-Core's precision-aware optimizer) need a torch
+    // dtype: verl and RLinf pass optimizer overrides on without turning dtype names
+    // into dtypes, and torchtitan has no such optimizer.
+    if cfg.bf16_moments && matches!(target, Target::Verl | Target::Rlinf | Target::Torchtitan) {
+        return Err(ExportError::Inexpressible { target, reason: "BF16 Adam moments (Megatron's precision-aware optimizer) have no verified setting here; re-plan without --bf16-moments".into() });
     }
     if target == Target::Torchtitan && cfg.recompute_modules != sextant_planner::config::RecomputeModules::DEFAULT && cfg.recompute == sextant_planner::config::Recompute::Selective {
         return Err(ExportError::Inexpressible { target, reason: format!("torchtitan has no per-module recomputation like Megatron's --recompute-modules {}", cfg.recompute_modules) });

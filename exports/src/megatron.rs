@@ -262,20 +262,12 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         if moe.shared_hidden() > 0 {
             arg(&mut v, "moe-shared-expert-intermediate-size", moe.shared_hidden());
         }
-        // TransformerConfig.moe_token_dispatcher_type / moe_flex_dispatcher_backend.
-        match cfg.moe_dispatcher {
-            Dispatcher::AllToAll => arg(&mut v, "moe-token-dispatcher-type", "alltoall"),
-            Dispatcher::Deduplicated => {
-                arg(&mut v, "moe-token-dispatcher-type", "flex");
-                arg(&mut v, "moe-flex-dispatcher-backend", "deepep");
-            }
-        }
-        // TransformerConfig.moe_expert_capacity_factor / moe_pad_expert_input_to_capacity
-        // (token dropping; absent: dropless).
-        if let Some(c) = &w.moe_capacity {
-            arg(&mut v, "moe-expert-capacity-factor", c.factor);
-            if c.pad {
-                flag(&mut v, "moe-pad-expert-input-to-capacity");
+        for (key, value) in moe_token_fields(plan, cfg) {
+            let name = key.replace('_', "-");
+            match value {
+                Value::Bool(true) => flag(&mut v, &name),
+                Value::Bool(false) => {}
+                other => arg(&mut v, &name, other.yaml()),
             }
         }
         // Auxiliary-loss-free balancing: per-expert score bias, sigmoid scores
@@ -308,6 +300,56 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         arg(&mut v, "v-head-dim", mla.v_head_dim);
     }
     Ok(v)
+}
+
+/// A Megatron-Core config value, written as a YAML or Hydra word or as Python.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Value {
+    Word(&'static str),
+    Num(String),
+    Bool(bool),
+}
+
+impl Value {
+    pub(crate) fn yaml(&self) -> String {
+        match self {
+            Value::Word(w) => w.to_string(),
+            Value::Num(n) => n.clone(),
+            Value::Bool(b) => b.to_string(),
+        }
+    }
+
+    pub(crate) fn python(&self) -> String {
+        match self {
+            Value::Word(w) => format!("\"{w}\""),
+            Value::Num(n) => n.clone(),
+            Value::Bool(b) => if *b { "True" } else { "False" }.into(),
+        }
+    }
+}
+
+/// The MoE token path the plan priced, as Megatron-Core `TransformerConfig` fields
+/// (megatron/core/transformer/transformer_config.py): the dispatcher
+/// (`moe_token_dispatcher_type`, `moe_flex_dispatcher_backend`) and, when tokens
+/// are dropped, the expert capacity (`moe_expert_capacity_factor`,
+/// `moe_pad_expert_input_to_capacity`; absent: dropless). Empty for dense models.
+pub(crate) fn moe_token_fields(plan: &PlanFile, cfg: &ParallelConfig) -> Vec<(&'static str, Value)> {
+    let mut v = Vec::new();
+    if plan.model.moe.is_none() {
+        return v;
+    }
+    match cfg.moe_dispatcher {
+        Dispatcher::AllToAll => v.push(("moe_token_dispatcher_type", Value::Word("alltoall"))),
+        Dispatcher::Deduplicated => {
+            v.push(("moe_token_dispatcher_type", Value::Word("flex")));
+            v.push(("moe_flex_dispatcher_backend", Value::Word("deepep")));
+        }
+    }
+    if let Some(c) = &plan.workload.moe_capacity {
+        v.push(("moe_expert_capacity_factor", Value::Num(c.factor.to_string())));
+        v.push(("moe_pad_expert_input_to_capacity", Value::Bool(c.pad)));
+    }
+    v
 }
 
 /// The loss the plan priced, as Megatron-Core's `ModelParallelConfig` fields
@@ -351,6 +393,9 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let config_class = if m.mla.is_some() { "MLATransformerConfig" } else { "TransformerConfig" };
     let _ = writeln!(s, "from megatron.core.transformer.transformer_config import {config_class}");
     let _ = writeln!(s, "from megatron.core.distributed import DistributedDataParallelConfig");
+    if !plan.assumptions.flash_attention {
+        let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
+    }
     if cfg.bf16_moments {
         let _ = writeln!(s, "from megatron.core.optimizer import OptimizerConfig");
     }
@@ -399,9 +444,28 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     if let Some(moe) = &m.moe {
         let _ = writeln!(s, "    expert_model_parallel_size={},\n    expert_tensor_parallel_size={},", cfg.ep, cfg.etp);
         let _ = writeln!(s, "    num_moe_experts={},\n    moe_router_topk={},\n    moe_ffn_hidden_size={},", moe.experts, moe.top_k, moe.expert_ffn_hidden);
-        if let Some(c) = &w.moe_capacity {
-            let _ = writeln!(s, "    moe_expert_capacity_factor={},\n    moe_pad_expert_input_to_capacity={},", c.factor, py_bool(c.pad));
+        if moe.shared_hidden() > 0 {
+            let _ = writeln!(s, "    moe_shared_expert_intermediate_size={},", moe.shared_hidden());
         }
+        if moe.dense_leading_layers > 0 || moe.layer_freq > 1 {
+            let pattern: Vec<&str> = (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }).collect();
+            let _ = writeln!(s, "    moe_layer_freq=[{}],", pattern.join(", "));
+        }
+        if moe.balancing == sextant_planner::routing::Balancing::LossFree {
+            let _ = writeln!(s, "    moe_router_enable_expert_bias=True,\n    moe_router_score_function=\"sigmoid\",");
+        }
+        for (key, value) in moe_token_fields(plan, cfg) {
+            let _ = writeln!(s, "    {key}={},", value.python());
+        }
+        // ModelParallelConfig.overlap_moe_expert_parallel_comm / delay_wgrad_compute.
+        if cfg.megatron_ep_overlap(w) {
+            let _ = writeln!(s, "    overlap_moe_expert_parallel_comm=True,\n    delay_wgrad_compute=True,");
+        }
+    }
+    // TransformerConfig.attention_backend (enums.py AttnBackend); the default, auto,
+    // lets Transformer Engine pick a fused kernel.
+    if !plan.assumptions.flash_attention {
+        let _ = writeln!(s, "    attention_backend=AttnBackend.unfused,");
     }
     match &cfg.layout {
         Layout::Even => {}

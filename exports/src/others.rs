@@ -7,11 +7,12 @@
 
 use std::fmt::Write;
 
-use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero};
+use sextant_planner::config::{Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero};
+use sextant_planner::cost::LossKernel;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::schedule::Schedule;
 
-use crate::megatron::pipeline_layout;
+use crate::megatron::{moe_token_fields, pipeline_layout};
 use crate::{ExportError, Target};
 
 fn cannot(target: Target, reason: impl Into<String>) -> ExportError {
@@ -83,22 +84,22 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     if plan.model.moe.is_some() {
         put("model.expert_model_parallel_size", cfg.ep.to_string());
         put("model.expert_tensor_parallel_size", cfg.etp.to_string());
-        // Megatron-Core TransformerConfig; Bridge recipes set the flex backend the same way.
-        match cfg.moe_dispatcher {
-            Dispatcher::AllToAll => put("model.moe_token_dispatcher_type", "alltoall".into()),
-            Dispatcher::Deduplicated => {
-                put("model.moe_token_dispatcher_type", "flex".into());
-                put("model.moe_flex_dispatcher_backend", "deepep".into());
-            }
+        // Megatron-Core TransformerConfig fields on the provider; Bridge recipes set
+        // the flex backend and the capacity the same way.
+        for (key, value) in moe_token_fields(plan, cfg) {
+            put(&format!("model.{key}"), value.yaml());
         }
         if cfg.megatron_ep_overlap(w) {
             put("comm_overlap.overlap_moe_expert_parallel_comm", "true".into());
             put("comm_overlap.delay_wgrad_compute", "true".into());
         }
-        if let Some(c) = &w.moe_capacity {
-            put("model.moe_expert_capacity_factor", c.factor.to_string());
-            put("model.moe_pad_expert_input_to_capacity", c.pad.to_string());
-        }
+    }
+    // TransformerConfig.attention_backend is an enum that the override parser
+    // (src/megatron/bridge/training/utils/omegaconf_utils.py) leaves a string; a
+    // _target_ dict is instantiated there instead, and _call_: false returns the
+    // member itself. Without it the recipe's backend (a fused kernel) runs.
+    if !plan.assumptions.flash_attention {
+        put("model.attention_backend", "{_target_:megatron.core.transformer.enums.AttnBackend.unfused,_call_:false}".into());
     }
     for (k, v) in layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
         put(&format!("model.{k}"), v);
@@ -136,6 +137,14 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     put("ddp.overlap_grad_reduce", cfg.overlap.grad_reduce.to_string());
     put("ddp.overlap_param_gather", cfg.overlap.param_gather.to_string());
     put("ddp.grad_reduce_in_fp32", (!cfg.bf16_grads).to_string());
+    // Megatron-Core OptimizerConfig (megatron/core/optimizer/optimizer_config.py);
+    // the override parser turns dtype names into torch dtypes (str_to_dtype in
+    // src/megatron/bridge/utils/activation_map.py).
+    if cfg.bf16_moments {
+        put("optimizer.use_precision_aware_optimizer", "true".into());
+        put("optimizer.exp_avg_dtype", "bf16".into());
+        put("optimizer.exp_avg_sq_dtype", "bf16".into());
+    }
     // Precision presets: src/megatron/bridge/training/mixed_precision.py.
     let preset = match w.precision {
         Precision::Bf16 => "bf16_mixed",
@@ -153,9 +162,36 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     let _ = writeln!(s, "# Megatron-Bridge 0.7 overrides for scripts/training/run_recipe.py --recipe <your recipe>");
     let _ = writeln!(s, "# (ConfigContainer: src/megatron/bridge/training/config.py). Plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
     for (k, v) in &lines {
-        let _ = writeln!(s, "{k}={v}");
+        // One override, one shell word: quote values the shell would expand
+        // (braces, brackets) or strip (double quotes).
+        if v.contains(|c: char| "{}[]\",*? ".contains(c)) {
+            let _ = writeln!(s, "'{k}={v}'");
+        } else {
+            let _ = writeln!(s, "{k}={v}");
+        }
     }
     Ok(s)
+}
+
+/// What an RL framework's Megatron backend runs regardless of the plan: it asks the
+/// model for logits and computes log-probabilities itself with Megatron-Core's
+/// unfused `vocab_parallel_cross_entropy`, so only a plan priced with the unfused
+/// loss is the run it launches; and it has no verified setting for TP or
+/// expert-parallel communication overlap.
+fn rl_backend_limits(plan: &PlanFile, cfg: &ParallelConfig, framework: &str, loss_path: &str) -> Result<(), String> {
+    if plan.assumptions.loss != LossKernel::Unfused {
+        return Err(format!(
+            "{framework} computes log-probabilities itself with Megatron-Core's unfused vocab_parallel_cross_entropy ({loss_path}), not the {} loss kernel this plan priced; re-plan with --loss unfused",
+            plan.assumptions.loss.name()
+        ));
+    }
+    if cfg.overlap.tp_comm && cfg.tp > 1 {
+        return Err(format!("{framework} has no verified setting that initialises TP communication overlap; re-plan without --tp-comm-overlap"));
+    }
+    if cfg.megatron_ep_overlap(&plan.workload) {
+        return Err(format!("{framework}'s training step does not run Megatron-Core's expert-parallel overlap schedule as planned; re-plan without --ep-comm-overlap"));
+    }
+    Ok(())
 }
 
 /// verl: YAML fragment for `python -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer`
@@ -192,6 +228,7 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         let _ = writeln!(s, "  model:\n    enable_gradient_checkpointing: {}", cfg.recompute != Recompute::None);
         return Ok(s);
     }
+    rl_backend_limits(plan, cfg, "verl", "verl/utils/megatron/tensor_parallel.py").map_err(|r| cannot(t, r))?;
     let _ = writeln!(s, "actor_rollout_ref:\n  actor:\n    strategy: megatron");
     let _ = writeln!(s, "    ppo_micro_batch_size_per_gpu: {}", cfg.mbs);
     let _ = writeln!(s, "    megatron:");
@@ -215,12 +252,27 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     if plan.model.mtp_layers > 0 {
         over.push(("mtp_num_layers", mtp_value(plan)));
     }
+    over.extend(moe_token_fields(plan, cfg).into_iter().map(|(k, v)| (k, v.yaml())));
+    // verl looks attention_backend up by member name (AttnBackend[...] in
+    // verl/utils/megatron_utils.py); its own default is flash.
+    if !plan.assumptions.flash_attention {
+        over.push(("attention_backend", "unfused".into()));
+    }
     if !over.is_empty() {
         let _ = writeln!(s, "      override_transformer_config:");
         for (k, v) in over {
             let _ = writeln!(s, "        {k}: {v}");
         }
     }
+    // Megatron-Core DistributedDataParallelConfig fields; verl's defaults differ by
+    // path (verl/utils/megatron_utils.py), so the plan's are stated. The
+    // parameter-gather hook reads the optimizer config's copy of the flag.
+    let gather = cfg.overlap.param_gather && cfg.zero == Zero::DistOpt;
+    let _ = writeln!(s, "      override_ddp_config:");
+    let _ = writeln!(s, "        grad_reduce_in_fp32: {}", !cfg.bf16_grads);
+    let _ = writeln!(s, "        overlap_grad_reduce: {}", cfg.overlap.grad_reduce);
+    let _ = writeln!(s, "        overlap_param_gather: {gather}");
+    let _ = writeln!(s, "    optim:\n      override_optimizer_config:\n        overlap_param_gather: {gather}");
     Ok(s)
 }
 
@@ -247,6 +299,12 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         let _ = writeln!(s, "    gradient_checkpointing: {}", cfg.recompute != Recompute::None);
         return Ok(s);
     }
+    rl_backend_limits(plan, cfg, "RLinf", "rlinf/utils/distributed.py").map_err(|r| cannot(t, r))?;
+    // RLinf copies actor.model keys into TransformerConfig as they are
+    // (build_transformer_config in rlinf/config.py), so an enum cannot be named.
+    if !plan.assumptions.flash_attention {
+        return Err(cannot(t, "RLinf passes attention_backend to Megatron-Core as a plain string, which selects no backend; re-plan without --no-flash-attention"));
+    }
     let _ = writeln!(s, "runner:\n  seq_length: {}", w.seq);
     let _ = writeln!(s, "actor:\n  training_backend: megatron\n  micro_batch_size: {}\n  global_batch_size: {}", cfg.mbs, w.global_batch);
     let _ = writeln!(s, "  model:");
@@ -264,6 +322,9 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         }
         kv(&mut s, "expert_model_parallel_size", cfg.ep.to_string());
         kv(&mut s, "expert_tensor_parallel_size", cfg.etp.to_string());
+        for (k, v) in moe_token_fields(plan, cfg) {
+            kv(&mut s, k, v.yaml());
+        }
     }
     match &cfg.layout {
         Layout::Even => {}
@@ -395,8 +456,24 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     crate::megatron::megatron_schedule(cfg, "NeMo 2.0").map_err(|r| cannot(t, r))?;
     let w = &plan.workload;
     let py = |b: bool| if b { "True" } else { "False" };
+    // Megatron-Core's combined 1F1B schedule calls the forward step with
+    // return_schedule_plan=True; NeMo's wrapped_forward_step_func
+    // (nemo/lightning/megatron_parallel.py) takes no such argument.
+    if cfg.megatron_ep_overlap(w) {
+        return Err(cannot(t, "NeMo 2.0's forward step cannot build the schedule plan that expert-parallel communication overlap needs; re-plan without --ep-comm-overlap"));
+    }
     let mut s = String::new();
     let _ = writeln!(s, "# NeMo 2.0 recipe overrides for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    if cfg.bf16_moments {
+        let _ = writeln!(s, "import torch");
+    }
+    if !plan.assumptions.flash_attention {
+        let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
+    }
+    let tp_overlap = cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp;
+    if tp_overlap {
+        let _ = writeln!(s, "import nemo_run as run\nfrom nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback");
+    }
     let _ = writeln!(s, "from nemo.collections.llm.recipes.precision.mixed_precision import {}", match w.precision {
         Precision::Bf16 => "bf16_mixed",
         Precision::Fp16 => "fp16_mixed",
@@ -429,6 +506,10 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let _ = writeln!(s, "{st}.ddp.overlap_grad_reduce = {}", py(cfg.overlap.grad_reduce));
     let _ = writeln!(s, "{st}.ddp.overlap_param_gather = {}", py(cfg.overlap.param_gather && cfg.zero == Zero::DistOpt));
     let _ = writeln!(s, "{st}.ddp.grad_reduce_in_fp32 = {}", py(!cfg.bf16_grads));
+    // recipe.optim.config is Megatron-Core's OptimizerConfig (recipes/optim/adam.py).
+    if cfg.bf16_moments {
+        let _ = writeln!(s, "recipe.optim.config.use_precision_aware_optimizer = True\nrecipe.optim.config.exp_avg_dtype = torch.bfloat16\nrecipe.optim.config.exp_avg_sq_dtype = torch.bfloat16");
+    }
     let _ = writeln!(s, "recipe.data.micro_batch_size = {}", cfg.mbs);
     let _ = writeln!(s, "recipe.data.global_batch_size = {}", w.global_batch);
     let _ = writeln!(s, "recipe.data.seq_length = {}", w.seq);
@@ -439,6 +520,28 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     }
     // GPTConfig is a Megatron-Core TransformerConfig.
     let _ = writeln!(s, "recipe.model.config.mtp_num_layers = {}", if plan.model.mtp_layers > 0 { plan.model.mtp_layers.to_string() } else { "None".into() });
+    let (fusion, fusion_impl) = crate::megatron::loss_fields(plan.assumptions.loss);
+    let _ = writeln!(s, "recipe.model.config.cross_entropy_loss_fusion = {}", py(fusion));
+    if let Some(i) = fusion_impl {
+        let _ = writeln!(s, "recipe.model.config.cross_entropy_fusion_impl = \"{i}\"");
+    }
+    if !plan.assumptions.flash_attention {
+        let _ = writeln!(s, "recipe.model.config.attention_backend = AttnBackend.unfused");
+    }
+    for (key, value) in moe_token_fields(plan, cfg) {
+        // NeMo's pinned Megatron-Core (2025-09) predates moe_flex_dispatcher_backend
+        // and selects DeepEP with moe_enable_deepep (as its DeepEP callback does).
+        let (key, value) = if key == "moe_flex_dispatcher_backend" { ("moe_enable_deepep", crate::megatron::Value::Bool(true)) } else { (key, value) };
+        let _ = writeln!(s, "recipe.model.config.{key} = {}", value.python());
+    }
+    // TP overlap is switched on by a callback that also initialises Transformer
+    // Engine's userbuffers (nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py);
+    // the config field alone would be reset. Performance recipes may add one already.
+    if tp_overlap {
+        let _ = writeln!(s, "recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True))");
+    } else if cfg.tp > 1 {
+        let _ = writeln!(s, "# This plan prices TP communication without overlap: remove a MegatronCommOverlapCallback with tp_comm_overlap=True if the recipe adds one.");
+    }
     let _ = writeln!(s, "recipe.trainer.plugins = {}()", match w.precision {
         Precision::Bf16 => "bf16_mixed",
         Precision::Fp16 => "fp16_mixed",

@@ -12,13 +12,16 @@ use sextant_planner::plan::PlanFile;
 use sextant_planner::presets::resolve;
 use sextant_planner::schedule::Schedule;
 
-#[allow(clippy::too_many_arguments)]
 fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: ParallelConfig) -> PlanFile {
+    priced(model, gpus, Workload { seq, global_batch: gbs, precision, moe_imbalance: 1.0, moe_capacity: None }, cfg, Assumptions::default())
+}
+
+/// A plan file for one configuration, priced under `a`.
+fn priced(model: &str, gpus: u64, w: Workload, cfg: ParallelConfig, a: Assumptions) -> PlanFile {
     let m = resolve(model).unwrap().spec;
     let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
-    let w = Workload { seq, global_batch: gbs, precision, moe_imbalance: 1.0, moe_capacity: None };
-    let e = evaluate(&m, &c, &w, &cfg, Assumptions::default()).unwrap_or_else(|r| panic!("{model}: {r}"));
-    let mut p = PlanFile::new(m, c.profile, gpus, w, Assumptions::default(), None, vec![(cfg, e)]);
+    let e = evaluate(&m, &c, &w, &cfg, a).unwrap_or_else(|r| panic!("{model}: {r}"));
+    let mut p = PlanFile::new(m, c.profile, gpus, w, a, None, vec![(cfg, e)]);
     p.generator = "sextant (test)".into();
     p
 }
@@ -43,6 +46,17 @@ fn moe() -> PlanFile {
     c.bf16_grads = true;
     c.mbs = 2;
     plan("mixtral-8x7b", 32, 4096, 256, Precision::Fp8, c)
+}
+
+/// The two plans as an RL framework's Megatron backend runs them: the unfused
+/// loss (verl and RLinf compute log-probabilities themselves), no TP overlap, BF16
+/// with FP32 gradient reduction.
+fn rl_ready(p: &PlanFile) -> PlanFile {
+    let mut cfg = p.plans[0].config.clone();
+    cfg.overlap.tp_comm = false;
+    cfg.bf16_grads = false;
+    let w = Workload { precision: Precision::Bf16, ..p.workload.clone() };
+    priced(&p.model.name, p.gpus, w, cfg, Assumptions { loss: LossKernel::Unfused, ..Assumptions::default() })
 }
 
 fn golden_dir() -> PathBuf {
@@ -74,6 +88,7 @@ fn golden_exports_for_every_target() {
     let opts = LaunchOptions { plan_path: "plan.json".into() };
     for (label, p) in [("dense", dense()), ("moe", moe())] {
         for (name, target) in TARGETS {
+            let p = if matches!(target, Target::Verl | Target::Rlinf) { rl_ready(&p) } else { p.clone() };
             let text = match export(&p, 1, *target, &opts) {
                 Ok(t) => t,
                 Err(e) => format!("error: {e}\n"),
@@ -221,7 +236,7 @@ fn mtp_layers_reach_every_megatron_target() {
     let core = export(&p, 1, Target::MegatronCore, &opts).unwrap();
     assert!(core.contains("mtp_num_layers=1,") && core.contains("config = MLATransformerConfig(") && core.contains("q_lora_rank=1536,"), "{core}");
     assert!(export(&p, 1, Target::MegatronBridge, &opts).unwrap().contains("model.mtp_num_layers=1\n"));
-    assert!(export(&p, 1, Target::Verl, &opts).unwrap().contains("mtp_num_layers: 1"));
+    assert!(export(&rl_ready(&p), 1, Target::Verl, &opts).unwrap().contains("mtp_num_layers: 1"));
     for t in [Target::Rlinf, Target::Torchtitan] {
         let e = export(&p, 1, t, &opts).unwrap_err().to_string();
         assert!(e.contains("--mtp-layers 0"), "{e}");
@@ -243,7 +258,7 @@ fn inexpressible_plans_fail_with_the_reason() {
     let mut c = cfg(8, 8, 2, 1, 1);
     c.layout = Layout::AccountEmbeddingLoss;
     let p = plan("llama3.1-405b", 64, 4096, 64, Precision::Bf16, c);
-    assert!(err(&p, Target::Rlinf).contains("first/last"));
+    assert!(err(&rl_ready(&p), Target::Rlinf).contains("first/last"));
     // verl has no confirmed FP8 setting.
     assert!(err(&moe(), Target::Verl).contains("FP8"));
     // A plan with MTP layers where the framework names no MTP setting.
@@ -351,4 +366,180 @@ fn cli_export_round_trip() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("[parallelism]"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What one Megatron-family export must show for a priced setting: every
+/// `Has` marker (a leading `!` means the text must not contain it), or a one-line
+/// refusal naming the re-plan flag.
+enum Expect {
+    Has(&'static [&'static str]),
+    Refused(&'static str),
+}
+
+/// Every setting the cost model prices reaches the launch of each Megatron-family
+/// framework, or the export refuses in one line and says how to re-plan: a plan
+/// priced one way is never launched another.
+#[test]
+fn exports_launch_what_the_plan_priced_or_refuse() {
+    use Expect::{Has, Refused};
+    // Qwen3-30B-A3B on 16 H100s, EP 8, priced with the unfused loss (what the RL
+    // frameworks run); each case changes one setting.
+    let base = || {
+        let mut c = cfg(1, 1, 1, 1, 16);
+        c.ep = 8;
+        let w = Workload { seq: 4096, global_batch: 64, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
+        (c, w, Assumptions { loss: LossKernel::Unfused, ..Assumptions::default() })
+    };
+    type Case = (&'static str, fn(&mut ParallelConfig, &mut Workload, &mut Assumptions), [Expect; 6]);
+    let cases: Vec<Case> = vec![
+        (
+            "unfused loss, alltoall",
+            |_, _, _| {},
+            [
+                Has(&["--moe-token-dispatcher-type alltoall", "!--cross-entropy-loss-fusion"]),
+                Has(&["cross_entropy_loss_fusion=False,", "moe_token_dispatcher_type=\"alltoall\","]),
+                Has(&["model.cross_entropy_loss_fusion=false\n", "model.moe_token_dispatcher_type=alltoall\n"]),
+                Has(&["recipe.model.config.cross_entropy_loss_fusion = False\n", "recipe.model.config.moe_token_dispatcher_type = \"alltoall\"\n"]),
+                Has(&["        moe_token_dispatcher_type: alltoall\n", "        overlap_grad_reduce: true\n", "        overlap_param_gather: true\n"]),
+                Has(&["    moe_token_dispatcher_type: alltoall\n"]),
+            ],
+        ),
+        (
+            "Megatron's fused loss",
+            |_, _, a| a.loss = LossKernel::Native,
+            [
+                Has(&["--cross-entropy-loss-fusion"]),
+                Has(&["cross_entropy_fusion_impl=\"native\","]),
+                Has(&["model.cross_entropy_fusion_impl=native\n"]),
+                Has(&["recipe.model.config.cross_entropy_loss_fusion = True\nrecipe.model.config.cross_entropy_fusion_impl = \"native\"\n"]),
+                Refused("--loss unfused"),
+                Refused("--loss unfused"),
+            ],
+        ),
+        (
+            "Transformer Engine's loss",
+            |_, _, a| a.loss = LossKernel::Te,
+            [
+                Refused("--loss native"),
+                Has(&["cross_entropy_fusion_impl=\"te\","]),
+                Has(&["model.cross_entropy_fusion_impl=te\n"]),
+                Has(&["recipe.model.config.cross_entropy_fusion_impl = \"te\"\n"]),
+                Refused("--loss unfused"),
+                Refused("--loss unfused"),
+            ],
+        ),
+        (
+            "unfused attention",
+            |_, _, a| a.flash_attention = false,
+            [
+                Has(&["--attention-backend unfused"]),
+                Has(&["from megatron.core.transformer.enums import AttnBackend\n", "    attention_backend=AttnBackend.unfused,\n"]),
+                Has(&["'model.attention_backend={_target_:megatron.core.transformer.enums.AttnBackend.unfused,_call_:false}'\n"]),
+                Has(&["from megatron.core.transformer.enums import AttnBackend\n", "recipe.model.config.attention_backend = AttnBackend.unfused\n"]),
+                Has(&["        attention_backend: unfused\n"]),
+                Refused("--no-flash-attention"),
+            ],
+        ),
+        (
+            "DeepEP dispatcher",
+            |c, _, _| c.moe_dispatcher = Dispatcher::Deduplicated,
+            [
+                Has(&["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]),
+                Has(&["moe_token_dispatcher_type=\"flex\",\n    moe_flex_dispatcher_backend=\"deepep\","]),
+                Has(&["model.moe_token_dispatcher_type=flex\nmodel.moe_flex_dispatcher_backend=deepep\n"]),
+                Has(&["moe_token_dispatcher_type = \"flex\"\nrecipe.model.config.moe_enable_deepep = True\n"]),
+                Has(&["        moe_token_dispatcher_type: flex\n        moe_flex_dispatcher_backend: deepep\n"]),
+                Has(&["    moe_token_dispatcher_type: flex\n    moe_flex_dispatcher_backend: deepep\n"]),
+            ],
+        ),
+        (
+            "expert capacity with padding",
+            |_, w, _| w.moe_capacity = Some(sextant_planner::routing::Capacity { factor: 1.25, pad: true }),
+            [
+                Has(&["--moe-expert-capacity-factor 1.25", "--moe-pad-expert-input-to-capacity"]),
+                Has(&["moe_expert_capacity_factor=1.25,\n    moe_pad_expert_input_to_capacity=True,"]),
+                Has(&["model.moe_expert_capacity_factor=1.25\nmodel.moe_pad_expert_input_to_capacity=true\n"]),
+                Has(&["recipe.model.config.moe_expert_capacity_factor = 1.25\nrecipe.model.config.moe_pad_expert_input_to_capacity = True\n"]),
+                Has(&["        moe_expert_capacity_factor: 1.25\n        moe_pad_expert_input_to_capacity: true\n"]),
+                Has(&["    moe_expert_capacity_factor: 1.25\n    moe_pad_expert_input_to_capacity: true\n"]),
+            ],
+        ),
+        (
+            "expert-parallel communication overlap",
+            |c, _, _| c.overlap.ep_comm = true,
+            [
+                Has(&["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]),
+                Has(&["overlap_moe_expert_parallel_comm=True,\n    delay_wgrad_compute=True,"]),
+                Has(&["comm_overlap.overlap_moe_expert_parallel_comm=true\n", "comm_overlap.delay_wgrad_compute=true\n"]),
+                Refused("--ep-comm-overlap"),
+                Refused("--ep-comm-overlap"),
+                Refused("--ep-comm-overlap"),
+            ],
+        ),
+        (
+            "BF16 optimizer moments",
+            |c, _, _| c.bf16_moments = true,
+            [
+                Has(&["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]),
+                Has(&["exp_avg_dtype=torch.bfloat16,"]),
+                Has(&["optimizer.use_precision_aware_optimizer=true\noptimizer.exp_avg_dtype=bf16\noptimizer.exp_avg_sq_dtype=bf16\n"]),
+                Has(&["import torch\n", "recipe.optim.config.exp_avg_dtype = torch.bfloat16\n"]),
+                Refused("--bf16-moments"),
+                Refused("--bf16-moments"),
+            ],
+        ),
+        (
+            "BF16 gradient reduction",
+            |c, _, _| c.bf16_grads = true,
+            [
+                Has(&["--grad-reduce-in-bf16"]),
+                Has(&["grad_reduce_in_fp32=False,"]),
+                Has(&["ddp.grad_reduce_in_fp32=false\n"]),
+                Has(&["recipe.trainer.strategy.ddp.grad_reduce_in_fp32 = False\n"]),
+                Has(&["        grad_reduce_in_fp32: false\n"]),
+                Refused("--bf16-grads"),
+            ],
+        ),
+        (
+            "TP communication overlap",
+            |c, _, _| {
+                (c.tp, c.dp, c.sp) = (2, 8, true);
+                c.overlap.tp_comm = true;
+            },
+            [
+                Has(&["--tp-comm-overlap"]),
+                Has(&["tp_comm_overlap=True,"]),
+                Has(&["comm_overlap.tp_comm_overlap=true\n"]),
+                Has(&["recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True))\n"]),
+                Refused("--tp-comm-overlap"),
+                Refused("--tp-comm-overlap"),
+            ],
+        ),
+    ];
+    let targets = [Target::MegatronLm, Target::MegatronCore, Target::MegatronBridge, Target::Nemo, Target::Verl, Target::Rlinf];
+    let opts = LaunchOptions::default();
+    for (name, change, expects) in &cases {
+        let (mut c, mut w, mut a) = base();
+        change(&mut c, &mut w, &mut a);
+        let p = priced("qwen3-30b-a3b", 16, w, c, a);
+        for (target, expect) in targets.iter().zip(expects) {
+            let got = export(&p, 1, *target, &opts);
+            match (expect, got) {
+                (Has(markers), Ok(text)) => {
+                    for m in *markers {
+                        match m.strip_prefix('!') {
+                            Some(absent) => assert!(!text.contains(absent), "{name}, {target:?}: must not contain {absent:?}:\n{text}"),
+                            None => assert!(text.contains(m), "{name}, {target:?}: missing {m:?}:\n{text}"),
+                        }
+                    }
+                }
+                (Refused(hint), Err(e)) => {
+                    let e = e.to_string();
+                    assert!(e.contains(hint) && !e.contains('\n'), "{name}, {target:?}: refusal should be one line naming {hint}: {e}");
+                }
+                (Has(_), Err(e)) => panic!("{name}, {target:?}: refused: {e}"),
+                (Refused(_), Ok(text)) => panic!("{name}, {target:?}: exported a run it cannot launch as priced:\n{text}"),
+            }
+        }
+    }
 }
