@@ -282,8 +282,7 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
             flag(&mut v, "overlap-moe-expert-parallel-comm");
             flag(&mut v, "delay-wgrad-compute");
         }
-        if moe.dense_leading_layers > 0 || moe.layer_freq > 1 {
-            let pattern: Vec<String> = (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }.to_string()).collect();
+        if let Some(pattern) = moe_layer_pattern(m) {
             v.push(format!("--moe-layer-freq \"[{}]\"", pattern.join(",")));
         }
     }
@@ -300,6 +299,13 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         arg(&mut v, "v-head-dim", mla.v_head_dim);
     }
     Ok(v)
+}
+
+/// `moe_layer_freq` as a per-layer list (1: MoE, 0: dense) when not every layer
+/// is MoE (TransformerConfig.moe_layer_freq); `None` when every layer is.
+fn moe_layer_pattern(m: &sextant_planner::model::ModelSpec) -> Option<Vec<&'static str>> {
+    let moe = m.moe.as_ref()?;
+    (moe.dense_leading_layers > 0 || moe.layer_freq > 1).then(|| (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }).collect())
 }
 
 /// A Megatron-Core config value, written as a YAML or Hydra word or as Python.
@@ -447,8 +453,7 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
         if moe.shared_hidden() > 0 {
             let _ = writeln!(s, "    moe_shared_expert_intermediate_size={},", moe.shared_hidden());
         }
-        if moe.dense_leading_layers > 0 || moe.layer_freq > 1 {
-            let pattern: Vec<&str> = (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }).collect();
+        if let Some(pattern) = moe_layer_pattern(m) {
             let _ = writeln!(s, "    moe_layer_freq=[{}],", pattern.join(", "));
         }
         if moe.balancing == sextant_planner::routing::Balancing::LossFree {
