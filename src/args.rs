@@ -157,8 +157,12 @@ fn looks_like_file(s: &str) -> bool {
 pub fn load_model(arg: &str) -> Result<(ModelSpec, String)> {
     if looks_like_file(arg) {
         let text = read_text(Path::new(arg), "model file")?;
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("model file '{arg}' is not valid JSON: {e}"))?;
-        let stem = Path::new(arg).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("model file '{arg}' is not valid JSON: {e}"))?;
+        let stem = Path::new(arg)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let spec = if value.get("model_type").is_some() {
             from_hf_config(&text, &stem).map_err(|e| anyhow::anyhow!("'{arg}': {e}"))?
         } else {
@@ -184,7 +188,9 @@ impl Common {
         let (mut model, model_note) = load_model(&self.model)?;
         if let Some(n) = self.mtp_layers {
             model.mtp_layers = n;
-            model.validate().map_err(|e| anyhow::anyhow!("--mtp-layers {n}: {e}"))?;
+            model
+                .validate()
+                .map_err(|e| anyhow::anyhow!("--mtp-layers {n}: {e}"))?;
         }
         let mut profile = load_profile(self.gpu.as_deref(), self.cluster.as_deref())?;
         if let Some(path) = &self.calibration {
@@ -192,23 +198,38 @@ impl Common {
             if overlay.backend == "cpu" {
                 bail!("--calibration '{path}' was measured by the CPU test backend on '{}': it describes that CPU, not {}; calibrate from a CUDA run", overlay.device, profile.gpu.name);
             }
-            profile = sextant_planner::calibration::apply(&profile, &overlay).map_err(|e| anyhow::anyhow!("--calibration '{path}': {e}"))?;
+            profile = sextant_planner::calibration::apply(&profile, &overlay)
+                .map_err(|e| anyhow::anyhow!("--calibration '{path}': {e}"))?;
         }
         let mut cluster = Cluster::new(profile, self.gpus)?;
         cluster.allow_tp_beyond_nvlink = self.allow_tp_across_nodes;
         let Some(precision) = Precision::parse(&self.precision) else {
-            bail!("--precision '{}' is not one of bf16, fp16, fp8, mxfp8", self.precision);
+            bail!(
+                "--precision '{}' is not one of bf16, fp16, fp8, mxfp8",
+                self.precision
+            );
         };
         if precision.is_fp8() && cluster.profile.gpu.peak_tflops.fp8 <= 0.0 {
-            bail!("--precision {precision}: {} has no FP8 tensor cores; use bf16 or fp16", cluster.profile.gpu.name);
+            bail!(
+                "--precision {precision}: {} has no FP8 tensor cores; use bf16 or fp16",
+                cluster.profile.gpu.name
+            );
         }
         if self.seq < 2 || self.seq > MAX_SEQ {
-            bail!("--seq {} is out of range: use 2 to {MAX_SEQ} tokens", self.seq);
+            bail!(
+                "--seq {} is out of range: use 2 to {MAX_SEQ} tokens",
+                self.seq
+            );
         }
         if self.global_batch == 0 || self.global_batch > MAX_GLOBAL_BATCH {
-            bail!("--global-batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences", self.global_batch);
+            bail!(
+                "--global-batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences",
+                self.global_batch
+            );
         }
-        if model.moe.is_none() && (self.moe_imbalance.is_some() || self.moe_capacity_factor.is_some()) {
+        if model.moe.is_none()
+            && (self.moe_imbalance.is_some() || self.moe_capacity_factor.is_some())
+        {
             bail!("--moe-imbalance and --moe-capacity-factor describe expert routing, but '{}' is a dense model; drop them", model.name);
         }
         if self.moe_pad_to_capacity && self.moe_capacity_factor.is_none() {
@@ -219,11 +240,24 @@ impl Common {
                 bail!("--moe-imbalance {x} is more than one expert can carry: with {} experts and top-{} routing the busiest expert takes at most {} times the mean", moe.experts, moe.top_k, sextant_planner::routing::max_imbalance(moe))
             }
             (Some(x), _) => x,
-            (None, Some(moe)) => sextant_planner::routing::default_imbalance(moe).min(sextant_planner::routing::max_imbalance(moe)).max(1.0),
+            (None, Some(moe)) => sextant_planner::routing::default_imbalance(moe)
+                .min(sextant_planner::routing::max_imbalance(moe))
+                .max(1.0),
             (None, None) => 1.0,
         };
-        let moe_capacity = self.moe_capacity_factor.map(|factor| sextant_planner::routing::Capacity { factor, pad: self.moe_pad_to_capacity });
-        let workload = Workload { seq: self.seq, global_batch: self.global_batch, precision, moe_imbalance, moe_capacity };
+        let moe_capacity =
+            self.moe_capacity_factor
+                .map(|factor| sextant_planner::routing::Capacity {
+                    factor,
+                    pad: self.moe_pad_to_capacity,
+                });
+        let workload = Workload {
+            seq: self.seq,
+            global_batch: self.global_batch,
+            precision,
+            moe_imbalance,
+            moe_capacity,
+        };
         workload.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let overlap = Overlap {
             grad_reduce: !self.no_overlap_grad_reduce,
@@ -243,8 +277,10 @@ impl Common {
         let recompute_modules = match &self.recompute_modules {
             None => None,
             Some(list) => {
-                let m = RecomputeModules::parse(list).map_err(|e| anyhow::anyhow!("--recompute-modules: {e}"))?;
-                m.check_for(&model).map_err(|e| anyhow::anyhow!("--recompute-modules: {e}"))?;
+                let m = RecomputeModules::parse(list)
+                    .map_err(|e| anyhow::anyhow!("--recompute-modules: {e}"))?;
+                m.check_for(&model)
+                    .map_err(|e| anyhow::anyhow!("--recompute-modules: {e}"))?;
                 Some(m)
             }
         };
@@ -259,12 +295,19 @@ impl Common {
             recompute_modules,
             moe_dispatcher: match Dispatcher::parse(&self.moe_dispatcher) {
                 Some(d) => d,
-                None => bail!("--moe-dispatcher '{}' is not one of {}", self.moe_dispatcher, Dispatcher::NAMES),
+                None => bail!(
+                    "--moe-dispatcher '{}' is not one of {}",
+                    self.moe_dispatcher,
+                    Dispatcher::NAMES
+                ),
             },
-            assumptions: Assumptions { flash_attention: !self.no_flash_attention, loss: match LossKernel::parse(&self.loss) {
-                Some(k) => k,
-                None => bail!("--loss '{}' is not one of {}", self.loss, LossKernel::NAMES),
-            } },
+            assumptions: Assumptions {
+                flash_attention: !self.no_flash_attention,
+                loss: match LossKernel::parse(&self.loss) {
+                    Some(k) => k,
+                    None => bail!("--loss '{}' is not one of {}", self.loss, LossKernel::NAMES),
+                },
+            },
             schedules,
         })
     }

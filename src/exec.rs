@@ -105,7 +105,10 @@ enum Fault {
 
 fn parse_fault(s: &str) -> Result<Fault> {
     let f: Vec<&str> = s.split(':').collect();
-    let num = |x: &str| x.parse::<u64>().map_err(|_| anyhow!("--fault '{s}': '{x}' is not a number"));
+    let num = |x: &str| {
+        x.parse::<u64>()
+            .map_err(|_| anyhow!("--fault '{s}': '{x}' is not a number"))
+    };
     match f.as_slice() {
         ["die", r, st] => Ok(Fault::Die(num(r)?, num(st)?)),
         ["absent", r] => Ok(Fault::Absent(num(r)?)),
@@ -118,7 +121,10 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
         bail!("--backend '{}' is not one of cpu, cuda", a.backend);
     }
     if a.timeout == 0 || a.timeout > 86_400 {
-        bail!("--timeout {} is out of range: use 1 to 86400 seconds", a.timeout);
+        bail!(
+            "--timeout {} is out of range: use 1 to 86400 seconds",
+            a.timeout
+        );
     }
     if a.steps == 0 {
         bail!("--max-steps 0: run at least one timed step");
@@ -142,7 +148,10 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
     let hash = program::plan_hash(text.as_bytes());
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
     if a.dry_run {
-        let opts = Options { full_size: true, ..opts };
+        let opts = Options {
+            full_size: true,
+            ..opts
+        };
         let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
         return dry_run(&setup);
     }
@@ -154,9 +163,13 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
     let env = launch_env(|k| std::env::var(k).ok()).map_err(|e| anyhow!(e))?;
     let out = Path::new(&a.out);
     if env.rank == 0 && out.exists() && !a.force {
-        bail!("rank 0: '{}' exists; not overwriting it (pass --force to replace it)", out.display());
+        bail!(
+            "rank 0: '{}' exists; not overwriting it (pass --force to replace it)",
+            out.display()
+        );
     }
-    let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
+    let setup =
+        program::prepare(&plan, hash, &opts).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
     if a.backend == "cuda" {
         return run_cuda(&setup, &opts, &env, hash, out, a.force);
     }
@@ -185,7 +198,14 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
             let msg = e.to_string();
             mesh.abort(&msg);
             if env.rank == 0 {
-                record_failure(&setup, &opts, (&a.backend, &device, env.world), out, a.force, &msg);
+                record_failure(
+                    &setup,
+                    &opts,
+                    (&a.backend, &device, env.world),
+                    out,
+                    a.force,
+                    &msg,
+                );
             }
             Err(anyhow!(msg))
         }
@@ -210,13 +230,17 @@ fn dry_run(setup: &program::Setup) -> Result<()> {
             first.len()
         );
     }
-    let programs: Vec<Vec<Op>> = std::iter::once(first).chain((1..map.world_size).map(|r| trace::program(setup, &map, r))).collect();
+    let programs: Vec<Vec<Op>> = std::iter::once(first)
+        .chain((1..map.world_size).map(|r| trace::program(setup, &map, r)))
+        .collect();
     let checked = trace::check(&programs, &map).map_err(|e| anyhow!(e))?;
     let mut bytes: std::collections::BTreeMap<&str, u64> = Default::default();
     for op in &programs[0] {
         match op {
             Op::Coll { kind, bytes: b, .. } => *bytes.entry(kind).or_default() += b,
-            Op::P2p { kind, sends, .. } => *bytes.entry(kind).or_default() += sends.iter().map(|x| x.1).sum::<u64>(),
+            Op::P2p { kind, sends, .. } => {
+                *bytes.entry(kind).or_default() += sends.iter().map(|x| x.1).sum::<u64>()
+            }
             _ => {}
         }
     }
@@ -225,9 +249,22 @@ fn dry_run(setup: &program::Setup) -> Result<()> {
         "Device programs of {} ranks (tp {} cp {} pp {} dp {} ep {}, {} layers, {} micro-batches, {:?}) pair up: {} ops, {} collectives, {} point-to-point transfers, no hang.",
         map.world_size, c.tp, c.cp, c.pp, c.dp, c.ep, setup.dims.layers, setup.micro_batches, setup.schedule, checked.ops, checked.collectives, checked.p2p
     );
-    println!("GEMM work per step: busiest rank {:.4e} FLOP, all ranks {:.4e} FLOP.", checked.max_rank_flops, checked.total_flops);
-    let list: Vec<String> = bytes.iter().map(|(k, b)| format!("{k} {:.3} GB", *b as f64 / 1e9)).collect();
-    println!("Rank 0 moves per step: {}.", if list.is_empty() { "nothing".to_string() } else { list.join(", ") });
+    println!(
+        "GEMM work per step: busiest rank {:.4e} FLOP, all ranks {:.4e} FLOP.",
+        checked.max_rank_flops, checked.total_flops
+    );
+    let list: Vec<String> = bytes
+        .iter()
+        .map(|(k, b)| format!("{k} {:.3} GB", *b as f64 / 1e9))
+        .collect();
+    println!(
+        "Rank 0 moves per step: {}.",
+        if list.is_empty() {
+            "nothing".to_string()
+        } else {
+            list.join(", ")
+        }
+    );
     Ok(())
 }
 
@@ -236,7 +273,14 @@ fn dry_run(setup: &program::Setup) -> Result<()> {
 /// over the TCP mesh. A watchdog ends the rank with its phase when a peer fails or
 /// nothing moves for `--timeout` seconds (NCCL would otherwise wait forever).
 #[cfg(feature = "cuda")]
-fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rendezvous::LaunchEnv, hash: u64, out: &Path, force: bool) -> Result<()> {
+fn run_cuda(
+    setup: &program::Setup,
+    opts: &Options,
+    env: &sextant_executor::rendezvous::LaunchEnv,
+    hash: u64,
+    out: &Path,
+    force: bool,
+) -> Result<()> {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
 
@@ -248,22 +292,32 @@ fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rend
     let gpu = cuda::probe(ordinal).map_err(|e| tag("opening the GPU", e))?;
     let map = setup.rank_map().map_err(|e| tag("setting up groups", e))?;
     if map.world_size != env.world {
-        bail!("rank {rank}: the plan needs {} ranks (tp x cp x dp x pp) but {} were started", map.world_size, env.world);
+        bail!(
+            "rank {rank}: the plan needs {} ranks (tp x cp x dp x pp) but {} were started",
+            map.world_size,
+            env.world
+        );
     }
     let program = trace::program(setup, &map, rank);
     // Every rank checks the whole set (the same answer everywhere) before any GPU
     // work: a plan whose programs would hang is refused here, not after a timeout.
     if (program.len() as u64).saturating_mul(env.world) <= DRY_RUN_MAX_OPS {
-        trace::check(&trace::programs(setup, &map), &map).map_err(|e| tag("checking the device programs", e))?;
+        trace::check(&trace::programs(setup, &map), &map)
+            .map_err(|e| tag("checking the device programs", e))?;
     }
-    let id = if rank == 0 { cuda::nccl_unique_id().map_err(|e| tag("creating the NCCL id", e))? } else { vec![] };
+    let id = if rank == 0 {
+        cuda::nccl_unique_id().map_err(|e| tag("creating the NCCL id", e))?
+    } else {
+        vec![]
+    };
     let (mesh, blob) = connect(env, hash, opts.timeout, id.clone())?;
     let unique_id = if rank == 0 { id } else { blob };
     let device = format!("cuda: {} ranks, {gpu} on rank 0", env.world);
     let phase = Arc::new(Mutex::new("starting".to_string()));
     let done = Arc::new(AtomicBool::new(false));
     let watchdog = {
-        let (phase, done, watch, timeout) = (phase.clone(), done.clone(), mesh.watch(), opts.timeout);
+        let (phase, done, watch, timeout) =
+            (phase.clone(), done.clone(), mesh.watch(), opts.timeout);
         std::thread::spawn(move || {
             let mut last = (String::new(), Instant::now());
             while !done.load(Ordering::Relaxed) {
@@ -305,13 +359,20 @@ fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rend
             if let Some(run) = run {
                 let json = serde_json::to_string_pretty(&run).expect("run serialises");
                 write_new(out, &json, force)?;
-                println!("Ran {} timed step(s) of the plan on {device}: median step {:.3} s.", run.steps, sextant_planner::calibration::median(&run.step_secs).unwrap_or(0.0));
+                println!(
+                    "Ran {} timed step(s) of the plan on {device}: median step {:.3} s.",
+                    run.steps,
+                    sextant_planner::calibration::median(&run.step_secs).unwrap_or(0.0)
+                );
                 println!("Measured run written to {}", out.display());
             }
             Ok(())
         }
         Err(e) => {
-            let msg = format!("rank {rank}, {}: {e}", phase.lock().unwrap_or_else(|p| p.into_inner()));
+            let msg = format!(
+                "rank {rank}, {}: {e}",
+                phase.lock().unwrap_or_else(|p| p.into_inner())
+            );
             mesh.abort(&msg);
             if rank == 0 {
                 record_failure(setup, opts, ("cuda", &device, env.world), out, force, &msg);
@@ -322,29 +383,60 @@ fn run_cuda(setup: &program::Setup, opts: &Options, env: &sextant_executor::rend
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda(_: &program::Setup, _: &Options, _: &sextant_executor::rendezvous::LaunchEnv, _: u64, _: &Path, _: bool) -> Result<()> {
+fn run_cuda(
+    _: &program::Setup,
+    _: &Options,
+    _: &sextant_executor::rendezvous::LaunchEnv,
+    _: u64,
+    _: &Path,
+    _: bool,
+) -> Result<()> {
     bail!("this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu")
 }
 
 /// The rendezvous and the TCP mesh between the ranks; rank 0 hands `blob` to the
 /// others, who get it back.
-fn connect(env: &sextant_executor::rendezvous::LaunchEnv, hash: u64, timeout: Duration, blob: Vec<u8>) -> Result<(Mesh, Vec<u8>)> {
+fn connect(
+    env: &sextant_executor::rendezvous::LaunchEnv,
+    hash: u64,
+    timeout: Duration,
+    blob: Vec<u8>,
+) -> Result<(Mesh, Vec<u8>)> {
     let tag = |phase: &str, e: String| anyhow!("rank {}, {phase}: {e}", env.rank);
-    let root = if env.rank == 0 { Some(bind_root(env).map_err(|e| tag("rendezvous", e))?) } else { None };
-    let data = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| tag("opening the peer port", e.to_string()))?;
-    let port = data.local_addr().map_err(|e| tag("opening the peer port", e.to_string()))?.port();
+    let root = if env.rank == 0 {
+        Some(bind_root(env).map_err(|e| tag("rendezvous", e))?)
+    } else {
+        None
+    };
+    let data = TcpListener::bind(("0.0.0.0", 0))
+        .map_err(|e| tag("opening the peer port", e.to_string()))?;
+    let port = data
+        .local_addr()
+        .map_err(|e| tag("opening the peer port", e.to_string()))?
+        .port();
     let rz = rendezvous(env, root, hash, port, timeout, blob).map_err(|e| tag("rendezvous", e))?;
-    let mesh = Mesh::connect(env.rank, env.world, data, &rz.peers, timeout).map_err(|e| tag("connecting to peers", e))?;
+    let mesh = Mesh::connect(env.rank, env.world, data, &rz.peers, timeout)
+        .map_err(|e| tag("connecting to peers", e))?;
     Ok((mesh, rz.blob))
 }
 
 /// Rank 0's measured-run file for a failed run, marked incomplete.
-fn record_failure(setup: &program::Setup, opts: &Options, (backend, device, world): (&str, &str, u64), out: &Path, force: bool, msg: &str) {
+fn record_failure(
+    setup: &program::Setup,
+    opts: &Options,
+    (backend, device, world): (&str, &str, u64),
+    out: &Path,
+    force: bool,
+    msg: &str,
+) {
     let run = program::incomplete_run(setup, opts, backend, device, world, msg);
     let json = serde_json::to_string_pretty(&run).expect("run serialises");
     match write_new(out, &json, force) {
         Ok(()) => eprintln!("rank 0: wrote '{}' marked incomplete", out.display()),
-        Err(w) => eprintln!("rank 0: could not record the failure in '{}': {w}", out.display()),
+        Err(w) => eprintln!(
+            "rank 0: could not record the failure in '{}': {w}",
+            out.display()
+        ),
     }
 }
 
@@ -372,7 +464,10 @@ fn print_summary(run: &MeasuredRun, out: &Path) {
         if c.param_gathers > 0 { format!("{} ZeRO-3 parameter gathers, ", c.param_gathers) } else { String::new() },
         c.p2p_messages
     );
-    println!("Peak live micro-batch chunks per pipeline rank: {:?}", run.peak_live_chunks);
+    println!(
+        "Peak live micro-batch chunks per pipeline rank: {:?}",
+        run.peak_live_chunks
+    );
     println!("Measured run written to {}", out.display());
 }
 
@@ -383,9 +478,15 @@ fn launch_local(a: &ExecArgs, n: u64) -> Result<()> {
     }
     let out = Path::new(&a.out);
     if out.exists() && !a.force {
-        bail!("'{}' exists; not overwriting it (pass --force to replace it)", out.display());
+        bail!(
+            "'{}' exists; not overwriting it (pass --force to replace it)",
+            out.display()
+        );
     }
-    let port = TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).context("finding a free port for the rendezvous")?.port();
+    let port = TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .context("finding a free port for the rendezvous")?
+        .port();
     let exe = std::env::current_exe().context("locating the sextant binary")?;
     let mut args: Vec<String> = Vec::new();
     let mut skip = false;
@@ -421,11 +522,18 @@ fn launch_local(a: &ExecArgs, n: u64) -> Result<()> {
         for (r, mut c) in running {
             match c.try_wait() {
                 Ok(Some(st)) if st.success() => {}
-                Ok(Some(st)) => failed.push(format!("rank {r} exited with {}", st.code().map_or("a signal".to_string(), |c| format!("status {c}")))),
+                Ok(Some(st)) => failed.push(format!(
+                    "rank {r} exited with {}",
+                    st.code()
+                        .map_or("a signal".to_string(), |c| format!("status {c}"))
+                )),
                 Ok(None) if Instant::now() >= deadline => {
                     let _ = c.kill();
                     let _ = c.wait();
-                    failed.push(format!("rank {r} was still running after {} s and was killed", 2 * a.timeout + 10));
+                    failed.push(format!(
+                        "rank {r} was still running after {} s and was killed",
+                        2 * a.timeout + 10
+                    ));
                 }
                 Ok(None) => still.push((r, c)),
                 Err(e) => failed.push(format!("rank {r}: {e}")),
@@ -435,7 +543,11 @@ fn launch_local(a: &ExecArgs, n: u64) -> Result<()> {
         std::thread::sleep(Duration::from_millis(10));
     }
     if !failed.is_empty() {
-        bail!("{} of {n} local ranks failed: {}", failed.len(), failed.join("; "));
+        bail!(
+            "{} of {n} local ranks failed: {}",
+            failed.len(),
+            failed.join("; ")
+        );
     }
     Ok(())
 }
@@ -462,14 +574,44 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
     let runs: Vec<MeasuredRun> = a.runs.iter().map(|p| read_run(p)).collect::<Result<_>>()?;
     let profile = load_hardware(a.hardware.as_deref().unwrap_or(&runs[0].profile))?;
     let overlay = calibrate(&runs, &profile).map_err(|e| anyhow!(e))?;
-    write_new(Path::new(&a.out), &serde_json::to_string_pretty(&overlay).expect("overlay serialises"), a.force)?;
+    write_new(
+        Path::new(&a.out),
+        &serde_json::to_string_pretty(&overlay).expect("overlay serialises"),
+        a.force,
+    )?;
     let show = |x: Option<f64>| x.map_or("not measured".to_string(), |v| format!("{v:.3e}"));
-    println!("Calibrated '{}' from {} run(s) on {} ({}):", profile.name, runs.len(), overlay.device, overlay.backend);
-    println!("  GEMM efficiency (fraction of BF16 peak): {} (profile: {})", show(overlay.gemm_bf16), profile.efficiency.gemm_bf16);
-    println!("  attention efficiency: {} (profile: {})", show(overlay.attention), profile.efficiency.attention_fwd);
-    println!("  intra-node bus bandwidth fraction: {} (profile: {})", show(overlay.nvlink_busbw), profile.efficiency.nvlink_busbw);
-    println!("  network bus bandwidth fraction: {} (profile: {})", show(overlay.network_busbw), profile.efficiency.network_busbw);
-    println!("  {} GEMM shapes and {} collective sizes kept as points", overlay.gemm_points.len(), overlay.collective_points.len());
+    println!(
+        "Calibrated '{}' from {} run(s) on {} ({}):",
+        profile.name,
+        runs.len(),
+        overlay.device,
+        overlay.backend
+    );
+    println!(
+        "  GEMM efficiency (fraction of BF16 peak): {} (profile: {})",
+        show(overlay.gemm_bf16),
+        profile.efficiency.gemm_bf16
+    );
+    println!(
+        "  attention efficiency: {} (profile: {})",
+        show(overlay.attention),
+        profile.efficiency.attention_fwd
+    );
+    println!(
+        "  intra-node bus bandwidth fraction: {} (profile: {})",
+        show(overlay.nvlink_busbw),
+        profile.efficiency.nvlink_busbw
+    );
+    println!(
+        "  network bus bandwidth fraction: {} (profile: {})",
+        show(overlay.network_busbw),
+        profile.efficiency.network_busbw
+    );
+    println!(
+        "  {} GEMM shapes and {} collective sizes kept as points",
+        overlay.gemm_points.len(),
+        overlay.collective_points.len()
+    );
     if overlay.backend == "cpu" {
         println!("  (measured by the CPU test backend: it describes this CPU, and `sextant plan --calibration` refuses it)");
     }
@@ -478,10 +620,20 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
 }
 
 /// Predicted seconds per step by measured component name.
-fn predicted_components(run: &MeasuredRun, profile: &HardwareProfile) -> Result<Vec<(String, f64)>> {
+fn predicted_components(
+    run: &MeasuredRun,
+    profile: &HardwareProfile,
+) -> Result<Vec<(String, f64)>> {
     let mut cluster = Cluster::new(profile.clone(), run.world_size)?;
     cluster.allow_tp_beyond_nvlink = true;
-    let e = estimate_with(&run.model, &cluster, &run.workload, &run.config, Assumptions::default()).map_err(|r| anyhow!("the cost model cannot estimate the executed configuration: {r}"))?;
+    let e = estimate_with(
+        &run.model,
+        &cluster,
+        &run.workload,
+        &run.config,
+        Assumptions::default(),
+    )
+    .map_err(|r| anyhow!("the cost model cannot estimate the executed configuration: {r}"))?;
     let c = &e.time.compute;
     let mut v = vec![
         ("attention_proj".to_string(), c.attention_proj),
@@ -502,7 +654,14 @@ fn predicted_components(run: &MeasuredRun, profile: &HardwareProfile) -> Result<
         (CommKind::EdpGrad, "edp_grad"),
         (CommKind::EdpParam, "edp_param"),
     ] {
-        v.push((name.into(), e.comm.iter().filter(|t| t.kind == kind).map(|t| t.total_secs).sum()));
+        v.push((
+            name.into(),
+            e.comm
+                .iter()
+                .filter(|t| t.kind == kind)
+                .map(|t| t.total_secs)
+                .sum(),
+        ));
     }
     v.push(("optimizer".into(), e.time.optimizer));
     v.push(("step".into(), e.step_secs));
@@ -515,16 +674,28 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
     let run = read_run(&a.run)?;
     let hash = format!("{:016x}", program::plan_hash(text.as_bytes()));
     if hash != run.plan_hash {
-        bail!("'{}' was measured on a different plan (hash {}) from '{}' ({hash})", a.run, run.plan_hash, a.plan);
+        bail!(
+            "'{}' was measured on a different plan (hash {}) from '{}' ({hash})",
+            a.run,
+            run.plan_hash,
+            a.plan
+        );
     }
     if !run.complete {
-        bail!("'{}' is marked incomplete: {}", a.run, run.failure.as_deref().unwrap_or("no reason recorded"));
+        bail!(
+            "'{}' is marked incomplete: {}",
+            a.run,
+            run.failure.as_deref().unwrap_or("no reason recorded")
+        );
     }
     let before = predicted_components(&run, &plan.hardware)?;
     let after = match &a.calibration {
         Some(p) => {
             let o = read_overlay(p)?;
-            Some(predicted_components(&run, &apply(&plan.hardware, &o).map_err(|e| anyhow!(e))?)?)
+            Some(predicted_components(
+                &run,
+                &apply(&plan.hardware, &o).map_err(|e| anyhow!(e))?,
+            )?)
         }
         None => None,
     };
@@ -544,12 +715,30 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
                     "calibrated_secs": after.as_ref().map(|v| v[i].1)})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"plan_hash": hash, "device": run.device, "rows": rows})).expect("json"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"plan_hash": hash, "device": run.device, "rows": rows})
+            )
+            .expect("json")
+        );
         return Ok(());
     }
-    println!("Predicted ({}) vs measured ({}), seconds per step; slowest rank per component:", plan.hardware.name, run.device);
-    let ratio = |p: f64, m: f64| if m > 0.0 && p > 0.0 { format!("{:>9.2}x", p / m) } else { format!("{:>10}", "-") };
-    print!("{:<16} {:>12} {:>12} {:>10}", "component", "predicted", "measured", "pred/meas");
+    println!(
+        "Predicted ({}) vs measured ({}), seconds per step; slowest rank per component:",
+        plan.hardware.name, run.device
+    );
+    let ratio = |p: f64, m: f64| {
+        if m > 0.0 && p > 0.0 {
+            format!("{:>9.2}x", p / m)
+        } else {
+            format!("{:>10}", "-")
+        }
+    };
+    print!(
+        "{:<16} {:>12} {:>12} {:>10}",
+        "component", "predicted", "measured", "pred/meas"
+    );
     if after.is_some() {
         print!(" {:>12} {:>10}", "calibrated", "cal/meas");
     }

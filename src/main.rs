@@ -12,16 +12,20 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use sextant_exports::{export, LaunchOptions, Target};
 use sextant_planner::config::{Layout, ParallelConfig, Recompute, Rejection, Zero};
 use sextant_planner::cost::{estimate_with, evaluate};
 use sextant_planner::plan::PlanFile;
-use sextant_exports::{export, LaunchOptions, Target};
 use sextant_planner::search::{search, SearchSpace};
 
 use args::Common;
 
 #[derive(Parser, Debug)]
-#[command(name = "sextant", version, about = "Plans, costs and explains parallel training layouts for large models")]
+#[command(
+    name = "sextant",
+    version,
+    about = "Plans, costs and explains parallel training layouts for large models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -187,7 +191,11 @@ struct EstimateArgs {
     #[arg(long = "account-embedding-loss", conflicts_with_all = ["first_stage_layers", "layers_per_stage"])]
     account_embedding_loss: bool,
     /// Layers of every virtual stage in pipeline order (pp x vpp values).
-    #[arg(long = "layers-per-stage", value_delimiter = ',', conflicts_with = "first_stage_layers")]
+    #[arg(
+        long = "layers-per-stage",
+        value_delimiter = ',',
+        conflicts_with = "first_stage_layers"
+    )]
     layers_per_stage: Option<Vec<u64>>,
     /// The stage layout as Megatron's --pipeline-model-parallel-layout string
     /// (E embedding, t layer, m MTP layer, L loss, | between virtual stages, x*n
@@ -248,13 +256,26 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     if a.top == 0 || a.top > 10_000 {
         bail!("--top {} is out of range: use 1 to 10000", a.top);
     }
-    for (name, v) in [("tp", &a.tp), ("pp", &a.pp), ("vpp", &a.vpp), ("cp", &a.cp), ("ep", &a.ep), ("etp", &a.etp)] {
+    for (name, v) in [
+        ("tp", &a.tp),
+        ("pp", &a.pp),
+        ("vpp", &a.vpp),
+        ("cp", &a.cp),
+        ("ep", &a.ep),
+        ("etp", &a.etp),
+    ] {
         check_knobs(name, v)?;
     }
     check_knobs("mbs", &Some(a.mbs.clone()))?;
-    let recomputes: Vec<Recompute> = a.recompute.iter().map(|r| parse_recompute(r)).collect::<Result<_>>()?;
+    let recomputes: Vec<Recompute> = a
+        .recompute
+        .iter()
+        .map(|r| parse_recompute(r))
+        .collect::<Result<_>>()?;
     if inp.recompute_modules.is_some() && !recomputes.contains(&Recompute::Selective) {
-        bail!("--recompute-modules applies to selective recomputation: add selective to --recompute");
+        bail!(
+            "--recompute-modules applies to selective recomputation: add selective to --recompute"
+        );
     }
     let space = SearchSpace {
         tp: a.tp,
@@ -264,9 +285,19 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         ep: a.ep,
         etp: a.etp,
         sp: None,
-        schedule: inp.schedules.clone().or_else(|| a.emit.as_deref().and_then(|t| Target::parse(t).ok()).and_then(sextant_exports::expressible_schedules).map(<[_]>::to_vec)),
+        schedule: inp.schedules.clone().or_else(|| {
+            a.emit
+                .as_deref()
+                .and_then(|t| Target::parse(t).ok())
+                .and_then(sextant_exports::expressible_schedules)
+                .map(<[_]>::to_vec)
+        }),
         mbs: a.mbs,
-        zero: a.zero.iter().map(|z| parse_zero(z)).collect::<Result<_>>()?,
+        zero: a
+            .zero
+            .iter()
+            .map(|z| parse_zero(z))
+            .collect::<Result<_>>()?,
         recompute: recomputes.clone(),
         recompute_modules: inp.recompute_modules.map(|m| vec![m]),
         overlap: inp.overlap,
@@ -285,7 +316,10 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         inp.workload.clone(),
         inp.assumptions,
         Some(&res),
-        res.top.iter().map(|c| (c.config.clone(), c.estimate.clone())).collect(),
+        res.top
+            .iter()
+            .map(|c| (c.config.clone(), c.estimate.clone()))
+            .collect(),
     );
     let mut text = render::assumptions(&inp);
     text.push('\n');
@@ -303,7 +337,14 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     }
     let emit_target = a.emit.as_deref().map(Target::parse).transpose()?;
     let exported = match emit_target {
-        Some(t) => Some(export(&plan, 1, t, &LaunchOptions { plan_path: a.common.out.clone().unwrap_or_else(|| "plan.json".into()) })?),
+        Some(t) => Some(export(
+            &plan,
+            1,
+            t,
+            &LaunchOptions {
+                plan_path: a.common.out.clone().unwrap_or_else(|| "plan.json".into()),
+            },
+        )?),
         None => None,
     };
     emit(&a.common, &plan, text)?;
@@ -315,9 +356,22 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
 }
 
 /// Renders the report (pure, in reports/) and writes it.
-fn write_report(plan: &PlanFile, points: &[sextant_planner::search::Point], sensitivity: &[sextant_planner::search::Sensitivity], path: &str, force: bool) -> Result<()> {
-    let launch = export(plan, 1, Target::MegatronLm, &LaunchOptions::default()).map_err(|e| e.to_string());
-    let html = sextant_reports::render(&sextant_reports::ReportInput { plan, points, sensitivity, launch, measured: &[] });
+fn write_report(
+    plan: &PlanFile,
+    points: &[sextant_planner::search::Point],
+    sensitivity: &[sextant_planner::search::Sensitivity],
+    path: &str,
+    force: bool,
+) -> Result<()> {
+    let launch =
+        export(plan, 1, Target::MegatronLm, &LaunchOptions::default()).map_err(|e| e.to_string());
+    let html = sextant_reports::render(&sextant_reports::ReportInput {
+        plan,
+        points,
+        sensitivity,
+        launch,
+        measured: &[],
+    });
     io::write_new(Path::new(path), &html, force)
 }
 
@@ -328,9 +382,17 @@ fn cmd_report(a: ReportArgs) -> Result<()> {
     // default space, with the chosen plan's overlap settings) for the charts.
     let (points, sensitivity) = if plan.search.is_some() {
         let first = &plan.plans[0].config;
-        let mut cluster = sextant_planner::hardware::Cluster::new(plan.hardware.clone(), plan.gpus)?;
-        cluster.allow_tp_beyond_nvlink = plan.plans.iter().any(|p| p.config.tp > plan.hardware.node.nvlink_domain);
-        let space = SearchSpace { overlap: first.overlap, bf16_grads: first.bf16_grads, ..SearchSpace::default() };
+        let mut cluster =
+            sextant_planner::hardware::Cluster::new(plan.hardware.clone(), plan.gpus)?;
+        cluster.allow_tp_beyond_nvlink = plan
+            .plans
+            .iter()
+            .any(|p| p.config.tp > plan.hardware.node.nvlink_domain);
+        let space = SearchSpace {
+            overlap: first.overlap,
+            bf16_grads: first.bf16_grads,
+            ..SearchSpace::default()
+        };
         let res = search(&plan.model, &cluster, &plan.workload, &space, 1);
         (res.points, res.sensitivity)
     } else {
@@ -342,13 +404,16 @@ fn cmd_report(a: ReportArgs) -> Result<()> {
 }
 
 fn cmd_validate(a: ValidateArgs) -> Result<()> {
-    use sextant_planner::validate::{band_checks, coverage, cross_validate, summarize, validate, HoldOut};
+    use sextant_planner::validate::{
+        band_checks, coverage, cross_validate, summarize, validate, HoldOut,
+    };
     let text = io::read_text(Path::new(&a.csv), "runs CSV")?;
     let stack = match &a.stack {
         Some(p) => Some(io::read_text(Path::new(p), "stack CSV")?),
         None => None,
     };
-    let parsed = sextant_planner::runs::parse_runs_with(&text, stack.as_deref()).map_err(|e| anyhow::anyhow!("'{}': {e}", a.csv))?;
+    let parsed = sextant_planner::runs::parse_runs_with(&text, stack.as_deref())
+        .map_err(|e| anyhow::anyhow!("'{}': {e}", a.csv))?;
     let mut unrepresentable = Vec::new();
     let mut cases = Vec::new();
     for r in parsed {
@@ -362,22 +427,43 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
             if let Some(u) = unrepresentable.iter().find(|u| &u.id == id) {
                 bail!("row '{id}' cannot be estimated: {}", u.reason);
             }
-            bail!("no row '{id}' in '{}' (ids are the first column, e.g. '{}')", a.csv, cases.first().map_or("", |c| c.id.as_str()));
+            bail!(
+                "no row '{id}' in '{}' (ids are the first column, e.g. '{}')",
+                a.csv,
+                cases.first().map_or("", |c| c.id.as_str())
+            );
         };
-        let (cfg, e) = case.estimate_config().map_err(|r| anyhow::anyhow!("row '{id}' is rejected: {r}"))?;
+        let (cfg, e) = case
+            .estimate_config()
+            .map_err(|r| anyhow::anyhow!("row '{id}' is rejected: {r}"))?;
         let measured = case.measured_step_secs();
-        println!("{id}: {} on {} x {}, measured {measured:.3} s, predicted {:.3} s ({:+.1}%)", case.model.name, case.cluster.gpus, case.gpu, e.step_secs, 100.0 * (e.step_secs / measured - 1.0));
+        println!(
+            "{id}: {} on {} x {}, measured {measured:.3} s, predicted {:.3} s ({:+.1}%)",
+            case.model.name,
+            case.cluster.gpus,
+            case.gpu,
+            e.step_secs,
+            100.0 * (e.step_secs / measured - 1.0)
+        );
         print!("{}", render::breakdown(&cfg, &e, &case.cluster.profile));
         return Ok(());
     }
     let (rows, rejected) = validate(&cases);
     unrepresentable.extend(rejected);
     if rows.is_empty() {
-        bail!("no row of '{}' could be estimated ({} unrepresentable)", a.csv, unrepresentable.len());
+        bail!(
+            "no row of '{}' could be estimated ({} unrepresentable)",
+            a.csv,
+            unrepresentable.len()
+        );
     }
     let summary = summarize(&rows);
     let bands = band_checks(&rows, HoldOut::Row);
-    let cv = if a.cross_validate { Some(cross_validate(&cases)) } else { None };
+    let cv = if a.cross_validate {
+        Some(cross_validate(&cases))
+    } else {
+        None
+    };
     let cv_summary = cv.as_ref().map(|(r, _)| summarize(r));
     let cv_bands = cv.as_ref().map(|(r, _)| band_checks(r, HoldOut::Source));
     if a.json {
@@ -398,12 +484,24 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    print!("{}", render::validation(&rows, &summary, &unrepresentable, a.markdown));
-    print!("{}", render::band_coverage(&bands, "the row left out", a.markdown));
+    print!(
+        "{}",
+        render::validation(&rows, &summary, &unrepresentable, a.markdown)
+    );
+    print!(
+        "{}",
+        render::band_coverage(&bands, "the row left out", a.markdown)
+    );
     if let (Some((cv_rows, scales)), Some(cs), Some(cb)) = (&cv, &cv_summary, &cv_bands) {
         println!();
-        print!("{}", render::cross_validation(cv_rows, cs, scales, a.markdown));
-        print!("{}", render::band_coverage(cb, "the row's source left out", a.markdown));
+        print!(
+            "{}",
+            render::cross_validation(cv_rows, cs, scales, a.markdown)
+        );
+        print!(
+            "{}",
+            render::band_coverage(cb, "the row's source left out", a.markdown)
+        );
     }
     Ok(())
 }
@@ -412,7 +510,14 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
     let target = Target::parse(&a.to)?;
     let text = io::read_text(Path::new(&a.plan), "plan file")?;
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow::anyhow!("'{}': {e}", a.plan))?;
-    let out = export(&plan, a.which, target, &LaunchOptions { plan_path: a.plan.clone() })?;
+    let out = export(
+        &plan,
+        a.which,
+        target,
+        &LaunchOptions {
+            plan_path: a.plan.clone(),
+        },
+    )?;
     match &a.output {
         Some(path) => io::write_new(Path::new(path), &out, a.force)?,
         None => print!("{out}"),
@@ -422,7 +527,16 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 
 fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     let inp = a.common.resolve()?;
-    for (name, v) in [("tp", a.tp), ("pp", a.pp), ("vpp", a.vpp), ("cp", a.cp), ("ep", a.ep), ("etp", a.etp), ("mbs", a.mbs), ("dp", a.dp.unwrap_or(1))] {
+    for (name, v) in [
+        ("tp", a.tp),
+        ("pp", a.pp),
+        ("vpp", a.vpp),
+        ("cp", a.cp),
+        ("ep", a.ep),
+        ("etp", a.etp),
+        ("mbs", a.mbs),
+        ("dp", a.dp.unwrap_or(1)),
+    ] {
         check_knobs(name, &Some(vec![v]))?;
     }
     let parts = a.tp.saturating_mul(a.pp).saturating_mul(a.cp);
@@ -437,7 +551,8 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     };
     let mut vpp = a.vpp;
     let layout = if let Some(text) = &a.pp_layout {
-        let l = Layout::from_megatron(text, a.pp).map_err(|e| anyhow::anyhow!("--pp-layout: {e}"))?;
+        let l =
+            Layout::from_megatron(text, a.pp).map_err(|e| anyhow::anyhow!("--pp-layout: {e}"))?;
         if a.vpp != 1 && a.vpp != l.vpp {
             bail!("--pp-layout has {} virtual stages per rank but --vpp is {}: drop --vpp or make them agree", l.vpp, a.vpp);
         }
@@ -482,7 +597,13 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     if let Some(mix) = &a.mix {
         return estimate_mixed(&inp, &cfg, mix, a.common.json);
     }
-    let est = match estimate_with(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {
+    let est = match estimate_with(
+        &inp.model,
+        &inp.cluster,
+        &inp.workload,
+        &cfg,
+        inp.assumptions,
+    ) {
         Ok(mut e) => {
             // The same pipeline time the search ranks with.
             sextant_planner::cost::apply_simulation(&mut e, &cfg);
@@ -490,46 +611,94 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         }
         Err(r @ Rejection::OutOfMemory { .. }) => {
             // Show where the memory goes, then say why it is rejected.
-            if let Ok(e) = evaluate(&inp.model, &inp.cluster, &inp.workload, &cfg, inp.assumptions) {
-                print!("{}\n{}", render::assumptions(&inp), render::breakdown(&cfg, &e, &inp.cluster.profile));
+            if let Ok(e) = evaluate(
+                &inp.model,
+                &inp.cluster,
+                &inp.workload,
+                &cfg,
+                inp.assumptions,
+            ) {
+                print!(
+                    "{}\n{}",
+                    render::assumptions(&inp),
+                    render::breakdown(&cfg, &e, &inp.cluster.profile)
+                );
             }
             bail!("invalid configuration: {r}");
         }
         Err(r) => bail!("invalid configuration: {r}"),
     };
-    let plan = PlanFile::new(inp.model.clone(), inp.cluster.profile.clone(), inp.cluster.gpus, inp.workload.clone(), inp.assumptions, None, vec![(cfg.clone(), est.clone())]);
+    let plan = PlanFile::new(
+        inp.model.clone(),
+        inp.cluster.profile.clone(),
+        inp.cluster.gpus,
+        inp.workload.clone(),
+        inp.assumptions,
+        None,
+        vec![(cfg.clone(), est.clone())],
+    );
     let mut text = render::assumptions(&inp);
     text.push('\n');
     text.push_str(&render::breakdown(&cfg, &est, &inp.cluster.profile));
     emit(&a.common, &plan, text)
 }
 
-fn estimate_mixed(inp: &args::Inputs, cfg: &ParallelConfig, mix: &[String], json: bool) -> Result<()> {
+fn estimate_mixed(
+    inp: &args::Inputs,
+    cfg: &ParallelConfig,
+    mix: &[String],
+    json: bool,
+) -> Result<()> {
     let mut classes = Vec::new();
     for item in mix {
         let Some((name, n)) = item.split_once(':') else {
             bail!("--mix entry '{item}' is not PROFILE:GPUS (e.g. h100-sxm:64)");
         };
-        let n: u64 = n.trim().parse().map_err(|_| anyhow::anyhow!("--mix entry '{item}': '{n}' is not a GPU count"))?;
+        let n: u64 = n
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--mix entry '{item}': '{n}' is not a GPU count"))?;
         if n == 0 {
             bail!("--mix entry '{item}': the GPU count must be at least 1");
         }
         classes.push((sextant_planner::hardware::builtin_profile(name)?, n));
     }
-    let plan = sextant_planner::mixed::plan_mixed(&inp.model, &classes, &inp.workload, cfg, inp.assumptions).map_err(|e| anyhow::anyhow!("mixed cluster: {e}"))?;
+    let plan = sextant_planner::mixed::plan_mixed(
+        &inp.model,
+        &classes,
+        &inp.workload,
+        cfg,
+        inp.assumptions,
+    )
+    .map_err(|e| anyhow::anyhow!("mixed cluster: {e}"))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
     }
     print!("{}", render::assumptions(inp));
     println!("\nMixed cluster: {}", mix.join(", "));
-    println!("{:>6} {:<12} {:>7} {:>14}", "stage", "GPU", "layers", "per micro-batch");
+    println!(
+        "{:>6} {:<12} {:>7} {:>14}",
+        "stage", "GPU", "layers", "per micro-batch"
+    );
     for st in &plan.stages {
-        println!("{:>6} {:<12} {:>7} {:>11.2} ms", st.stage, st.class, st.layers, st.secs_per_micro_batch * 1e3);
+        println!(
+            "{:>6} {:<12} {:>7} {:>11.2} ms",
+            st.stage,
+            st.class,
+            st.layers,
+            st.secs_per_micro_batch * 1e3
+        );
     }
-    println!("Pipeline time per step (simulated 1F1B): {:.3} s", plan.pipeline_secs);
+    println!(
+        "Pipeline time per step (simulated 1F1B): {:.3} s",
+        plan.pipeline_secs
+    );
     match plan.even_pipeline_secs {
-        Some(e) => println!("Even split on the same stages: {e:.3} s ({:+.1}%)", 100.0 * (e / plan.pipeline_secs - 1.0)),
+        Some(e) => println!(
+            "Even split on the same stages: {e:.3} s ({:+.1}%)",
+            100.0 * (e / plan.pipeline_secs - 1.0)
+        ),
         None => println!("An even split on the same stages does not fit in memory."),
     }
     let layers: Vec<String> = plan.stages.iter().map(|s| s.layers.to_string()).collect();
@@ -570,14 +739,31 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
-                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { ExitCode::from(2) } else { ExitCode::SUCCESS };
+                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::SUCCESS
+                };
             }
             // One line: clap's first line, plus its suggestion when it has one.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-            let tip = text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| format!(" ({})", t.trim())).unwrap_or_default();
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            let tip = text
+                .lines()
+                .find(|l| l.trim_start().starts_with("tip:"))
+                .map(|t| format!(" ({})", t.trim()))
+                .unwrap_or_default();
             eprintln!("error: {first}{tip}; see 'sextant --help'");
             return ExitCode::from(2);
         }

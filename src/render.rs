@@ -16,7 +16,13 @@ pub fn assumptions(inp: &Inputs) -> String {
     let m = &inp.model;
     let p = &inp.cluster.profile;
     let w = &inp.workload;
-    let _ = writeln!(s, "Model:     {} ({}): {}", m.name, inp.model_note, m.summary());
+    let _ = writeln!(
+        s,
+        "Model:     {} ({}): {}",
+        m.name,
+        inp.model_note,
+        m.summary()
+    );
     let _ = writeln!(
         s,
         "Cluster:   {} x {} ({}), {} nodes of {}, NVLink domain {} at {:.0} GB/s, network {:.0} GB/s per GPU, {:.1} GiB HBM",
@@ -110,7 +116,15 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
             layout_note(cfg)
         );
     }
-    let mut fine: Vec<String> = res.top.iter().filter(|c| c.config.recompute == Recompute::Selective && c.config.recompute_modules != RecomputeModules::DEFAULT).map(|c| c.config.recompute_modules.to_string()).collect();
+    let mut fine: Vec<String> = res
+        .top
+        .iter()
+        .filter(|c| {
+            c.config.recompute == Recompute::Selective
+                && c.config.recompute_modules != RecomputeModules::DEFAULT
+        })
+        .map(|c| c.config.recompute_modules.to_string())
+        .collect();
     fine.dedup();
     for m in fine {
         let _ = writeln!(s, "  sel+: selective recomputation of {m} (Megatron --recompute-modules); sel: core attention (Megatron's default)");
@@ -180,21 +194,45 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         100.0 * e.exposed_comm_fraction
     );
     if let Some(b) = &e.band {
-        let _ = writeln!(s, "{:.0}% band: {:.3} to {:.3} s (the model's errors on {})", 100.0 * b.coverage, b.low_secs, b.high_secs, b.basis);
+        let _ = writeln!(
+            s,
+            "{:.0}% band: {:.3} to {:.3} s (the model's errors on {})",
+            100.0 * b.coverage,
+            b.low_secs,
+            b.high_secs,
+            b.basis
+        );
         if let Some(a) = &b.attribution {
-            let parts: Vec<String> = a.variance_shares.iter().filter(|x| x.1 >= 0.005).map(|(t, v)| format!("{t} {:.0}%", 100.0 * v)).collect();
-            let sig: Vec<String> = a.term_sigmas.iter().map(|(t, g)| format!("{t} {:.0}%", 100.0 * g)).collect();
+            let parts: Vec<String> = a
+                .variance_shares
+                .iter()
+                .filter(|x| x.1 >= 0.005)
+                .map(|(t, v)| format!("{t} {:.0}%", 100.0 * v))
+                .collect();
+            let sig: Vec<String> = a
+                .term_sigmas
+                .iter()
+                .map(|(t, g)| format!("{t} {:.0}%", 100.0 * g))
+                .collect();
             let _ = writeln!(s, "Uncertainty is dominated by {} (share of the error variance: {}; per-term error fitted on the published runs: {})", a.dominant, parts.join(", "), sig.join(", "));
         }
     }
     if let Some(r) = &e.moe_routing {
         let cap = match r.capacity_factor {
             None => "dropless".to_string(),
-            Some(c) => format!("capacity factor {c}{}, {:.2}% of routed tokens dropped", if r.pad_to_capacity { " padded" } else { "" }, 100.0 * r.dropped_fraction),
+            Some(c) => format!(
+                "capacity factor {c}{}, {:.2}% of routed tokens dropped",
+                if r.pad_to_capacity { " padded" } else { "" },
+                100.0 * r.dropped_fraction
+            ),
         };
         let _ = writeln!(s, "MoE routing: busiest expert at {:.2}x the mean, {cap}; the busiest of {} expert-parallel ranks processes and receives {:.3}x the balanced tokens", r.imbalance, cfg.ep, r.busiest_rank_load);
     }
-    let _ = writeln!(s, "\nTime per step on the critical stage (stage {} of {}):", e.critical_stage, cfg.pp);
+    let _ = writeln!(
+        s,
+        "\nTime per step on the critical stage (stage {} of {}):",
+        e.critical_stage, cfg.pp
+    );
     let c = &e.time.compute;
     for (name, v) in [
         ("attention projections", c.attention_proj),
@@ -215,7 +253,19 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         }
     }
     let _ = writeln!(s, "\nCommunication (critical stage, per step):");
-    let _ = writeln!(s, "  {:<10} {:<15} {:>6} {:<8} {:>12} {:>8} {:>11} {:>11} {:>11}", "kind", "collective", "group", "link", "bytes/call", "calls", "total", "exposed", "overlapped");
+    let _ = writeln!(
+        s,
+        "  {:<10} {:<15} {:>6} {:<8} {:>12} {:>8} {:>11} {:>11} {:>11}",
+        "kind",
+        "collective",
+        "group",
+        "link",
+        "bytes/call",
+        "calls",
+        "total",
+        "exposed",
+        "overlapped"
+    );
     for t in &e.comm {
         let link = match t.tier {
             Tier::Nvlink => "nvlink",
@@ -237,7 +287,11 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         );
     }
     let m = &e.memory;
-    let _ = writeln!(s, "\nMemory per GPU, worst stage (stage {}, {:.1} micro-batches in flight):", m.stage, m.in_flight);
+    let _ = writeln!(
+        s,
+        "\nMemory per GPU, worst stage (stage {}, {:.1} micro-batches in flight):",
+        m.stage, m.in_flight
+    );
     for (name, v) in [
         ("weights", m.weights),
         ("gradients", m.gradients),
@@ -251,11 +305,22 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
             let _ = writeln!(s, "  {:<20} {:8.2} GiB", name, v / GIB);
         }
     }
-    let _ = writeln!(s, "  {:<20} {:8.2} GiB of {:.1} GiB ({:.0}%)", "total", m.total / GIB, hw.gpu.hbm_gib, 100.0 * m.total / e.hbm_bytes);
+    let _ = writeln!(
+        s,
+        "  {:<20} {:8.2} GiB of {:.1} GiB ({:.0}%)",
+        "total",
+        m.total / GIB,
+        hw.gpu.hbm_gib,
+        100.0 * m.total / e.hbm_bytes
+    );
     if e.stages.len() > 1 {
         let _ = writeln!(s, "\nStages:");
         for st in &e.stages {
-            let mtp = if st.mtp_layers > 0 { format!(" + {} MTP", st.mtp_layers) } else { String::new() };
+            let mtp = if st.mtp_layers > 0 {
+                format!(" + {} MTP", st.mtp_layers)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
                 "  stage {:>3}: {:>3} layers ({} MoE){mtp}, {} per micro-batch, {:.1} GiB",
@@ -272,7 +337,11 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
 
 pub fn models_list() -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{:<16} {:<36} {:>9} {:>9}  source", "name", "aliases", "params", "active");
+    let _ = writeln!(
+        s,
+        "{:<16} {:<36} {:>9} {:>9}  source",
+        "name", "aliases", "params", "active"
+    );
     for p in sextant_planner::presets::PRESETS {
         let m: ModelSpec = (p.spec)();
         let c = m.params();
@@ -286,13 +355,21 @@ pub fn models_list() -> String {
             m.source
         );
     }
-    let _ = writeln!(s, "\n--model also takes a Hugging Face config.json ({}) or a Sextant model JSON file.", sextant_planner::hf::SUPPORTED_TYPES.join(", "));
+    let _ = writeln!(
+        s,
+        "\n--model also takes a Hugging Face config.json ({}) or a Sextant model JSON file.",
+        sextant_planner::hf::SUPPORTED_TYPES.join(", ")
+    );
     s
 }
 
 pub fn profiles_list() -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{:<12} {:<22} {:>6} {:>6} {:>8} {:>6} {:>8} {:>8}  description", "name", "aliases", "BF16TF", "FP8TF", "HBM GiB", "TB/s", "NVL GB/s", "NIC GB/s");
+    let _ = writeln!(
+        s,
+        "{:<12} {:<22} {:>6} {:>6} {:>8} {:>6} {:>8} {:>8}  description",
+        "name", "aliases", "BF16TF", "FP8TF", "HBM GiB", "TB/s", "NVL GB/s", "NIC GB/s"
+    );
     for p in sextant_planner::hardware::builtin_profiles() {
         let _ = writeln!(
             s,
@@ -320,14 +397,37 @@ fn summary_lines(s: &mut String, sum: &sextant_planner::validate::Summary, md: b
     if md {
         let _ = writeln!(s, "| group | rows | median abs error | max abs error | mean signed error |\n|---|---:|---:|---:|---:|");
     } else {
-        let _ = writeln!(s, "{:<26} {:>5} {:>11} {:>9} {:>12}", "group", "rows", "median|err|", "max|err|", "mean signed");
+        let _ = writeln!(
+            s,
+            "{:<26} {:>5} {:>11} {:>9} {:>12}",
+            "group", "rows", "median|err|", "max|err|", "mean signed"
+        );
     }
     for (kind, g) in groups {
-        let name = if kind.is_empty() { g.group.clone() } else { format!("{kind}: {}", g.group) };
-        if md {
-            let _ = writeln!(s, "| {name} | {} | {:.1}% | {:.1}% | {:+.1}% |", g.rows, 100.0 * g.median_abs, 100.0 * g.max_abs, 100.0 * g.mean_signed);
+        let name = if kind.is_empty() {
+            g.group.clone()
         } else {
-            let _ = writeln!(s, "{:<26} {:>5} {:>10.1}% {:>8.1}% {:>+11.1}%", name, g.rows, 100.0 * g.median_abs, 100.0 * g.max_abs, 100.0 * g.mean_signed);
+            format!("{kind}: {}", g.group)
+        };
+        if md {
+            let _ = writeln!(
+                s,
+                "| {name} | {} | {:.1}% | {:.1}% | {:+.1}% |",
+                g.rows,
+                100.0 * g.median_abs,
+                100.0 * g.max_abs,
+                100.0 * g.mean_signed
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "{:<26} {:>5} {:>10.1}% {:>8.1}% {:>+11.1}%",
+                name,
+                g.rows,
+                100.0 * g.median_abs,
+                100.0 * g.max_abs,
+                100.0 * g.mean_signed
+            );
         }
     }
 }
@@ -336,20 +436,48 @@ fn rows_table(s: &mut String, rows: &[sextant_planner::validate::RowResult], md:
     if md {
         let _ = writeln!(s, "| run | gpu | gpus | kind | measured (s) | predicted (s) | error |\n|---|---|---:|---|---:|---:|---:|");
     } else {
-        let _ = writeln!(s, "{:<44} {:<12} {:>6} {:<5} {:>11} {:>11} {:>8}", "run", "gpu", "gpus", "kind", "measured", "predicted", "error");
+        let _ = writeln!(
+            s,
+            "{:<44} {:<12} {:>6} {:<5} {:>11} {:>11} {:>8}",
+            "run", "gpu", "gpus", "kind", "measured", "predicted", "error"
+        );
     }
     for r in rows {
         let kind = if r.moe { "MoE" } else { "dense" };
         if md {
-            let _ = writeln!(s, "| {} | {} | {} | {kind} | {:.3} | {:.3} | {:+.1}% |", r.id, r.profile, r.gpus, r.measured_secs, r.predicted_secs, 100.0 * r.error);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {kind} | {:.3} | {:.3} | {:+.1}% |",
+                r.id,
+                r.profile,
+                r.gpus,
+                r.measured_secs,
+                r.predicted_secs,
+                100.0 * r.error
+            );
         } else {
-            let _ = writeln!(s, "{:<44} {:<12} {:>6} {:<5} {:>10.3}s {:>10.3}s {:>+7.1}%", r.id, r.profile, r.gpus, kind, r.measured_secs, r.predicted_secs, 100.0 * r.error);
+            let _ = writeln!(
+                s,
+                "{:<44} {:<12} {:>6} {:<5} {:>10.3}s {:>10.3}s {:>+7.1}%",
+                r.id,
+                r.profile,
+                r.gpus,
+                kind,
+                r.measured_secs,
+                r.predicted_secs,
+                100.0 * r.error
+            );
         }
     }
 }
 
 /// `sextant validate`: predicted against measured per row, then summaries.
-pub fn validation(rows: &[sextant_planner::validate::RowResult], sum: &sextant_planner::validate::Summary, unrepresentable: &[sextant_planner::runs::Unrepresentable], md: bool) -> String {
+pub fn validation(
+    rows: &[sextant_planner::validate::RowResult],
+    sum: &sextant_planner::validate::Summary,
+    unrepresentable: &[sextant_planner::runs::Unrepresentable],
+    md: bool,
+) -> String {
     let mut s = String::new();
     if md {
         let _ = writeln!(s, "## Predicted against measured step time\n");
@@ -371,14 +499,21 @@ pub fn validation(rows: &[sextant_planner::validate::RowResult], sum: &sextant_p
 
 /// How often the measured step time fell inside its error band, each band drawn
 /// from the other rows' errors; then the rows that fell outside.
-pub fn band_coverage(checks: &[sextant_planner::validate::BandCheck], held: &str, md: bool) -> String {
+pub fn band_coverage(
+    checks: &[sextant_planner::validate::BandCheck],
+    held: &str,
+    md: bool,
+) -> String {
     let mut s = String::new();
     let cov = sextant_planner::validate::coverage(checks);
     let Some(all) = cov.first().filter(|c| c.rows > 0) else {
         return s;
     };
     let pct = |c: &sextant_planner::validate::Coverage| 100.0 * c.inside as f64 / c.rows as f64;
-    let kinds: Vec<String> = cov[1..].iter().map(|c| format!("{} {} of {} ({:.0}%)", c.group, c.inside, c.rows, pct(c))).collect();
+    let kinds: Vec<String> = cov[1..]
+        .iter()
+        .map(|c| format!("{} {} of {} ({:.0}%)", c.group, c.inside, c.rows, pct(c)))
+        .collect();
     let _ = writeln!(
         s,
         "\n{}Error bands (claiming {:.0}% on average, each drawn with {held}): measured inside for {} of {} rows ({:.0}%){}{}",
@@ -391,20 +526,38 @@ pub fn band_coverage(checks: &[sextant_planner::validate::BandCheck], held: &str
         if md { "**" } else { "" },
     );
     for c in checks.iter().filter(|c| !c.inside) {
-        let _ = writeln!(s, "{}outside: {} measured {:.3} s, band {:.3} to {:.3} s ({})", if md { "- " } else { "  " }, c.id, c.measured_secs, c.low_secs, c.high_secs, c.basis);
+        let _ = writeln!(
+            s,
+            "{}outside: {} measured {:.3} s, band {:.3} to {:.3} s ({})",
+            if md { "- " } else { "  " },
+            c.id,
+            c.measured_secs,
+            c.low_secs,
+            c.high_secs,
+            c.basis
+        );
     }
     s
 }
 
 /// `sextant validate --cross-validate`.
-pub fn cross_validation(rows: &[sextant_planner::validate::RowResult], sum: &sextant_planner::validate::Summary, scales: &[(String, String, f64)], md: bool) -> String {
+pub fn cross_validation(
+    rows: &[sextant_planner::validate::RowResult],
+    sum: &sextant_planner::validate::Summary,
+    scales: &[(String, String, f64)],
+    md: bool,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{}Leave-one-source-out: each source predicted with its profiles' compute-efficiency scale refitted on the other sources", if md { "## " } else { "" });
     if md {
         let _ = writeln!(s);
     }
     for (src, prof, k) in scales {
-        let _ = writeln!(s, "{}held out {src}: {prof} scale {k:.3}", if md { "- " } else { "  " });
+        let _ = writeln!(
+            s,
+            "{}held out {src}: {prof} scale {k:.3}",
+            if md { "- " } else { "  " }
+        );
     }
     let _ = writeln!(s);
     rows_table(&mut s, rows, md);

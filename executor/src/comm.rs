@@ -46,9 +46,14 @@ pub fn to_bytes(v: &[f32]) -> Vec<u8> {
 
 pub fn from_bytes(b: &[u8]) -> Result<Vec<f32>, String> {
     if !b.len().is_multiple_of(4) {
-        return Err(format!("received {} bytes, not a whole number of f32 values", b.len()));
+        return Err(format!(
+            "received {} bytes, not a whole number of f32 values",
+            b.len()
+        ));
     }
-    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 /// One communicator: the ordered member ranks and this rank's index among them.
@@ -67,8 +72,18 @@ fn bounds(len: usize, n: usize, i: usize) -> (usize, usize) {
 
 impl Group {
     pub fn new(kind: Kind, members: Vec<u64>, rank: u64) -> Result<Group, String> {
-        let me = members.iter().position(|&r| r == rank).ok_or_else(|| format!("rank {rank} is not in its own {} group {members:?}", kind.label()))?;
-        Ok(Group { kind, members, me, seq: Cell::new(0) })
+        let me = members.iter().position(|&r| r == rank).ok_or_else(|| {
+            format!(
+                "rank {rank} is not in its own {} group {members:?}",
+                kind.label()
+            )
+        })?;
+        Ok(Group {
+            kind,
+            members,
+            me,
+            seq: Cell::new(0),
+        })
     }
 
     pub fn size(&self) -> usize {
@@ -101,7 +116,12 @@ impl Group {
             let got = from_bytes(&mesh.recv(prev, tag | s as u64)?)?;
             let (a, b) = bounds(data.len(), n, recv);
             if got.len() != b - a {
-                return Err(format!("{} reduce-scatter: rank {prev} sent {} values, expected {}", self.kind.label(), got.len(), b - a));
+                return Err(format!(
+                    "{} reduce-scatter: rank {prev} sent {} values, expected {}",
+                    self.kind.label(),
+                    got.len(),
+                    b - a
+                ));
             }
             for (x, y) in acc[a..b].iter_mut().zip(got) {
                 *x += y;
@@ -125,7 +145,12 @@ impl Group {
             let got = from_bytes(&mesh.recv(prev, tag | s as u64)?)?;
             let (a, b) = bounds(out.len(), n, recv);
             if got.len() != b - a {
-                return Err(format!("{} all-gather: rank {prev} sent {} values, expected {}", self.kind.label(), got.len(), b - a));
+                return Err(format!(
+                    "{} all-gather: rank {prev} sent {} values, expected {}",
+                    self.kind.label(),
+                    got.len(),
+                    b - a
+                ));
             }
             out[a..b].copy_from_slice(&got);
         }
@@ -153,10 +178,18 @@ impl Group {
     }
 
     /// Each member sends `parts[j]` to member j (any sizes); returns what each sent here.
-    pub fn all_to_all(&self, mesh: &Mesh, mut parts: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, String> {
+    pub fn all_to_all(
+        &self,
+        mesh: &Mesh,
+        mut parts: Vec<Vec<f32>>,
+    ) -> Result<Vec<Vec<f32>>, String> {
         let n = self.size();
         if parts.len() != n {
-            return Err(format!("{} all-to-all needs {n} parts, got {}", self.kind.label(), parts.len()));
+            return Err(format!(
+                "{} all-to-all needs {n} parts, got {}",
+                self.kind.label(),
+                parts.len()
+            ));
         }
         let tag = self.next_tag();
         for (j, p) in parts.iter().enumerate() {
@@ -179,7 +212,11 @@ impl Group {
         let mut one = vec![1.0f32; self.size()];
         self.all_reduce(mesh, &mut one)?;
         if one.iter().any(|&x| x != self.size() as f32) {
-            return Err(format!("{} barrier summed to {one:?}, expected {} everywhere", self.kind.label(), self.size()));
+            return Err(format!(
+                "{} barrier summed to {one:?}, expected {} everywhere",
+                self.kind.label(),
+                self.size()
+            ));
         }
         Ok(())
     }

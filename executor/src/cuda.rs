@@ -40,7 +40,10 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
-use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError};
+use cudarc::driver::{
+    result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr,
+    DriverError,
+};
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use sextant_planner::calibration::{median, CommPoint, GemmPoint};
 
@@ -67,10 +70,26 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub fn probe(ordinal: usize) -> Result<String, String> {
     guarded(|| {
         let dev = device(ordinal)?;
-        let name = drv::device::get_name(dev).map_err(|e| format!("reading the name of CUDA device {ordinal}: {}", describe(e)))?;
-        let total = unsafe { drv::device::total_mem(dev) }.map_err(|e| format!("reading the memory size of CUDA device {ordinal}: {}", describe(e)))?;
-        let sms = unsafe { drv::device::get_attribute(dev, drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) }
-            .map_err(|e| format!("reading the SM count of CUDA device {ordinal}: {}", describe(e)))?;
+        let name = drv::device::get_name(dev)
+            .map_err(|e| format!("reading the name of CUDA device {ordinal}: {}", describe(e)))?;
+        let total = unsafe { drv::device::total_mem(dev) }.map_err(|e| {
+            format!(
+                "reading the memory size of CUDA device {ordinal}: {}",
+                describe(e)
+            )
+        })?;
+        let sms = unsafe {
+            drv::device::get_attribute(
+                dev,
+                drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+        }
+        .map_err(|e| {
+            format!(
+                "reading the SM count of CUDA device {ordinal}: {}",
+                describe(e)
+            )
+        })?;
         Ok(format!("{name} ({:.1} GiB, {sms} SMs)", total as f64 / GIB))
     })
 }
@@ -96,13 +115,18 @@ pub fn free_memory(ordinal: usize) -> Result<(u64, u64), String> {
 ///
 /// Allocation failure returns an `Err` naming the bytes requested and the device's
 /// free memory.
-pub fn time_gemms(ordinal: usize, shapes: &[(String, u64, u64, u64)], iters: u32) -> Result<Vec<GemmPoint>, String> {
+pub fn time_gemms(
+    ordinal: usize,
+    shapes: &[(String, u64, u64, u64)],
+    iters: u32,
+) -> Result<Vec<GemmPoint>, String> {
     if iters == 0 {
         return Err("GEMM timing needs at least one timed call (iters = 0)".into());
     }
     for (class, m, n, k) in shapes {
         colmajor_args(*m, *n, *k).map_err(|e| format!("GEMM '{class}' {m}x{n}x{k}: {e}"))?;
-        gemm_bytes(*m, *n, *k).ok_or_else(|| format!("GEMM '{class}' {m}x{n}x{k}: its buffers' size overflows"))?;
+        gemm_bytes(*m, *n, *k)
+            .ok_or_else(|| format!("GEMM '{class}' {m}x{n}x{k}: its buffers' size overflows"))?;
     }
     guarded(|| {
         device(ordinal)?;
@@ -110,11 +134,19 @@ pub fn time_gemms(ordinal: usize, shapes: &[(String, u64, u64, u64)], iters: u32
             return Err(NO_CUBLAS.into());
         }
         let ctx = context(ordinal)?;
-        let stream = ctx.new_stream().map_err(|e| format!("creating a CUDA stream on device {ordinal}: {}", describe(e)))?;
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| format!("creating a cuBLAS handle on device {ordinal}: {e:?}"))?;
+        let stream = ctx.new_stream().map_err(|e| {
+            format!(
+                "creating a CUDA stream on device {ordinal}: {}",
+                describe(e)
+            )
+        })?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| format!("creating a cuBLAS handle on device {ordinal}: {e:?}"))?;
         let mut out = Vec::with_capacity(shapes.len());
         for (class, m, n, k) in shapes {
-            out.push(time_gemm(&ctx, &stream, &blas, ordinal, class, *m, *n, *k, iters)?);
+            out.push(time_gemm(
+                &ctx, &stream, &blas, ordinal, class, *m, *n, *k, iters,
+            )?);
         }
         Ok(out)
     })
@@ -124,7 +156,8 @@ pub fn time_gemms(ordinal: usize, shapes: &[(String, u64, u64, u64)], iters: u32
 pub fn nccl_unique_id() -> Result<Vec<u8>, String> {
     guarded(|| {
         nccl_loaded()?;
-        let id = nccl::get_uniqueid().map_err(|e| format!("ncclGetUniqueId failed: {}", nccl_describe(&e, None)))?;
+        let id = nccl::get_uniqueid()
+            .map_err(|e| format!("ncclGetUniqueId failed: {}", nccl_describe(&e, None)))?;
         Ok(id.internal.iter().map(|&c| c as u8).collect())
     })
 }
@@ -139,9 +172,19 @@ pub fn nccl_unique_id() -> Result<Vec<u8>, String> {
 /// synchronisation separates the warm-up from the timed batch, so the last warm-up
 /// call lines the ranks up on the GPU. `busbw_gbytes_per_s` is
 /// `bytes · 2(n−1)/n / secs / 1e9`; `tier` is "nvlink" (the caller knows better).
-pub fn time_all_reduce(ordinal: usize, unique_id: &[u8], rank: usize, world: usize, sizes_bytes: &[u64], iters: u32) -> Result<Vec<CommPoint>, String> {
+pub fn time_all_reduce(
+    ordinal: usize,
+    unique_id: &[u8],
+    rank: usize,
+    world: usize,
+    sizes_bytes: &[u64],
+    iters: u32,
+) -> Result<Vec<CommPoint>, String> {
     if unique_id.len() != 128 {
-        return Err(format!("an NCCL unique id is 128 bytes, got {}", unique_id.len()));
+        return Err(format!(
+            "an NCCL unique id is 128 bytes, got {}",
+            unique_id.len()
+        ));
     }
     if world == 0 || world > i32::MAX as usize || rank >= world {
         return Err(format!("rank {rank} is not in a world of {world} ranks"));
@@ -151,7 +194,9 @@ pub fn time_all_reduce(ordinal: usize, unique_id: &[u8], rank: usize, world: usi
     }
     for &b in sizes_bytes {
         if b < 2 || b % 2 != 0 || usize::try_from(b).is_err() {
-            return Err(format!("all-reduce size {b} bytes is not a positive whole number of BF16 elements"));
+            return Err(format!(
+                "all-reduce size {b} bytes is not a positive whole number of BF16 elements"
+            ));
         }
     }
     let mut internal = [0 as std::ffi::c_char; 128];
@@ -162,15 +207,37 @@ pub fn time_all_reduce(ordinal: usize, unique_id: &[u8], rank: usize, world: usi
         device(ordinal)?;
         nccl_loaded()?;
         let ctx = context(ordinal)?;
-        let stream = ctx.new_stream().map_err(|e| format!("creating a CUDA stream on device {ordinal}: {}", describe(e)))?;
+        let stream = ctx.new_stream().map_err(|e| {
+            format!(
+                "creating a CUDA stream on device {ordinal}: {}",
+                describe(e)
+            )
+        })?;
         ctx.bind_to_thread().map_err(describe)?;
         let mut raw: nccl_sys::ncclComm_t = std::ptr::null_mut();
-        unsafe { nccl::comm_init_rank(&mut raw, world as c_int, nccl_sys::ncclUniqueId { internal }, rank as c_int) }
-            .map_err(|e| format!("ncclCommInitRank (rank {rank} of {world}) failed: {}", nccl_describe(&e, None)))?;
-        let mut comm = Comm { raw, finished: false };
+        unsafe {
+            nccl::comm_init_rank(
+                &mut raw,
+                world as c_int,
+                nccl_sys::ncclUniqueId { internal },
+                rank as c_int,
+            )
+        }
+        .map_err(|e| {
+            format!(
+                "ncclCommInitRank (rank {rank} of {world}) failed: {}",
+                nccl_describe(&e, None)
+            )
+        })?;
+        let mut comm = Comm {
+            raw,
+            finished: false,
+        };
         let mut out = Vec::with_capacity(sizes_bytes.len());
         for &bytes in sizes_bytes {
-            out.push(time_one_all_reduce(&ctx, &stream, &comm, ordinal, world, bytes, iters)?);
+            out.push(time_one_all_reduce(
+                &ctx, &stream, &comm, ordinal, world, bytes, iters,
+            )?);
         }
         comm.finish(&stream)?;
         Ok(out)
@@ -230,11 +297,13 @@ pub(crate) fn device(ordinal: usize) -> Result<drv_sys::CUdevice, String> {
         }
         Err(e) => return Err(format!("the CUDA driver failed to initialise: {}", describe(e))),
     }
-    let count = drv::device::get_count().map_err(|e| format!("counting CUDA devices: {}", describe(e)))?;
+    let count =
+        drv::device::get_count().map_err(|e| format!("counting CUDA devices: {}", describe(e)))?;
     if ordinal >= count.max(0) as usize {
         return Err(no_such_device(ordinal, count.max(0) as usize));
     }
-    drv::device::get(ordinal as c_int).map_err(|e| format!("opening CUDA device {ordinal}: {}", describe(e)))
+    drv::device::get(ordinal as c_int)
+        .map_err(|e| format!("opening CUDA device {ordinal}: {}", describe(e)))
 }
 
 fn no_such_device(ordinal: usize, count: usize) -> String {
@@ -247,11 +316,18 @@ fn no_such_device(ordinal: usize, count: usize) -> String {
 }
 
 pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
-    CudaContext::new(ordinal).map_err(|e| format!("creating a CUDA context on device {ordinal}: {}", describe(e)))
+    CudaContext::new(ordinal).map_err(|e| {
+        format!(
+            "creating a CUDA context on device {ordinal}: {}",
+            describe(e)
+        )
+    })
 }
 
 pub(crate) fn mem_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<(u64, u64), String> {
-    let (free, total) = ctx.mem_get_info().map_err(|e| format!("cuMemGetInfo on device {ordinal}: {}", describe(e)))?;
+    let (free, total) = ctx
+        .mem_get_info()
+        .map_err(|e| format!("cuMemGetInfo on device {ordinal}: {}", describe(e)))?;
     Ok((free as u64, total as u64))
 }
 
@@ -275,14 +351,22 @@ pub(crate) fn describe(e: DriverError) -> String {
 }
 
 pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm_t>) -> String {
-    let text = |p: *const std::ffi::c_char| if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
+    let text = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
     let mut s = format!("{:?}", e.0);
     let general = text(unsafe { nccl_sys::ncclGetErrorString(e.0) });
     if !general.is_empty() {
         s = format!("{s} ({general})");
     }
     // ncclGetLastError exists from NCCL 2.13 (version code 21300) on.
-    let has_last_error = nccl::get_nccl_version().map(|v| v >= 21300).unwrap_or(false);
+    let has_last_error = nccl::get_nccl_version()
+        .map(|v| v >= 21300)
+        .unwrap_or(false);
     if let (Some(c), true) = (comm, has_last_error) {
         let last = text(unsafe { nccl_sys::ncclGetLastError(c) });
         if !last.is_empty() {
@@ -294,7 +378,10 @@ pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm
 
 /// Bytes of A, B and C for one BF16 GEMM, or None on overflow.
 fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
-    let e = m.checked_mul(k)?.checked_add(k.checked_mul(n)?)?.checked_add(m.checked_mul(n)?)?;
+    let e = m
+        .checked_mul(k)?
+        .checked_add(k.checked_mul(n)?)?
+        .checked_add(m.checked_mul(n)?)?;
     let b = e.checked_mul(2)?;
     usize::try_from(b).ok()?;
     Some(b)
@@ -306,10 +393,17 @@ fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
 /// cuBLAS computes `Cᵀ[n,m] = Bᵀ[n,k] · Aᵀ[k,m]` with no transposes: its "A" is our
 /// B (`lda = n`), its "B" is our A (`ldb = k`), `ldc = n`.
 /// Returns `(m', n', k', lda, ldb, ldc)` where the first operand passed is B.
-pub(crate) fn colmajor_args(m: u64, n: u64, k: u64) -> Result<(c_int, c_int, c_int, c_int, c_int, c_int), String> {
+pub(crate) fn colmajor_args(
+    m: u64,
+    n: u64,
+    k: u64,
+) -> Result<(c_int, c_int, c_int, c_int, c_int, c_int), String> {
     let f = |x: u64| -> Result<c_int, String> {
         if x == 0 || x > c_int::MAX as u64 {
-            Err(format!("dimension {x} is outside cuBLAS's range 1..={}", c_int::MAX))
+            Err(format!(
+                "dimension {x} is outside cuBLAS's range 1..={}",
+                c_int::MAX
+            ))
         } else {
             Ok(x as c_int)
         }
@@ -321,20 +415,76 @@ pub(crate) fn colmajor_args(m: u64, n: u64, k: u64) -> Result<(c_int, c_int, c_i
 /// Row-major BF16 `C[m,n] = A[m,k] · B[k,n]` (FP32 accumulation) on the handle's
 /// stream, from raw device addresses `(a, b, c)`: `cublasGemmEx`, or for `batch > 1`
 /// `cublasGemmStridedBatchedEx` over contiguous operands.
-pub(crate) fn bf16_gemm(blas: &CudaBlas, (m, n, k): (u64, u64, u64), batch: u64, (a, b, c): (u64, u64, u64)) -> Result<(), String> {
+pub(crate) fn bf16_gemm(
+    blas: &CudaBlas,
+    (m, n, k): (u64, u64, u64),
+    batch: u64,
+    (a, b, c): (u64, u64, u64),
+) -> Result<(), String> {
     let (cm, cn, ck, lda, ldb, ldc) = colmajor_args(m, n, k)?;
-    let count = c_int::try_from(batch).map_err(|_| format!("batch {batch} is outside cuBLAS's range"))?;
+    let count =
+        c_int::try_from(batch).map_err(|_| format!("batch {batch} is outside cuBLAS's range"))?;
     let (alpha, beta) = (1.0f32, 0.0f32);
-    let (op, bf16) = (blas_sys::cublasOperation_t::CUBLAS_OP_N, blas_sys::cudaDataType::CUDA_R_16BF);
-    let (compute, algo) = (blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT);
+    let (op, bf16) = (
+        blas_sys::cublasOperation_t::CUBLAS_OP_N,
+        blas_sys::cudaDataType::CUDA_R_16BF,
+    );
+    let (compute, algo) = (
+        blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+    );
     let (pa, pb, pc) = (a as *const c_void, b as *const c_void, c as *mut c_void);
     let (al, be) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
     // cuBLAS's first operand is our B (see `colmajor_args`).
     let r = unsafe {
         if batch > 1 {
-            blas::gemm_strided_batched_ex(*blas.handle(), op, op, cm, cn, ck, al, pb, bf16, lda, (k * n) as i64, pa, bf16, ldb, (m * k) as i64, be, pc, bf16, ldc, (m * n) as i64, count, compute, algo)
+            blas::gemm_strided_batched_ex(
+                *blas.handle(),
+                op,
+                op,
+                cm,
+                cn,
+                ck,
+                al,
+                pb,
+                bf16,
+                lda,
+                (k * n) as i64,
+                pa,
+                bf16,
+                ldb,
+                (m * k) as i64,
+                be,
+                pc,
+                bf16,
+                ldc,
+                (m * n) as i64,
+                count,
+                compute,
+                algo,
+            )
         } else {
-            blas::gemm_ex(*blas.handle(), op, op, cm, cn, ck, al, pb, bf16, lda, pa, bf16, ldb, be, pc, bf16, ldc, compute, algo)
+            blas::gemm_ex(
+                *blas.handle(),
+                op,
+                op,
+                cm,
+                cn,
+                ck,
+                al,
+                pb,
+                bf16,
+                lda,
+                pa,
+                bf16,
+                ldb,
+                be,
+                pc,
+                bf16,
+                ldc,
+                compute,
+                algo,
+            )
         }
     };
     r.map_err(|e| format!("cuBLAS GEMM {m}x{n}x{k} (batch {batch}) failed: {e:?}"))
@@ -359,34 +509,65 @@ pub(crate) fn fill_pattern(len: usize) -> Vec<u16> {
         .collect()
 }
 
-pub(crate) fn oom_or(e: DriverError, ctx: &Arc<CudaContext>, ordinal: usize, what: &str, bytes: u64) -> String {
+pub(crate) fn oom_or(
+    e: DriverError,
+    ctx: &Arc<CudaContext>,
+    ordinal: usize,
+    what: &str,
+    bytes: u64,
+) -> String {
     if e.0 == drv_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         out_of_memory(ctx, ordinal, what, bytes)
     } else {
-        format!("allocating {bytes} bytes for {what} on CUDA device {ordinal}: {}", describe(e))
+        format!(
+            "allocating {bytes} bytes for {what} on CUDA device {ordinal}: {}",
+            describe(e)
+        )
     }
 }
 
-pub(crate) fn out_of_memory(ctx: &Arc<CudaContext>, ordinal: usize, what: &str, bytes: u64) -> String {
+pub(crate) fn out_of_memory(
+    ctx: &Arc<CudaContext>,
+    ordinal: usize,
+    what: &str,
+    bytes: u64,
+) -> String {
     let free = match mem_info(ctx, ordinal) {
-        Ok((free, total)) => format!("{free} bytes ({:.2} GiB) free of {:.1} GiB", free as f64 / GIB, total as f64 / GIB),
+        Ok((free, total)) => format!(
+            "{free} bytes ({:.2} GiB) free of {:.1} GiB",
+            free as f64 / GIB,
+            total as f64 / GIB
+        ),
         Err(e) => format!("free memory unknown ({e})"),
     };
     format!("out of memory on CUDA device {ordinal}: {what} needs {bytes} bytes ({:.2} GiB); the device has {free}", bytes as f64 / GIB)
 }
 
 /// A BF16 buffer of `elems` (as u16 bits) on `stream`.
-fn alloc_bf16(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, ordinal: usize, elems: usize, what: &str) -> Result<CudaSlice<u16>, String> {
-    unsafe { stream.alloc::<u16>(elems) }.map_err(|e| oom_or(e, ctx, ordinal, what, elems as u64 * 2))
+fn alloc_bf16(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    ordinal: usize,
+    elems: usize,
+    what: &str,
+) -> Result<CudaSlice<u16>, String> {
+    unsafe { stream.alloc::<u16>(elems) }
+        .map_err(|e| oom_or(e, ctx, ordinal, what, elems as u64 * 2))
 }
 
-pub(crate) fn fill(stream: &Arc<CudaStream>, buf: &mut CudaSlice<u16>, pattern: &[u16]) -> Result<(), String> {
+pub(crate) fn fill(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<u16>,
+    pattern: &[u16],
+) -> Result<(), String> {
     let len = buf.len();
     let mut off = 0;
     while off < len {
         let n = pattern.len().min(len - off);
         let mut view = buf.slice_mut(off..off + n);
-        stream.memcpy_htod(&pattern[..n], &mut view).map_err(|e| format!("filling a GEMM operand: {}", describe(e)))?;
+        stream
+            .memcpy_htod(&pattern[..n], &mut view)
+            .map_err(|e| format!("filling a GEMM operand: {}", describe(e)))?;
         off += n;
     }
     Ok(())
@@ -407,7 +588,9 @@ impl Gate {
     fn close(stream: &CudaStream) -> Result<Gate, String> {
         let (tx, rx) = mpsc::channel::<()>();
         let arg = Box::into_raw(Box::new(rx));
-        match unsafe { drv::stream::launch_host_function(stream.cu_stream(), gate_wait, arg.cast()) } {
+        match unsafe {
+            drv::stream::launch_host_function(stream.cu_stream(), gate_wait, arg.cast())
+        } {
             Ok(()) => Ok(Gate(tx)),
             Err(e) => {
                 // Not launched: the receiver is still ours.
@@ -419,22 +602,52 @@ impl Gate {
 }
 
 pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> {
-    ctx.new_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| format!("creating a CUDA event: {}", describe(e)))
+    ctx.new_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|e| format!("creating a CUDA event: {}", describe(e)))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn time_gemm(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, blas: &CudaBlas, ordinal: usize, class: &str, m: u64, n: u64, k: u64, iters: u32) -> Result<GemmPoint, String> {
+fn time_gemm(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    blas: &CudaBlas,
+    ordinal: usize,
+    class: &str,
+    m: u64,
+    n: u64,
+    k: u64,
+    iters: u32,
+) -> Result<GemmPoint, String> {
     colmajor_args(m, n, k)?;
     let shape = format!("the {class} GEMM {m}x{n}x{k} (BF16)");
-    let total = gemm_bytes(m, n, k).ok_or_else(|| format!("{shape}: its buffers' size overflows"))?;
+    let total =
+        gemm_bytes(m, n, k).ok_or_else(|| format!("{shape}: its buffers' size overflows"))?;
     let (free, _) = mem_info(ctx, ordinal)?;
     if total > free {
         return Err(out_of_memory(ctx, ordinal, &shape, total));
     }
     let pattern = fill_pattern(FILL_ELEMS.min(((m * k).max(k * n)) as usize));
-    let mut a = alloc_bf16(ctx, stream, ordinal, (m * k) as usize, &format!("A of {shape}"))?;
-    let mut b = alloc_bf16(ctx, stream, ordinal, (k * n) as usize, &format!("B of {shape}"))?;
-    let c = alloc_bf16(ctx, stream, ordinal, (m * n) as usize, &format!("C of {shape}"))?;
+    let mut a = alloc_bf16(
+        ctx,
+        stream,
+        ordinal,
+        (m * k) as usize,
+        &format!("A of {shape}"),
+    )?;
+    let mut b = alloc_bf16(
+        ctx,
+        stream,
+        ordinal,
+        (k * n) as usize,
+        &format!("B of {shape}"),
+    )?;
+    let c = alloc_bf16(
+        ctx,
+        stream,
+        ordinal,
+        (m * n) as usize,
+        &format!("C of {shape}"),
+    )?;
     fill(stream, &mut a, &pattern)?;
     fill(stream, &mut b, &pattern)?;
     // Raw pointers, taken once: the buffers live to the end of this function and all
@@ -450,7 +663,9 @@ fn time_gemm(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, blas: &CudaBlas, 
     for _ in 0..WARMUP_CALLS {
         gemm()?;
     }
-    stream.synchronize().map_err(|e| format!("{shape}: {}", describe(e)))?;
+    stream
+        .synchronize()
+        .map_err(|e| format!("{shape}: {}", describe(e)))?;
     let mut starts = Vec::with_capacity(iters as usize);
     let mut ends = Vec::with_capacity(iters as usize);
     for _ in 0..iters {
@@ -469,7 +684,9 @@ fn time_gemm(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, blas: &CudaBlas, 
         }
         drop(gate);
     }
-    stream.synchronize().map_err(|e| format!("{shape}: {}", describe(e)))?;
+    stream
+        .synchronize()
+        .map_err(|e| format!("{shape}: {}", describe(e)))?;
     let mut secs = Vec::with_capacity(iters as usize);
     for (s, e) in starts.iter().zip(&ends) {
         secs.push(s.elapsed_ms(e).map_err(describe)? as f64 / 1e3);
@@ -483,7 +700,11 @@ fn time_gemm(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, blas: &CudaBlas, 
         dtype: "bf16".into(),
         calls: iters as u64,
         median_secs: med,
-        tflops: if med > 0.0 { 2.0 * m as f64 * n as f64 * k as f64 / med / 1e12 } else { 0.0 },
+        tflops: if med > 0.0 {
+            2.0 * m as f64 * n as f64 * k as f64 / med / 1e12
+        } else {
+            0.0
+        },
     })
 }
 
@@ -498,7 +719,9 @@ impl Comm {
     pub(crate) fn finish(&mut self, stream: &CudaStream) -> Result<(), String> {
         stream.synchronize().map_err(describe)?;
         self.finished = true;
-        unsafe { nccl::comm_destroy(self.raw) }.map(|_| ()).map_err(|e| format!("ncclCommDestroy failed: {}", nccl_describe(&e, None)))
+        unsafe { nccl::comm_destroy(self.raw) }
+            .map(|_| ())
+            .map_err(|e| format!("ncclCommDestroy failed: {}", nccl_describe(&e, None)))
     }
 }
 
@@ -517,7 +740,15 @@ fn all_reduce_factor(world: usize) -> f64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn time_one_all_reduce(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, comm: &Comm, ordinal: usize, world: usize, bytes: u64, iters: u32) -> Result<CommPoint, String> {
+fn time_one_all_reduce(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    comm: &Comm,
+    ordinal: usize,
+    world: usize,
+    bytes: u64,
+    iters: u32,
+) -> Result<CommPoint, String> {
     let what = format!("the all-reduce buffers of {bytes} bytes (send and receive)");
     let both = bytes.saturating_mul(2);
     let (free, _) = mem_info(ctx, ordinal)?;
@@ -525,8 +756,12 @@ fn time_one_all_reduce(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, comm: &
         return Err(out_of_memory(ctx, ordinal, &what, both));
     }
     let elems = (bytes / 2) as usize;
-    let send = stream.alloc_zeros::<u16>(elems).map_err(|e| oom_or(e, ctx, ordinal, &what, both))?;
-    let recv = stream.alloc_zeros::<u16>(elems).map_err(|e| oom_or(e, ctx, ordinal, &what, both))?;
+    let send = stream
+        .alloc_zeros::<u16>(elems)
+        .map_err(|e| oom_or(e, ctx, ordinal, &what, both))?;
+    let recv = stream
+        .alloc_zeros::<u16>(elems)
+        .map_err(|e| oom_or(e, ctx, ordinal, &what, both))?;
     let (ps, pr) = {
         let (ps, _rs) = send.device_ptr(stream);
         let (pr, _rr) = recv.device_ptr(stream);
@@ -543,7 +778,12 @@ fn time_one_all_reduce(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, comm: &
             stream.cu_stream() as _,
         )
         .map(|_| ())
-        .map_err(|e| format!("ncclAllReduce of {bytes} bytes failed: {}", nccl_describe(&e, Some(comm.raw))))
+        .map_err(|e| {
+            format!(
+                "ncclAllReduce of {bytes} bytes failed: {}",
+                nccl_describe(&e, Some(comm.raw))
+            )
+        })
     };
     ctx.bind_to_thread().map_err(describe)?;
     let (start, end) = (timing_event(ctx)?, timing_event(ctx)?);
@@ -555,7 +795,9 @@ fn time_one_all_reduce(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, comm: &
         call()?;
     }
     end.record(stream).map_err(describe)?;
-    stream.synchronize().map_err(|e| format!("all-reduce of {bytes} bytes: {}", describe(e)))?;
+    stream
+        .synchronize()
+        .map_err(|e| format!("all-reduce of {bytes} bytes: {}", describe(e)))?;
     let secs = start.elapsed_ms(&end).map_err(describe)? as f64 / 1e3 / iters as f64;
     Ok(CommPoint {
         kind: "world".into(),
@@ -565,7 +807,11 @@ fn time_one_all_reduce(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, comm: &
         tier: "nvlink".into(),
         calls: iters as u64,
         median_secs: secs,
-        busbw_gbytes_per_s: if secs > 0.0 { bytes as f64 * all_reduce_factor(world) / secs / 1e9 } else { 0.0 },
+        busbw_gbytes_per_s: if secs > 0.0 {
+            bytes as f64 * all_reduce_factor(world) / secs / 1e9
+        } else {
+            0.0
+        },
     })
 }
 
@@ -596,9 +842,11 @@ mod tests {
     #[test]
     fn cuda_calls_without_driver_do_not_panic() {
         let fm = catch_unwind(|| free_memory(0)).expect("free_memory must not panic");
-        let tg = catch_unwind(|| time_gemms(0, &[("mlp".into(), 64, 64, 64)], 2)).expect("time_gemms must not panic");
+        let tg = catch_unwind(|| time_gemms(0, &[("mlp".into(), 64, 64, 64)], 2))
+            .expect("time_gemms must not panic");
         let id = catch_unwind(nccl_unique_id).expect("nccl_unique_id must not panic");
-        let ar = catch_unwind(|| time_all_reduce(0, &[0u8; 128], 0, 1, &[1024], 2)).expect("time_all_reduce must not panic");
+        let ar = catch_unwind(|| time_all_reduce(0, &[0u8; 128], 0, 1, &[1024], 2))
+            .expect("time_all_reduce must not panic");
         if !driver_present() {
             for e in [fm.err(), tg.err(), id.err(), ar.err()] {
                 assert_eq!(e.as_deref(), Some(NO_DRIVER));
@@ -608,15 +856,37 @@ mod tests {
 
     #[test]
     fn cuda_bad_arguments_are_errors_before_any_library_call() {
-        assert!(time_gemms(0, &[("mlp".into(), 8, 8, 8)], 0).unwrap_err().contains("iters = 0"));
-        assert!(time_gemms(0, &[("mlp".into(), 0, 8, 8)], 1).unwrap_err().contains("outside cuBLAS's range"));
-        assert!(time_gemms(0, &[("mlp".into(), 1 << 32, 8, 8)], 1).unwrap_err().contains("outside cuBLAS's range"));
-        assert!(time_gemms(0, &[("mlp".into(), 2_000_000_000, 2_000_000_000, 2_000_000_000)], 1).unwrap_err().contains("overflows"));
-        assert!(time_all_reduce(0, &[0u8; 16], 0, 2, &[1024], 1).unwrap_err().contains("128 bytes"));
-        assert!(time_all_reduce(0, &[0u8; 128], 2, 2, &[1024], 1).unwrap_err().contains("not in a world"));
-        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[1023], 1).unwrap_err().contains("BF16 elements"));
-        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[0], 1).unwrap_err().contains("BF16 elements"));
-        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[1024], 0).unwrap_err().contains("iters = 0"));
+        assert!(time_gemms(0, &[("mlp".into(), 8, 8, 8)], 0)
+            .unwrap_err()
+            .contains("iters = 0"));
+        assert!(time_gemms(0, &[("mlp".into(), 0, 8, 8)], 1)
+            .unwrap_err()
+            .contains("outside cuBLAS's range"));
+        assert!(time_gemms(0, &[("mlp".into(), 1 << 32, 8, 8)], 1)
+            .unwrap_err()
+            .contains("outside cuBLAS's range"));
+        assert!(time_gemms(
+            0,
+            &[("mlp".into(), 2_000_000_000, 2_000_000_000, 2_000_000_000)],
+            1
+        )
+        .unwrap_err()
+        .contains("overflows"));
+        assert!(time_all_reduce(0, &[0u8; 16], 0, 2, &[1024], 1)
+            .unwrap_err()
+            .contains("128 bytes"));
+        assert!(time_all_reduce(0, &[0u8; 128], 2, 2, &[1024], 1)
+            .unwrap_err()
+            .contains("not in a world"));
+        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[1023], 1)
+            .unwrap_err()
+            .contains("BF16 elements"));
+        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[0], 1)
+            .unwrap_err()
+            .contains("BF16 elements"));
+        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[1024], 0)
+            .unwrap_err()
+            .contains("iters = 0"));
     }
 
     #[test]
@@ -635,7 +905,14 @@ mod tests {
         let a: Vec<f32> = (0..m * k).map(|i| i as f32 * 0.5 - 1.0).collect(); // row-major m x k
         let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 - 3.0).collect(); // row-major k x n
         let (cm, cn, ck, lda, ldb, ldc) = colmajor_args(m, n, k).unwrap();
-        let (cm, cn, ck, lda, ldb, ldc) = (cm as usize, cn as usize, ck as usize, lda as usize, ldb as usize, ldc as usize);
+        let (cm, cn, ck, lda, ldb, ldc) = (
+            cm as usize,
+            cn as usize,
+            ck as usize,
+            lda as usize,
+            ldb as usize,
+            ldc as usize,
+        );
         // cuBLAS (N, N): C'[i + j*ldc] = sum_p A'[i + p*lda] * B'[p + j*ldb], A' = our B, B' = our A.
         let mut c = vec![0f32; (m * n) as usize];
         for j in 0..cn {
@@ -645,7 +922,9 @@ mod tests {
         }
         for r in 0..m as usize {
             for col in 0..n as usize {
-                let want: f32 = (0..k as usize).map(|p| a[r * k as usize + p] * b[p * n as usize + col]).sum();
+                let want: f32 = (0..k as usize)
+                    .map(|p| a[r * k as usize + p] * b[p * n as usize + col])
+                    .sum();
                 assert_eq!(c[r * n as usize + col], want, "C[{r},{col}]");
             }
         }
@@ -657,8 +936,13 @@ mod tests {
         assert_eq!(bf16_bits(-2.0), 0xc000);
         assert_eq!(bf16_bits(0.0), 0);
         let p = fill_pattern(4096);
-        let vals: Vec<f32> = p.iter().map(|&h| f32::from_bits((h as u32) << 16)).collect();
-        assert!(vals.iter().all(|v| v.is_finite() && (-1.0..=1.0).contains(v)));
+        let vals: Vec<f32> = p
+            .iter()
+            .map(|&h| f32::from_bits((h as u32) << 16))
+            .collect();
+        assert!(vals
+            .iter()
+            .all(|v| v.is_finite() && (-1.0..=1.0).contains(v)));
         assert!(vals.iter().filter(|v| **v != 0.0).count() > 4000);
         assert_eq!(gemm_bytes(2, 3, 4), Some(2 * (8 + 12 + 6)));
         assert_eq!(gemm_bytes(u64::MAX, 2, 2), None);

@@ -7,8 +7,10 @@
 //! and schedule are consistent. The CUDA backend (feature `cuda`) is in the `cuda` module.
 
 pub mod comm;
-#[cfg(feature = "cuda")] pub mod cuda;
-#[cfg(feature = "cuda")] pub mod device;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod device;
 pub mod error;
 pub mod mesh;
 pub mod model;

@@ -83,12 +83,18 @@ fn reader_loop(mut stream: TcpStream, peer: u64, shared: Shared) {
             }
         };
         if len > MAX_FRAME {
-            fail(&shared, format!("corrupt frame from rank {peer} ({len} bytes announced)"));
+            fail(
+                &shared,
+                format!("corrupt frame from rank {peer} ({len} bytes announced)"),
+            );
             return;
         }
         let mut payload = vec![0u8; len as usize];
         if stream.read_exact(&mut payload).is_err() {
-            fail(&shared, format!("rank {peer} closed its connection in the middle of a message"));
+            fail(
+                &shared,
+                format!("rank {peer} closed its connection in the middle of a message"),
+            );
             return;
         }
         let mut inbox = lock(&shared);
@@ -100,20 +106,32 @@ fn reader_loop(mut stream: TcpStream, peer: u64, shared: Shared) {
                 }
             }
             TAG_BYE => inbox.finished[peer as usize] = true,
-            _ => inbox.frames.entry((peer, tag)).or_default().push_back(payload),
+            _ => inbox
+                .frames
+                .entry((peer, tag))
+                .or_default()
+                .push_back(payload),
         }
         shared.1.notify_all();
     }
 }
 
 fn io_deadline(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
 }
 
 impl Mesh {
     /// Connects to every other rank: to each lower rank at its address, and accepts
     /// from each higher one on `listener`. `addrs[q]` is rank q's listening address.
-    pub fn connect(rank: u64, world: u64, listener: TcpListener, addrs: &[SocketAddr], timeout: Duration) -> Result<Mesh, String> {
+    pub fn connect(
+        rank: u64,
+        world: u64,
+        listener: TcpListener,
+        addrs: &[SocketAddr],
+        timeout: Duration,
+    ) -> Result<Mesh, String> {
         let deadline = Instant::now() + timeout;
         let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         for q in 0..rank {
@@ -122,14 +140,19 @@ impl Mesh {
                 match TcpStream::connect_timeout(&addr, io_deadline(deadline)) {
                     Ok(s) => break s,
                     Err(e) if Instant::now() >= deadline => {
-                        return Err(format!("could not connect to rank {q} at {addr} within {} s: {e}", timeout.as_secs()))
+                        return Err(format!(
+                            "could not connect to rank {q} at {addr} within {} s: {e}",
+                            timeout.as_secs()
+                        ))
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
             };
             let mut hello = MAGIC.to_le_bytes().to_vec();
             hello.extend_from_slice(&rank.to_le_bytes());
-            stream.write_all(&hello).map_err(|e| format!("handshake with rank {q} failed: {e}"))?;
+            stream
+                .write_all(&hello)
+                .map_err(|e| format!("handshake with rank {q} failed: {e}"))?;
             streams[q as usize] = Some(stream);
         }
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -138,7 +161,8 @@ impl Mesh {
             match listener.accept() {
                 Ok((mut s, from)) => {
                     s.set_nonblocking(false).map_err(|e| e.to_string())?;
-                    s.set_read_timeout(Some(io_deadline(deadline))).map_err(|e| e.to_string())?;
+                    s.set_read_timeout(Some(io_deadline(deadline)))
+                        .map_err(|e| e.to_string())?;
                     let (magic, q) = match (read_u64(&mut s), read_u64(&mut s)) {
                         (Ok(m), Ok(q)) => (m, q),
                         _ => continue,
@@ -152,15 +176,28 @@ impl Mesh {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        let absent: Vec<String> = ((rank + 1)..world).filter(|q| streams[*q as usize].is_none()).map(|q| q.to_string()).collect();
-                        return Err(format!("ranks {} never connected within {} s", absent.join(", "), timeout.as_secs()));
+                        let absent: Vec<String> = ((rank + 1)..world)
+                            .filter(|q| streams[*q as usize].is_none())
+                            .map(|q| q.to_string())
+                            .collect();
+                        return Err(format!(
+                            "ranks {} never connected within {} s",
+                            absent.join(", "),
+                            timeout.as_secs()
+                        ));
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Err(e) => return Err(format!("accepting peer connections failed: {e}")),
             }
         }
-        let shared: Shared = Arc::new((Mutex::new(Inbox { finished: vec![false; world as usize], ..Inbox::default() }), Condvar::new()));
+        let shared: Shared = Arc::new((
+            Mutex::new(Inbox {
+                finished: vec![false; world as usize],
+                ..Inbox::default()
+            }),
+            Condvar::new(),
+        ));
         let mut writers = Vec::with_capacity(world as usize);
         let mut readers = Vec::new();
         for (q, s) in streams.into_iter().enumerate() {
@@ -175,7 +212,14 @@ impl Mesh {
                 None => writers.push(None),
             }
         }
-        Ok(Mesh { rank, world, writers, shared, timeout, readers })
+        Ok(Mesh {
+            rank,
+            world,
+            writers,
+            shared,
+            timeout,
+            readers,
+        })
     }
 
     pub fn rank(&self) -> u64 {
@@ -189,13 +233,18 @@ impl Mesh {
     }
 
     fn write_frame(&self, to: u64, tag: u64, payload: &[u8]) -> Result<(), String> {
-        let w = self.writers.get(to as usize).and_then(|w| w.as_ref()).ok_or_else(|| format!("no connection to rank {to}"))?;
+        let w = self
+            .writers
+            .get(to as usize)
+            .and_then(|w| w.as_ref())
+            .ok_or_else(|| format!("no connection to rank {to}"))?;
         let mut frame = Vec::with_capacity(16 + payload.len());
         frame.extend_from_slice(&tag.to_le_bytes());
         frame.extend_from_slice(&(payload.len() as u64).to_le_bytes());
         frame.extend_from_slice(payload);
         let mut s = w.lock().unwrap_or_else(|p| p.into_inner());
-        s.write_all(&frame).map_err(|e| format!("sending to rank {to} failed: {e}"))
+        s.write_all(&frame)
+            .map_err(|e| format!("sending to rank {to} failed: {e}"))
     }
 
     /// Sends `payload` to rank `to` under `tag` (to itself too).
@@ -205,7 +254,11 @@ impl Mesh {
         }
         if to == self.rank {
             let mut inbox = lock(&self.shared);
-            inbox.frames.entry((to, tag)).or_default().push_back(payload.to_vec());
+            inbox
+                .frames
+                .entry((to, tag))
+                .or_default()
+                .push_back(payload.to_vec());
             self.shared.1.notify_all();
             return Ok(());
         }
@@ -238,7 +291,12 @@ impl Mesh {
                     self.timeout.as_secs()
                 ));
             }
-            inbox = self.shared.1.wait_timeout(inbox, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            inbox = self
+                .shared
+                .1
+                .wait_timeout(inbox, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -261,7 +319,11 @@ impl Mesh {
     /// Frames that arrived and were never received: sends no receive matched.
     pub fn unmatched(&self) -> Vec<(u64, u64, usize)> {
         let inbox = lock(&self.shared);
-        let mut v: Vec<(u64, u64, usize)> = inbox.frames.iter().map(|(&(from, tag), q)| (from, tag, q.len())).collect();
+        let mut v: Vec<(u64, u64, usize)> = inbox
+            .frames
+            .iter()
+            .map(|(&(from, tag), q)| (from, tag, q.len()))
+            .collect();
         v.sort_unstable();
         v
     }

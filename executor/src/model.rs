@@ -42,7 +42,10 @@ impl Dims {
     /// The model as a [`ModelSpec`], so that the planner can predict this run.
     pub fn to_model(&self, base: &ModelSpec) -> ModelSpec {
         let mut m = base.clone();
-        m.name = format!("{} (executed at {} layers, hidden {})", base.name, self.layers, self.hidden);
+        m.name = format!(
+            "{} (executed at {} layers, hidden {})",
+            base.name, self.layers, self.hidden
+        );
         m.layers = self.layers as u64;
         m.hidden = self.hidden as u64;
         m.heads = self.heads as u64;
@@ -108,7 +111,13 @@ fn weight(layer: usize, param: u64, r: usize, c: usize, fan_in: usize) -> f32 {
 }
 
 /// Rows `r0..r1`, columns `c0..c1` of a full `fan_in`-row parameter.
-fn block(layer: usize, param: u64, (r0, r1): (usize, usize), (c0, c1): (usize, usize), fan_in: usize) -> Mat {
+fn block(
+    layer: usize,
+    param: u64,
+    (r0, r1): (usize, usize),
+    (c0, c1): (usize, usize),
+    fan_in: usize,
+) -> Mat {
     let mut m = Mat::zeros(r1 - r0, c1 - c0);
     for r in r0..r1 {
         for c in c0..c1 {
@@ -126,7 +135,8 @@ pub fn input_rows(d: &Dims, first_sample: u64, (p0, p1): (usize, usize)) -> Mat 
         for b in 0..d.mbs {
             let row = (p - p0) * d.mbs + b;
             for c in 0..d.hidden {
-                m.data[row * d.hidden + c] = hash_unit(key(u64::MAX, first_sample + b as u64, p as u64, c as u64));
+                m.data[row * d.hidden + c] =
+                    hash_unit(key(u64::MAX, first_sample + b as u64, p as u64, c as u64));
             }
         }
     }
@@ -170,7 +180,13 @@ pub struct LayerParams {
 impl LayerParams {
     /// The shard of layer `layer` at TP rank `t` of `tp`, EP rank `e` of `ep` and
     /// expert-TP rank `et` of `etp` (FFN columns of each expert).
-    pub fn init(d: &Dims, layer: usize, (t, tp): (usize, usize), (e, ep): (usize, usize), (et, etp): (usize, usize)) -> LayerParams {
+    pub fn init(
+        d: &Dims,
+        layer: usize,
+        (t, tp): (usize, usize),
+        (e, ep): (usize, usize),
+        (et, etp): (usize, usize),
+    ) -> LayerParams {
         let h = d.hidden;
         let full = d.heads * d.head_dim;
         let hl = full / tp;
@@ -185,7 +201,10 @@ impl LayerParams {
             (Mat::zeros(0, 0), Mat::zeros(0, 0))
         } else {
             let fl = d.ffn / tp;
-            (block(layer, pid::W1, (0, h), (t * fl, (t + 1) * fl), h), block(layer, pid::W2, (t * fl, (t + 1) * fl), (0, h), d.ffn))
+            (
+                block(layer, pid::W1, (0, h), (t * fl, (t + 1) * fl), h),
+                block(layer, pid::W2, (t * fl, (t + 1) * fl), (0, h), d.ffn),
+            )
         };
         let (router, experts) = if moe {
             let per = d.experts / ep;
@@ -194,14 +213,27 @@ impl LayerParams {
             let experts = (e * per..(e + 1) * per)
                 .map(|x| {
                     let base = pid::EXPERT + 2 * x as u64;
-                    (block(layer, base, (0, h), f, h), block(layer, base + 1, f, (0, h), d.expert_ffn))
+                    (
+                        block(layer, base, (0, h), f, h),
+                        block(layer, base + 1, f, (0, h), d.expert_ffn),
+                    )
                 })
                 .collect();
-            (block(layer, pid::ROUTER, (0, h), (0, d.experts), h), experts)
+            (
+                block(layer, pid::ROUTER, (0, h), (0, d.experts), h),
+                experts,
+            )
         } else {
             (Mat::zeros(0, 0), vec![])
         };
-        LayerParams { wqkv, wo, w1, w2, router, experts }
+        LayerParams {
+            wqkv,
+            wo,
+            w1,
+            w2,
+            router,
+            experts,
+        }
     }
 
     pub fn zeros_like(&self) -> LayerParams {
@@ -263,10 +295,20 @@ struct MoeSaved {
 
 impl Saved {
     pub fn bytes(&self) -> usize {
-        let mut b = self.xf.bytes() + self.q.bytes() + self.k_all.bytes() + self.v_all.bytes() + self.o.bytes() + self.x1f.bytes() + self.h.bytes();
+        let mut b = self.xf.bytes()
+            + self.q.bytes()
+            + self.k_all.bytes()
+            + self.v_all.bytes()
+            + self.o.bytes()
+            + self.x1f.bytes()
+            + self.h.bytes();
         b += self.probs.iter().map(Mat::bytes).sum::<usize>();
         if let Some(m) = &self.moe {
-            b += m.rows.iter().map(|(a, c)| a.bytes() + c.bytes()).sum::<usize>();
+            b += m
+                .rows
+                .iter()
+                .map(|(a, c)| a.bytes() + c.bytes())
+                .sum::<usize>();
         }
         b
     }
@@ -298,7 +340,8 @@ fn scatter_rows(s: &Shard, g: &Group, kind: &'static str, x: &Mat) -> R<Mat> {
     }
     let t = s.rec.start();
     let out = g.reduce_scatter(s.mesh, &x.data)?;
-    s.rec.comm(kind, "reduce_scatter", g.size(), x.data.len() * 4, t);
+    s.rec
+        .comm(kind, "reduce_scatter", g.size(), x.data.len() * 4, t);
     Mat::from_vec(x.rows / g.size(), x.cols, out)
 }
 
@@ -308,7 +351,8 @@ fn all_reduce(s: &Shard, g: &Group, kind: &'static str, x: &mut Mat) -> R<()> {
     }
     let t = s.rec.start();
     g.all_reduce(s.mesh, &mut x.data)?;
-    s.rec.comm(kind, "all_reduce", g.size(), x.data.len() * 4, t);
+    s.rec
+        .comm(kind, "all_reduce", g.size(), x.data.len() * 4, t);
     Ok(())
 }
 
@@ -336,7 +380,8 @@ fn item_rows(m: &Mat, mbs: usize, b: usize, col0: usize, cols: usize) -> Mat {
     let n = m.rows / mbs;
     let mut out = Mat::zeros(n, cols);
     for p in 0..n {
-        out.row_mut(p).copy_from_slice(&m.row(p * mbs + b)[col0..col0 + cols]);
+        out.row_mut(p)
+            .copy_from_slice(&m.row(p * mbs + b)[col0..col0 + cols]);
     }
     out
 }
@@ -364,7 +409,11 @@ fn probs(s: &Shard, q: &Mat, k: &Mat, q0: usize) -> Mat {
         let last = q0 + i;
         let mut mx = f32::NEG_INFINITY;
         for (j, x) in row.iter_mut().enumerate() {
-            *x = if j <= last { *x * scale } else { f32::NEG_INFINITY };
+            *x = if j <= last {
+                *x * scale
+            } else {
+                f32::NEG_INFINITY
+            };
             mx = mx.max(*x);
         }
         let mut sum = 0.0;
@@ -382,14 +431,26 @@ fn probs(s: &Shard, q: &Mat, k: &Mat, q0: usize) -> Mat {
 
 /// Forward of one layer on this rank's rows `x`. `q0` is the first sequence position
 /// of this rank's CP chunk. `keep_probs` false recomputes them in the backward.
-pub fn forward(s: &Shard, d: &Dims, p: &LayerParams, moe: bool, x: &Mat, q0: usize, keep_probs: bool) -> R<(Mat, Saved)> {
+pub fn forward(
+    s: &Shard,
+    d: &Dims,
+    p: &LayerParams,
+    moe: bool,
+    x: &Mat,
+    q0: usize,
+    keep_probs: bool,
+) -> R<(Mat, Saved)> {
     let hd = d.head_dim;
     let heads = d.heads / s.tp_n();
     let hl = heads * hd;
     // Attention.
     let xf = enter_tp(s, x)?;
     let qkv = gemm(s, "attention_proj", &xf, false, &p.wqkv, false);
-    let (q, k, v) = (qkv.cols_range(0, hl), qkv.cols_range(hl, 2 * hl), qkv.cols_range(2 * hl, 3 * hl));
+    let (q, k, v) = (
+        qkv.cols_range(0, hl),
+        qkv.cols_range(hl, 2 * hl),
+        qkv.cols_range(2 * hl, 3 * hl),
+    );
     let k_all = gather_rows(s, s.cp, "cp", &k)?;
     let v_all = gather_rows(s, s.cp, "cp", &v)?;
     let mut o = Mat::zeros(q.rows, hl);
@@ -426,7 +487,20 @@ pub fn forward(s: &Shard, d: &Dims, p: &LayerParams, moe: bool, x: &Mat, q0: usi
     };
     let mut out = x1.clone();
     out.add_assign(&y2);
-    Ok((out, Saved { xf, q, k_all, v_all, probs: kept, o, x1f, h, moe: moe_saved }))
+    Ok((
+        out,
+        Saved {
+            xf,
+            q,
+            k_all,
+            v_all,
+            probs: kept,
+            o,
+            x1f,
+            h,
+            moe: moe_saved,
+        },
+    ))
 }
 
 /// The rows of `x` this rank routes: its SP shard, or its 1/tp slice of replicated rows.
@@ -443,7 +517,9 @@ fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(Mat, MoeSave
     let (a, b) = moe_slice(s, x);
     let xs = x.rows_range(a, b);
     let logits = gemm(s, "router", &xs, false, &p.router, false);
-    let routes: Vec<Vec<(usize, f32)>> = (0..xs.rows).map(|t| top_k(logits.row(t), d.top_k)).collect();
+    let routes: Vec<Vec<(usize, f32)>> = (0..xs.rows)
+        .map(|t| top_k(logits.row(t), d.top_k))
+        .collect();
     let per = d.experts / s.ep.size();
     // Dispatch: to each EP member, rows grouped by its local expert, in token order.
     let mut counts = vec![vec![0usize; per]; s.ep.size()];
@@ -491,7 +567,11 @@ fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(Mat, MoeSave
         for le in 0..per {
             for (t, r) in routes.iter().enumerate() {
                 if let Some(&(_, g)) = r.iter().find(|&&(e, _)| e == owner * per + le) {
-                    for (yy, v) in y.row_mut(t).iter_mut().zip(&ret[i * d.hidden..(i + 1) * d.hidden]) {
+                    for (yy, v) in y
+                        .row_mut(t)
+                        .iter_mut()
+                        .zip(&ret[i * d.hidden..(i + 1) * d.hidden])
+                    {
                         *yy += g * v;
                     }
                     i += 1;
@@ -499,8 +579,20 @@ fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(Mat, MoeSave
             }
         }
     }
-    let y = if s.sp || s.tp_n() == 1 { y } else { gather_rows(s, s.tp, "tp", &y)? };
-    Ok((y, MoeSaved { routes, rows, counts: recv_counts, etp_counts }))
+    let y = if s.sp || s.tp_n() == 1 {
+        y
+    } else {
+        gather_rows(s, s.tp, "tp", &y)?
+    };
+    Ok((
+        y,
+        MoeSaved {
+            routes,
+            rows,
+            counts: recv_counts,
+            etp_counts,
+        },
+    ))
 }
 
 /// Expert-TP all-gather of each local expert's rows: per expert, the rows of every
@@ -517,7 +609,13 @@ fn etp_gather(s: &Shard, mine: &[Mat], hidden: usize) -> R<(Vec<Mat>, Vec<Vec<us
     let t = s.rec.start();
     let got = s.etp.all_to_all(s.mesh, vec![part; n])?;
     // nccl-tests convention: the all-gather's output buffer.
-    s.rec.comm("etp", "all_gather", n, got.iter().map(|g| g.len() * 4).sum(), t);
+    s.rec.comm(
+        "etp",
+        "all_gather",
+        n,
+        got.iter().map(|g| g.len() * 4).sum(),
+        t,
+    );
     let per = mine.len();
     let mut counts = Vec::with_capacity(n);
     let mut bodies = Vec::with_capacity(n);
@@ -548,7 +646,12 @@ fn by_expert(bodies: &[&[f32]], counts: &[Vec<usize>], hidden: usize) -> R<Vec<M
 
 /// Expert-TP reduce-scatter, the transpose of [`etp_gather`]: each member gets the
 /// sum over the group of the partial rows it gave.
-fn etp_reduce_scatter(s: &Shard, full: &[Mat], counts: &[Vec<usize>], hidden: usize) -> R<Vec<Mat>> {
+fn etp_reduce_scatter(
+    s: &Shard,
+    full: &[Mat],
+    counts: &[Vec<usize>],
+    hidden: usize,
+) -> R<Vec<Mat>> {
     let n = s.etp.size();
     if n == 1 {
         return Ok(full.to_vec());
@@ -602,9 +705,14 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     idx.truncate(k);
-    let mx = idx.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
+    let mx = idx
+        .iter()
+        .map(|&i| logits[i])
+        .fold(f32::NEG_INFINITY, f32::max);
     let z: f32 = idx.iter().map(|&i| (logits[i] - mx).exp()).sum();
-    idx.into_iter().map(|i| (i, (logits[i] - mx).exp() / z)).collect()
+    idx.into_iter()
+        .map(|i| (i, (logits[i] - mx).exp() / z))
+        .collect()
 }
 
 /// Weight-gradient work: `grad += a^T g`, run at once or deferred (zero-bubble W).
@@ -622,7 +730,16 @@ pub struct WJob {
 // The arguments are what one layer's backward reads; a struct for them would be
 // built and taken apart at its one call site.
 #[allow(clippy::too_many_arguments)]
-pub fn backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, sv: &Saved, dout: &Mat, q0: usize, wjobs: &mut Vec<WJob>) -> R<Mat> {
+pub fn backward(
+    s: &Shard,
+    d: &Dims,
+    p: &LayerParams,
+    layer: usize,
+    sv: &Saved,
+    dout: &Mat,
+    q0: usize,
+    wjobs: &mut Vec<WJob>,
+) -> R<Mat> {
     let hd = d.head_dim;
     let heads = d.heads / s.tp_n();
     let hl = heads * hd;
@@ -635,20 +752,38 @@ pub fn backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, sv: &Saved, 
         let mut da = gemm(s, "mlp", &dyf, false, &p.w2, true);
         let mut a = sv.h.clone();
         a.data.iter_mut().for_each(|z| *z = z.max(0.0));
-        wjobs.push(WJob { layer, slot: 3, class: "mlp", a, g: dyf });
+        wjobs.push(WJob {
+            layer,
+            slot: 3,
+            class: "mlp",
+            a,
+            g: dyf,
+        });
         for (g, h) in da.data.iter_mut().zip(&sv.h.data) {
             if *h <= 0.0 {
                 *g = 0.0;
             }
         }
         let dxf = gemm(s, "mlp", &da, false, &p.w1, true);
-        wjobs.push(WJob { layer, slot: 2, class: "mlp", a: sv.x1f.clone(), g: da });
+        wjobs.push(WJob {
+            layer,
+            slot: 2,
+            class: "mlp",
+            a: sv.x1f.clone(),
+            g: da,
+        });
         dx1.add_assign(&leave_tp(s, dxf)?);
     }
     // Attention: x1 = x + attn(x).
     let dyf = enter_tp(s, &dx1)?;
     let dout_h = gemm(s, "attention_proj", &dyf, false, &p.wo, true);
-    wjobs.push(WJob { layer, slot: 1, class: "attention_proj", a: sv.o.clone(), g: dyf });
+    wjobs.push(WJob {
+        layer,
+        slot: 1,
+        class: "attention_proj",
+        a: sv.o.clone(),
+        g: dyf,
+    });
     let mut dq = Mat::zeros(sv.q.rows, hl);
     let mut dk_all = Mat::zeros(sv.k_all.rows, hl);
     let mut dv_all = Mat::zeros(sv.v_all.rows, hl);
@@ -687,13 +822,27 @@ pub fn backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, sv: &Saved, 
     let dv = scatter_rows(s, s.cp, "cp", &dv_all)?;
     let dqkv = Mat::hstack(&[&dq, &dk, &dv]);
     let dxf = gemm(s, "attention_proj", &dqkv, false, &p.wqkv, true);
-    wjobs.push(WJob { layer, slot: 0, class: "attention_proj", a: sv.xf.clone(), g: dqkv });
+    wjobs.push(WJob {
+        layer,
+        slot: 0,
+        class: "attention_proj",
+        a: sv.xf.clone(),
+        g: dqkv,
+    });
     let mut dx = dx1;
     dx.add_assign(&leave_tp(s, dxf)?);
     Ok(dx)
 }
 
-fn moe_backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, m: &MoeSaved, dout: &Mat, wjobs: &mut Vec<WJob>) -> R<Mat> {
+fn moe_backward(
+    s: &Shard,
+    d: &Dims,
+    p: &LayerParams,
+    layer: usize,
+    m: &MoeSaved,
+    dout: &Mat,
+    wjobs: &mut Vec<WJob>,
+) -> R<Mat> {
     let (a, b) = moe_slice(s, dout);
     let dys = dout.rows_range(a, b);
     let per = d.experts / s.ep.size();
@@ -726,9 +875,21 @@ fn moe_backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, m: &MoeSaved
                 *g = 0.0;
             }
         }
-        wjobs.push(WJob { layer, slot: 100 + 2 * le + 1, class: "moe_experts", a: act, g: dy });
+        wjobs.push(WJob {
+            layer,
+            slot: 100 + 2 * le + 1,
+            class: "moe_experts",
+            a: act,
+            g: dy,
+        });
         partial.push(gemm(s, "moe_experts", &dh, false, w1, true));
-        wjobs.push(WJob { layer, slot: 100 + 2 * le, class: "moe_experts", a: xr.clone(), g: dh });
+        wjobs.push(WJob {
+            layer,
+            slot: 100 + 2 * le,
+            class: "moe_experts",
+            a: xr.clone(),
+            g: dh,
+        });
     }
     let douts = etp_reduce_scatter(s, &partial, &m.etp_counts, d.hidden)?;
     let back = split_back(&douts, &m.counts, d.hidden);
@@ -739,7 +900,11 @@ fn moe_backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, m: &MoeSaved
         for le in 0..per {
             for (t, r) in m.routes.iter().enumerate() {
                 if r.iter().any(|&(e, _)| e == owner * per + le) {
-                    for (x, v) in dx.row_mut(t).iter_mut().zip(&ret[i * d.hidden..(i + 1) * d.hidden]) {
+                    for (x, v) in dx
+                        .row_mut(t)
+                        .iter_mut()
+                        .zip(&ret[i * d.hidden..(i + 1) * d.hidden])
+                    {
                         *x += v;
                     }
                     i += 1;
@@ -758,7 +923,11 @@ fn moe_backward(s: &Shard, d: &Dims, p: &LayerParams, layer: usize, m: &MoeSaved
 pub fn run_wjob(s: &Shard, grads: &mut [LayerParams], first_layer: usize, job: WJob) {
     let g = gemm(s, job.class, &job.a, true, &job.g, false);
     let lp = &mut grads[job.layer - first_layer];
-    let dst = if job.slot >= 100 { lp.expert_mut().into_iter().nth(job.slot - 100) } else { lp.dense_mut().into_iter().nth(job.slot) };
+    let dst = if job.slot >= 100 {
+        lp.expert_mut().into_iter().nth(job.slot - 100)
+    } else {
+        lp.dense_mut().into_iter().nth(job.slot)
+    };
     if let Some(dst) = dst {
         dst.add_assign(&g);
     }

@@ -14,7 +14,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use sextant_planner::calibration::{CommPoint, GemmPoint, MeasuredRun, RunChecks, RUN_SCHEMA_VERSION};
+use sextant_planner::calibration::{
+    CommPoint, GemmPoint, MeasuredRun, RunChecks, RUN_SCHEMA_VERSION,
+};
 use sextant_planner::config::{Layout, ParallelConfig, Recompute, Workload, Zero};
 use sextant_planner::model::ModelSpec;
 use sextant_planner::plan::PlanFile;
@@ -51,7 +53,17 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { plan_rank: 1, steps: 2, warmup: 1, micro_batches: None, scale_layers: None, verify: true, full_size: false, timeout: Duration::from_secs(300), die_at: None }
+        Options {
+            plan_rank: 1,
+            steps: 2,
+            warmup: 1,
+            micro_batches: None,
+            scale_layers: None,
+            verify: true,
+            full_size: false,
+            timeout: Duration::from_secs(300),
+            die_at: None,
+        }
     }
 }
 
@@ -84,7 +96,9 @@ impl Setup {
 
 /// FNV-1a of the plan file's bytes: what ranks compare at the rendezvous.
 pub fn plan_hash(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3)
+    })
 }
 
 /// `n` layers split in proportion to `counts`, every entry at least 1.
@@ -95,10 +109,17 @@ fn rescale(counts: &[u64], n: usize) -> Result<Vec<usize>, String> {
     }
     let total: u64 = counts.iter().sum();
     let spare = n - k;
-    let exact: Vec<f64> = counts.iter().map(|&c| spare as f64 * c.saturating_sub(1) as f64 / (total - k as u64).max(1) as f64).collect();
+    let exact: Vec<f64> = counts
+        .iter()
+        .map(|&c| spare as f64 * c.saturating_sub(1) as f64 / (total - k as u64).max(1) as f64)
+        .collect();
     let mut out: Vec<usize> = exact.iter().map(|x| 1 + x.floor() as usize).collect();
     let mut order: Vec<usize> = (0..k).collect();
-    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        (exact[b] - exact[b].floor())
+            .total_cmp(&(exact[a] - exact[a].floor()))
+            .then(a.cmp(&b))
+    });
     let mut left = n - out.iter().sum::<usize>();
     for &i in order.iter().cycle() {
         if left == 0 {
@@ -113,7 +134,13 @@ fn rescale(counts: &[u64], n: usize) -> Result<Vec<usize>, String> {
 /// Derives the executed sizes and layout from the plan; refuses what the executor
 /// cannot run, with the reason.
 pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String> {
-    let ranked = plan.plans.get(o.plan_rank.wrapping_sub(1)).ok_or_else(|| format!("--plan {} : the file holds plans 1 to {}", o.plan_rank, plan.plans.len()))?;
+    let ranked = plan.plans.get(o.plan_rank.wrapping_sub(1)).ok_or_else(|| {
+        format!(
+            "--plan {} : the file holds plans 1 to {}",
+            o.plan_rank,
+            plan.plans.len()
+        )
+    })?;
     let cfg = ranked.config.clone();
     let m0 = &plan.model;
     if m0.mla.is_some() && o.full_size {
@@ -128,15 +155,25 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
         None => (2 * p * v).min(m0.layers as usize).max(p * v),
     };
     if layers == 0 || layers > 100_000 {
-        return Err(format!("{layers} layers: choose --scale-layers between {} and {}", p * v, m0.layers));
+        return Err(format!(
+            "{layers} layers: choose --scale-layers between {} and {}",
+            p * v,
+            m0.layers
+        ));
     }
-    let stage_layers = if layers as u64 == m0.layers { plan_counts.iter().map(|&c| c as usize).collect() } else { rescale(&plan_counts, layers)? };
+    let stage_layers = if layers as u64 == m0.layers {
+        plan_counts.iter().map(|&c| c as usize).collect()
+    } else {
+        rescale(&plan_counts, layers)?
+    };
     let mut first_layer = vec![0usize; stage_layers.len()];
     for i in 1..stage_layers.len() {
         first_layer[i] = first_layer[i - 1] + stage_layers[i - 1];
     }
     let (tp, cp) = (cfg.tp as usize, cfg.cp as usize);
-    let moe_layer: Vec<bool> = (0..layers).map(|i| m0.is_moe_layer((i as u64 * m0.layers) / layers as u64)).collect();
+    let moe_layer: Vec<bool> = (0..layers)
+        .map(|i| m0.is_moe_layer((i as u64 * m0.layers) / layers as u64))
+        .collect();
     let dims = if o.full_size {
         let moe = m0.moe.as_ref();
         Dims {
@@ -157,7 +194,11 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
         let heads = 2 * tp;
         let head_dim = 8;
         let hidden = heads * head_dim;
-        let experts = if m0.moe.is_some() { 2 * cfg.ep as usize } else { 0 };
+        let experts = if m0.moe.is_some() {
+            2 * cfg.ep as usize
+        } else {
+            0
+        };
         Dims {
             layers,
             hidden,
@@ -166,7 +207,10 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
             head_dim,
             ffn: 2 * hidden,
             experts,
-            top_k: m0.moe.as_ref().map_or(0, |x| (x.top_k as usize).min(experts)),
+            top_k: m0
+                .moe
+                .as_ref()
+                .map_or(0, |x| (x.top_k as usize).min(experts)),
             // A multiple of etp, which splits each expert's FFN columns.
             expert_ffn: hidden * cfg.etp as usize,
             seq: 4 * cp * tp,
@@ -175,7 +219,11 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
         }
     };
     let etp = cfg.etp as usize;
-    if dims.heads % tp != 0 || dims.ffn % tp != 0 || dims.seq % (cp * tp) != 0 || (dims.experts > 0 && (dims.experts % cfg.ep as usize != 0 || dims.expert_ffn % etp != 0)) {
+    if dims.heads % tp != 0
+        || dims.ffn % tp != 0
+        || dims.seq % (cp * tp) != 0
+        || (dims.experts > 0 && (dims.experts % cfg.ep as usize != 0 || dims.expert_ffn % etp != 0))
+    {
         return Err(format!(
             "sizes do not divide: heads {} and ffn {} by tp {tp}, seq {} by cp x tp, experts {} by ep {}, expert ffn {} by etp {etp}",
             dims.heads, dims.ffn, dims.seq, dims.experts, cfg.ep, dims.expert_ffn
@@ -198,7 +246,9 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
     }
     let mut exec_cfg = cfg.clone();
     exec_cfg.mbs = dims.mbs as u64;
-    exec_cfg.layout = Layout::Explicit { layers: stage_layers.iter().map(|&c| c as u64).collect() };
+    exec_cfg.layout = Layout::Explicit {
+        layers: stage_layers.iter().map(|&c| c as u64).collect(),
+    };
     let model = dims.to_model(m0);
     let mut workload = plan.workload.clone();
     workload.seq = dims.seq as u64;
@@ -222,7 +272,11 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
 
 /// Tags of pipeline messages: kind | step (12 bits) | direction (1) | virtual stage (13) | micro-batch (30).
 fn pp_tag(step: u64, backward: bool, vstage: usize, mb: u64) -> u64 {
-    ((Kind::Pp as u64) << 56) | (step << 44) | ((backward as u64) << 43) | ((vstage as u64) << 30) | mb
+    ((Kind::Pp as u64) << 56)
+        | (step << 44)
+        | ((backward as u64) << 43)
+        | ((vstage as u64) << 30)
+        | mb
 }
 
 const STATS_TAG: u64 = ((Kind::World as u64) << 56) | 0xFF_FFFF;
@@ -328,12 +382,20 @@ fn tensors_mut(lp: &mut LayerParams, expert: bool) -> Vec<&mut Mat> {
 }
 
 /// The same slices [`LayerParams::init`] takes, from full tensors.
-fn shard_of(full: &LayerParams, d: &Dims, (t, tp): (usize, usize), (e, ep): (usize, usize), (et, etp): (usize, usize)) -> LayerParams {
+fn shard_of(
+    full: &LayerParams,
+    d: &Dims,
+    (t, tp): (usize, usize),
+    (e, ep): (usize, usize),
+    (et, etp): (usize, usize),
+) -> LayerParams {
     let hl = d.heads * d.head_dim / tp;
     let full_h = d.heads * d.head_dim;
     let q = full.wqkv.cols_range(t * hl, (t + 1) * hl);
     let k = full.wqkv.cols_range(full_h + t * hl, full_h + (t + 1) * hl);
-    let v = full.wqkv.cols_range(2 * full_h + t * hl, 2 * full_h + (t + 1) * hl);
+    let v = full
+        .wqkv
+        .cols_range(2 * full_h + t * hl, 2 * full_h + (t + 1) * hl);
     let fl = full.w1.cols / tp;
     let per = full.experts.len() / ep.max(1);
     let fe = d.expert_ffn / etp.max(1);
@@ -343,22 +405,48 @@ fn shard_of(full: &LayerParams, d: &Dims, (t, tp): (usize, usize), (e, ep): (usi
         w1: full.w1.cols_range(t * fl, (t + 1) * fl),
         w2: full.w2.rows_range(t * fl, (t + 1) * fl),
         router: full.router.clone(),
-        experts: full.experts[e * per..(e + 1) * per].iter().map(|(w1, w2)| (w1.cols_range(et * fe, (et + 1) * fe), w2.rows_range(et * fe, (et + 1) * fe))).collect(),
+        experts: full.experts[e * per..(e + 1) * per]
+            .iter()
+            .map(|(w1, w2)| {
+                (
+                    w1.cols_range(et * fe, (et + 1) * fe),
+                    w2.rows_range(et * fe, (et + 1) * fe),
+                )
+            })
+            .collect(),
     }
 }
 
-fn group(map: &sextant_planner::ranks::RankMap, name: &str, kind: Kind, rank: u64) -> Result<Group, String> {
-    let k = sextant_planner::ranks::group_kind(name).ok_or_else(|| format!("no group kind {name}"))?;
+fn group(
+    map: &sextant_planner::ranks::RankMap,
+    name: &str,
+    kind: Kind,
+    rank: u64,
+) -> Result<Group, String> {
+    let k =
+        sextant_planner::ranks::group_kind(name).ok_or_else(|| format!("no group kind {name}"))?;
     Group::new(kind, map.group_of(rank, k).to_vec(), rank)
 }
 
 impl<'a> Rank<'a> {
     fn err(&self, detail: impl Into<String>) -> ExecError {
-        ExecError { rank: self.rank, phase: self.phase.clone(), detail: detail.into() }
+        ExecError {
+            rank: self.rank,
+            phase: self.phase.clone(),
+            detail: detail.into(),
+        }
     }
 
     fn shard(&self) -> Shard<'_> {
-        Shard { mesh: self.mesh, tp: &self.g.tp, cp: &self.g.cp, ep: &self.g.ep, etp: &self.g.etp, sp: self.s.cfg.sp, rec: &self.rec }
+        Shard {
+            mesh: self.mesh,
+            tp: &self.g.tp,
+            cp: &self.g.cp,
+            ep: &self.g.ep,
+            etp: &self.g.etp,
+            sp: self.s.cfg.sp,
+            rec: &self.rec,
+        }
     }
 
     fn check(&self, what: &str, got: &[f32], want: &[f32]) -> Result<f32, ExecError> {
@@ -366,7 +454,8 @@ impl<'a> Rank<'a> {
         if e.is_nan() || e > TOLERANCE {
             return Err(self.err(format!("{what} differs from the unsharded reference by {e:.2e} (tolerance {TOLERANCE:.0e}): the groups or collectives are wrong")));
         }
-        self.rec.check(|c| c.max_rel_error = c.max_rel_error.max(e as f64));
+        self.rec
+            .check(|c| c.max_rel_error = c.max_rel_error.max(e as f64));
         Ok(e)
     }
 
@@ -379,7 +468,16 @@ impl<'a> Rank<'a> {
     /// Known-data checks of every communicator this rank belongs to.
     fn self_test(&self) -> Result<(), ExecError> {
         let me = self.rank as f32;
-        for g in [&self.g.tp, &self.g.cp, &self.g.dp_cp, &self.g.pp, &self.g.ep, &self.g.etp, &self.g.edp, &self.g.world] {
+        for g in [
+            &self.g.tp,
+            &self.g.cp,
+            &self.g.dp_cp,
+            &self.g.pp,
+            &self.g.ep,
+            &self.g.etp,
+            &self.g.edp,
+            &self.g.world,
+        ] {
             let label = g.kind.label();
             let n = g.size();
             let members: Vec<f32> = g.members.iter().map(|&r| r as f32).collect();
@@ -391,19 +489,29 @@ impl<'a> Rank<'a> {
             g.all_reduce(self.mesh, &mut sum).map_err(|e| self.err(e))?;
             let want = [members.iter().sum::<f32>(), n as f32];
             if sum != want {
-                return Err(self.err(format!("{label} all-reduce of known data gave {sum:?}, expected {want:?}")));
+                return Err(self.err(format!(
+                    "{label} all-reduce of known data gave {sum:?}, expected {want:?}"
+                )));
             }
             let data: Vec<f32> = (0..3 * n).map(|j| me * 1000.0 + j as f32).collect();
-            let got = g.reduce_scatter(self.mesh, &data).map_err(|e| self.err(e))?;
-            let want: Vec<f32> = (3 * g.me..3 * g.me + 3).map(|j| members.iter().map(|r| r * 1000.0 + j as f32).sum()).collect();
+            let got = g
+                .reduce_scatter(self.mesh, &data)
+                .map_err(|e| self.err(e))?;
+            let want: Vec<f32> = (3 * g.me..3 * g.me + 3)
+                .map(|j| members.iter().map(|r| r * 1000.0 + j as f32).sum())
+                .collect();
             if got != want {
-                return Err(self.err(format!("{label} reduce-scatter of known data gave {got:?}, expected {want:?}")));
+                return Err(self.err(format!(
+                    "{label} reduce-scatter of known data gave {got:?}, expected {want:?}"
+                )));
             }
             let parts: Vec<Vec<f32>> = (0..n).map(|j| vec![me * 100.0 + j as f32; j + 1]).collect();
             let got = g.all_to_all(self.mesh, parts).map_err(|e| self.err(e))?;
             for (i, part) in got.iter().enumerate() {
                 if *part != vec![members[i] * 100.0 + g.me as f32; g.me + 1] {
-                    return Err(self.err(format!("{label} all-to-all: part from member {i} is {part:?}")));
+                    return Err(self.err(format!(
+                        "{label} all-to-all: part from member {i} is {part:?}"
+                    )));
                 }
             }
             self.rec.check(|c| c.collectives += 4);
@@ -415,7 +523,13 @@ impl<'a> Rank<'a> {
     /// micro-batch `mb`: under DualPipe the second half of the micro-batches runs
     /// the pipeline from the other end.
     fn holder(&self, vstage: usize, mb: u64) -> u64 {
-        let (r, _) = locate(self.s.schedule, self.s.cfg.pp, self.s.micro_batches, vstage as u64, mb);
+        let (r, _) = locate(
+            self.s.schedule,
+            self.s.cfg.pp,
+            self.s.micro_batches,
+            vstage as u64,
+            mb,
+        );
         self.g.pp.members[r as usize]
     }
 
@@ -433,7 +547,16 @@ impl<'a> Rank<'a> {
         let mut saved = Vec::new();
         for l in self.layers_of(vstage) {
             let p = self.params[l].as_ref().expect("own layer");
-            let (y, sv) = model::forward(&self.shard(), &self.s.dims, p, self.s.dims.moe_layer[l], &x, self.q0, keep).map_err(|e| self.err(e))?;
+            let (y, sv) = model::forward(
+                &self.shard(),
+                &self.s.dims,
+                p,
+                self.s.dims.moe_layer[l],
+                &x,
+                self.q0,
+                keep,
+            )
+            .map_err(|e| self.err(e))?;
             x = y;
             saved.push(sv);
         }
@@ -444,31 +567,50 @@ impl<'a> Rank<'a> {
         let t = self.rec.start();
         let mut payload = header.to_vec();
         payload.extend_from_slice(&m.data);
-        self.mesh.send(to, tag, &to_bytes(&payload)).map_err(|e| self.err(e))?;
+        self.mesh
+            .send(to, tag, &to_bytes(&payload))
+            .map_err(|e| self.err(e))?;
         self.rec.comm("pp", "send_recv", 2, m.bytes(), t);
         Ok(())
     }
 
     fn recv(&self, from: u64, tag: u64, header: [f32; 4], rows: usize) -> Result<Mat, ExecError> {
         let t = self.rec.start();
-        let v = from_bytes(&self.mesh.recv(from, tag).map_err(|e| self.err(e))?).map_err(|e| self.err(e))?;
+        let v = from_bytes(&self.mesh.recv(from, tag).map_err(|e| self.err(e))?)
+            .map_err(|e| self.err(e))?;
         if v.len() < 4 || v[..4] != header {
             return Err(self.err(format!("pipeline message from rank {from} is for (step, micro-batch, stage, backward) = {:?}, expected {header:?}", &v[..v.len().min(4)])));
         }
         self.rec.check(|c| c.p2p_messages += 1);
-        let m = Mat::from_vec(rows, self.s.dims.hidden, v[4..].to_vec()).map_err(|e| self.err(e))?;
+        let m =
+            Mat::from_vec(rows, self.s.dims.hidden, v[4..].to_vec()).map_err(|e| self.err(e))?;
         self.rec.comm("pp", "send_recv", 2, m.bytes(), t);
         Ok(m)
     }
 
     fn run_reference(&mut self, step: u64) -> Result<(), ExecError> {
-        let Some(mut r) = self.reference.take() else { return Ok(()) };
+        let Some(mut r) = self.reference.take() else {
+            return Ok(());
+        };
         let d = &self.s.dims;
         let mesh = self.mesh;
         let solo = |k| Group::new(k, vec![self.rank], self.rank).expect("own group");
-        let (tp, cp, ep, etp) = (solo(Kind::Tp), solo(Kind::Cp), solo(Kind::Ep), solo(Kind::Etp));
+        let (tp, cp, ep, etp) = (
+            solo(Kind::Tp),
+            solo(Kind::Cp),
+            solo(Kind::Ep),
+            solo(Kind::Etp),
+        );
         let quiet = Recorder::new(self.rank, false);
-        let sh = Shard { mesh, tp: &tp, cp: &cp, ep: &ep, etp: &etp, sp: false, rec: &quiet };
+        let sh = Shard {
+            mesh,
+            tp: &tp,
+            cp: &cp,
+            ep: &ep,
+            etp: &etp,
+            sp: false,
+            rec: &quiet,
+        };
         let tokens = (d.seq * d.mbs) as f32 * (self.s.micro_batches * self.s.cfg.dp) as f32;
         let mut grads: Vec<LayerParams> = r.params.iter().map(LayerParams::zeros_like).collect();
         r.acts.clear();
@@ -479,7 +621,8 @@ impl<'a> Rank<'a> {
                 let mut acts = vec![x.clone()];
                 let mut saved = Vec::new();
                 for l in 0..d.layers {
-                    let (y, sv) = model::forward(&sh, d, &r.params[l], d.moe_layer[l], &x, 0, true).map_err(|e| self.err(e))?;
+                    let (y, sv) = model::forward(&sh, d, &r.params[l], d.moe_layer[l], &x, 0, true)
+                        .map_err(|e| self.err(e))?;
                     x = y;
                     acts.push(x.clone());
                     saved.push(sv);
@@ -489,7 +632,8 @@ impl<'a> Rank<'a> {
                 let mut dacts = vec![dy.clone()];
                 for l in (0..d.layers).rev() {
                     let mut jobs = Vec::new();
-                    dy = model::backward(&sh, d, &r.params[l], l, &saved[l], &dy, 0, &mut jobs).map_err(|e| self.err(e))?;
+                    dy = model::backward(&sh, d, &r.params[l], l, &saved[l], &dy, 0, &mut jobs)
+                        .map_err(|e| self.err(e))?;
                     for j in jobs {
                         model::run_wjob(&sh, &mut grads, 0, j);
                     }
@@ -507,7 +651,15 @@ impl<'a> Rank<'a> {
 
     fn step(&mut self, step: u64) -> Result<(), ExecError> {
         let s = self.s;
-        let (p, v, m) = (s.cfg.pp, if s.schedule == Schedule::Interleaved { s.cfg.vpp } else { 1 }, s.micro_batches);
+        let (p, v, m) = (
+            s.cfg.pp,
+            if s.schedule == Schedule::Interleaved {
+                s.cfg.vpp
+            } else {
+                1
+            },
+            s.micro_batches,
+        );
         let last_vstage = s.stage_layers.len() - 1;
         let rows = (self.own.1 - self.own.0) * s.dims.mbs;
         let tokens = (s.dims.seq * s.dims.mbs) as f32 * (m * s.cfg.dp) as f32;
@@ -522,55 +674,94 @@ impl<'a> Rank<'a> {
         let order = rank_order(s.schedule, p, v, m, self.pp_rank as u64);
         let mut live: HashMap<(u64, u64), Live> = HashMap::new();
         // Backward passes whose weight gradient the schedule runs later, as its own pass.
-        let deferred: std::collections::HashSet<(u64, u64)> = order.iter().filter(|o| o.0 == Pass::Weight).map(|o| (o.1, o.2)).collect();
+        let deferred: std::collections::HashSet<(u64, u64)> = order
+            .iter()
+            .filter(|o| o.0 == Pass::Weight)
+            .map(|o| (o.1, o.2))
+            .collect();
         let mut wjobs: HashMap<(u64, u64), Vec<WJob>> = HashMap::new();
         let (mut live_bytes, mut first_op) = (0usize, true);
         for (pass, c, mb) in order {
             let vstage = virtual_stage(s.schedule, p, v, self.pp_rank as u64, c) as usize;
             if s.schedule == Schedule::DualPipe && c != u64::from(mb >= m / 2) {
-                return Err(self.err(format!("DualPipe runs micro-batch {mb} on chunk {c}, which is the other direction's")));
+                return Err(self.err(format!(
+                    "DualPipe runs micro-batch {mb} on chunk {c}, which is the other direction's"
+                )));
             }
             if first_op {
                 first_op = false;
             } else if self.o.die_at == Some((self.rank, step)) {
                 // Testing hook: die abruptly in the middle of the step, as a killed
                 // process would (no goodbye to the peers).
-                eprintln!("rank {}: exiting abruptly in step {step} (--die-at testing hook)", self.rank);
+                eprintln!(
+                    "rank {}: exiting abruptly in step {step} (--die-at testing hook)",
+                    self.rank
+                );
                 std::process::exit(137);
             }
             let key_ref = (self.dp_rank, mb);
             match pass {
                 Pass::Forward => {
-                    self.phase = format!("step {step}, forward of micro-batch {mb}, virtual stage {vstage}");
+                    self.phase =
+                        format!("step {step}, forward of micro-batch {mb}, virtual stage {vstage}");
                     let header = [step as f32, mb as f32, vstage as f32, 0.0];
                     let x = if vstage == 0 {
                         input_rows(&s.dims, self.first_sample(step, self.dp_rank, mb), self.own)
                     } else {
-                        self.recv(self.holder(vstage - 1, mb), pp_tag(step, false, vstage, mb), header, rows)?
+                        self.recv(
+                            self.holder(vstage - 1, mb),
+                            pp_tag(step, false, vstage, mb),
+                            header,
+                            rows,
+                        )?
                     };
                     let first = self.layers_of(vstage).start;
                     if let Some(r) = &self.reference {
-                        self.check("stage input", &x.data, &self.own_rows(&r.acts[&key_ref][first]).data)?;
+                        self.check(
+                            "stage input",
+                            &x.data,
+                            &self.own_rows(&r.acts[&key_ref][first]).data,
+                        )?;
                         self.rec.check(|c| c.activations += 1);
                     }
                     self.gather(vstage)?;
                     let (y, saved) = self.forward_chunk(vstage, x.clone())?;
                     self.release(vstage);
-                    let saved = if s.cfg.recompute == Recompute::Full { Vec::new() } else { saved };
+                    let saved = if s.cfg.recompute == Recompute::Full {
+                        Vec::new()
+                    } else {
+                        saved
+                    };
                     live_bytes += x.bytes() + saved.iter().map(Saved::bytes).sum::<usize>();
                     let mut dy_last = None;
                     if vstage == last_vstage {
                         if let Some(r) = &self.reference {
-                            self.check("model output", &y.data, &self.own_rows(&r.acts[&key_ref][s.dims.layers]).data)?;
+                            self.check(
+                                "model output",
+                                &y.data,
+                                &self.own_rows(&r.acts[&key_ref][s.dims.layers]).data,
+                            )?;
                             self.rec.check(|c| c.activations += 1);
                         }
                         let mut dy = y;
                         dy.scale(1.0 / tokens);
                         dy_last = Some(dy);
                     } else {
-                        self.send(self.holder(vstage + 1, mb), pp_tag(step, false, vstage + 1, mb), [step as f32, mb as f32, (vstage + 1) as f32, 0.0], &y)?;
+                        self.send(
+                            self.holder(vstage + 1, mb),
+                            pp_tag(step, false, vstage + 1, mb),
+                            [step as f32, mb as f32, (vstage + 1) as f32, 0.0],
+                            &y,
+                        )?;
                     }
-                    live.insert((c, mb), Live { input: x, saved, dy_last });
+                    live.insert(
+                        (c, mb),
+                        Live {
+                            input: x,
+                            saved,
+                            dy_last,
+                        },
+                    );
                     let n = live.len() as u64;
                     self.rec.with(|st| {
                         st.peak_live_chunks = st.peak_live_chunks.max(n);
@@ -578,15 +769,28 @@ impl<'a> Rank<'a> {
                     });
                 }
                 Pass::Backward => {
-                    self.phase = format!("step {step}, backward of micro-batch {mb}, virtual stage {vstage}");
-                    let entry = live.remove(&(c, mb)).ok_or_else(|| self.err("backward before its forward: the schedule is inconsistent"))?;
+                    self.phase = format!(
+                        "step {step}, backward of micro-batch {mb}, virtual stage {vstage}"
+                    );
+                    let entry = live.remove(&(c, mb)).ok_or_else(|| {
+                        self.err("backward before its forward: the schedule is inconsistent")
+                    })?;
                     let mut dy = match entry.dy_last {
                         Some(dy) => dy,
-                        None => self.recv(self.holder(vstage + 1, mb), pp_tag(step, true, vstage, mb), [step as f32, mb as f32, vstage as f32, 1.0], rows)?,
+                        None => self.recv(
+                            self.holder(vstage + 1, mb),
+                            pp_tag(step, true, vstage, mb),
+                            [step as f32, mb as f32, vstage as f32, 1.0],
+                            rows,
+                        )?,
                     };
                     let range = self.layers_of(vstage);
                     if let Some(r) = &self.reference {
-                        self.check("stage output gradient", &dy.data, &self.own_rows(&r.dacts[&key_ref][range.end]).data)?;
+                        self.check(
+                            "stage output gradient",
+                            &dy.data,
+                            &self.own_rows(&r.dacts[&key_ref][range.end]).data,
+                        )?;
                         self.rec.check(|c| c.gradients += 1);
                     }
                     self.gather(vstage)?;
@@ -598,11 +802,23 @@ impl<'a> Rank<'a> {
                     } else {
                         entry.saved
                     };
-                    live_bytes = live_bytes.saturating_sub(entry.input.bytes() + saved.iter().map(Saved::bytes).sum::<usize>());
+                    live_bytes = live_bytes.saturating_sub(
+                        entry.input.bytes() + saved.iter().map(Saved::bytes).sum::<usize>(),
+                    );
                     let mut jobs = Vec::new();
                     for (i, l) in range.clone().enumerate().rev() {
                         let p = self.params[l].as_ref().expect("own layer");
-                        dy = model::backward(&self.shard(), &s.dims, p, l, &saved[i], &dy, self.q0, &mut jobs).map_err(|e| self.err(e))?;
+                        dy = model::backward(
+                            &self.shard(),
+                            &s.dims,
+                            p,
+                            l,
+                            &saved[i],
+                            &dy,
+                            self.q0,
+                            &mut jobs,
+                        )
+                        .map_err(|e| self.err(e))?;
                     }
                     self.release(vstage);
                     if deferred.contains(&(c, mb)) {
@@ -612,25 +828,42 @@ impl<'a> Rank<'a> {
                     }
                     if vstage == 0 {
                         if let Some(r) = &self.reference {
-                            self.check("input gradient", &dy.data, &self.own_rows(&r.dacts[&key_ref][0]).data)?;
+                            self.check(
+                                "input gradient",
+                                &dy.data,
+                                &self.own_rows(&r.dacts[&key_ref][0]).data,
+                            )?;
                             self.rec.check(|c| c.gradients += 1);
                         }
                     } else {
-                        self.send(self.holder(vstage - 1, mb), pp_tag(step, true, vstage - 1, mb), [step as f32, mb as f32, (vstage - 1) as f32, 1.0], &dy)?;
+                        self.send(
+                            self.holder(vstage - 1, mb),
+                            pp_tag(step, true, vstage - 1, mb),
+                            [step as f32, mb as f32, (vstage - 1) as f32, 1.0],
+                            &dy,
+                        )?;
                     }
                 }
                 Pass::Weight => {
                     self.phase = format!("step {step}, weight gradient of micro-batch {mb}");
-                    let jobs = wjobs.remove(&(c, mb)).ok_or_else(|| self.err("weight-gradient pass before its backward"))?;
+                    let jobs = wjobs
+                        .remove(&(c, mb))
+                        .ok_or_else(|| self.err("weight-gradient pass before its backward"))?;
                     self.run_jobs(jobs);
                 }
             }
         }
         if !live.is_empty() {
-            return Err(self.err(format!("{} forward passes never got their backward", live.len())));
+            return Err(self.err(format!(
+                "{} forward passes never got their backward",
+                live.len()
+            )));
         }
         if !wjobs.is_empty() {
-            return Err(self.err(format!("{} deferred weight-gradient passes never ran", wjobs.len())));
+            return Err(self.err(format!(
+                "{} deferred weight-gradient passes never ran",
+                wjobs.len()
+            )));
         }
         if s.schedule == Schedule::DualPipe {
             self.phase = format!("step {step}, DualPipe mirror gradient sum");
@@ -650,24 +883,55 @@ impl<'a> Rank<'a> {
         let partner = self.g.pp.members[p - 1 - self.pp_rank];
         // Every dense tensor of the held layers, then every expert tensor.
         let held = || self.grads.iter().flatten();
-        let flat: Vec<f32> = held().flat_map(|g| flatten(&g.dense())).chain(held().flat_map(|g| flatten(&g.expert()))).collect();
+        let flat: Vec<f32> = held()
+            .flat_map(|g| flatten(&g.dense()))
+            .chain(held().flat_map(|g| flatten(&g.expert())))
+            .collect();
         let tag = ((Kind::Pp as u64) << 56) | (step << 44) | ((1 << 30) - 1);
         let t = self.rec.start();
-        self.mesh.send(partner, tag, &to_bytes(&flat)).map_err(|e| self.err(e))?;
-        let theirs = from_bytes(&self.mesh.recv(partner, tag).map_err(|e| self.err(e))?).map_err(|e| self.err(e))?;
+        self.mesh
+            .send(partner, tag, &to_bytes(&flat))
+            .map_err(|e| self.err(e))?;
+        let theirs = from_bytes(&self.mesh.recv(partner, tag).map_err(|e| self.err(e))?)
+            .map_err(|e| self.err(e))?;
         if theirs.len() != flat.len() {
             return Err(self.err(format!("mirror rank {partner} holds {} gradient values, this rank {}: the stages are not mirrored", theirs.len(), flat.len())));
         }
         self.rec.comm("dp_grad", "all_reduce", 2, flat.len() * 4, t);
         let summed: Vec<f32> = flat.iter().zip(&theirs).map(|(a, b)| a + b).collect();
-        let dense_len: usize = self.grads.iter().flatten().map(|g| g.dense().iter().map(|m| m.data.len()).sum::<usize>()).sum();
-        unflatten(self.grads.iter_mut().flatten().flat_map(|g| tensors_mut(g, false)), &summed[..dense_len]);
-        unflatten(self.grads.iter_mut().flatten().flat_map(|g| tensors_mut(g, true)), &summed[dense_len..]);
+        let dense_len: usize = self
+            .grads
+            .iter()
+            .flatten()
+            .map(|g| g.dense().iter().map(|m| m.data.len()).sum::<usize>())
+            .sum();
+        unflatten(
+            self.grads
+                .iter_mut()
+                .flatten()
+                .flat_map(|g| tensors_mut(g, false)),
+            &summed[..dense_len],
+        );
+        unflatten(
+            self.grads
+                .iter_mut()
+                .flatten()
+                .flat_map(|g| tensors_mut(g, true)),
+            &summed[dense_len..],
+        );
         Ok(())
     }
 
     fn run_jobs(&mut self, jobs: Vec<WJob>) {
-        let sh = Shard { mesh: self.mesh, tp: &self.g.tp, cp: &self.g.cp, ep: &self.g.ep, etp: &self.g.etp, sp: self.s.cfg.sp, rec: &self.rec };
+        let sh = Shard {
+            mesh: self.mesh,
+            tp: &self.g.tp,
+            cp: &self.g.cp,
+            ep: &self.g.ep,
+            etp: &self.g.etp,
+            sp: self.s.cfg.sp,
+            rec: &self.rec,
+        };
         for j in jobs {
             let l = j.layer;
             if let Some(g) = self.grads[l].as_mut() {
@@ -680,9 +944,15 @@ impl<'a> Rank<'a> {
     /// at once, or with ZeRO-3 each held virtual stage.
     fn units(&self) -> Vec<Vec<usize>> {
         if self.s.cfg.zero == Zero::Zero3 {
-            self.vstages.iter().map(|&v| self.layers_of(v).collect::<Vec<_>>()).filter(|u| !u.is_empty()).collect()
+            self.vstages
+                .iter()
+                .map(|&v| self.layers_of(v).collect::<Vec<_>>())
+                .filter(|u| !u.is_empty())
+                .collect()
         } else {
-            vec![(0..self.s.dims.layers).filter(|&l| self.params[l].is_some()).collect()]
+            vec![(0..self.s.dims.layers)
+                .filter(|&l| self.params[l].is_some())
+                .collect()]
         }
     }
 
@@ -696,13 +966,27 @@ impl<'a> Rank<'a> {
     }
 
     /// One side of `unit`'s layers from `of` (parameters or gradients), flattened.
-    fn flat(of: &[Option<LayerParams>], unit: &[usize], pick: fn(&LayerParams) -> Vec<f32>) -> Vec<f32> {
-        unit.iter().flat_map(|&l| pick(of[l].as_ref().expect("own layer"))).collect()
+    fn flat(
+        of: &[Option<LayerParams>],
+        unit: &[usize],
+        pick: fn(&LayerParams) -> Vec<f32>,
+    ) -> Vec<f32> {
+        unit.iter()
+            .flat_map(|&l| pick(of[l].as_ref().expect("own layer")))
+            .collect()
     }
 
     /// Writes `flat` back into the layers of `unit` (one side).
     fn store(&mut self, unit: &[usize], expert: bool, flat: &[f32]) {
-        unflatten(self.params.iter_mut().enumerate().filter(|(l, _)| unit.contains(l)).filter_map(|(_, p)| p.as_mut()).flat_map(|lp| tensors_mut(lp, expert)), flat);
+        unflatten(
+            self.params
+                .iter_mut()
+                .enumerate()
+                .filter(|(l, _)| unit.contains(l))
+                .filter_map(|(_, p)| p.as_mut())
+                .flat_map(|lp| tensors_mut(lp, expert)),
+            flat,
+        );
     }
 
     /// ZeRO-3: all-gathers the parameters of `vstage` from the replica group
@@ -720,11 +1004,26 @@ impl<'a> Rank<'a> {
                 continue;
             }
             let t = self.rec.start();
-            g.all_gather_chunks(self.mesh, &mut flat).map_err(|e| self.err(e))?;
-            self.rec.comm(if expert { "edp_param" } else { "dp_param" }, "all_gather", n, flat.len() * 4, t);
+            g.all_gather_chunks(self.mesh, &mut flat)
+                .map_err(|e| self.err(e))?;
+            self.rec.comm(
+                if expert { "edp_param" } else { "dp_param" },
+                "all_gather",
+                n,
+                flat.len() * 4,
+                t,
+            );
             if let Some(r) = &self.reference {
-                let (d, tp, ep, etp) = (&self.s.dims, (self.g.tp.me, self.g.tp.size()), (self.g.ep.me, self.g.ep.size()), (self.g.etp.me, self.g.etp.size()));
-                let want: Vec<f32> = unit.iter().flat_map(|&l| pick(&shard_of(&r.params[l], d, tp, ep, etp))).collect();
+                let (d, tp, ep, etp) = (
+                    &self.s.dims,
+                    (self.g.tp.me, self.g.tp.size()),
+                    (self.g.ep.me, self.g.ep.size()),
+                    (self.g.etp.me, self.g.etp.size()),
+                );
+                let want: Vec<f32> = unit
+                    .iter()
+                    .flat_map(|&l| pick(&shard_of(&r.params[l], d, tp, ep, etp)))
+                    .collect();
                 self.check("parameters gathered for a pass (ZeRO-3)", &flat, &want)?;
                 self.rec.check(|c| c.param_gathers += 1);
             }
@@ -760,21 +1059,40 @@ impl<'a> Rank<'a> {
         let zero3 = self.s.cfg.zero == Zero::Zero3;
         let units = self.units();
         for expert in [false, true] {
-            let (kind_grad, kind_param) = if expert { ("edp_grad", "edp_param") } else { ("dp_grad", "dp_param") };
+            let (kind_grad, kind_param) = if expert {
+                ("edp_grad", "edp_param")
+            } else {
+                ("dp_grad", "dp_param")
+            };
             let (_, pick) = self.side(expert);
             // The unsharded reference: this rank's shard of the reduced gradient,
             // then the whole model's step and this rank's shard of its weights.
             let mut want = None;
             if let Some(r) = &mut self.reference {
                 let d = &self.s.dims;
-                let (tp, ep, etp) = ((self.g.tp.me, self.g.tp.size()), (self.g.ep.me, self.g.ep.size()), (self.g.etp.me, self.g.etp.size()));
-                let of = |lps: &[LayerParams], u: &[usize]| -> Vec<f32> { u.iter().flat_map(|&l| pick(&shard_of(&lps[l], d, tp, ep, etp))).collect() };
+                let (tp, ep, etp) = (
+                    (self.g.tp.me, self.g.tp.size()),
+                    (self.g.ep.me, self.g.ep.size()),
+                    (self.g.etp.me, self.g.etp.size()),
+                );
+                let of = |lps: &[LayerParams], u: &[usize]| -> Vec<f32> {
+                    u.iter()
+                        .flat_map(|&l| pick(&shard_of(&lps[l], d, tp, ep, etp)))
+                        .collect()
+                };
                 let want_g: Vec<Vec<f32>> = units.iter().map(|u| of(&r.grads, u)).collect();
                 let mut full_w: Vec<f32> = r.params.iter().flat_map(pick).collect();
                 let full_g: Vec<f32> = r.grads.iter().flat_map(pick).collect();
-                let adam = if expert { &mut r.adam_expert } else { &mut r.adam_dense };
+                let adam = if expert {
+                    &mut r.adam_expert
+                } else {
+                    &mut r.adam_dense
+                };
                 adam.step(&mut full_w, &full_g);
-                unflatten(r.params.iter_mut().flat_map(|lp| tensors_mut(lp, expert)), &full_w);
+                unflatten(
+                    r.params.iter_mut().flat_map(|lp| tensors_mut(lp, expert)),
+                    &full_w,
+                );
                 let want_w: Vec<Vec<f32>> = units.iter().map(|u| of(&r.params, u)).collect();
                 want = Some((want_g, want_w));
             }
@@ -787,23 +1105,35 @@ impl<'a> Rank<'a> {
                 }
                 let n = g.size();
                 let split = sharded && n > 1;
-                let (a, b) = if split { (flat_w.len() * g.me / n, flat_w.len() * (g.me + 1) / n) } else { (0, flat_w.len()) };
+                let (a, b) = if split {
+                    (flat_w.len() * g.me / n, flat_w.len() * (g.me + 1) / n)
+                } else {
+                    (0, flat_w.len())
+                };
                 let t = self.rec.start();
                 let part = if split {
-                    let part = g.reduce_scatter(self.mesh, &flat_g).map_err(|e| self.err(e))?;
-                    self.rec.comm(kind_grad, "reduce_scatter", n, flat_g.len() * 4, t);
+                    let part = g
+                        .reduce_scatter(self.mesh, &flat_g)
+                        .map_err(|e| self.err(e))?;
+                    self.rec
+                        .comm(kind_grad, "reduce_scatter", n, flat_g.len() * 4, t);
                     part
                 } else {
                     if n > 1 {
-                        g.all_reduce(self.mesh, &mut flat_g).map_err(|e| self.err(e))?;
-                        self.rec.comm(kind_grad, "all_reduce", n, flat_g.len() * 4, t);
+                        g.all_reduce(self.mesh, &mut flat_g)
+                            .map_err(|e| self.err(e))?;
+                        self.rec
+                            .comm(kind_grad, "all_reduce", n, flat_g.len() * 4, t);
                     }
                     flat_g
                 };
                 if let Some((want_g, _)) = &want {
                     let e = rel_diff(&part, &want_g[ui][a..b]);
                     if e.is_nan() || e > TOLERANCE {
-                        return Err(self.err(format!("{} weight gradients differ from the reference by {e:.2e}", if expert { "expert" } else { "dense" })));
+                        return Err(self.err(format!(
+                            "{} weight gradients differ from the reference by {e:.2e}",
+                            if expert { "expert" } else { "dense" }
+                        )));
                     }
                     self.rec.check(|c| {
                         c.gradients += 1;
@@ -811,17 +1141,26 @@ impl<'a> Rank<'a> {
                     });
                 }
                 let t = self.rec.start();
-                self.adam.entry((expert, ui)).or_default().step(&mut flat_w[a..b], &part);
+                self.adam
+                    .entry((expert, ui))
+                    .or_default()
+                    .step(&mut flat_w[a..b], &part);
                 self.rec.add("optimizer", t);
                 if split && !zero3 {
                     let t = self.rec.start();
                     let (g, _) = self.side(expert);
-                    g.all_gather_chunks(self.mesh, &mut flat_w).map_err(|e| self.err(e))?;
-                    self.rec.comm(kind_param, "all_gather", n, flat_w.len() * 4, t);
+                    g.all_gather_chunks(self.mesh, &mut flat_w)
+                        .map_err(|e| self.err(e))?;
+                    self.rec
+                        .comm(kind_param, "all_gather", n, flat_w.len() * 4, t);
                 }
                 self.store(unit, expert, &flat_w);
                 if let Some((_, want_w)) = &want {
-                    self.check("weights after the optimizer step", &flat_w[a..b], &want_w[ui][a..b])?;
+                    self.check(
+                        "weights after the optimizer step",
+                        &flat_w[a..b],
+                        &want_w[ui][a..b],
+                    )?;
                 }
                 if zero3 {
                     // Replicas hold different shares; the next pass's gather checks
@@ -833,8 +1172,15 @@ impl<'a> Rank<'a> {
                 let sq: f64 = flat_w.iter().map(|&x| (x as f64) * (x as f64)).sum();
                 let digest = [sum as f32, sq as f32, flat_w[0], flat_w[flat_w.len() - 1]];
                 let all = g.all_gather(self.mesh, &digest).map_err(|e| self.err(e))?;
-                if all.chunks(4).any(|c| c.iter().zip(&digest).any(|(x, y)| x.to_bits() != y.to_bits())) {
-                    return Err(self.err(format!("{} replicas hold different weights after the step", g.kind.label())));
+                if all.chunks(4).any(|c| {
+                    c.iter()
+                        .zip(&digest)
+                        .any(|(x, y)| x.to_bits() != y.to_bits())
+                }) {
+                    return Err(self.err(format!(
+                        "{} replicas hold different weights after the step",
+                        g.kind.label()
+                    )));
                 }
                 self.rec.check(|c| c.replicas += 1);
             }
@@ -876,7 +1222,14 @@ fn run_header(s: &Setup, o: &Options, backend: &str, device: &str, world: u64) -
 }
 
 /// What rank 0 writes when the run failed: no numbers, and the reason.
-pub fn incomplete_run(s: &Setup, o: &Options, backend: &str, device: &str, world: u64, failure: &str) -> MeasuredRun {
+pub fn incomplete_run(
+    s: &Setup,
+    o: &Options,
+    backend: &str,
+    device: &str,
+    world: u64,
+    failure: &str,
+) -> MeasuredRun {
     let mut r = run_header(s, o, backend, device, world);
     r.failure = Some(failure.to_string());
     r
@@ -887,12 +1240,26 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// Merges every rank's statistics into the measured run (rank 0).
-fn merge(s: &Setup, o: &Options, (backend, dtype): (&str, &str), device: &str, all: &[RankStats], world: u64, tier_of: impl Fn(&str) -> String) -> MeasuredRun {
+fn merge(
+    s: &Setup,
+    o: &Options,
+    (backend, dtype): (&str, &str),
+    device: &str,
+    all: &[RankStats],
+    world: u64,
+    tier_of: impl Fn(&str) -> String,
+) -> MeasuredRun {
     let mut run = run_header(s, o, backend, device, world);
     let steps = o.steps.max(1) as f64;
     run.complete = true;
     let nsteps = all.iter().map(|r| r.step_secs.len()).max().unwrap_or(0);
-    run.step_secs = (0..nsteps).map(|i| all.iter().filter_map(|r| r.step_secs.get(i)).fold(0.0, |a: f64, &b| a.max(b))).collect();
+    run.step_secs = (0..nsteps)
+        .map(|i| {
+            all.iter()
+                .filter_map(|r| r.step_secs.get(i))
+                .fold(0.0, |a: f64, &b| a.max(b))
+        })
+        .collect();
     for r in all {
         for (k, v) in &r.components {
             let e = run.components.entry(k.clone()).or_insert(0.0);
@@ -904,12 +1271,17 @@ fn merge(s: &Setup, o: &Options, (backend, dtype): (&str, &str), device: &str, a
     for r in all {
         for (k, smp) in &r.gemms {
             gemms.entry(k).or_default().extend(&smp.secs);
-            *calls.entry(k).or_default() = calls.get(k.as_str()).copied().unwrap_or(0).max(smp.calls);
+            *calls.entry(k).or_default() =
+                calls.get(k.as_str()).copied().unwrap_or(0).max(smp.calls);
         }
     }
     for (k, secs) in gemms {
         let f: Vec<&str> = k.split(' ').collect();
-        let (m, n, kk) = (f[1].parse().unwrap_or(0u64), f[2].parse().unwrap_or(0u64), f[3].parse().unwrap_or(0u64));
+        let (m, n, kk) = (
+            f[1].parse().unwrap_or(0u64),
+            f[2].parse().unwrap_or(0u64),
+            f[3].parse().unwrap_or(0u64),
+        );
         let med = median(&secs);
         run.gemms.push(GemmPoint {
             class: f[0].into(),
@@ -919,7 +1291,11 @@ fn merge(s: &Setup, o: &Options, (backend, dtype): (&str, &str), device: &str, a
             dtype: dtype.into(),
             calls: (calls[k] as f64 / steps).round() as u64,
             median_secs: med,
-            tflops: if med > 0.0 { 2.0 * (m * n * kk) as f64 / med / 1e12 } else { 0.0 },
+            tflops: if med > 0.0 {
+                2.0 * (m * n * kk) as f64 / med / 1e12
+            } else {
+                0.0
+            },
         });
     }
     let mut comms: std::collections::BTreeMap<&str, (Vec<f64>, u64)> = Default::default();
@@ -932,7 +1308,10 @@ fn merge(s: &Setup, o: &Options, (backend, dtype): (&str, &str), device: &str, a
     }
     for (k, (secs, c)) in comms {
         let f: Vec<&str> = k.split(' ').collect();
-        let (ranks, bytes) = (f[2].parse().unwrap_or(1u64), f[3].parse().unwrap_or(0u64) as f64);
+        let (ranks, bytes) = (
+            f[2].parse().unwrap_or(1u64),
+            f[3].parse().unwrap_or(0u64) as f64,
+        );
         let med = median(&secs);
         let nf = ranks as f64;
         // nccl-tests bus-bandwidth factors.
@@ -949,10 +1328,18 @@ fn merge(s: &Setup, o: &Options, (backend, dtype): (&str, &str), device: &str, a
             tier: tier_of(f[0]),
             calls: (c as f64 / steps).round() as u64,
             median_secs: med,
-            busbw_gbytes_per_s: if med > 0.0 { bytes * factor / med / 1e9 } else { 0.0 },
+            busbw_gbytes_per_s: if med > 0.0 {
+                bytes * factor / med / 1e9
+            } else {
+                0.0
+            },
         });
     }
-    run.peak_activation_bytes = all.iter().map(|r| r.peak_activation_bytes).max().unwrap_or(0);
+    run.peak_activation_bytes = all
+        .iter()
+        .map(|r| r.peak_activation_bytes)
+        .max()
+        .unwrap_or(0);
     run.param_bytes = all.iter().map(|r| r.param_bytes).max().unwrap_or(0);
     run.optimizer_bytes = all.iter().map(|r| r.optimizer_bytes).max().unwrap_or(0);
     for r in all {
@@ -971,7 +1358,15 @@ fn merge(s: &Setup, o: &Options, (backend, dtype): (&str, &str), device: &str, a
 /// Sends this rank's statistics to rank 0, which merges every rank's into the
 /// measured run and returns it (the others return `None`). `backend` and `dtype`
 /// label the run and its GEMMs.
-pub fn collect(s: &Setup, o: &Options, mesh: &Mesh, map: &sextant_planner::ranks::RankMap, stats: RankStats, (backend, dtype): (&str, &str), device: &str) -> Result<Option<MeasuredRun>, String> {
+pub fn collect(
+    s: &Setup,
+    o: &Options,
+    mesh: &Mesh,
+    map: &sextant_planner::ranks::RankMap,
+    stats: RankStats,
+    (backend, dtype): (&str, &str),
+    device: &str,
+) -> Result<Option<MeasuredRun>, String> {
     let (rank, world) = (mesh.rank(), mesh.world());
     if rank != 0 {
         let bytes = serde_json::to_vec(&stats).map_err(|e| e.to_string())?;
@@ -981,7 +1376,10 @@ pub fn collect(s: &Setup, o: &Options, mesh: &Mesh, map: &sextant_planner::ranks
     let mut all = vec![stats];
     for q in 1..world {
         let bytes = mesh.recv(q, STATS_TAG)?;
-        all.push(serde_json::from_slice(&bytes).map_err(|e| format!("rank {q} sent unreadable measurements: {e}"))?);
+        all.push(
+            serde_json::from_slice(&bytes)
+                .map_err(|e| format!("rank {q} sent unreadable measurements: {e}"))?,
+        );
     }
     let gpn = s.gpus_per_node.max(1);
     let spans_nodes = |kind: &str| -> bool {
@@ -990,8 +1388,13 @@ pub fn collect(s: &Setup, o: &Options, mesh: &Mesh, map: &sextant_planner::ranks
             "edp_grad" | "edp_param" => "edp",
             k => k,
         };
-        let Some(k) = sextant_planner::ranks::group_kind(name) else { return false };
-        map.groups[k].1.iter().any(|g| g.iter().any(|&q| q / gpn != g[0] / gpn))
+        let Some(k) = sextant_planner::ranks::group_kind(name) else {
+            return false;
+        };
+        map.groups[k]
+            .1
+            .iter()
+            .any(|g| g.iter().any(|&q| q / gpn != g[0] / gpn))
     };
     let cpu = backend == "cpu";
     let mut run = merge(s, o, (backend, dtype), device, &all, world, |kind| {
@@ -1012,12 +1415,24 @@ pub fn collect(s: &Setup, o: &Options, mesh: &Mesh, map: &sextant_planner::ranks
 }
 
 /// Runs this rank's part of the plan over `mesh`. Rank 0 returns the measured run.
-pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<MeasuredRun>, ExecError> {
+pub fn run(
+    s: &Setup,
+    o: &Options,
+    mesh: &Mesh,
+    device: &str,
+) -> Result<Option<MeasuredRun>, ExecError> {
     let rank = mesh.rank();
     let world = mesh.world();
-    let early = |d: String| ExecError { rank, phase: "setting up groups".into(), detail: d };
+    let early = |d: String| ExecError {
+        rank,
+        phase: "setting up groups".into(),
+        detail: d,
+    };
     if world != s.cfg.gpus() {
-        return Err(early(format!("the plan needs {} ranks (tp x cp x dp x pp) but {world} were started", s.cfg.gpus())));
+        return Err(early(format!(
+            "the plan needs {} ranks (tp x cp x dp x pp) but {world} were started",
+            s.cfg.gpus()
+        )));
     }
     let map = s.rank_map().map_err(early)?;
     let g = Groups {
@@ -1035,19 +1450,48 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
     let (tp, cp) = (s.cfg.tp as usize, s.cfg.cp as usize);
     let chunk = d.seq / cp;
     let q0 = entry.cp as usize * chunk;
-    let own = if s.cfg.sp { (q0 + entry.tp as usize * chunk / tp, q0 + (entry.tp as usize + 1) * chunk / tp) } else { (q0, q0 + chunk) };
+    let own = if s.cfg.sp {
+        (
+            q0 + entry.tp as usize * chunk / tp,
+            q0 + (entry.tp as usize + 1) * chunk / tp,
+        )
+    } else {
+        (q0, q0 + chunk)
+    };
     let pp_rank = entry.pp as usize;
-    let v = if s.schedule == Schedule::Interleaved { s.cfg.vpp } else { 1 };
+    let v = if s.schedule == Schedule::Interleaved {
+        s.cfg.vpp
+    } else {
+        1
+    };
     let mut params: Vec<Option<LayerParams>> = vec![None; d.layers];
-    let vstages: Vec<usize> = (0..s.schedule.chunks_per_rank(v)).map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize).collect();
+    let vstages: Vec<usize> = (0..s.schedule.chunks_per_rank(v))
+        .map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize)
+        .collect();
     for &vs in &vstages {
-        for (l, slot) in params.iter_mut().enumerate().skip(s.first_layer[vs]).take(s.stage_layers[vs]) {
-            *slot = Some(LayerParams::init(d, l, (entry.tp as usize, tp), (g.ep.me, g.ep.size()), (g.etp.me, g.etp.size())));
+        for (l, slot) in params
+            .iter_mut()
+            .enumerate()
+            .skip(s.first_layer[vs])
+            .take(s.stage_layers[vs])
+        {
+            *slot = Some(LayerParams::init(
+                d,
+                l,
+                (entry.tp as usize, tp),
+                (g.ep.me, g.ep.size()),
+                (g.etp.me, g.etp.size()),
+            ));
         }
     }
-    let grads = params.iter().map(|p| p.as_ref().map(LayerParams::zeros_like)).collect();
+    let grads = params
+        .iter()
+        .map(|p| p.as_ref().map(LayerParams::zeros_like))
+        .collect();
     let reference = o.verify.then(|| Reference {
-        params: (0..d.layers).map(|l| LayerParams::init(d, l, (0, 1), (0, 1), (0, 1))).collect(),
+        params: (0..d.layers)
+            .map(|l| LayerParams::init(d, l, (0, 1), (0, 1), (0, 1)))
+            .collect(),
         adam_dense: Adam::default(),
         adam_expert: Adam::default(),
         acts: HashMap::new(),
@@ -1055,9 +1499,15 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
         grads: vec![],
     });
     let bytes_of = |mats: Vec<&Mat>| mats.iter().map(|m| m.bytes()).sum::<usize>();
-    let (dense_bytes, expert_bytes) = params.iter().flatten().fold((0, 0), |(a, b), p| (a + bytes_of(p.dense()), b + bytes_of(p.expert())));
+    let (dense_bytes, expert_bytes) = params.iter().flatten().fold((0, 0), |(a, b), p| {
+        (a + bytes_of(p.dense()), b + bytes_of(p.expert()))
+    });
     // ZeRO-3 keeps only this rank's share between uses.
-    let param_bytes = if s.cfg.zero == Zero::Zero3 { dense_bytes / g.dp_cp.size() + expert_bytes / g.edp.size() } else { dense_bytes + expert_bytes };
+    let param_bytes = if s.cfg.zero == Zero::Zero3 {
+        dense_bytes / g.dp_cp.size() + expert_bytes / g.edp.size()
+    } else {
+        dense_bytes + expert_bytes
+    };
     let mut r = Rank {
         s,
         o,
@@ -1085,7 +1535,12 @@ pub fn run(s: &Setup, o: &Options, mesh: &Mesh, device: &str) -> Result<Option<M
         r.step(step)?;
     }
     r.phase = "gathering measurements".into();
-    let opt_bytes = r.adam.values().map(|a| a.m.len() + a.v.len()).sum::<usize>() * 4;
+    let opt_bytes = r
+        .adam
+        .values()
+        .map(|a| a.m.len() + a.v.len())
+        .sum::<usize>()
+        * 4;
     let mut stats = std::mem::replace(&mut r.rec, Recorder::new(rank, false)).take();
     stats.param_bytes = param_bytes as u64;
     stats.optimizer_bytes = opt_bytes as u64;

@@ -53,7 +53,13 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn new(rank: u64, enabled: bool) -> Recorder {
-        Recorder { enabled, stats: RefCell::new(RankStats { rank, ..RankStats::default() }) }
+        Recorder {
+            enabled,
+            stats: RefCell::new(RankStats {
+                rank,
+                ..RankStats::default()
+            }),
+        }
     }
     pub fn set_enabled(&mut self, on: bool) {
         self.enabled = on;
@@ -63,7 +69,12 @@ impl Recorder {
     }
     pub fn add(&self, component: &str, t: Instant) {
         if self.enabled {
-            *self.stats.borrow_mut().components.entry(component.to_string()).or_default() += t.elapsed().as_secs_f64();
+            *self
+                .stats
+                .borrow_mut()
+                .components
+                .entry(component.to_string())
+                .or_default() += t.elapsed().as_secs_f64();
         }
     }
     pub fn gemm(&self, class: &'static str, m: usize, n: usize, k: usize, t: Instant) {
@@ -71,15 +82,28 @@ impl Recorder {
             let s = t.elapsed().as_secs_f64();
             let mut st = self.stats.borrow_mut();
             *st.components.entry(class.to_string()).or_default() += s;
-            st.gemms.entry(format!("{class} {m} {n} {k}")).or_default().add(s);
+            st.gemms
+                .entry(format!("{class} {m} {n} {k}"))
+                .or_default()
+                .add(s);
         }
     }
-    pub fn comm(&self, kind: &'static str, op: &'static str, ranks: usize, bytes: usize, t: Instant) {
+    pub fn comm(
+        &self,
+        kind: &'static str,
+        op: &'static str,
+        ranks: usize,
+        bytes: usize,
+        t: Instant,
+    ) {
         if self.enabled {
             let s = t.elapsed().as_secs_f64();
             let mut st = self.stats.borrow_mut();
             *st.components.entry(kind.to_string()).or_default() += s;
-            st.comms.entry(format!("{kind} {op} {ranks} {bytes}")).or_default().add(s);
+            st.comms
+                .entry(format!("{kind} {op} {ranks} {bytes}"))
+                .or_default()
+                .add(s);
         }
     }
     pub fn step_time(&self, secs: f64) {

@@ -9,11 +9,18 @@ pub struct Mat {
 
 impl Mat {
     pub fn zeros(rows: usize, cols: usize) -> Mat {
-        Mat { rows, cols, data: vec![0.0; rows * cols] }
+        Mat {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
     }
     pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Result<Mat, String> {
         if data.len() != rows * cols {
-            return Err(format!("received {} values for a {rows} x {cols} tensor", data.len()));
+            return Err(format!(
+                "received {} values for a {rows} x {cols} tensor",
+                data.len()
+            ));
         }
         Ok(Mat { rows, cols, data })
     }
@@ -25,7 +32,11 @@ impl Mat {
     }
     /// Rows `a..b`.
     pub fn rows_range(&self, a: usize, b: usize) -> Mat {
-        Mat { rows: b - a, cols: self.cols, data: self.data[a * self.cols..b * self.cols].to_vec() }
+        Mat {
+            rows: b - a,
+            cols: self.cols,
+            data: self.data[a * self.cols..b * self.cols].to_vec(),
+        }
     }
     /// Columns `a..b`.
     pub fn cols_range(&self, a: usize, b: usize) -> Mat {
@@ -39,7 +50,11 @@ impl Mat {
     pub fn vstack(parts: &[Mat]) -> Mat {
         let cols = parts.first().map_or(0, |p| p.cols);
         let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
-        Mat { rows: data.len() / cols.max(1), cols, data }
+        Mat {
+            rows: data.len() / cols.max(1),
+            cols,
+            data,
+        }
     }
     /// Places column blocks side by side.
     pub fn hstack(parts: &[&Mat]) -> Mat {
@@ -73,19 +88,50 @@ impl Mat {
 /// `op(a) @ op(b)` where `op` transposes when asked; the transposes are free
 /// (strides). Shapes are checked.
 pub fn matmul(a: &Mat, ta: bool, b: &Mat, tb: bool) -> Mat {
-    let (m, k) = if ta { (a.cols, a.rows) } else { (a.rows, a.cols) };
-    let (k2, n) = if tb { (b.cols, b.rows) } else { (b.rows, b.cols) };
+    let (m, k) = if ta {
+        (a.cols, a.rows)
+    } else {
+        (a.rows, a.cols)
+    };
+    let (k2, n) = if tb {
+        (b.cols, b.rows)
+    } else {
+        (b.rows, b.cols)
+    };
     assert_eq!(k, k2, "matmul inner dimensions");
     let mut c = Mat::zeros(m, n);
     if m == 0 || n == 0 || k == 0 {
         return c;
     }
-    let (rsa, csa) = if ta { (1, a.cols as isize) } else { (a.cols as isize, 1) };
-    let (rsb, csb) = if tb { (1, b.cols as isize) } else { (b.cols as isize, 1) };
+    let (rsa, csa) = if ta {
+        (1, a.cols as isize)
+    } else {
+        (a.cols as isize, 1)
+    };
+    let (rsb, csb) = if tb {
+        (1, b.cols as isize)
+    } else {
+        (b.cols as isize, 1)
+    };
     // SAFETY: the pointers cover m*k, k*n and m*n elements with the strides above,
     // which the shape checks guarantee.
     unsafe {
-        matrixmultiply::sgemm(m, k, n, 1.0, a.data.as_ptr(), rsa, csa, b.data.as_ptr(), rsb, csb, 0.0, c.data.as_mut_ptr(), n as isize, 1);
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.data.as_ptr(),
+            rsa,
+            csa,
+            b.data.as_ptr(),
+            rsb,
+            csb,
+            0.0,
+            c.data.as_mut_ptr(),
+            n as isize,
+            1,
+        );
     }
     c
 }
@@ -101,7 +147,10 @@ pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
         return f32::NAN;
     }
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }
 
 #[cfg(test)]

@@ -77,15 +77,36 @@ impl Coll {
 pub enum Op {
     /// Row-major `C[m, n] = A[m, k] · B[k, n]`, `batch` independent products
     /// (strided), issued `count` times in a row (one per local expert).
-    Gemm { class: &'static str, m: u64, n: u64, k: u64, batch: u64, count: u64, recompute: bool },
+    Gemm {
+        class: &'static str,
+        m: u64,
+        n: u64,
+        k: u64,
+        batch: u64,
+        count: u64,
+        recompute: bool,
+    },
     /// Element-wise work: `bytes` read and written in HBM in all.
-    Memory { class: &'static str, bytes: u64, recompute: bool },
+    Memory {
+        class: &'static str,
+        bytes: u64,
+        recompute: bool,
+    },
     /// A collective over this rank's group of kind `GROUP_KINDS[group]`. `bytes`
     /// follows nccl-tests: the all-gather's output, the reduce-scatter's input,
     /// the all-reduce's buffer, everything an all-to-all sends.
-    Coll { kind: &'static str, group: usize, op: Coll, bytes: u64 },
+    Coll {
+        kind: &'static str,
+        group: usize,
+        op: Coll,
+        bytes: u64,
+    },
     /// One NCCL group of sends and receives: `(peer rank, bytes)`.
-    P2p { kind: &'static str, sends: Vec<(u64, u64)>, recvs: Vec<(u64, u64)> },
+    P2p {
+        kind: &'static str,
+        sends: Vec<(u64, u64)>,
+        recvs: Vec<(u64, u64)>,
+    },
     /// Activations of (chunk, micro-batch) kept until its backward.
     Keep { key: (u64, u64), bytes: u64 },
     /// Their release after the backward.
@@ -98,7 +119,14 @@ impl Op {
     /// FLOPs of a GEMM (0 for anything else).
     pub fn flops(&self) -> f64 {
         match *self {
-            Op::Gemm { m, n, k, batch, count, .. } => 2.0 * (m * n * k) as f64 * (batch * count) as f64,
+            Op::Gemm {
+                m,
+                n,
+                k,
+                batch,
+                count,
+                ..
+            } => 2.0 * (m * n * k) as f64 * (batch * count) as f64,
             _ => 0.0,
         }
     }
@@ -152,22 +180,46 @@ impl Builder<'_> {
         self.map.group_of(self.rank, kind_index(name))
     }
 
-    fn gemm(&mut self, class: &'static str, (m, n, k): (u64, u64, u64), batch: u64, count: u64, recompute: bool) {
+    fn gemm(
+        &mut self,
+        class: &'static str,
+        (m, n, k): (u64, u64, u64),
+        batch: u64,
+        count: u64,
+        recompute: bool,
+    ) {
         if m * n * k * batch * count > 0 {
-            self.ops.push(Op::Gemm { class, m, n, k, batch, count, recompute });
+            self.ops.push(Op::Gemm {
+                class,
+                m,
+                n,
+                k,
+                batch,
+                count,
+                recompute,
+            });
         }
     }
 
     fn mem(&mut self, class: &'static str, bytes: u64, recompute: bool) {
         if bytes > 0 {
-            self.ops.push(Op::Memory { class, bytes, recompute });
+            self.ops.push(Op::Memory {
+                class,
+                bytes,
+                recompute,
+            });
         }
     }
 
     /// A collective over this rank's group `name`, booked under `kind`; nothing for a group of one.
     fn coll(&mut self, kind: &'static str, name: &str, op: Coll, bytes: u64) {
         if self.group_size(name) > 1 && bytes > 0 {
-            self.ops.push(Op::Coll { kind, group: kind_index(name), op, bytes });
+            self.ops.push(Op::Coll {
+                kind,
+                group: kind_index(name),
+                op,
+                bytes,
+            });
         }
     }
 
@@ -194,10 +246,24 @@ impl Builder<'_> {
 
     /// The forward GEMM `[m, k] · [k, n]`'s backward: input gradient now, weight
     /// gradient into `w` (this pass, or the W pass).
-    fn linear_bwd(&mut self, class: &'static str, (m, n, k): (u64, u64, u64), count: u64, w: &mut Vec<Op>) {
+    fn linear_bwd(
+        &mut self,
+        class: &'static str,
+        (m, n, k): (u64, u64, u64),
+        count: u64,
+        w: &mut Vec<Op>,
+    ) {
         self.gemm(class, (m, k, n), 1, count, false);
         if m * n * k * count > 0 {
-            w.push(Op::Gemm { class, m: k, n, k: m, batch: 1, count, recompute: false });
+            w.push(Op::Gemm {
+                class,
+                m: k,
+                n,
+                k: m,
+                batch: 1,
+                count,
+                recompute: false,
+            });
         }
     }
 
@@ -208,17 +274,29 @@ impl Builder<'_> {
         if cp.len() < 2 {
             return;
         }
-        let me = cp.iter().position(|&r| r == self.rank).expect("own CP group");
+        let me = cp
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("own CP group");
         let bytes = self.z.t * 2 * self.z.kvl * B * if backward { 2 } else { 1 };
         let (next, prev) = (cp[(me + 1) % cp.len()], cp[(me + cp.len() - 1) % cp.len()]);
-        self.ops.push(Op::P2p { kind: "cp", sends: vec![(next, bytes)], recvs: vec![(prev, bytes)] });
+        self.ops.push(Op::P2p {
+            kind: "cp",
+            sends: vec![(next, bytes)],
+            recvs: vec![(prev, bytes)],
+        });
     }
 
     /// Core attention over the CP ring: per step a batched `QKᵀ` and `PV` over half
     /// the chunk's keys (the causal average); the backward's five GEMMs per step.
     fn core(&mut self, backward: bool, recompute: bool) {
         let z = &self.z;
-        let (sq, keys, hd, batch) = (z.seq / self.cp, (z.seq / self.cp / 2).max(1), z.hd, z.mbs * z.heads_l);
+        let (sq, keys, hd, batch) = (
+            z.seq / self.cp,
+            (z.seq / self.cp / 2).max(1),
+            z.hd,
+            z.mbs * z.heads_l,
+        );
         for i in 0..self.cp {
             if i > 0 {
                 self.ring_step(backward);
@@ -252,7 +330,16 @@ impl Builder<'_> {
     }
 
     fn layer_forward(&mut self, moe: bool, rc: bool) {
-        let Sizes { t, tl, h, hl, kvl, f, up, .. } = self.z;
+        let Sizes {
+            t,
+            tl,
+            h,
+            hl,
+            kvl,
+            f,
+            up,
+            ..
+        } = self.z;
         self.mem("elementwise", tl * h * B * 2, rc);
         self.enter_tp(false);
         self.gemm("attention_proj", (t, hl + 2 * kvl, h), 1, 1, rc);
@@ -302,7 +389,9 @@ impl Builder<'_> {
     /// What selective recomputation replays of one layer before its backward.
     fn selective(&mut self, moe: bool) {
         let cfg = &self.s.cfg;
-        let Sizes { t, tl, h, f, up, .. } = self.z;
+        let Sizes {
+            t, tl, h, f, up, ..
+        } = self.z;
         if cfg.recomputes(RecomputeModules::CORE_ATTN) {
             let cp = self.cp;
             // The replay needs no ring: the K/V chunks are kept.
@@ -327,14 +416,27 @@ impl Builder<'_> {
             true if cfg.recomputes(RecomputeModules::MOE) => self.moe_forward(true, false),
             true if cfg.recomputes(RecomputeModules::MOE_ACT) => {
                 let per = self.per_expert();
-                self.mem("elementwise", per * self.z.local_experts * self.z.e * B * (up + 1), true);
+                self.mem(
+                    "elementwise",
+                    per * self.z.local_experts * self.z.e * B * (up + 1),
+                    true,
+                );
             }
             _ => {}
         }
     }
 
     fn layer_backward(&mut self, moe: bool, w: &mut Vec<Op>) {
-        let Sizes { t, tl, h, hl, kvl, f, up, .. } = self.z;
+        let Sizes {
+            t,
+            tl,
+            h,
+            hl,
+            kvl,
+            f,
+            up,
+            ..
+        } = self.z;
         self.mem("elementwise", tl * h * B * 6, false);
         if moe {
             let z = &self.z;
@@ -376,7 +478,10 @@ impl Builder<'_> {
         let z = &self.z;
         let attn = z.h * (z.hl + 2 * z.kvl) + z.hl * z.h;
         if moe {
-            (attn + z.h * z.experts, z.local_experts * (z.up + 1) * z.e * z.h)
+            (
+                attn + z.h * z.experts,
+                z.local_experts * (z.up + 1) * z.e * z.h,
+            )
         } else {
             (attn + (z.up + 1) * z.f * z.h, 0)
         }
@@ -384,7 +489,9 @@ impl Builder<'_> {
 
     fn stage_params(&self, vstage: usize) -> (u64, u64) {
         let first = self.s.first_layer[vstage];
-        (first..first + self.s.stage_layers[vstage]).map(|l| self.layer_params(self.s.dims.moe_layer[l])).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        (first..first + self.s.stage_layers[vstage])
+            .map(|l| self.layer_params(self.s.dims.moe_layer[l]))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
     /// A data-parallel collective over `elems` parameters of `bytes_per` bytes, in
@@ -411,12 +518,24 @@ impl Builder<'_> {
     /// One NCCL group of pipeline transfers (nothing when both lists are empty).
     fn transfers(&mut self, sends: Vec<(u64, u64)>, recvs: Vec<(u64, u64)>) {
         if !sends.is_empty() || !recvs.is_empty() {
-            self.ops.push(Op::P2p { kind: "pp", sends, recvs });
+            self.ops.push(Op::P2p {
+                kind: "pp",
+                sends,
+                recvs,
+            });
         }
     }
 
     /// The compute of one pass (its transfers are issued by [`Self::step`]).
-    fn pass(&mut self, pass: Pass, c: u64, mb: u64, vstage: usize, deferred: bool, wjobs: &mut HashMap<(u64, u64), Vec<Op>>) {
+    fn pass(
+        &mut self,
+        pass: Pass,
+        c: u64,
+        mb: u64,
+        vstage: usize,
+        deferred: bool,
+        wjobs: &mut HashMap<(u64, u64), Vec<Op>>,
+    ) {
         let s = self.s;
         let cfg = &s.cfg;
         let layers = s.first_layer[vstage]..s.first_layer[vstage] + s.stage_layers[vstage];
@@ -427,10 +546,18 @@ impl Builder<'_> {
                 for l in layers {
                     let moe = s.dims.moe_layer[l];
                     self.layer_forward(moe, false);
-                    let kind = if moe { LayerKind::Moe } else { LayerKind::Dense };
-                    kept += memory::layer_activations(&s.model, cfg, &s.workload, kind, true).stored;
+                    let kind = if moe {
+                        LayerKind::Moe
+                    } else {
+                        LayerKind::Dense
+                    };
+                    kept +=
+                        memory::layer_activations(&s.model, cfg, &s.workload, kind, true).stored;
                 }
-                self.ops.push(Op::Keep { key: (c, mb), bytes: kept as u64 });
+                self.ops.push(Op::Keep {
+                    key: (c, mb),
+                    bytes: kept as u64,
+                });
             }
             Pass::Backward => {
                 self.gather(vstage);
@@ -472,14 +599,24 @@ impl Builder<'_> {
         let s = self.s;
         let cfg = &s.cfg;
         let (p, m) = (cfg.pp, s.micro_batches);
-        let v = if s.schedule == Schedule::Interleaved { cfg.vpp } else { 1 };
+        let v = if s.schedule == Schedule::Interleaved {
+            cfg.vpp
+        } else {
+            1
+        };
         let pp_rank = self.map.ranks[self.rank as usize].pp;
         let pp_members = self.members("pp").to_vec();
-        let holder = |vstage: usize, mb: u64| pp_members[locate(s.schedule, p, m, vstage as u64, mb).0 as usize];
+        let holder = |vstage: usize, mb: u64| {
+            pp_members[locate(s.schedule, p, m, vstage as u64, mb).0 as usize]
+        };
         let last = s.stage_layers.len() - 1;
         let msg = self.z.tl * self.z.h * B;
         let order = rank_order(s.schedule, p, v, m, pp_rank);
-        let deferred: std::collections::HashSet<(u64, u64)> = order.iter().filter(|o| o.0 == Pass::Weight).map(|o| (o.1, o.2)).collect();
+        let deferred: std::collections::HashSet<(u64, u64)> = order
+            .iter()
+            .filter(|o| o.0 == Pass::Weight)
+            .map(|o| (o.1, o.2))
+            .collect();
         // Slots of (pass, chunk, micro-batch, virtual stage). Only the interleaved
         // schedule and DualPipe pair a forward with an independent backward; under
         // GPipe a later backward can depend on the forward before it.
@@ -489,11 +626,16 @@ impl Builder<'_> {
             let vstage = virtual_stage(s.schedule, p, v, pp_rank, c) as usize;
             let joins = match (slots.last().and_then(|x| x.last()), pass) {
                 (Some(_), Pass::Weight) => true,
-                (Some(&(Pass::Forward, c0, mb0, _)), Pass::Backward) => pairs && (c0, mb0) != (c, mb) && slots.last().is_some_and(|x| x.len() == 1),
+                (Some(&(Pass::Forward, c0, mb0, _)), Pass::Backward) => {
+                    pairs && (c0, mb0) != (c, mb) && slots.last().is_some_and(|x| x.len() == 1)
+                }
                 _ => false,
             };
             if joins {
-                slots.last_mut().expect("a slot").push((pass, c, mb, vstage));
+                slots
+                    .last_mut()
+                    .expect("a slot")
+                    .push((pass, c, mb, vstage));
             } else {
                 slots.push(vec![(pass, c, mb, vstage)]);
             }
@@ -528,9 +670,15 @@ impl Builder<'_> {
     /// ZeRO-3 each held virtual stage. (dense, expert) parameters per unit.
     fn units(&self) -> Vec<(u64, u64)> {
         let s = self.s;
-        let v = if s.schedule == Schedule::Interleaved { s.cfg.vpp } else { 1 };
+        let v = if s.schedule == Schedule::Interleaved {
+            s.cfg.vpp
+        } else {
+            1
+        };
         let pp_rank = self.map.ranks[self.rank as usize].pp;
-        let held: Vec<usize> = (0..s.schedule.chunks_per_rank(v)).map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank, c) as usize).collect();
+        let held: Vec<usize> = (0..s.schedule.chunks_per_rank(v))
+            .map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank, c) as usize)
+            .collect();
         let per: Vec<(u64, u64)> = held.iter().map(|&vs| self.stage_params(vs)).collect();
         if s.cfg.zero == Zero::Zero3 {
             per
@@ -551,19 +699,31 @@ impl Builder<'_> {
             let partner = pp[pp.len() - 1 - me];
             let bytes = units.iter().map(|u| (u.0 + u.1) * gb).sum();
             if partner != self.rank {
-                self.ops.push(Op::P2p { kind: "dp_grad", sends: vec![(partner, bytes)], recvs: vec![(partner, bytes)] });
+                self.ops.push(Op::P2p {
+                    kind: "dp_grad",
+                    sends: vec![(partner, bytes)],
+                    recvs: vec![(partner, bytes)],
+                });
             }
         }
         let sharded = cfg.zero != Zero::None;
         for expert in [false, true] {
-            let (group, grad, param) = if expert { ("edp", "edp_grad", "edp_param") } else { ("dp_cp", "dp_grad", "dp_param") };
+            let (group, grad, param) = if expert {
+                ("edp", "edp_grad", "edp_param")
+            } else {
+                ("dp_cp", "dp_grad", "dp_param")
+            };
             let n = self.group_size(group);
             for &(dense, exp) in &units {
                 let elems = if expert { exp } else { dense };
                 if elems == 0 {
                     continue;
                 }
-                let op = if sharded { Coll::ReduceScatter } else { Coll::AllReduce };
+                let op = if sharded {
+                    Coll::ReduceScatter
+                } else {
+                    Coll::AllReduce
+                };
                 self.bucketed(grad, group, op, elems, gb);
                 let shard = if sharded { elems / n } else { elems };
                 // Adam reads the gradient, reads and writes the FP32 master weights and
@@ -616,7 +776,17 @@ fn builder<'a>(s: &'a Setup, map: &'a RankMap, rank: u64) -> Builder<'a> {
         top_k: d.top_k as u64,
         e: d.expert_ffn as u64 / etp.max(1),
     };
-    Builder { s, map, rank, z, tp, cp, etp, sp: cfg.sp, ops: Vec::new() }
+    Builder {
+        s,
+        map,
+        rank,
+        z,
+        tp,
+        cp,
+        etp,
+        sp: cfg.sp,
+        ops: Vec::new(),
+    }
 }
 
 /// Every rank's program for one step.
@@ -637,8 +807,16 @@ pub struct Checked {
 
 fn describe(op: &Op) -> String {
     match op {
-        Op::Coll { op, group, bytes, .. } => format!("{} of {bytes} bytes over its {} group", op.label(), GROUP_KINDS[*group]),
-        Op::P2p { kind, sends, recvs } => format!("{kind} transfers (sends {sends:?}, receives {recvs:?})"),
+        Op::Coll {
+            op, group, bytes, ..
+        } => format!(
+            "{} of {bytes} bytes over its {} group",
+            op.label(),
+            GROUP_KINDS[*group]
+        ),
+        Op::P2p { kind, sends, recvs } => {
+            format!("{kind} transfers (sends {sends:?}, receives {recvs:?})")
+        }
         Op::Barrier => "the step's barrier".into(),
         other => format!("{other:?}"),
     }
@@ -663,7 +841,10 @@ fn open_group(done: &mut (Vec<bool>, Vec<bool>), head: Option<&Op>) {
 pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
     let n = programs.len();
     if n as u64 != map.world_size {
-        return Err(format!("{n} programs for a world of {} ranks", map.world_size));
+        return Err(format!(
+            "{n} programs for a world of {} ranks",
+            map.world_size
+        ));
     }
     let mut pos = vec![0usize; n];
     // Transfers of each rank's current P2p group already matched: (sends, recvs).
@@ -690,13 +871,23 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
                         progress = true;
                     }
                 }
-                Op::Coll { group, op: c, bytes, .. } => {
+                Op::Coll {
+                    group,
+                    op: c,
+                    bytes,
+                    ..
+                } => {
                     let k = *group;
                     let members = map.group_of(r as u64, k);
                     let mut ready = true;
                     for &q in members {
                         match head(&pos, q as usize) {
-                            Some(Op::Coll { group: g2, op: c2, bytes: b2, .. }) if *g2 == k => {
+                            Some(Op::Coll {
+                                group: g2,
+                                op: c2,
+                                bytes: b2,
+                                ..
+                            }) if *g2 == k => {
                                 if c2 != c || b2 != bytes {
                                     return Err(format!(
                                         "ranks {r} and {q} meet on their {} group with different collectives: rank {r} op {} issues {}, rank {q} op {} issues {}",
@@ -727,11 +918,16 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
                         }
                         let q = to as usize;
                         if q >= n || q == r {
-                            return Err(format!("rank {r} op {} sends to rank {to}, which is not a peer", pos[r]));
+                            return Err(format!(
+                                "rank {r} op {} sends to rank {to}, which is not a peer",
+                                pos[r]
+                            ));
                         }
                         if let Some(Op::P2p { recvs: their, .. }) = head(&pos, q) {
                             open_group(&mut done[q], head(&pos, q));
-                            if let Some(j) = (0..their.len()).find(|&j| !done[q].1[j] && their[j].0 == r as u64) {
+                            if let Some(j) =
+                                (0..their.len()).find(|&j| !done[q].1[j] && their[j].0 == r as u64)
+                            {
                                 if their[j].1 != bytes {
                                     return Err(format!("rank {r} op {} sends {bytes} bytes to rank {q}, which receives {} bytes from it at op {}", pos[r], their[j].1, pos[q]));
                                 }
@@ -749,7 +945,8 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
         for r in 0..n {
             if let Some(Op::P2p { sends, recvs, .. }) = head(&pos, r) {
                 let (s, v) = &done[r];
-                if s.len() == sends.len() && v.len() == recvs.len() && s.iter().chain(v).all(|&x| x) {
+                if s.len() == sends.len() && v.len() == recvs.len() && s.iter().chain(v).all(|&x| x)
+                {
                     pos[r] += 1;
                     out.ops += 1;
                     done[r] = (vec![], vec![]);
@@ -761,10 +958,27 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
             break;
         }
     }
-    let stuck: Vec<String> = (0..n).filter(|&r| pos[r] < programs[r].len()).map(|r| format!("rank {r} at op {} of {}: {}", pos[r], programs[r].len(), describe(&programs[r][pos[r]]))).collect();
+    let stuck: Vec<String> = (0..n)
+        .filter(|&r| pos[r] < programs[r].len())
+        .map(|r| {
+            format!(
+                "rank {r} at op {} of {}: {}",
+                pos[r],
+                programs[r].len(),
+                describe(&programs[r][pos[r]])
+            )
+        })
+        .collect();
     if !stuck.is_empty() {
-        let more = if stuck.len() > 4 { format!(" (and {} more ranks)", stuck.len() - 4) } else { String::new() };
-        return Err(format!("the device programs would hang: {}{more}", stuck.into_iter().take(4).collect::<Vec<_>>().join("; ")));
+        let more = if stuck.len() > 4 {
+            format!(" (and {} more ranks)", stuck.len() - 4)
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "the device programs would hang: {}{more}",
+            stuck.into_iter().take(4).collect::<Vec<_>>().join("; ")
+        ));
     }
     for p in programs {
         let f: f64 = p.iter().map(Op::flops).sum();
@@ -801,16 +1015,28 @@ impl Scratch {
         let mut s = Scratch::default();
         for op in program {
             let (a, b, c) = match *op {
-                Op::Gemm { m, n, k, batch, .. } => (m * k * batch * B, k * n * batch * B, m * n * batch * B),
+                Op::Gemm { m, n, k, batch, .. } => {
+                    (m * k * batch * B, k * n * batch * B, m * n * batch * B)
+                }
                 Op::Memory { bytes, .. } => {
                     let piece = (bytes / 2).min(COPY_PIECE);
                     (piece, piece, 0)
                 }
-                Op::Coll { group, op, bytes, .. } => {
+                Op::Coll {
+                    group, op, bytes, ..
+                } => {
                     let (snd, rcv) = coll_sides(op, bytes, group_size(group));
                     (snd, rcv, 0)
                 }
-                Op::P2p { ref sends, ref recvs, .. } => (sends.iter().map(|x| x.1).max().unwrap_or(0), recvs.iter().map(|x| x.1).sum(), 0),
+                Op::P2p {
+                    ref sends,
+                    ref recvs,
+                    ..
+                } => (
+                    sends.iter().map(|x| x.1).max().unwrap_or(0),
+                    recvs.iter().map(|x| x.1).sum(),
+                    0,
+                ),
                 Op::Barrier => (B, B, 0),
                 Op::Keep { .. } | Op::Free { .. } => (0, 0, 0),
             };
@@ -827,9 +1053,18 @@ impl Scratch {
 /// GEMM counts each product), collectives under "kind op ranks bytes", and each
 /// class or kind as a component; recomputed work also under "recompute".
 pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -> u64) {
-    let mut component = |name: &str, secs: f64| *st.components.entry(name.to_string()).or_default() += secs;
+    let mut component =
+        |name: &str, secs: f64| *st.components.entry(name.to_string()).or_default() += secs;
     match *op {
-        Op::Gemm { class, m, n, k, batch, count, recompute } => {
+        Op::Gemm {
+            class,
+            m,
+            n,
+            k,
+            batch,
+            count,
+            recompute,
+        } => {
             component(class, secs);
             if recompute {
                 component("recompute", secs);
@@ -841,24 +1076,49 @@ pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -
                 smp.secs.push(secs / calls as f64);
             }
         }
-        Op::Memory { class, recompute, .. } => {
+        Op::Memory {
+            class, recompute, ..
+        } => {
             component(class, secs);
             if recompute {
                 component("recompute", secs);
             }
         }
-        Op::Coll { kind, group, op, bytes } => {
+        Op::Coll {
+            kind,
+            group,
+            op,
+            bytes,
+        } => {
             component(kind, secs);
-            let smp = st.comms.entry(format!("{kind} {} {} {bytes}", op.label(), group_size(group))).or_default();
+            let smp = st
+                .comms
+                .entry(format!(
+                    "{kind} {} {} {bytes}",
+                    op.label(),
+                    group_size(group)
+                ))
+                .or_default();
             smp.calls += 1;
             if smp.secs.len() < 4096 {
                 smp.secs.push(secs);
             }
         }
-        Op::P2p { kind, ref sends, ref recvs } => {
+        Op::P2p {
+            kind,
+            ref sends,
+            ref recvs,
+        } => {
             component(kind, secs);
-            let bytes = sends.iter().map(|x| x.1).sum::<u64>().max(recvs.iter().map(|x| x.1).sum());
-            let smp = st.comms.entry(format!("{kind} send_recv 2 {bytes}")).or_default();
+            let bytes = sends
+                .iter()
+                .map(|x| x.1)
+                .sum::<u64>()
+                .max(recvs.iter().map(|x| x.1).sum());
+            let smp = st
+                .comms
+                .entry(format!("{kind} send_recv 2 {bytes}"))
+                .or_default();
             smp.calls += 1;
             if smp.secs.len() < 4096 {
                 smp.secs.push(secs);

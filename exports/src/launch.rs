@@ -60,7 +60,14 @@ fn program_words(p: &Program) -> (bool, Vec<String>) {
             w.extend(args.iter().cloned());
             (false, w)
         }
-        Program::SextantExec { plan_path } => (true, vec!["\"${SEXTANT:-sextant}\"".into(), "exec".into(), plan_path.clone()]),
+        Program::SextantExec { plan_path } => (
+            true,
+            vec![
+                "\"${SEXTANT:-sextant}\"".into(),
+                "exec".into(),
+                plan_path.clone(),
+            ],
+        ),
     }
 }
 
@@ -97,17 +104,28 @@ pub fn slurm(plan: &PlanFile, index: usize, program: &Program) -> String {
     let nodes = plan.gpus.div_ceil(per_node);
     let mut s = String::new();
     header(&mut s, plan, index, "Slurm batch script");
-    let _ = writeln!(s, "#SBATCH --job-name=sextant-{}", plan.model.name.replace(['/', ' '], "-"));
+    let _ = writeln!(
+        s,
+        "#SBATCH --job-name=sextant-{}",
+        plan.model.name.replace(['/', ' '], "-")
+    );
     let _ = writeln!(s, "#SBATCH --nodes={nodes}");
     let _ = writeln!(s, "#SBATCH --ntasks-per-node={per_node}");
     let _ = writeln!(s, "#SBATCH --gpus-per-task=1");
     let _ = writeln!(s, "#SBATCH --exclusive");
     let _ = writeln!(s, "set -euo pipefail");
-    let _ = writeln!(s, "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)");
+    let _ = writeln!(
+        s,
+        "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
+    );
     let _ = writeln!(s, "export MASTER_PORT=${{MASTER_PORT:-{PORT}}}");
     let _ = writeln!(s, "export WORLD_SIZE={}", plan.gpus);
     let (no_python, words) = program_words(program);
-    let runner = if no_python { String::new() } else { "python ".into() };
+    let runner = if no_python {
+        String::new()
+    } else {
+        "python ".into()
+    };
     let _ = writeln!(
         s,
         "srun --ntasks={} --ntasks-per-node={per_node} bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID exec {runner}\"$0\" \"$@\"'{}",

@@ -63,7 +63,11 @@ pub const TARGETS: &[(&str, Target)] = &[
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = TARGETS.iter().find(|(_, t)| t == self).map(|(n, _)| *n).unwrap_or("?");
+        let name = TARGETS
+            .iter()
+            .find(|(_, t)| t == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?");
         f.write_str(name)
     }
 }
@@ -77,7 +81,11 @@ impl Target {
             "megatron" => "megatron-lm",
             other => other,
         };
-        TARGETS.iter().find(|(n, _)| *n == key).map(|(_, t)| *t).ok_or_else(|| ExportError::UnknownTarget(s.to_string()))
+        TARGETS
+            .iter()
+            .find(|(n, _)| *n == key)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| ExportError::UnknownTarget(s.to_string()))
     }
 }
 
@@ -100,7 +108,9 @@ pub struct LaunchOptions {
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        LaunchOptions { plan_path: "plan.json".into() }
+        LaunchOptions {
+            plan_path: "plan.json".into(),
+        }
     }
 }
 
@@ -109,21 +119,33 @@ impl Default for LaunchOptions {
 /// interleaved 1F1B, torchtitan those and GPipe. `plan --emit` searches only these.
 pub fn expressible_schedules(target: Target) -> Option<&'static [Schedule]> {
     match target {
-        Target::MegatronLm | Target::MegatronCore | Target::MegatronBridge | Target::Nemo | Target::Verl | Target::Rlinf | Target::Torchrun | Target::Slurm => {
-            Some(&[Schedule::OneFOneB, Schedule::Interleaved])
-        }
+        Target::MegatronLm
+        | Target::MegatronCore
+        | Target::MegatronBridge
+        | Target::Nemo
+        | Target::Verl
+        | Target::Rlinf
+        | Target::Torchrun
+        | Target::Slurm => Some(&[Schedule::OneFOneB, Schedule::Interleaved]),
         Target::Torchtitan => Some(&[Schedule::OneFOneB, Schedule::Interleaved, Schedule::Gpipe]),
         Target::TorchrunExec | Target::SlurmExec | Target::RankMap | Target::RankMapJson => None,
     }
 }
 
 /// Renders plan number `rank` (1-based, as printed) of `plan` for `target`.
-pub fn export(plan: &PlanFile, rank: usize, target: Target, opts: &LaunchOptions) -> Result<String, ExportError> {
+pub fn export(
+    plan: &PlanFile,
+    rank: usize,
+    target: Target,
+    opts: &LaunchOptions,
+) -> Result<String, ExportError> {
     if rank == 0 || rank > plan.plans.len() {
         return Err(ExportError::NoSuchPlan(rank, plan.plans.len()));
     }
     let i = rank - 1;
-    let exec = || launch::Program::SextantExec { plan_path: opts.plan_path.clone() };
+    let exec = || launch::Program::SextantExec {
+        plan_path: opts.plan_path.clone(),
+    };
     let megatron = || megatron::args(plan, i).map(launch::Program::Megatron);
     let cfg = &plan.plans[i].config;
     // BF16 Adam moments (Megatron-Core's precision-aware optimizer) need a torch
@@ -132,8 +154,17 @@ pub fn export(plan: &PlanFile, rank: usize, target: Target, opts: &LaunchOptions
     if cfg.bf16_moments && matches!(target, Target::Verl | Target::Rlinf | Target::Torchtitan) {
         return Err(ExportError::Inexpressible { target, reason: "BF16 Adam moments (Megatron's precision-aware optimizer) have no verified setting here; re-plan without --bf16-moments".into() });
     }
-    if target == Target::Torchtitan && cfg.recompute_modules != sextant_planner::config::RecomputeModules::DEFAULT && cfg.recompute == sextant_planner::config::Recompute::Selective {
-        return Err(ExportError::Inexpressible { target, reason: format!("torchtitan has no per-module recomputation like Megatron's --recompute-modules {}", cfg.recompute_modules) });
+    if target == Target::Torchtitan
+        && cfg.recompute_modules != sextant_planner::config::RecomputeModules::DEFAULT
+        && cfg.recompute == sextant_planner::config::Recompute::Selective
+    {
+        return Err(ExportError::Inexpressible {
+            target,
+            reason: format!(
+                "torchtitan has no per-module recomputation like Megatron's --recompute-modules {}",
+                cfg.recompute_modules
+            ),
+        });
     }
     match target {
         Target::MegatronLm => megatron::megatron_lm(plan, i),

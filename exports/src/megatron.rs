@@ -8,7 +8,9 @@
 
 use std::fmt::Write;
 
-use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero};
+use sextant_planner::config::{
+    Dispatcher, Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero,
+};
 use sextant_planner::cost::LossKernel;
 use sextant_planner::model::MlpKind;
 use sextant_planner::plan::PlanFile;
@@ -24,7 +26,9 @@ pub const MEGATRON_VERSION: &str = "Megatron-LM main 2026-08 (core_v0.19); core_
 /// between virtual stages, stage index = vpp_rank * PP + pp_rank, which is
 /// Sextant's order too). MTP layers go on the last virtual stage, before the loss.
 pub fn pipeline_layout(plan: &PlanFile, cfg: &ParallelConfig) -> Result<String, String> {
-    let chunks = cfg.stage_layers(plan.model.layers).map_err(|r| r.to_string())?;
+    let chunks = cfg
+        .stage_layers(plan.model.layers)
+        .map_err(|r| r.to_string())?;
     let last = chunks.len() - 1;
     let parts: Vec<String> = chunks
         .iter()
@@ -106,7 +110,11 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     match &cfg.layout {
         Layout::Even => {
             if cfg.vpp > 1 {
-                arg(&mut v, "num-layers-per-virtual-pipeline-stage", m.layers / (cfg.pp * cfg.vpp));
+                arg(
+                    &mut v,
+                    "num-layers-per-virtual-pipeline-stage",
+                    m.layers / (cfg.pp * cfg.vpp),
+                );
             }
         }
         Layout::AccountEmbeddingLoss => {
@@ -132,7 +140,10 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         // DistributedInitConfig.use_tp_pp_dp_mapping; megatron/training/initialize.py.
         flag(&mut v, "use-tp-pp-dp-mapping");
     } else if plan.rank_order != "tp-cp-ep-dp-pp" {
-        return Err(cannot(format!("rank order {} is not one Megatron-LM can select", plan.rank_order)));
+        return Err(cannot(format!(
+            "rank order {} is not one Megatron-LM can select",
+            plan.rank_order
+        )));
     }
 
     // Batch and sequence: TrainingConfig (megatron/training/config/training_config.py)
@@ -148,7 +159,11 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         Recompute::Selective => {
             arg(&mut v, "recompute-granularity", "selective");
             if cfg.recompute_modules != RecomputeModules::DEFAULT {
-                arg(&mut v, "recompute-modules", cfg.recompute_modules.names().join(" "));
+                arg(
+                    &mut v,
+                    "recompute-modules",
+                    cfg.recompute_modules.names().join(" "),
+                );
             }
         }
         Recompute::Full => {
@@ -165,7 +180,15 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         Zero::DistOpt => flag(&mut v, "use-distributed-optimizer"),
         Zero::Zero2 | Zero::Zero3 => {
             flag(&mut v, "use-megatron-fsdp");
-            arg(&mut v, "data-parallel-sharding-strategy", if cfg.zero == Zero::Zero2 { "optim_grads" } else { "optim_grads_params" });
+            arg(
+                &mut v,
+                "data-parallel-sharding-strategy",
+                if cfg.zero == Zero::Zero2 {
+                    "optim_grads"
+                } else {
+                    "optim_grads_params"
+                },
+            );
         }
     }
     if cfg.overlap.grad_reduce && cfg.dp * cfg.cp > 1 {
@@ -177,7 +200,9 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     }
     if cfg.overlap.tp_comm && cfg.tp > 1 {
         if !cfg.sp {
-            return Err(cannot("--tp-comm-overlap requires --sequence-parallel (assertion in Megatron-LM)".into()));
+            return Err(cannot(
+                "--tp-comm-overlap requires --sequence-parallel (assertion in Megatron-LM)".into(),
+            ));
         }
         flag(&mut v, "tp-comm-overlap");
     }
@@ -214,7 +239,15 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     } else if w.precision == Precision::Fp16 {
         flag(&mut v, "accumulate-allreduce-grads-in-fp32");
     }
-    arg(&mut v, "attention-backend", if plan.assumptions.flash_attention { "flash" } else { "unfused" });
+    arg(
+        &mut v,
+        "attention-backend",
+        if plan.assumptions.flash_attention {
+            "flash"
+        } else {
+            "unfused"
+        },
+    );
     // The loss the plan priced (cost::LossKernel): without the flag Megatron-LM runs
     // the unfused one (52 bytes per logit); with it, its own fusion (32).
     // Megatron-LM's arguments.py rejects Transformer Engine's kernel.
@@ -260,7 +293,11 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
         arg(&mut v, "moe-router-topk", moe.top_k);
         arg(&mut v, "moe-ffn-hidden-size", moe.expert_ffn_hidden);
         if moe.shared_hidden() > 0 {
-            arg(&mut v, "moe-shared-expert-intermediate-size", moe.shared_hidden());
+            arg(
+                &mut v,
+                "moe-shared-expert-intermediate-size",
+                moe.shared_hidden(),
+            );
         }
         for (key, value) in moe_token_fields(plan, cfg) {
             let name = key.replace('_', "-");
@@ -305,7 +342,11 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
 /// is MoE (TransformerConfig.moe_layer_freq); `None` when every layer is.
 fn moe_layer_pattern(m: &sextant_planner::model::ModelSpec) -> Option<Vec<&'static str>> {
     let moe = m.moe.as_ref()?;
-    (moe.dense_leading_layers > 0 || moe.layer_freq > 1).then(|| (0..m.layers).map(|i| if m.is_moe_layer(i) { "1" } else { "0" }).collect())
+    (moe.dense_leading_layers > 0 || moe.layer_freq > 1).then(|| {
+        (0..m.layers)
+            .map(|i| if m.is_moe_layer(i) { "1" } else { "0" })
+            .collect()
+    })
 }
 
 /// A Megatron-Core config value, written as a YAML or Hydra word or as Python.
@@ -339,7 +380,10 @@ impl Value {
 /// (`moe_token_dispatcher_type`, `moe_flex_dispatcher_backend`) and, when tokens
 /// are dropped, the expert capacity (`moe_expert_capacity_factor`,
 /// `moe_pad_expert_input_to_capacity`; absent: dropless). Empty for dense models.
-pub(crate) fn moe_token_fields(plan: &PlanFile, cfg: &ParallelConfig) -> Vec<(&'static str, Value)> {
+pub(crate) fn moe_token_fields(
+    plan: &PlanFile,
+    cfg: &ParallelConfig,
+) -> Vec<(&'static str, Value)> {
     let mut v = Vec::new();
     if plan.model.moe.is_none() {
         return v;
@@ -352,7 +396,10 @@ pub(crate) fn moe_token_fields(plan: &PlanFile, cfg: &ParallelConfig) -> Vec<(&'
         }
     }
     if let Some(c) = &plan.workload.moe_capacity {
-        v.push(("moe_expert_capacity_factor", Value::Num(c.factor.to_string())));
+        v.push((
+            "moe_expert_capacity_factor",
+            Value::Num(c.factor.to_string()),
+        ));
         v.push(("moe_pad_expert_input_to_capacity", Value::Bool(c.pad)));
     }
     v
@@ -372,7 +419,11 @@ pub fn loss_fields(loss: LossKernel) -> (bool, Option<&'static str>) {
 pub fn megatron_lm(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let a = args(plan, index)?;
     let mut s = String::new();
-    let _ = writeln!(s, "# Megatron-LM arguments for plan #{}: {} on {} GPUs ({}).", plan.plans[index].rank, plan.model.name, plan.gpus, plan.hardware.name);
+    let _ = writeln!(
+        s,
+        "# Megatron-LM arguments for plan #{}: {} on {} GPUs ({}).",
+        plan.plans[index].rank, plan.model.name, plan.gpus, plan.hardware.name
+    );
     let _ = writeln!(s, "# Flags as in {MEGATRON_VERSION}.");
     let _ = writeln!(s, "# Normalization, position embedding, tokenizer and data flags come from your model's recipe.");
     let _ = writeln!(s, "{}", a.join(" \\\n"));
@@ -389,16 +440,31 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let m = &plan.model;
     let w = &plan.workload;
     let py_bool = |b: bool| if b { "True" } else { "False" };
-    megatron_schedule(cfg, "Megatron-Core").map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
+    megatron_schedule(cfg, "Megatron-Core")
+        .map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
     let mut s = String::new();
-    let _ = writeln!(s, "# Megatron-Core, {MEGATRON_VERSION}, for plan #{}: {} on {} GPUs.", plan.plans[index].rank, m.name, plan.gpus);
+    let _ = writeln!(
+        s,
+        "# Megatron-Core, {MEGATRON_VERSION}, for plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank, m.name, plan.gpus
+    );
     let _ = writeln!(s, "import torch");
     let _ = writeln!(s, "from megatron.core import parallel_state");
     // Multi-latent attention takes MLATransformerConfig, a TransformerConfig subclass
     // in the same module.
-    let config_class = if m.mla.is_some() { "MLATransformerConfig" } else { "TransformerConfig" };
-    let _ = writeln!(s, "from megatron.core.transformer.transformer_config import {config_class}");
-    let _ = writeln!(s, "from megatron.core.distributed import DistributedDataParallelConfig");
+    let config_class = if m.mla.is_some() {
+        "MLATransformerConfig"
+    } else {
+        "TransformerConfig"
+    };
+    let _ = writeln!(
+        s,
+        "from megatron.core.transformer.transformer_config import {config_class}"
+    );
+    let _ = writeln!(
+        s,
+        "from megatron.core.distributed import DistributedDataParallelConfig"
+    );
     if !plan.assumptions.flash_attention {
         let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
     }
@@ -409,7 +475,15 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let _ = writeln!(s, "parallel_state.initialize_model_parallel(");
     let _ = writeln!(s, "    tensor_model_parallel_size={},", cfg.tp);
     let _ = writeln!(s, "    pipeline_model_parallel_size={},", cfg.pp);
-    let _ = writeln!(s, "    virtual_pipeline_model_parallel_size={},", if cfg.vpp > 1 { cfg.vpp.to_string() } else { "None".into() });
+    let _ = writeln!(
+        s,
+        "    virtual_pipeline_model_parallel_size={},",
+        if cfg.vpp > 1 {
+            cfg.vpp.to_string()
+        } else {
+            "None".into()
+        }
+    );
     let _ = writeln!(s, "    context_parallel_size={},", cfg.cp);
     let _ = writeln!(s, "    expert_model_parallel_size={},", cfg.ep);
     let _ = writeln!(s, "    expert_tensor_parallel_size={},", cfg.etp);
@@ -418,7 +492,11 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let _ = writeln!(s, "config = {config_class}(");
     let _ = writeln!(s, "    num_layers={},\n    hidden_size={},\n    ffn_hidden_size={},\n    num_attention_heads={},", m.layers, m.hidden, m.ffn_hidden, m.heads);
     if let Some(mla) = &m.mla {
-        let q = if mla.q_lora_rank > 0 { mla.q_lora_rank.to_string() } else { "None".into() };
+        let q = if mla.q_lora_rank > 0 {
+            mla.q_lora_rank.to_string()
+        } else {
+            "None".into()
+        };
         let _ = writeln!(
             s,
             "    q_lora_rank={q},\n    kv_lora_rank={},\n    qk_head_dim={},\n    qk_pos_emb_head_dim={},\n    v_head_dim={},",
@@ -435,10 +513,22 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     }
     if cfg.pp > 1 {
         // TransformerConfig raises without a pipeline dtype when PP > 1.
-        let _ = writeln!(s, "    pipeline_dtype={},", if w.precision == Precision::Fp16 { "torch.float16" } else { "torch.bfloat16" });
+        let _ = writeln!(
+            s,
+            "    pipeline_dtype={},",
+            if w.precision == Precision::Fp16 {
+                "torch.float16"
+            } else {
+                "torch.bfloat16"
+            }
+        );
     }
     let _ = writeln!(s, "    context_parallel_size={},", cfg.cp);
-    let _ = writeln!(s, "    sequence_parallel={},", py_bool(cfg.sp && cfg.tp > 1));
+    let _ = writeln!(
+        s,
+        "    sequence_parallel={},",
+        py_bool(cfg.sp && cfg.tp > 1)
+    );
     let (fusion, fusion_impl) = loss_fields(plan.assumptions.loss);
     let _ = writeln!(s, "    cross_entropy_loss_fusion={},", py_bool(fusion));
     if let Some(i) = fusion_impl {
@@ -448,10 +538,22 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
         let _ = writeln!(s, "    mtp_num_layers={},", m.mtp_layers);
     }
     if let Some(moe) = &m.moe {
-        let _ = writeln!(s, "    expert_model_parallel_size={},\n    expert_tensor_parallel_size={},", cfg.ep, cfg.etp);
-        let _ = writeln!(s, "    num_moe_experts={},\n    moe_router_topk={},\n    moe_ffn_hidden_size={},", moe.experts, moe.top_k, moe.expert_ffn_hidden);
+        let _ = writeln!(
+            s,
+            "    expert_model_parallel_size={},\n    expert_tensor_parallel_size={},",
+            cfg.ep, cfg.etp
+        );
+        let _ = writeln!(
+            s,
+            "    num_moe_experts={},\n    moe_router_topk={},\n    moe_ffn_hidden_size={},",
+            moe.experts, moe.top_k, moe.expert_ffn_hidden
+        );
         if moe.shared_hidden() > 0 {
-            let _ = writeln!(s, "    moe_shared_expert_intermediate_size={},", moe.shared_hidden());
+            let _ = writeln!(
+                s,
+                "    moe_shared_expert_intermediate_size={},",
+                moe.shared_hidden()
+            );
         }
         if let Some(pattern) = moe_layer_pattern(m) {
             let _ = writeln!(s, "    moe_layer_freq=[{}],", pattern.join(", "));
@@ -464,7 +566,10 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
         }
         // ModelParallelConfig.overlap_moe_expert_parallel_comm / delay_wgrad_compute.
         if cfg.megatron_ep_overlap(w) {
-            let _ = writeln!(s, "    overlap_moe_expert_parallel_comm=True,\n    delay_wgrad_compute=True,");
+            let _ = writeln!(
+                s,
+                "    overlap_moe_expert_parallel_comm=True,\n    delay_wgrad_compute=True,"
+            );
         }
     }
     // TransformerConfig.attention_backend (enums.py AttnBackend); the default, auto,
@@ -481,7 +586,8 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
             let _ = writeln!(s, "    num_layers_in_first_pipeline_stage={first},\n    num_layers_in_last_pipeline_stage={last},");
         }
         Layout::Explicit { .. } => {
-            let layout = pipeline_layout(plan, cfg).map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
+            let layout = pipeline_layout(plan, cfg)
+                .map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
             let _ = writeln!(s, "    pipeline_model_parallel_layout=\"{layout}\",");
         }
     }
@@ -490,7 +596,12 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
         Recompute::Selective => {
             let _ = writeln!(s, "    recompute_granularity=\"selective\",");
             if cfg.recompute_modules != RecomputeModules::DEFAULT {
-                let names: Vec<String> = cfg.recompute_modules.names().iter().map(|n| format!("\"{n}\"")).collect();
+                let names: Vec<String> = cfg
+                    .recompute_modules
+                    .names()
+                    .iter()
+                    .map(|n| format!("\"{n}\""))
+                    .collect();
                 let _ = writeln!(s, "    recompute_modules=[{}],", names.join(", "));
             }
         }
@@ -506,19 +617,41 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
             let _ = writeln!(s, "    fp16=True,");
         }
         Precision::Fp8 => {
-            let _ = writeln!(s, "    bf16=True,\n    fp8=\"hybrid\",\n    fp8_recipe=\"delayed\",");
+            let _ = writeln!(
+                s,
+                "    bf16=True,\n    fp8=\"hybrid\",\n    fp8_recipe=\"delayed\","
+            );
         }
         Precision::Mxfp8 => {
-            let _ = writeln!(s, "    bf16=True,\n    fp8=\"e4m3\",\n    fp8_recipe=\"mxfp8\",");
+            let _ = writeln!(
+                s,
+                "    bf16=True,\n    fp8=\"e4m3\",\n    fp8_recipe=\"mxfp8\","
+            );
         }
     }
-    let _ = writeln!(s, "    tp_comm_overlap={},", py_bool(cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp));
+    let _ = writeln!(
+        s,
+        "    tp_comm_overlap={},",
+        py_bool(cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp)
+    );
     let _ = writeln!(s, ")\n");
     let _ = writeln!(s, "ddp_config = DistributedDataParallelConfig(");
     let _ = writeln!(s, "    grad_reduce_in_fp32={},", py_bool(!cfg.bf16_grads));
-    let _ = writeln!(s, "    overlap_grad_reduce={},", py_bool(cfg.overlap.grad_reduce));
-    let _ = writeln!(s, "    overlap_param_gather={},", py_bool(cfg.overlap.param_gather && cfg.zero != Zero::None));
-    let _ = writeln!(s, "    use_distributed_optimizer={},", py_bool(cfg.zero != Zero::None));
+    let _ = writeln!(
+        s,
+        "    overlap_grad_reduce={},",
+        py_bool(cfg.overlap.grad_reduce)
+    );
+    let _ = writeln!(
+        s,
+        "    overlap_param_gather={},",
+        py_bool(cfg.overlap.param_gather && cfg.zero != Zero::None)
+    );
+    let _ = writeln!(
+        s,
+        "    use_distributed_optimizer={},",
+        py_bool(cfg.zero != Zero::None)
+    );
     // The sharding strategy takes effect only under Megatron-FSDP (training flag
     // --use-megatron-fsdp); the distributed optimizer is ZeRO-1 by itself.
     match cfg.zero {
@@ -532,9 +665,19 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     }
     let _ = writeln!(s, ")");
     if cfg.bf16_moments {
-        let _ = writeln!(s, "\noptimizer_config = OptimizerConfig(  # megatron/core/optimizer/optimizer_config.py");
+        let _ = writeln!(
+            s,
+            "\noptimizer_config = OptimizerConfig(  # megatron/core/optimizer/optimizer_config.py"
+        );
         let _ = writeln!(s, "    optimizer=\"adam\",\n    use_precision_aware_optimizer=True,\n    exp_avg_dtype=torch.bfloat16,\n    exp_avg_sq_dtype=torch.bfloat16,\n)");
     }
-    let _ = writeln!(s, "# micro-batch {} x {} accumulation steps = global batch {} at sequence length {}", cfg.mbs, w.global_batch / (cfg.mbs * cfg.dp), w.global_batch, w.seq);
+    let _ = writeln!(
+        s,
+        "# micro-batch {} x {} accumulation steps = global batch {} at sequence length {}",
+        cfg.mbs,
+        w.global_batch / (cfg.mbs * cfg.dp),
+        w.global_batch,
+        w.seq
+    );
     Ok(s)
 }

@@ -7,7 +7,9 @@
 
 use std::fmt::Write;
 
-use sextant_planner::config::{Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero};
+use sextant_planner::config::{
+    Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero,
+};
 use sextant_planner::cost::LossKernel;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::schedule::Schedule;
@@ -16,7 +18,10 @@ use crate::megatron::{moe_token_fields, pipeline_layout};
 use crate::{ExportError, Target};
 
 fn cannot(target: Target, reason: impl Into<String>) -> ExportError {
-    ExportError::Inexpressible { target, reason: reason.into() }
+    ExportError::Inexpressible {
+        target,
+        reason: reason.into(),
+    }
 }
 
 fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
@@ -24,8 +29,16 @@ fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
         Recompute::None => vec![],
         Recompute::Selective if cfg.recompute_modules != RecomputeModules::DEFAULT => {
             // No spaces: one Hydra override must stay one shell word.
-            let names: Vec<String> = cfg.recompute_modules.names().iter().map(|n| format!("\"{n}\"")).collect();
-            vec![("recompute_granularity", "selective".into()), ("recompute_modules", format!("[{}]", names.join(",")))]
+            let names: Vec<String> = cfg
+                .recompute_modules
+                .names()
+                .iter()
+                .map(|n| format!("\"{n}\""))
+                .collect();
+            vec![
+                ("recompute_granularity", "selective".into()),
+                ("recompute_modules", format!("[{}]", names.join(","))),
+            ]
         }
         Recompute::Selective => vec![("recompute_granularity", "selective".into())],
         Recompute::Full => vec![
@@ -38,12 +51,24 @@ fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
 
 /// Megatron-Core TransformerConfig fields that state the stage layout
 /// (megatron/core/transformer/transformer_config.py).
-fn layout_fields(plan: &PlanFile, cfg: &ParallelConfig) -> Result<Vec<(&'static str, String)>, String> {
+fn layout_fields(
+    plan: &PlanFile,
+    cfg: &ParallelConfig,
+) -> Result<Vec<(&'static str, String)>, String> {
     Ok(match &cfg.layout {
         Layout::Even => vec![],
-        Layout::AccountEmbeddingLoss => vec![("account_for_embedding_in_pipeline_split", "true".into()), ("account_for_loss_in_pipeline_split", "true".into())],
-        Layout::FirstLast { first, last } => vec![("num_layers_in_first_pipeline_stage", first.to_string()), ("num_layers_in_last_pipeline_stage", last.to_string())],
-        Layout::Explicit { .. } => vec![("pipeline_model_parallel_layout", format!("\"{}\"", pipeline_layout(plan, cfg)?))],
+        Layout::AccountEmbeddingLoss => vec![
+            ("account_for_embedding_in_pipeline_split", "true".into()),
+            ("account_for_loss_in_pipeline_split", "true".into()),
+        ],
+        Layout::FirstLast { first, last } => vec![
+            ("num_layers_in_first_pipeline_stage", first.to_string()),
+            ("num_layers_in_last_pipeline_stage", last.to_string()),
+        ],
+        Layout::Explicit { .. } => vec![(
+            "pipeline_model_parallel_layout",
+            format!("\"{}\"", pipeline_layout(plan, cfg)?),
+        )],
     })
 }
 
@@ -90,7 +115,10 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
             put(&format!("model.{key}"), value.yaml());
         }
         if cfg.megatron_ep_overlap(w) {
-            put("comm_overlap.overlap_moe_expert_parallel_comm", "true".into());
+            put(
+                "comm_overlap.overlap_moe_expert_parallel_comm",
+                "true".into(),
+            );
             put("comm_overlap.delay_wgrad_compute", "true".into());
         }
     }
@@ -99,7 +127,10 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     // _target_ dict is instantiated there instead, and _call_: false returns the
     // member itself. Without it the recipe's backend (a fused kernel) runs.
     if !plan.assumptions.flash_attention {
-        put("model.attention_backend", "{_target_:megatron.core.transformer.enums.AttnBackend.unfused,_call_:false}".into());
+        put(
+            "model.attention_backend",
+            "{_target_:megatron.core.transformer.enums.AttnBackend.unfused,_call_:false}".into(),
+        );
     }
     for (k, v) in layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
         put(&format!("model.{k}"), v);
@@ -131,11 +162,25 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
         Zero::Zero2 | Zero::Zero3 => {
             put("ddp.use_megatron_fsdp", "true".into());
             put("dist.use_megatron_fsdp", "true".into());
-            put("ddp.data_parallel_sharding_strategy", if cfg.zero == Zero::Zero2 { "optim_grads" } else { "optim_grads_params" }.into());
+            put(
+                "ddp.data_parallel_sharding_strategy",
+                if cfg.zero == Zero::Zero2 {
+                    "optim_grads"
+                } else {
+                    "optim_grads_params"
+                }
+                .into(),
+            );
         }
     }
-    put("ddp.overlap_grad_reduce", cfg.overlap.grad_reduce.to_string());
-    put("ddp.overlap_param_gather", cfg.overlap.param_gather.to_string());
+    put(
+        "ddp.overlap_grad_reduce",
+        cfg.overlap.grad_reduce.to_string(),
+    );
+    put(
+        "ddp.overlap_param_gather",
+        cfg.overlap.param_gather.to_string(),
+    );
     put("ddp.grad_reduce_in_fp32", (!cfg.bf16_grads).to_string());
     // Megatron-Core OptimizerConfig (megatron/core/optimizer/optimizer_config.py);
     // the override parser turns dtype names into torch dtypes (str_to_dtype in
@@ -154,13 +199,26 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     };
     put("mixed_precision", preset.into());
     // comm_overlap: CommOverlapConfig in src/megatron/bridge/training/comm_overlap.py.
-    put("comm_overlap.tp_comm_overlap", (cfg.overlap.tp_comm && cfg.tp > 1).to_string());
+    put(
+        "comm_overlap.tp_comm_overlap",
+        (cfg.overlap.tp_comm && cfg.tp > 1).to_string(),
+    );
     if cfg.layout != Layout::Even && cfg.vpp > 1 && matches!(cfg.layout, Layout::FirstLast { .. }) {
-        return Err(cannot(t, "first/last stage layer counts with virtual stages"));
+        return Err(cannot(
+            t,
+            "first/last stage layer counts with virtual stages",
+        ));
     }
     let mut s = String::new();
-    let _ = writeln!(s, "# Megatron-Bridge 0.7 overrides for scripts/training/run_recipe.py --recipe <your recipe>");
-    let _ = writeln!(s, "# (ConfigContainer: src/megatron/bridge/training/config.py). Plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    let _ = writeln!(
+        s,
+        "# Megatron-Bridge 0.7 overrides for scripts/training/run_recipe.py --recipe <your recipe>"
+    );
+    let _ = writeln!(
+        s,
+        "# (ConfigContainer: src/megatron/bridge/training/config.py). Plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank, plan.model.name, plan.gpus
+    );
     for (k, v) in &lines {
         // One override, one shell word: quote values the shell would expand
         // (braces, brackets) or strip (double quotes).
@@ -178,7 +236,12 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
 /// unfused `vocab_parallel_cross_entropy`, so only a plan priced with the unfused
 /// loss is the run it launches; and it has no verified setting for TP or
 /// expert-parallel communication overlap.
-fn rl_backend_limits(plan: &PlanFile, cfg: &ParallelConfig, framework: &str, loss_path: &str) -> Result<(), String> {
+fn rl_backend_limits(
+    plan: &PlanFile,
+    cfg: &ParallelConfig,
+    framework: &str,
+    loss_path: &str,
+) -> Result<(), String> {
     if plan.assumptions.loss != LossKernel::Unfused {
         return Err(format!(
             "{framework} computes log-probabilities itself with Megatron-Core's unfused vocab_parallel_cross_entropy ({loss_path}), not the {} loss kernel this plan priced; re-plan with --loss unfused",
@@ -207,10 +270,18 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         return Err(cannot(t, "verl has no confirmed FP8 training setting (only free-form override_transformer_config); re-plan with --precision bf16"));
     }
     let mut s = String::new();
-    let _ = writeln!(s, "# verl 0.8 actor settings for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    let _ = writeln!(
+        s,
+        "# verl 0.8 actor settings for plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank, plan.model.name, plan.gpus
+    );
     let _ = writeln!(s, "# Apply the same block to actor_rollout_ref.ref and critic if they train with the same layout.");
     let _ = writeln!(s, "# Batches in verl count prompts: choose data.train_batch_size and actor_rollout_ref.actor.ppo_mini_batch_size");
-    let _ = writeln!(s, "# so that prompts x rollout.n equals the plan's global batch of {} sequences.", w.global_batch);
+    let _ = writeln!(
+        s,
+        "# so that prompts x rollout.n equals the plan's global batch of {} sequences.",
+        w.global_batch
+    );
     let fsdp = cfg.zero == Zero::Zero3 || cfg.zero == Zero::Zero2;
     if fsdp {
         // FSDP backend: DP (and Ulysses SP) only.
@@ -218,17 +289,25 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
             return Err(cannot(t, format!("verl's FSDP backend has no tensor, pipeline or expert parallelism (plan has TP {} PP {} EP {}); re-plan with --zero 0,1 for the Megatron backend", cfg.tp, cfg.pp, cfg.ep)));
         }
         if cfg.zero == Zero::Zero2 {
-            return Err(cannot(t, "verl's FSDP backend shards parameters too (ZeRO-3); it has no ZeRO-2 setting"));
+            return Err(cannot(
+                t,
+                "verl's FSDP backend shards parameters too (ZeRO-3); it has no ZeRO-2 setting",
+            ));
         }
         let _ = writeln!(s, "actor_rollout_ref:\n  actor:\n    strategy: fsdp2");
         let _ = writeln!(s, "    ppo_micro_batch_size_per_gpu: {}", cfg.mbs);
         let _ = writeln!(s, "    fsdp_config:\n      fsdp_size: {}", cfg.dp * cfg.cp);
         // Ulysses sequence parallelism stands in for CP on this backend.
         let _ = writeln!(s, "      ulysses_sequence_parallel_size: {}", cfg.cp);
-        let _ = writeln!(s, "  model:\n    enable_gradient_checkpointing: {}", cfg.recompute != Recompute::None);
+        let _ = writeln!(
+            s,
+            "  model:\n    enable_gradient_checkpointing: {}",
+            cfg.recompute != Recompute::None
+        );
         return Ok(s);
     }
-    rl_backend_limits(plan, cfg, "verl", "verl/utils/megatron/tensor_parallel.py").map_err(|r| cannot(t, r))?;
+    rl_backend_limits(plan, cfg, "verl", "verl/utils/megatron/tensor_parallel.py")
+        .map_err(|r| cannot(t, r))?;
     let _ = writeln!(s, "actor_rollout_ref:\n  actor:\n    strategy: megatron");
     let _ = writeln!(s, "    ppo_micro_batch_size_per_gpu: {}", cfg.mbs);
     let _ = writeln!(s, "    megatron:");
@@ -237,22 +316,43 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     };
     kv(&mut s, "tensor_model_parallel_size", cfg.tp.to_string());
     kv(&mut s, "pipeline_model_parallel_size", cfg.pp.to_string());
-    kv(&mut s, "virtual_pipeline_model_parallel_size", vpp_value(cfg));
+    kv(
+        &mut s,
+        "virtual_pipeline_model_parallel_size",
+        vpp_value(cfg),
+    );
     kv(&mut s, "context_parallel_size", cfg.cp.to_string());
     kv(&mut s, "sequence_parallel", cfg.sp.to_string());
     if plan.model.moe.is_some() {
         kv(&mut s, "expert_model_parallel_size", cfg.ep.to_string());
         kv(&mut s, "expert_tensor_parallel_size", cfg.etp.to_string());
     }
-    kv(&mut s, "use_distributed_optimizer", (cfg.zero == Zero::DistOpt).to_string());
-    kv(&mut s, "dtype", if w.precision == Precision::Fp16 { "float16" } else { "bfloat16" }.into());
+    kv(
+        &mut s,
+        "use_distributed_optimizer",
+        (cfg.zero == Zero::DistOpt).to_string(),
+    );
+    kv(
+        &mut s,
+        "dtype",
+        if w.precision == Precision::Fp16 {
+            "float16"
+        } else {
+            "bfloat16"
+        }
+        .into(),
+    );
     // override_transformer_config passes Megatron-Core TransformerConfig fields.
     let mut over = recompute_fields(cfg);
     over.extend(layout_fields(plan, cfg).map_err(|r| cannot(t, r))?);
     if plan.model.mtp_layers > 0 {
         over.push(("mtp_num_layers", mtp_value(plan)));
     }
-    over.extend(moe_token_fields(plan, cfg).into_iter().map(|(k, v)| (k, v.yaml())));
+    over.extend(
+        moe_token_fields(plan, cfg)
+            .into_iter()
+            .map(|(k, v)| (k, v.yaml())),
+    );
     // verl looks attention_backend up by member name (AttnBackend[...] in
     // verl/utils/megatron_utils.py); its own default is flash.
     if !plan.assumptions.flash_attention {
@@ -270,9 +370,16 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let gather = cfg.overlap.param_gather && cfg.zero == Zero::DistOpt;
     let _ = writeln!(s, "      override_ddp_config:");
     let _ = writeln!(s, "        grad_reduce_in_fp32: {}", !cfg.bf16_grads);
-    let _ = writeln!(s, "        overlap_grad_reduce: {}", cfg.overlap.grad_reduce);
+    let _ = writeln!(
+        s,
+        "        overlap_grad_reduce: {}",
+        cfg.overlap.grad_reduce
+    );
     let _ = writeln!(s, "        overlap_param_gather: {gather}");
-    let _ = writeln!(s, "    optim:\n      override_optimizer_config:\n        overlap_param_gather: {gather}");
+    let _ = writeln!(
+        s,
+        "    optim:\n      override_optimizer_config:\n        overlap_param_gather: {gather}"
+    );
     Ok(s)
 }
 
@@ -281,44 +388,77 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
 pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let t = Target::Rlinf;
     let cfg = &plan.plans[index].config;
-    crate::megatron::megatron_schedule(cfg, "RLinf's Megatron backend").map_err(|r| cannot(t, r))?;
+    crate::megatron::megatron_schedule(cfg, "RLinf's Megatron backend")
+        .map_err(|r| cannot(t, r))?;
     let w = &plan.workload;
     if plan.model.mtp_layers > 0 {
         return Err(cannot(t, "RLinf's actor configuration names no multi-token-prediction setting; re-plan with --mtp-layers 0"));
     }
     let mut s = String::new();
-    let _ = writeln!(s, "# RLinf 0.4 actor settings for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    let _ = writeln!(
+        s,
+        "# RLinf 0.4 actor settings for plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank, plan.model.name, plan.gpus
+    );
     let _ = writeln!(s, "# For RL reasoning tasks RLinf derives actor.micro_batch_size from algorithm.training_batch_size_per_gpu");
     let _ = writeln!(s, "# and actor.global_batch_size from data.rollout_batch_size x algorithm.group_size / algorithm.n_minibatches.");
     if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
         if cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1 || cfg.ep > 1 {
             return Err(cannot(t, "RLinf's FSDP backend has no tensor, pipeline, context or expert parallelism; re-plan with --zero 0,1"));
         }
-        let _ = writeln!(s, "actor:\n  training_backend: fsdp\n  micro_batch_size: {}\n  global_batch_size: {}", cfg.mbs, w.global_batch);
-        let _ = writeln!(s, "  fsdp_config:\n    strategy: fsdp2\n    sharding_strategy: {}", if cfg.zero == Zero::Zero3 { "full_shard" } else { "shard_grad_op" });
-        let _ = writeln!(s, "    gradient_checkpointing: {}", cfg.recompute != Recompute::None);
+        let _ = writeln!(
+            s,
+            "actor:\n  training_backend: fsdp\n  micro_batch_size: {}\n  global_batch_size: {}",
+            cfg.mbs, w.global_batch
+        );
+        let _ = writeln!(
+            s,
+            "  fsdp_config:\n    strategy: fsdp2\n    sharding_strategy: {}",
+            if cfg.zero == Zero::Zero3 {
+                "full_shard"
+            } else {
+                "shard_grad_op"
+            }
+        );
+        let _ = writeln!(
+            s,
+            "    gradient_checkpointing: {}",
+            cfg.recompute != Recompute::None
+        );
         return Ok(s);
     }
-    rl_backend_limits(plan, cfg, "RLinf", "rlinf/utils/distributed.py").map_err(|r| cannot(t, r))?;
+    rl_backend_limits(plan, cfg, "RLinf", "rlinf/utils/distributed.py")
+        .map_err(|r| cannot(t, r))?;
     // RLinf copies actor.model keys into TransformerConfig as they are
     // (build_transformer_config in rlinf/config.py), so an enum cannot be named.
     if !plan.assumptions.flash_attention {
         return Err(cannot(t, "RLinf passes attention_backend to Megatron-Core as a plain string, which selects no backend; re-plan without --no-flash-attention"));
     }
     let _ = writeln!(s, "runner:\n  seq_length: {}", w.seq);
-    let _ = writeln!(s, "actor:\n  training_backend: megatron\n  micro_batch_size: {}\n  global_batch_size: {}", cfg.mbs, w.global_batch);
+    let _ = writeln!(
+        s,
+        "actor:\n  training_backend: megatron\n  micro_batch_size: {}\n  global_batch_size: {}",
+        cfg.mbs, w.global_batch
+    );
     let _ = writeln!(s, "  model:");
     let kv = |s: &mut String, k: &str, v: String| {
         let _ = writeln!(s, "    {k}: {v}");
     };
     kv(&mut s, "tensor_model_parallel_size", cfg.tp.to_string());
     kv(&mut s, "pipeline_model_parallel_size", cfg.pp.to_string());
-    kv(&mut s, "virtual_pipeline_model_parallel_size", vpp_value(cfg));
+    kv(
+        &mut s,
+        "virtual_pipeline_model_parallel_size",
+        vpp_value(cfg),
+    );
     kv(&mut s, "context_parallel_size", cfg.cp.to_string());
     kv(&mut s, "sequence_parallel", cfg.sp.to_string());
     if plan.model.moe.is_some() {
         if cfg.etp > cfg.tp {
-            return Err(cannot(t, format!("RLinf requires expert TP ({}) <= TP ({})", cfg.etp, cfg.tp)));
+            return Err(cannot(
+                t,
+                format!("RLinf requires expert TP ({}) <= TP ({})", cfg.etp, cfg.tp),
+            ));
         }
         kv(&mut s, "expert_model_parallel_size", cfg.ep.to_string());
         kv(&mut s, "expert_tensor_parallel_size", cfg.etp.to_string());
@@ -344,16 +484,32 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
             kv(&mut s, "fp8", "true".into());
             kv(&mut s, "fp8_hybrid", "true".into());
         }
-        Precision::Mxfp8 => return Err(cannot(t, "RLinf has no MXFP8 setting (fp8 there means per-tensor scaling)")),
+        Precision::Mxfp8 => {
+            return Err(cannot(
+                t,
+                "RLinf has no MXFP8 setting (fp8 there means per-tensor scaling)",
+            ))
+        }
     }
     // grad_reduce_in_fp32 is fixed on in RLinf.
     if cfg.bf16_grads {
-        return Err(cannot(t, "RLinf always reduces gradients in FP32; re-plan without --bf16-grads"));
+        return Err(cannot(
+            t,
+            "RLinf always reduces gradients in FP32; re-plan without --bf16-grads",
+        ));
     }
     let _ = writeln!(s, "  optim:");
-    let _ = writeln!(s, "    use_distributed_optimizer: {}", cfg.zero == Zero::DistOpt);
+    let _ = writeln!(
+        s,
+        "    use_distributed_optimizer: {}",
+        cfg.zero == Zero::DistOpt
+    );
     let _ = writeln!(s, "    overlap_grad_reduce: {}", cfg.overlap.grad_reduce);
-    let _ = writeln!(s, "    overlap_param_gather: {}", cfg.overlap.param_gather && cfg.zero == Zero::DistOpt);
+    let _ = writeln!(
+        s,
+        "    overlap_param_gather: {}",
+        cfg.overlap.param_gather && cfg.zero == Zero::DistOpt
+    );
     Ok(s)
 }
 
@@ -367,7 +523,10 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
         return Err(cannot(t, "torchtitan's models train no multi-token-prediction layers; re-plan with --mtp-layers 0"));
     }
     if cfg.tp > 1 && !cfg.sp {
-        return Err(cannot(t, "torchtitan applies sequence parallelism whenever TP > 1; this plan has TP without SP"));
+        return Err(cannot(
+            t,
+            "torchtitan applies sequence parallelism whenever TP > 1; this plan has TP without SP",
+        ));
     }
     if cfg.etp != 1 && cfg.etp != cfg.tp {
         return Err(cannot(t, format!("torchtitan's expert_tensor_parallel_degree must be 1 or equal to TP ({}); plan has {}", cfg.tp, cfg.etp)));
@@ -404,7 +563,11 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
         let _ = writeln!(s, "fsdp_reshard_after_forward = \"{r}\"");
     }
     let _ = writeln!(s, "tensor_parallel_degree = {}", cfg.tp);
-    let _ = writeln!(s, "enable_async_tensor_parallel = {}", cfg.overlap.tp_comm && cfg.tp > 1);
+    let _ = writeln!(
+        s,
+        "enable_async_tensor_parallel = {}",
+        cfg.overlap.tp_comm && cfg.tp > 1
+    );
     let _ = writeln!(s, "pipeline_parallel_degree = {}", cfg.pp);
     if cfg.pp > 1 {
         // Schedule names: torch/distributed/pipelining/schedules.py.
@@ -435,7 +598,12 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     }
     match w.precision {
         Precision::Bf16 => {}
-        Precision::Fp16 => return Err(cannot(t, "torchtitan trains in BF16 (mixed_precision_param); FP16 is not offered")),
+        Precision::Fp16 => {
+            return Err(cannot(
+                t,
+                "torchtitan trains in BF16 (mixed_precision_param); FP16 is not offered",
+            ))
+        }
         Precision::Fp8 => {
             let _ = writeln!(s, "\n[model]\nconverters = [\"quantize.linear.float8\"]");
         }
@@ -463,7 +631,11 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         return Err(cannot(t, "NeMo 2.0's forward step cannot build the schedule plan that expert-parallel communication overlap needs; re-plan without --ep-comm-overlap"));
     }
     let mut s = String::new();
-    let _ = writeln!(s, "# NeMo 2.0 recipe overrides for plan #{}: {} on {} GPUs.", plan.plans[index].rank, plan.model.name, plan.gpus);
+    let _ = writeln!(
+        s,
+        "# NeMo 2.0 recipe overrides for plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank, plan.model.name, plan.gpus
+    );
     if cfg.bf16_moments {
         let _ = writeln!(s, "import torch");
     }
@@ -474,16 +646,28 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     if tp_overlap {
         let _ = writeln!(s, "import nemo_run as run\nfrom nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback");
     }
-    let _ = writeln!(s, "from nemo.collections.llm.recipes.precision.mixed_precision import {}", match w.precision {
-        Precision::Bf16 => "bf16_mixed",
-        Precision::Fp16 => "fp16_mixed",
-        Precision::Fp8 => "bf16_with_fp8_mixed",
-        Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
-    });
+    let _ = writeln!(
+        s,
+        "from nemo.collections.llm.recipes.precision.mixed_precision import {}",
+        match w.precision {
+            Precision::Bf16 => "bf16_mixed",
+            Precision::Fp16 => "fp16_mixed",
+            Precision::Fp8 => "bf16_with_fp8_mixed",
+            Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+        }
+    );
     let st = "recipe.trainer.strategy";
     let _ = writeln!(s, "{st}.tensor_model_parallel_size = {}", cfg.tp);
     let _ = writeln!(s, "{st}.pipeline_model_parallel_size = {}", cfg.pp);
-    let _ = writeln!(s, "{st}.virtual_pipeline_model_parallel_size = {}", if cfg.vpp > 1 { cfg.vpp.to_string() } else { "None".into() });
+    let _ = writeln!(
+        s,
+        "{st}.virtual_pipeline_model_parallel_size = {}",
+        if cfg.vpp > 1 {
+            cfg.vpp.to_string()
+        } else {
+            "None".into()
+        }
+    );
     let _ = writeln!(s, "{st}.context_parallel_size = {}", cfg.cp);
     let _ = writeln!(s, "{st}.sequence_parallel = {}", py(cfg.sp && cfg.tp > 1));
     if plan.model.moe.is_some() {
@@ -503,8 +687,16 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         }
         Zero::Zero2 | Zero::Zero3 => return Err(cannot(t, "ZeRO-2/3 through NeMo 2.0's FSDP strategy option is not mapped; re-plan with --zero 0,1")),
     }
-    let _ = writeln!(s, "{st}.ddp.overlap_grad_reduce = {}", py(cfg.overlap.grad_reduce));
-    let _ = writeln!(s, "{st}.ddp.overlap_param_gather = {}", py(cfg.overlap.param_gather && cfg.zero == Zero::DistOpt));
+    let _ = writeln!(
+        s,
+        "{st}.ddp.overlap_grad_reduce = {}",
+        py(cfg.overlap.grad_reduce)
+    );
+    let _ = writeln!(
+        s,
+        "{st}.ddp.overlap_param_gather = {}",
+        py(cfg.overlap.param_gather && cfg.zero == Zero::DistOpt)
+    );
     let _ = writeln!(s, "{st}.ddp.grad_reduce_in_fp32 = {}", py(!cfg.bf16_grads));
     // recipe.optim.config is Megatron-Core's OptimizerConfig (recipes/optim/adam.py).
     if cfg.bf16_moments {
@@ -515,23 +707,46 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let _ = writeln!(s, "recipe.data.seq_length = {}", w.seq);
     let _ = writeln!(s, "recipe.model.config.seq_length = {}", w.seq);
     for (k, v) in recompute_fields(cfg) {
-        let v = if k == "recompute_granularity" || k == "recompute_method" { format!("\"{v}\"") } else { v };
+        let v = if k == "recompute_granularity" || k == "recompute_method" {
+            format!("\"{v}\"")
+        } else {
+            v
+        };
         let _ = writeln!(s, "recipe.model.config.{k} = {v}");
     }
     // GPTConfig is a Megatron-Core TransformerConfig.
-    let _ = writeln!(s, "recipe.model.config.mtp_num_layers = {}", if plan.model.mtp_layers > 0 { plan.model.mtp_layers.to_string() } else { "None".into() });
+    let _ = writeln!(
+        s,
+        "recipe.model.config.mtp_num_layers = {}",
+        if plan.model.mtp_layers > 0 {
+            plan.model.mtp_layers.to_string()
+        } else {
+            "None".into()
+        }
+    );
     let (fusion, fusion_impl) = crate::megatron::loss_fields(plan.assumptions.loss);
-    let _ = writeln!(s, "recipe.model.config.cross_entropy_loss_fusion = {}", py(fusion));
+    let _ = writeln!(
+        s,
+        "recipe.model.config.cross_entropy_loss_fusion = {}",
+        py(fusion)
+    );
     if let Some(i) = fusion_impl {
         let _ = writeln!(s, "recipe.model.config.cross_entropy_fusion_impl = \"{i}\"");
     }
     if !plan.assumptions.flash_attention {
-        let _ = writeln!(s, "recipe.model.config.attention_backend = AttnBackend.unfused");
+        let _ = writeln!(
+            s,
+            "recipe.model.config.attention_backend = AttnBackend.unfused"
+        );
     }
     for (key, value) in moe_token_fields(plan, cfg) {
         // NeMo's pinned Megatron-Core (2025-09) predates moe_flex_dispatcher_backend
         // and selects DeepEP with moe_enable_deepep (as its DeepEP callback does).
-        let (key, value) = if key == "moe_flex_dispatcher_backend" { ("moe_enable_deepep", crate::megatron::Value::Bool(true)) } else { (key, value) };
+        let (key, value) = if key == "moe_flex_dispatcher_backend" {
+            ("moe_enable_deepep", crate::megatron::Value::Bool(true))
+        } else {
+            (key, value)
+        };
         let _ = writeln!(s, "recipe.model.config.{key} = {}", value.python());
     }
     // TP overlap is switched on by a callback that also initialises Transformer
@@ -542,11 +757,15 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     } else if cfg.tp > 1 {
         let _ = writeln!(s, "# This plan prices TP communication without overlap: remove a MegatronCommOverlapCallback with tp_comm_overlap=True if the recipe adds one.");
     }
-    let _ = writeln!(s, "recipe.trainer.plugins = {}()", match w.precision {
-        Precision::Bf16 => "bf16_mixed",
-        Precision::Fp16 => "fp16_mixed",
-        Precision::Fp8 => "bf16_with_fp8_mixed",
-        Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
-    });
+    let _ = writeln!(
+        s,
+        "recipe.trainer.plugins = {}()",
+        match w.precision {
+            Precision::Bf16 => "bf16_mixed",
+            Precision::Fp16 => "fp16_mixed",
+            Precision::Fp8 => "bf16_with_fp8_mixed",
+            Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+        }
+    );
     Ok(s)
 }

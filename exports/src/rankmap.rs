@@ -9,11 +9,21 @@ use crate::{ExportError, Target};
 
 pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, ExportError> {
     let cfg = &plan.plans[index].config;
-    rank_map(cfg, order, plan.hardware.node.gpus_per_node).map_err(|reason| ExportError::Inexpressible { target: Target::RankMap, reason })
+    rank_map(cfg, order, plan.hardware.node.gpus_per_node).map_err(|reason| {
+        ExportError::Inexpressible {
+            target: Target::RankMap,
+            reason,
+        }
+    })
 }
 
 fn members(m: &RankMap, kind: &str, gi: usize) -> String {
-    let g = &m.groups.iter().find(|(k, _)| k == kind).expect("known kind").1[gi];
+    let g = &m
+        .groups
+        .iter()
+        .find(|(k, _)| k == kind)
+        .expect("known kind")
+        .1[gi];
     if g.len() <= 8 {
         format!("{g:?}").replace(' ', "")
     } else {
@@ -25,13 +35,22 @@ fn members(m: &RankMap, kind: &str, gi: usize) -> String {
 /// DP, PP and EP groups (long groups abbreviated with their size).
 pub fn table(m: &RankMap) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# rank map: {} ranks, order {}, {} GPUs per node", m.world_size, m.order, m.gpus_per_node);
+    let _ = writeln!(
+        s,
+        "# rank map: {} ranks, order {}, {} GPUs per node",
+        m.world_size, m.order, m.gpus_per_node
+    );
     let _ = writeln!(
         s,
         "{:>6} {:>5} {:>3} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>5}  {:<20} {:<20} {:<24} {:<24} {:<24}",
         "rank", "node", "gpu", "tp", "cp", "dp", "pp", "ep", "etp", "edp", "tp group", "cp group", "dp group", "pp group", "ep group"
     );
-    let kind_index = |k: &str| GROUP_KINDS.iter().position(|x| *x == k).expect("known kind");
+    let kind_index = |k: &str| {
+        GROUP_KINDS
+            .iter()
+            .position(|x| *x == k)
+            .expect("known kind")
+    };
     for e in &m.ranks {
         let _ = writeln!(
             s,

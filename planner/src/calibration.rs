@@ -110,18 +110,33 @@ pub struct MeasuredRun {
 
 impl MeasuredRun {
     pub fn from_json(text: &str) -> Result<MeasuredRun, InputError> {
-        let r: MeasuredRun = serde_json::from_str(text).map_err(|e| InputError::Json { what: "measured run".into(), detail: e.to_string() })?;
+        let r: MeasuredRun = serde_json::from_str(text).map_err(|e| InputError::Json {
+            what: "measured run".into(),
+            detail: e.to_string(),
+        })?;
         if r.schema_version != RUN_SCHEMA_VERSION {
-            return Err(InputError::SchemaVersion { what: "measured run".into(), found: r.schema_version, supported: RUN_SCHEMA_VERSION });
+            return Err(InputError::SchemaVersion {
+                what: "measured run".into(),
+                found: r.schema_version,
+                supported: RUN_SCHEMA_VERSION,
+            });
         }
         r.model.validate()?;
         r.workload.validate().map_err(InputError::Workload)?;
         let bad = |x: f64| !x.is_finite() || x < 0.0;
         if r.step_secs.iter().any(|&x| bad(x)) || r.components.values().any(|&x| bad(x)) {
-            return Err(InputError::Workload("measured run holds a negative or non-finite time".into()));
+            return Err(InputError::Workload(
+                "measured run holds a negative or non-finite time".into(),
+            ));
         }
-        if r.gemms.iter().any(|g| bad(g.median_secs) || bad(g.tflops)) || r.collectives.iter().any(|c| bad(c.median_secs) || bad(c.bytes) || bad(c.busbw_gbytes_per_s)) {
-            return Err(InputError::Workload("measured run holds a negative or non-finite GEMM or collective sample".into()));
+        if r.gemms.iter().any(|g| bad(g.median_secs) || bad(g.tflops))
+            || r.collectives
+                .iter()
+                .any(|c| bad(c.median_secs) || bad(c.bytes) || bad(c.busbw_gbytes_per_s))
+        {
+            return Err(InputError::Workload(
+                "measured run holds a negative or non-finite GEMM or collective sample".into(),
+            ));
         }
         Ok(r)
     }
@@ -139,7 +154,11 @@ pub fn median(v: &[f64]) -> Option<f64> {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len();
-    Some(if n % 2 == 1 { s[n / 2] } else { 0.5 * (s[n / 2 - 1] + s[n / 2]) })
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        0.5 * (s[n / 2 - 1] + s[n / 2])
+    })
 }
 
 /// Measured constants for one profile, fitted from measured runs.
@@ -181,18 +200,36 @@ pub struct Overlay {
 
 impl Overlay {
     pub fn from_json(text: &str) -> Result<Overlay, InputError> {
-        let o: Overlay = serde_json::from_str(text).map_err(|e| InputError::Json { what: "calibration overlay".into(), detail: e.to_string() })?;
+        let o: Overlay = serde_json::from_str(text).map_err(|e| InputError::Json {
+            what: "calibration overlay".into(),
+            detail: e.to_string(),
+        })?;
         if o.schema_version != OVERLAY_SCHEMA_VERSION {
-            return Err(InputError::SchemaVersion { what: "calibration overlay".into(), found: o.schema_version, supported: OVERLAY_SCHEMA_VERSION });
+            return Err(InputError::SchemaVersion {
+                what: "calibration overlay".into(),
+                found: o.schema_version,
+                supported: OVERLAY_SCHEMA_VERSION,
+            });
         }
-        for (name, v) in [("gemm_bf16", o.gemm_bf16), ("attention", o.attention), ("nvlink_busbw", o.nvlink_busbw), ("network_busbw", o.network_busbw)] {
+        for (name, v) in [
+            ("gemm_bf16", o.gemm_bf16),
+            ("attention", o.attention),
+            ("nvlink_busbw", o.nvlink_busbw),
+            ("network_busbw", o.network_busbw),
+        ] {
             if let Some(x) = v {
                 if !x.is_finite() || x <= 0.0 || x > 10.0 {
-                    return Err(InputError::Workload(format!("calibration overlay: {name} = {x} is not a fraction of peak in (0, 10]")));
+                    return Err(InputError::Workload(format!(
+                        "calibration overlay: {name} = {x} is not a fraction of peak in (0, 10]"
+                    )));
                 }
             }
         }
-        for (name, v) in [("gemm_overhead_us", o.gemm_overhead_us), ("nvlink_latency_us", o.nvlink_latency_us), ("network_latency_us", o.network_latency_us)] {
+        for (name, v) in [
+            ("gemm_overhead_us", o.gemm_overhead_us),
+            ("nvlink_latency_us", o.nvlink_latency_us),
+            ("network_latency_us", o.network_latency_us),
+        ] {
             if let Some(x) = v {
                 if !x.is_finite() || !(0.0..=1e6).contains(&x) {
                     return Err(InputError::Workload(format!("calibration overlay: {name} = {x} is not a latency in [0, 1e6] microseconds")));
@@ -236,7 +273,17 @@ pub fn fit_two(rows: &[(f64, f64, f64, f64)]) -> Option<(f64, f64)> {
 
 /// GEMM fit: time = flops / (peak * eff) + overhead. Returns (eff, overhead_us).
 fn fit_gemms(points: &[&GemmPoint], peak_flops: f64) -> Option<(f64, f64)> {
-    let rows: Vec<(f64, f64, f64, f64)> = points.iter().map(|g| (2.0 * (g.m * g.n * g.k) as f64 / peak_flops, 1.0, g.median_secs, g.calls as f64)).collect();
+    let rows: Vec<(f64, f64, f64, f64)> = points
+        .iter()
+        .map(|g| {
+            (
+                2.0 * (g.m * g.n * g.k) as f64 / peak_flops,
+                1.0,
+                g.median_secs,
+                g.calls as f64,
+            )
+        })
+        .collect();
     fit_two(&rows).map(|(a, b)| (1.0 / a, b * 1e6))
 }
 
@@ -248,12 +295,22 @@ fn fit_collectives(points: &[&CommPoint], link_bytes_per_s: f64) -> Option<(f64,
         .map(|c| {
             let n = c.ranks.max(1) as f64;
             let (factor, steps) = match c.op.as_str() {
-                "all_reduce" => (2.0 * (n - 1.0) / n, 2.0 * crate::comm::latency_steps(c.ranks.max(2))),
-                "all_gather" | "reduce_scatter" => ((n - 1.0) / n, crate::comm::latency_steps(c.ranks.max(2))),
+                "all_reduce" => (
+                    2.0 * (n - 1.0) / n,
+                    2.0 * crate::comm::latency_steps(c.ranks.max(2)),
+                ),
+                "all_gather" | "reduce_scatter" => {
+                    ((n - 1.0) / n, crate::comm::latency_steps(c.ranks.max(2)))
+                }
                 "all_to_all" => ((n - 1.0) / n, crate::comm::latency_steps(c.ranks.max(2))),
                 _ => (1.0, 1.0),
             };
-            (factor * c.bytes / link_bytes_per_s, steps, c.median_secs, c.calls as f64)
+            (
+                factor * c.bytes / link_bytes_per_s,
+                steps,
+                c.median_secs,
+                c.calls as f64,
+            )
         })
         .collect();
     fit_two(&rows).map(|(a, b)| (1.0 / a, b * 1e6))
@@ -266,24 +323,46 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
     }
     for r in runs {
         if !r.complete {
-            return Err(format!("run of plan {} is marked incomplete ({}): calibrate only from complete runs", r.plan_hash, r.failure.as_deref().unwrap_or("no reason recorded")));
+            return Err(format!(
+                "run of plan {} is marked incomplete ({}): calibrate only from complete runs",
+                r.plan_hash,
+                r.failure.as_deref().unwrap_or("no reason recorded")
+            ));
         }
         if r.profile != profile.name {
-            return Err(format!("run of plan {} was planned for profile '{}', not '{}'", r.plan_hash, r.profile, profile.name));
+            return Err(format!(
+                "run of plan {} was planned for profile '{}', not '{}'",
+                r.plan_hash, r.profile, profile.name
+            ));
         }
         if r.backend != runs[0].backend {
-            return Err(format!("runs mix backends ('{}' and '{}'): calibrate one device at a time", runs[0].backend, r.backend));
+            return Err(format!(
+                "runs mix backends ('{}' and '{}'): calibrate one device at a time",
+                runs[0].backend, r.backend
+            ));
         }
     }
     let gemms: Vec<GemmPoint> = runs.iter().flat_map(|r| r.gemms.iter().cloned()).collect();
-    let colls: Vec<CommPoint> = runs.iter().flat_map(|r| r.collectives.iter().cloned()).collect();
+    let colls: Vec<CommPoint> = runs
+        .iter()
+        .flat_map(|r| r.collectives.iter().cloned())
+        .collect();
     let peak = profile.peak_flops(false);
-    let large: Vec<&GemmPoint> = gemms.iter().filter(|g| matches!(g.class.as_str(), "attention_proj" | "mlp" | "moe_experts")).collect();
-    let attn: Vec<&GemmPoint> = gemms.iter().filter(|g| g.class == "attention_core").collect();
+    let large: Vec<&GemmPoint> = gemms
+        .iter()
+        .filter(|g| matches!(g.class.as_str(), "attention_proj" | "mlp" | "moe_experts"))
+        .collect();
+    let attn: Vec<&GemmPoint> = gemms
+        .iter()
+        .filter(|g| g.class == "attention_core")
+        .collect();
     let gemm = fit_gemms(&large, peak);
     let attention = fit_gemms(&attn, peak);
     let tier = |tiers: &[&str], link: f64| {
-        let v: Vec<&CommPoint> = colls.iter().filter(|c| tiers.contains(&c.tier.as_str()) && c.ranks > 1).collect();
+        let v: Vec<&CommPoint> = colls
+            .iter()
+            .filter(|c| tiers.contains(&c.tier.as_str()) && c.ranks > 1)
+            .collect();
         fit_collectives(&v, link * 1e9)
     };
     let nvl = tier(&["nvlink", "loopback"], profile.node.nvlink_gbytes_per_s);
@@ -309,10 +388,16 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
 /// The profile with the overlay's measured constants in place of its own.
 pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, String> {
     if o.profile != profile.name {
-        return Err(format!("the calibration overlay was measured for profile '{}', not '{}'", o.profile, profile.name));
+        return Err(format!(
+            "the calibration overlay was measured for profile '{}', not '{}'",
+            o.profile, profile.name
+        ));
     }
     let mut p = profile.clone();
-    let note = format!("measured: sextant calibrate on {} ({})", o.device, o.backend);
+    let note = format!(
+        "measured: sextant calibrate on {} ({})",
+        o.device, o.backend
+    );
     if let Some(x) = o.gemm_overhead_us {
         p.efficiency.gemm_overhead_us = x;
     }
@@ -327,20 +412,23 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
         // shape curve rather than stacking on it.
         p.gemm_curves.clear();
         p.efficiency.gemm_bf16 = x;
-        p.sources.insert("efficiency.gemm_bf16".into(), note.clone());
+        p.sources
+            .insert("efficiency.gemm_bf16".into(), note.clone());
     }
     if let Some(x) = o.attention {
         // A measured level at the executed shapes replaces the public curve too.
         p.attention_curves.clear();
         p.efficiency.attention_fwd = x;
         p.efficiency.attention_bwd = x;
-        p.sources.insert("efficiency.attention_fwd".into(), note.clone());
+        p.sources
+            .insert("efficiency.attention_fwd".into(), note.clone());
     }
     if let Some(x) = o.nvlink_busbw {
         p.efficiency.nvlink_busbw = x;
         p.efficiency.nvls_busbw = 0.0;
         p.node.nvls = false;
-        p.sources.insert("efficiency.nvlink_busbw".into(), note.clone());
+        p.sources
+            .insert("efficiency.nvlink_busbw".into(), note.clone());
     }
     if let Some(x) = o.network_busbw {
         p.efficiency.network_busbw = x;
@@ -356,11 +444,24 @@ mod tests {
     #[test]
     fn two_term_fit_recovers_slope_and_intercept() {
         // y = 2 x1 + 0.5 x2 exactly.
-        let rows: Vec<(f64, f64, f64, f64)> = (1..8).map(|i| (i as f64, (i % 3 + 1) as f64, 2.0 * i as f64 + 0.5 * (i % 3 + 1) as f64, 1.0)).collect();
+        let rows: Vec<(f64, f64, f64, f64)> = (1..8)
+            .map(|i| {
+                (
+                    i as f64,
+                    (i % 3 + 1) as f64,
+                    2.0 * i as f64 + 0.5 * (i % 3 + 1) as f64,
+                    1.0,
+                )
+            })
+            .collect();
         let (a, b) = fit_two(&rows).unwrap();
         assert!((a - 2.0).abs() < 1e-9 && (b - 0.5).abs() < 1e-9, "{a} {b}");
         // A negative intercept is not physical: falls back to a line through 0.
-        let rows = [(1.0, 1.0, 0.5, 1.0), (2.0, 1.0, 1.5, 1.0), (4.0, 1.0, 3.5, 1.0)];
+        let rows = [
+            (1.0, 1.0, 0.5, 1.0),
+            (2.0, 1.0, 1.5, 1.0),
+            (4.0, 1.0, 3.5, 1.0),
+        ];
         let (a, b) = fit_two(&rows).unwrap();
         assert!(a > 0.0 && b == 0.0);
         assert!(fit_two(&[]).is_none());
@@ -398,20 +499,38 @@ mod tests {
         assert_eq!(p.attention_curves, h100.attention_curves);
         o.attention = Some(0.5);
         let p = apply(&h100, &o).unwrap();
-        assert!(p.attention_curves.is_empty() && p.attention_factor(crate::hardware::AttentionPass::Fwd, 128.0, 4096.0).is_none());
+        assert!(
+            p.attention_curves.is_empty()
+                && p.attention_factor(crate::hardware::AttentionPass::Fwd, 128.0, 4096.0)
+                    .is_none()
+        );
     }
 
     #[test]
     fn gemm_fit_inverts_the_cost_models_form() {
         let peak = 1e15;
         let (eff, over) = (0.6, 7.0);
-        let pts: Vec<GemmPoint> = [(1024u64, 1024u64, 1024u64), (4096, 4096, 4096), (8192, 1024, 4096), (256, 256, 256)]
-            .iter()
-            .map(|&(m, n, k)| {
-                let secs = 2.0 * (m * n * k) as f64 / (peak * eff) + over * 1e-6;
-                GemmPoint { class: "mlp".into(), m, n, k, dtype: "bf16".into(), calls: 3, median_secs: secs, tflops: 0.0 }
-            })
-            .collect();
+        let pts: Vec<GemmPoint> = [
+            (1024u64, 1024u64, 1024u64),
+            (4096, 4096, 4096),
+            (8192, 1024, 4096),
+            (256, 256, 256),
+        ]
+        .iter()
+        .map(|&(m, n, k)| {
+            let secs = 2.0 * (m * n * k) as f64 / (peak * eff) + over * 1e-6;
+            GemmPoint {
+                class: "mlp".into(),
+                m,
+                n,
+                k,
+                dtype: "bf16".into(),
+                calls: 3,
+                median_secs: secs,
+                tflops: 0.0,
+            }
+        })
+        .collect();
         let refs: Vec<&GemmPoint> = pts.iter().collect();
         let (e, o) = fit_gemms(&refs, peak).unwrap();
         assert!((e - eff).abs() < 1e-6 && (o - over).abs() < 1e-6, "{e} {o}");

@@ -61,7 +61,11 @@ impl Placement {
         } else {
             (domain / stride).clamp(1, size)
         };
-        Placement { size, per_domain, domains: size.div_ceil(per_domain) }
+        Placement {
+            size,
+            per_domain,
+            domains: size.div_ceil(per_domain),
+        }
     }
 
     pub fn tier(&self) -> Tier {
@@ -97,7 +101,11 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
     let net_alpha = hw.network.latency_us * 1e-6;
     // Bandwidth the group gets across the network: one NIC per member in a domain.
     let net = hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw * k;
-    let nvls = if hw.node.nvls { Some(hw.node.nvlink_gbytes_per_s * 1e9 * e.nvls_busbw) } else { None };
+    let nvls = if hw.node.nvls {
+        Some(hw.node.nvlink_gbytes_per_s * 1e9 * e.nvls_busbw)
+    } else {
+        None
+    };
 
     match c {
         Collective::SendRecv => {
@@ -122,8 +130,14 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
             // Hierarchical (NCCL tree / NVLS-tree): reduce-scatter inside the domain,
             // collective across domains on S/k per member, all-gather inside the
             // domain; NCCL pipelines the phases, so the slower one sets the time.
-            let intra = if p.per_domain > 1 { phases * (k - 1.0) / k * bytes / nvl_ring + phases * latency_steps(p.per_domain) * nvl_alpha } else { 0.0 };
-            let inter = phases * (d - 1.0) / d * bytes / net + phases * latency_steps(p.domains) * net_alpha;
+            let intra = if p.per_domain > 1 {
+                phases * (k - 1.0) / k * bytes / nvl_ring
+                    + phases * latency_steps(p.per_domain) * nvl_alpha
+            } else {
+                0.0
+            };
+            let inter = phases * (d - 1.0) / d * bytes / net
+                + phases * latency_steps(p.domains) * net_alpha;
             ring.min(intra.max(inter))
         }
         Collective::AllToAll => {
@@ -133,7 +147,8 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
             if p.domains == 1 {
                 return over_nvl + nvl_alpha * latency_steps(p.size);
             }
-            let over_net = (n - k) / n * bytes / (hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw);
+            let over_net =
+                (n - k) / n * bytes / (hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw);
             over_nvl.max(over_net) + net_alpha * latency_steps(p.size)
         }
     }
@@ -151,11 +166,32 @@ mod tests {
     #[test]
     fn placement_follows_stride() {
         // TP 8 on 8-GPU nodes: one domain.
-        assert_eq!(Placement::new(8, 1, 8), Placement { size: 8, per_domain: 8, domains: 1 });
+        assert_eq!(
+            Placement::new(8, 1, 8),
+            Placement {
+                size: 8,
+                per_domain: 8,
+                domains: 1
+            }
+        );
         // DP with TP 8 under it: one member per node.
-        assert_eq!(Placement::new(16, 8, 8), Placement { size: 16, per_domain: 1, domains: 16 });
+        assert_eq!(
+            Placement::new(16, 8, 8),
+            Placement {
+                size: 16,
+                per_domain: 1,
+                domains: 16
+            }
+        );
         // DP 16 with TP 2: 4 per node over 4 nodes.
-        assert_eq!(Placement::new(16, 2, 8), Placement { size: 16, per_domain: 4, domains: 4 });
+        assert_eq!(
+            Placement::new(16, 2, 8),
+            Placement {
+                size: 16,
+                per_domain: 4,
+                domains: 4
+            }
+        );
         // NVL72 rack: TP 4 x DP 18 inside one domain of 72.
         assert_eq!(Placement::new(18, 4, 72).tier(), Tier::Nvlink);
         assert_eq!(Placement::new(1, 1, 8).tier(), Tier::Local);
@@ -166,12 +202,22 @@ mod tests {
         // 8x A100 ring all-reduce of 1 GiB: bus bandwidth 0.78 * 300 GB/s.
         let hw = builtin_profile("a100-80g").unwrap();
         let s = 1u64 << 30;
-        let t = collective_secs(&hw, Collective::AllReduce, s as f64, Placement::new(8, 1, 8));
+        let t = collective_secs(
+            &hw,
+            Collective::AllReduce,
+            s as f64,
+            Placement::new(8, 1, 8),
+        );
         let busbw = 2.0 * 7.0 / 8.0 * s as f64 / t / 1e9;
         assert!(close(busbw, 234.0, 0.01), "busbw {busbw}");
         // H100 uses NVLS for all-reduce: 480 GB/s published (dgxc-benchmarking).
         let hw = builtin_profile("h100-sxm").unwrap();
-        let t = collective_secs(&hw, Collective::AllReduce, 8.0 * s as f64, Placement::new(8, 1, 8));
+        let t = collective_secs(
+            &hw,
+            Collective::AllReduce,
+            8.0 * s as f64,
+            Placement::new(8, 1, 8),
+        );
         let busbw = 2.0 * 7.0 / 8.0 * 8.0 * s as f64 / t / 1e9;
         assert!(close(busbw, 480.0, 0.01), "busbw {busbw}");
     }
@@ -196,7 +242,11 @@ mod tests {
         let t = collective_secs(&hw, Collective::AllReduce, s, p);
         let intra = 2.0 * 7.0 / 8.0 * s / nvl + 2.0 * 6.0 * 1.5e-6;
         let inter = 2.0 * 0.5 * s / (8.0 * nic) + 2.0 * 1.0 * 5e-6;
-        assert!(close(t, intra.max(inter), 1e-9), "{t} vs {}", intra.max(inter));
+        assert!(
+            close(t, intra.max(inter), 1e-9),
+            "{t} vs {}",
+            intra.max(inter)
+        );
         // All-to-all over 16 ranks, 8 per node: 8/16 of the data leaves the node.
         let t = collective_secs(&hw, Collective::AllToAll, s, p);
         let expect = (7.0 / 16.0 * s / nvl).max(8.0 / 16.0 * s / nic) + 8.0 * 5e-6;
@@ -205,7 +255,10 @@ mod tests {
         let t = collective_secs(&hw, Collective::SendRecv, s, Placement::new(2, 64, 8));
         assert!(close(t, s / nic + 5e-6, 1e-9));
         // A group of one costs nothing.
-        assert_eq!(collective_secs(&hw, Collective::AllReduce, s, Placement::new(1, 1, 8)), 0.0);
+        assert_eq!(
+            collective_secs(&hw, Collective::AllReduce, s, Placement::new(1, 1, 8)),
+            0.0
+        );
     }
 
     #[test]

@@ -162,7 +162,11 @@ impl RecomputeModules {
     }
     /// The members' names in Megatron's spelling.
     pub fn names(self) -> Vec<&'static str> {
-        Self::NAMES.iter().filter(|(_, m)| self.contains(*m)).map(|(n, _)| *n).collect()
+        Self::NAMES
+            .iter()
+            .filter(|(_, m)| self.contains(*m))
+            .map(|(n, _)| *n)
+            .collect()
     }
     /// Whether every module has something to replay in `model` (see
     /// [`ParallelConfig::check_recompute_modules`]); the error says which does not.
@@ -172,12 +176,17 @@ impl RecomputeModules {
             return Err("mla_up_proj needs multi-latent attention (this model has none)".into());
         }
         let moe = model.moe.as_ref();
-        for (name, bit) in [("moe_act", RecomputeModules::MOE_ACT), ("moe", RecomputeModules::MOE)] {
+        for (name, bit) in [
+            ("moe_act", RecomputeModules::MOE_ACT),
+            ("moe", RecomputeModules::MOE),
+        ] {
             if m.contains(bit) && moe.is_none() {
                 return Err(format!("{name} needs an MoE model (this one is dense)"));
             }
         }
-        if m.contains(RecomputeModules::SHARED_EXPERTS) && moe.is_none_or(|x| x.shared_hidden() == 0) {
+        if m.contains(RecomputeModules::SHARED_EXPERTS)
+            && moe.is_none_or(|x| x.shared_hidden() == 0)
+        {
             return Err("shared_experts needs a model with shared experts".into());
         }
         if m.contains(RecomputeModules::MLP) && model.moe_layers() == model.layers {
@@ -194,12 +203,18 @@ impl RecomputeModules {
                 Some((_, m)) => set = set.union(*m),
                 None => {
                     let all: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
-                    return Err(format!("unknown recompute module '{name}': use a comma-separated list of {}", all.join(", ")));
+                    return Err(format!(
+                        "unknown recompute module '{name}': use a comma-separated list of {}",
+                        all.join(", ")
+                    ));
                 }
             }
         }
         if set.is_empty() {
-            return Err("no recompute module given: name at least one (Megatron's default is core_attn)".into());
+            return Err(
+                "no recompute module given: name at least one (Megatron's default is core_attn)"
+                    .into(),
+            );
         }
         Ok(set)
     }
@@ -256,12 +271,20 @@ impl Layout {
             return Layout::Even;
         }
         if n >= 3 && counts[1..n - 1].iter().all(|&c| c == counts[1]) {
-            return Layout::FirstLast { first: counts[0], last: counts[n - 1] };
+            return Layout::FirstLast {
+                first: counts[0],
+                last: counts[n - 1],
+            };
         }
         if n == 2 {
-            return Layout::FirstLast { first: counts[0], last: counts[1] };
+            return Layout::FirstLast {
+                first: counts[0],
+                last: counts[1],
+            };
         }
-        Layout::Explicit { layers: counts.to_vec() }
+        Layout::Explicit {
+            layers: counts.to_vec(),
+        }
     }
 
     /// The layout a practitioner would state for `layers` on `pp x vpp` virtual
@@ -287,7 +310,9 @@ impl Layout {
         let rem = total % chunks;
         // Give the extra layers to the middle chunks, keeping the edges light.
         let skip = (chunks - rem) / 2;
-        let mut list: Vec<u64> = (0..chunks).map(|i| base + u64::from(i >= skip && i < skip + rem)).collect();
+        let mut list: Vec<u64> = (0..chunks)
+            .map(|i| base + u64::from(i >= skip && i < skip + rem))
+            .collect();
         list[0] = list[0].saturating_sub(1);
         let last = list.len() - 1;
         list[last] = list[last].saturating_sub(1);
@@ -309,19 +334,27 @@ impl Layout {
     /// stage, beside the loss.
     pub fn from_megatron(text: &str, pp: u64) -> Result<MegatronLayout, String> {
         const MAX_ENTRIES: usize = 1 << 20;
-        let chars: Vec<char> = text.chars().filter(|c| !c.is_whitespace() && *c != ',').collect();
+        let chars: Vec<char> = text
+            .chars()
+            .filter(|c| !c.is_whitespace() && *c != ',')
+            .collect();
         if chars.is_empty() {
             return Err("the pipeline layout is empty (example: \"Et*4|(t*4|)*14tmL\")".into());
         }
         let mut pos = 0;
         let expanded = expand_layout(&chars, &mut pos, 0, MAX_ENTRIES)?;
         if pos != chars.len() {
-            return Err(format!("unmatched ')' at character {} of the pipeline layout", pos + 1));
+            return Err(format!(
+                "unmatched ')' at character {} of the pipeline layout",
+                pos + 1
+            ));
         }
         let stages: Vec<&[char]> = expanded.split(|&c| c == '|').collect();
         let n = stages.len() as u64;
         if pp == 0 || !n.is_multiple_of(pp) {
-            return Err(format!("the pipeline layout has {n} virtual stages, not a multiple of pp = {pp}"));
+            return Err(format!(
+                "the pipeline layout has {n} virtual stages, not a multiple of pp = {pp}"
+            ));
         }
         let count = |c: char| expanded.iter().filter(|&&x| x == c).count();
         if count('E') != 1 || stages[0].first() != Some(&'E') {
@@ -333,17 +366,27 @@ impl Layout {
         let mtp = count('m') as u64;
         if let Some(first_m) = expanded.iter().position(|&c| c == 'm') {
             if expanded[first_m..].contains(&'t') {
-                return Err("decoder layers 't' must come before the MTP layers 'm' (Megatron's rule)".into());
+                return Err(
+                    "decoder layers 't' must come before the MTP layers 'm' (Megatron's rule)"
+                        .into(),
+                );
             }
             if stages[..stages.len() - 1].iter().any(|s| s.contains(&'m')) {
                 return Err("MTP layers 'm' must be on the last virtual stage, with the loss (Sextant does not model Megatron's standalone MTP stage)".into());
             }
         }
-        let layers: Vec<u64> = stages.iter().map(|s| s.iter().filter(|&&c| c == 't').count() as u64).collect();
+        let layers: Vec<u64> = stages
+            .iter()
+            .map(|s| s.iter().filter(|&&c| c == 't').count() as u64)
+            .collect();
         if layers.iter().sum::<u64>() == 0 {
             return Err("the pipeline layout holds no decoder layer 't'".into());
         }
-        Ok(MegatronLayout { layout: Layout::Explicit { layers }, vpp: n / pp, mtp_layers: mtp })
+        Ok(MegatronLayout {
+            layout: Layout::Explicit { layers },
+            vpp: n / pp,
+            mtp_layers: mtp,
+        })
     }
 }
 
@@ -358,7 +401,12 @@ pub struct MegatronLayout {
 
 /// Expands repetitions of a Megatron layout from `pos` to the end or to the
 /// closing parenthesis of this group, refusing more than `max` entries.
-fn expand_layout(chars: &[char], pos: &mut usize, depth: usize, max: usize) -> Result<Vec<char>, String> {
+fn expand_layout(
+    chars: &[char],
+    pos: &mut usize,
+    depth: usize,
+    max: usize,
+) -> Result<Vec<char>, String> {
     let mut out: Vec<char> = Vec::new();
     while *pos < chars.len() {
         let c = chars[*pos];
@@ -392,10 +440,14 @@ fn expand_layout(chars: &[char], pos: &mut usize, depth: usize, max: usize) -> R
                 *pos += 1;
             }
             let digits: String = chars[start..*pos].iter().collect();
-            times = digits.parse().map_err(|_| format!("'*' at character {start} needs a whole repeat count"))?;
+            times = digits
+                .parse()
+                .map_err(|_| format!("'*' at character {start} needs a whole repeat count"))?;
         }
         if out.len().saturating_add(item.len().saturating_mul(times)) > max {
-            return Err(format!("the pipeline layout expands to more than {max} entries"));
+            return Err(format!(
+                "the pipeline layout expands to more than {max} entries"
+            ));
         }
         for _ in 0..times {
             out.extend_from_slice(&item);
@@ -429,7 +481,13 @@ pub struct Overlap {
 
 impl Default for Overlap {
     fn default() -> Self {
-        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, p2p: true, ep_comm: false }
+        Overlap {
+            grad_reduce: true,
+            param_gather: true,
+            tp_comm: false,
+            p2p: true,
+            ep_comm: false,
+        }
     }
 }
 
@@ -568,13 +626,22 @@ impl Workload {
     /// Checks the ranges; the message names the field and what would be right.
     pub fn validate(&self) -> Result<(), String> {
         if self.seq < 2 || self.seq > MAX_SEQ {
-            return Err(format!("sequence length {} is out of range: use 2 to {MAX_SEQ} tokens", self.seq));
+            return Err(format!(
+                "sequence length {} is out of range: use 2 to {MAX_SEQ} tokens",
+                self.seq
+            ));
         }
         if self.global_batch == 0 || self.global_batch > MAX_GLOBAL_BATCH {
-            return Err(format!("global batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences", self.global_batch));
+            return Err(format!(
+                "global batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences",
+                self.global_batch
+            ));
         }
         if !(self.moe_imbalance.is_finite() && (1.0..=64.0).contains(&self.moe_imbalance)) {
-            return Err(format!("MoE imbalance {} is out of range: use 1.0 (balanced) up to 64", self.moe_imbalance));
+            return Err(format!(
+                "MoE imbalance {} is out of range: use 1.0 (balanced) up to 64",
+                self.moe_imbalance
+            ));
         }
         if let Some(c) = &self.moe_capacity {
             c.validate()?;
@@ -594,12 +661,16 @@ impl ParallelConfig {
 
     /// tp x pp x cp x dp (saturating: a product past u64 never equals a GPU count).
     pub fn gpus(&self) -> u64 {
-        self.tp.saturating_mul(self.pp).saturating_mul(self.cp).saturating_mul(self.dp)
+        self.tp
+            .saturating_mul(self.pp)
+            .saturating_mul(self.cp)
+            .saturating_mul(self.dp)
     }
 
     /// Ranks that hold expert data-parallel copies of one expert shard.
     pub fn edp(&self) -> u64 {
-        self.tp.saturating_mul(self.cp).saturating_mul(self.dp) / self.ep.saturating_mul(self.etp).max(1)
+        self.tp.saturating_mul(self.cp).saturating_mul(self.dp)
+            / self.ep.saturating_mul(self.etp).max(1)
     }
 
     /// Layers held by each virtual stage, in pipeline order (`pp * vpp` entries,
@@ -610,9 +681,15 @@ impl ParallelConfig {
             Layout::Even => {
                 if !layers.is_multiple_of(chunks) {
                     return Err(if self.vpp > 1 && layers.is_multiple_of(self.pp) {
-                        Rejection::VppLayers { vpp: self.vpp, per_stage: layers / self.pp }
+                        Rejection::VppLayers {
+                            vpp: self.vpp,
+                            per_stage: layers / self.pp,
+                        }
                     } else {
-                        Rejection::PpLayers { pp: self.pp, layers }
+                        Rejection::PpLayers {
+                            pp: self.pp,
+                            layers,
+                        }
                     });
                 }
                 Ok(vec![layers / chunks; chunks as usize])
@@ -651,7 +728,10 @@ impl ParallelConfig {
                     });
                 }
                 let mut v = vec![*first];
-                v.extend(std::iter::repeat_n(middle.checked_div(mids).unwrap_or(0), mids as usize));
+                v.extend(std::iter::repeat_n(
+                    middle.checked_div(mids).unwrap_or(0),
+                    mids as usize,
+                ));
                 v.push(*last);
                 Ok(v)
             }
@@ -685,7 +765,12 @@ impl ParallelConfig {
         let (chunks, warm) = match self.schedule {
             Schedule::DualPipe => (m, p),
             // Megatron asserts no full recomputation and no "moe" recompute module.
-            _ if !self.overlap.ep_comm || self.recompute == Recompute::Full || self.recomputes(RecomputeModules::MOE) => return None,
+            _ if !self.overlap.ep_comm
+                || self.recompute == Recompute::Full
+                || self.recomputes(RecomputeModules::MOE) =>
+            {
+                return None
+            }
             _ if self.pp == 1 => (m, 1.0),
             // Megatron's interleaved warm-up on rank r: 2 (p - r - 1) + (v - 1) p
             // forward chunks; (p - 1) + (v - 1) p on average over the ranks.
@@ -706,18 +791,24 @@ impl ParallelConfig {
         let fail = |detail: String| Err(Rejection::RecomputeModules { detail });
         if self.recompute != Recompute::Selective {
             if m != RecomputeModules::DEFAULT {
-                return fail(format!("{m} needs selective recomputation (the recompute setting is {})", self.recompute));
+                return fail(format!(
+                    "{m} needs selective recomputation (the recompute setting is {})",
+                    self.recompute
+                ));
             }
             return Ok(());
         }
-        m.check_for(model).map_err(|detail| Rejection::RecomputeModules { detail })
+        m.check_for(model)
+            .map_err(|detail| Rejection::RecomputeModules { detail })
     }
 
     /// The recomputation in one short word for tables: none, sel, full, or
     /// sel:MODULES when selective recomputation replays other than Megatron's default.
     pub fn recompute_label(&self) -> String {
         match self.recompute {
-            Recompute::Selective if self.recompute_modules != RecomputeModules::DEFAULT => format!("sel:{}", self.recompute_modules),
+            Recompute::Selective if self.recompute_modules != RecomputeModules::DEFAULT => {
+                format!("sel:{}", self.recompute_modules)
+            }
             r => r.to_string(),
         }
     }
@@ -739,10 +830,29 @@ impl ParallelConfig {
     /// 2 x pp (deepseek-ai/DualPipe asserts both).
     pub fn check_schedule(&self, w: &Workload) -> Result<(), Rejection> {
         let s = self.schedule;
-        let reject = |detail: String| Err(Rejection::Schedule { schedule: s, detail });
+        let reject = |detail: String| {
+            Err(Rejection::Schedule {
+                schedule: s,
+                detail,
+            })
+        };
         match s {
             Schedule::Interleaved if self.vpp < 2 => return reject("interleaved 1F1B needs vpp > 1; with vpp 1 use 1f1b".into()),
-            Schedule::Interleaved => {}
+            // Megatron-Core (schedules.py, forward_backward_pipelining_with_interleaving,
+            // main d98e8a6): micro-batches run in groups of
+            // `microbatch_group_size_per_vp_stage`, default pp (model_parallel_config.py);
+            // a group size above m raises ValueError, and a last group smaller than pp
+            // raises RuntimeError. With the default group the rule is m % pp == 0
+            // (so m >= pp): what the Megatron-LM, Core, Bridge and NeMo exports run.
+            Schedule::Interleaved => {
+                let m = self.micro_batches(w);
+                if !m.is_multiple_of(self.pp) {
+                    return reject(format!(
+                        "interleaved 1F1B runs micro-batches in groups of pp = {}; the {m} micro-batches per step must be a multiple of it (Megatron-Core's rule)",
+                        self.pp
+                    ));
+                }
+            }
             _ if self.vpp > 1 => {
                 return reject(format!("{} runs one model chunk per rank{}; use vpp 1, or the interleaved schedule for virtual stages", s.name(), if s == Schedule::DualPipe { " pair (stages r and pp-1-r)" } else { "" }))
             }
@@ -750,10 +860,22 @@ impl ParallelConfig {
             _ if self.pp < 2 => return reject(format!("{} needs pipeline parallel size > 1", s.name())),
             _ => {}
         }
+        // ZB-H1's schedule (Qi et al. 2023, section 3) is drawn for m >= p: with
+        // fewer micro-batches its W's cannot fill the drain it is defined by.
+        if s == Schedule::ZbH1 && self.micro_batches(w) < self.pp {
+            return reject(format!(
+                "ZB-H1 needs at least pp = {} micro-batches per step (has {})",
+                self.pp,
+                self.micro_batches(w)
+            ));
+        }
         if s == Schedule::DualPipe {
             let m = self.micro_batches(w);
             if !self.pp.is_multiple_of(2) {
-                return reject(format!("DualPipe needs an even pipeline parallel size (has {})", self.pp));
+                return reject(format!(
+                    "DualPipe needs an even pipeline parallel size (has {})",
+                    self.pp
+                ));
             }
             if !m.is_multiple_of(2) || m < 2 * self.pp {
                 return reject(format!("DualPipe needs an even number of micro-batches, at least 2 x pp = {} (has {m})", 2 * self.pp));
@@ -763,9 +885,23 @@ impl ParallelConfig {
     }
 
     /// Checks every structural rule. Memory is checked by the estimator.
-    pub fn check(&self, model: &ModelSpec, cluster: &Cluster, w: &Workload) -> Result<(), Rejection> {
+    pub fn check(
+        &self,
+        model: &ModelSpec,
+        cluster: &Cluster,
+        w: &Workload,
+    ) -> Result<(), Rejection> {
         let gpus = cluster.gpus;
-        for (name, v) in [("tp", self.tp), ("pp", self.pp), ("vpp", self.vpp), ("cp", self.cp), ("ep", self.ep), ("etp", self.etp), ("dp", self.dp), ("mbs", self.mbs)] {
+        for (name, v) in [
+            ("tp", self.tp),
+            ("pp", self.pp),
+            ("vpp", self.vpp),
+            ("cp", self.cp),
+            ("ep", self.ep),
+            ("etp", self.etp),
+            ("dp", self.dp),
+            ("mbs", self.mbs),
+        ] {
             if v == 0 || v > MAX_KNOB {
                 return Err(Rejection::Zero { name: name.into() });
             }
@@ -774,27 +910,52 @@ impl ParallelConfig {
             return Err(Rejection::Layout { detail: e });
         }
         if self.gpus() != gpus {
-            return Err(Rejection::GpuProduct { tp: self.tp, pp: self.pp, cp: self.cp, dp: self.dp, gpus });
+            return Err(Rejection::GpuProduct {
+                tp: self.tp,
+                pp: self.pp,
+                cp: self.cp,
+                dp: self.dp,
+                gpus,
+            });
         }
         if self.sp && self.tp == 1 {
             return Err(Rejection::SpWithoutTp);
         }
         if !model.heads.is_multiple_of(self.tp) {
-            return Err(Rejection::TpHeads { tp: self.tp, heads: model.heads, valid: divisors(model.heads) });
+            return Err(Rejection::TpHeads {
+                tp: self.tp,
+                heads: model.heads,
+                valid: divisors(model.heads),
+            });
         }
-        if model.mla.is_none() && !model.kv_heads.is_multiple_of(self.tp) && !self.tp.is_multiple_of(model.kv_heads) {
-            return Err(Rejection::TpKvHeads { tp: self.tp, kv_heads: model.kv_heads });
+        if model.mla.is_none()
+            && !model.kv_heads.is_multiple_of(self.tp)
+            && !self.tp.is_multiple_of(model.kv_heads)
+        {
+            return Err(Rejection::TpKvHeads {
+                tp: self.tp,
+                kv_heads: model.kv_heads,
+            });
         }
         let dense_layers = model.layers - model.moe_layers();
         if dense_layers > 0 && !model.ffn_hidden.is_multiple_of(self.tp) {
-            return Err(Rejection::TpFfn { tp: self.tp, ffn: model.ffn_hidden });
+            return Err(Rejection::TpFfn {
+                tp: self.tp,
+                ffn: model.ffn_hidden,
+            });
         }
         let domain = cluster.profile.node.nvlink_domain;
         if self.tp > domain && !cluster.allow_tp_beyond_nvlink {
-            return Err(Rejection::TpBeyondNvlink { tp: self.tp, domain });
+            return Err(Rejection::TpBeyondNvlink {
+                tp: self.tp,
+                domain,
+            });
         }
         if self.pp > model.layers {
-            return Err(Rejection::PpLayers { pp: self.pp, layers: model.layers });
+            return Err(Rejection::PpLayers {
+                pp: self.pp,
+                layers: model.layers,
+            });
         }
         if self.vpp > 1 && self.pp == 1 {
             return Err(Rejection::VppWithoutPp);
@@ -803,13 +964,25 @@ impl ParallelConfig {
         let chunks = self.stage_layers(model.layers)?;
         // Only the first and last virtual stage may be empty (holding just the
         // embedding or the loss), and only when the layout says so.
-        let edge_ok = matches!(self.layout, Layout::AccountEmbeddingLoss | Layout::Explicit { .. });
+        let edge_ok = matches!(
+            self.layout,
+            Layout::AccountEmbeddingLoss | Layout::Explicit { .. }
+        );
         let last = chunks.len() - 1;
-        if chunks.iter().enumerate().any(|(i, &l)| l == 0 && !(edge_ok && (i == 0 || i == last) && last > 0)) {
-            return Err(Rejection::Layout { detail: "a pipeline stage would hold no layer".into() });
+        if chunks
+            .iter()
+            .enumerate()
+            .any(|(i, &l)| l == 0 && !(edge_ok && (i == 0 || i == last) && last > 0))
+        {
+            return Err(Rejection::Layout {
+                detail: "a pipeline stage would hold no layer".into(),
+            });
         }
         if !w.seq.is_multiple_of(2 * self.cp) && self.cp > 1 {
-            return Err(Rejection::CpSeq { cp: self.cp, seq: w.seq });
+            return Err(Rejection::CpSeq {
+                cp: self.cp,
+                seq: w.seq,
+            });
         }
         match &model.moe {
             None => {
@@ -819,17 +992,30 @@ impl ParallelConfig {
             }
             Some(moe) => {
                 if moe.experts % self.ep != 0 {
-                    return Err(Rejection::EpExperts { ep: self.ep, experts: moe.experts });
+                    return Err(Rejection::EpExperts {
+                        ep: self.ep,
+                        experts: moe.experts,
+                    });
                 }
                 let span = self.tp * self.cp * self.dp;
                 if !span.is_multiple_of(self.ep * self.etp) {
-                    return Err(Rejection::EpSpan { ep: self.ep, etp: self.etp, span });
+                    return Err(Rejection::EpSpan {
+                        ep: self.ep,
+                        etp: self.etp,
+                        span,
+                    });
                 }
                 if moe.expert_ffn_hidden % self.etp != 0 {
-                    return Err(Rejection::EtpFfn { etp: self.etp, ffn: moe.expert_ffn_hidden });
+                    return Err(Rejection::EtpFfn {
+                        etp: self.etp,
+                        ffn: moe.expert_ffn_hidden,
+                    });
                 }
                 if self.etp > domain && !cluster.allow_tp_beyond_nvlink {
-                    return Err(Rejection::TpBeyondNvlink { tp: self.etp, domain });
+                    return Err(Rejection::TpBeyondNvlink {
+                        tp: self.etp,
+                        domain,
+                    });
                 }
                 // Megatron-Core: "When using expert parallelism and tensor
                 // parallelism, sequence parallelism must be used"
@@ -842,7 +1028,11 @@ impl ParallelConfig {
         }
         self.check_recompute_modules(model)?;
         if !w.global_batch.is_multiple_of(self.mbs * self.dp) {
-            return Err(Rejection::Batch { gbs: w.global_batch, mbs: self.mbs, dp: self.dp });
+            return Err(Rejection::Batch {
+                gbs: w.global_batch,
+                mbs: self.mbs,
+                dp: self.dp,
+            });
         }
         Ok(())
     }
@@ -870,27 +1060,85 @@ pub fn divisors(n: u64) -> Vec<u64> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum Rejection {
-    Zero { name: String },
-    GpuProduct { tp: u64, pp: u64, cp: u64, dp: u64, gpus: u64 },
+    Zero {
+        name: String,
+    },
+    GpuProduct {
+        tp: u64,
+        pp: u64,
+        cp: u64,
+        dp: u64,
+        gpus: u64,
+    },
     SpWithoutTp,
-    TpHeads { tp: u64, heads: u64, valid: Vec<u64> },
-    TpKvHeads { tp: u64, kv_heads: u64 },
-    TpFfn { tp: u64, ffn: u64 },
-    TpBeyondNvlink { tp: u64, domain: u64 },
-    PpLayers { pp: u64, layers: u64 },
-    VppLayers { vpp: u64, per_stage: u64 },
+    TpHeads {
+        tp: u64,
+        heads: u64,
+        valid: Vec<u64>,
+    },
+    TpKvHeads {
+        tp: u64,
+        kv_heads: u64,
+    },
+    TpFfn {
+        tp: u64,
+        ffn: u64,
+    },
+    TpBeyondNvlink {
+        tp: u64,
+        domain: u64,
+    },
+    PpLayers {
+        pp: u64,
+        layers: u64,
+    },
+    VppLayers {
+        vpp: u64,
+        per_stage: u64,
+    },
     VppWithoutPp,
-    Schedule { schedule: Schedule, detail: String },
-    Layout { detail: String },
-    CpSeq { cp: u64, seq: u64 },
+    Schedule {
+        schedule: Schedule,
+        detail: String,
+    },
+    Layout {
+        detail: String,
+    },
+    CpSeq {
+        cp: u64,
+        seq: u64,
+    },
     EpDenseModel,
-    EpExperts { ep: u64, experts: u64 },
-    EpSpan { ep: u64, etp: u64, span: u64 },
-    EtpFfn { etp: u64, ffn: u64 },
-    MoeNeedsSp { tp: u64 },
-    Batch { gbs: u64, mbs: u64, dp: u64 },
-    RecomputeModules { detail: String },
-    OutOfMemory { stage: u64, needed_gib: f64, usable_gib: f64, reserve_gib: f64 },
+    EpExperts {
+        ep: u64,
+        experts: u64,
+    },
+    EpSpan {
+        ep: u64,
+        etp: u64,
+        span: u64,
+    },
+    EtpFfn {
+        etp: u64,
+        ffn: u64,
+    },
+    MoeNeedsSp {
+        tp: u64,
+    },
+    Batch {
+        gbs: u64,
+        mbs: u64,
+        dp: u64,
+    },
+    RecomputeModules {
+        detail: String,
+    },
+    OutOfMemory {
+        stage: u64,
+        needed_gib: f64,
+        usable_gib: f64,
+        reserve_gib: f64,
+    },
 }
 
 /// Rejection reasons without their numbers, for counting.
@@ -956,13 +1204,20 @@ impl Rejection {
             Rejection::MoeNeedsSp { .. } => RejectKind::MoeNeedsSp,
             Rejection::Batch { .. } => RejectKind::Batch,
             Rejection::OutOfMemory { .. } => RejectKind::OutOfMemory,
-            Rejection::Zero { .. } | Rejection::GpuProduct { .. } | Rejection::SpWithoutTp | Rejection::EpDenseModel | Rejection::RecomputeModules { .. } => RejectKind::Other,
+            Rejection::Zero { .. }
+            | Rejection::GpuProduct { .. }
+            | Rejection::SpWithoutTp
+            | Rejection::EpDenseModel
+            | Rejection::RecomputeModules { .. } => RejectKind::Other,
         }
     }
 }
 
 fn list(v: &[u64]) -> String {
-    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl fmt::Display for Rejection {
@@ -1040,20 +1295,65 @@ mod tests {
     }
 
     fn cfg(pp: u64, vpp: u64, layout: Layout) -> ParallelConfig {
-        ParallelConfig { tp: 1, pp, vpp, cp: 1, ep: 1, etp: 1, dp: 1, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::default_for(vpp) }
+        ParallelConfig {
+            tp: 1,
+            pp,
+            vpp,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp: 1,
+            sp: false,
+            mbs: 1,
+            zero: Zero::None,
+            recompute: Recompute::None,
+            layout,
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            bf16_moments: false,
+            recompute_modules: Default::default(),
+            moe_dispatcher: Dispatcher::AllToAll,
+            schedule: Schedule::default_for(vpp),
+        }
     }
 
     #[test]
     fn layouts_split_layers() {
-        assert_eq!(cfg(4, 2, Layout::Even).stage_layers(80).unwrap(), vec![10; 8]);
+        assert_eq!(
+            cfg(4, 2, Layout::Even).stage_layers(80).unwrap(),
+            vec![10; 8]
+        );
         // Llama 3.1 405B, 126 layers on pp 8 x vpp 8 with embedding and loss counted.
-        let v = cfg(8, 8, Layout::AccountEmbeddingLoss).stage_layers(126).unwrap();
+        let v = cfg(8, 8, Layout::AccountEmbeddingLoss)
+            .stage_layers(126)
+            .unwrap();
         assert_eq!(v.len(), 64);
         assert_eq!(v.iter().sum::<u64>(), 126);
         assert_eq!((v[0], v[1], v[63]), (1, 2, 1));
-        assert_eq!(cfg(4, 1, Layout::FirstLast { first: 30, last: 30 }).stage_layers(126).unwrap(), vec![30, 33, 33, 30]);
+        assert_eq!(
+            cfg(
+                4,
+                1,
+                Layout::FirstLast {
+                    first: 30,
+                    last: 30
+                }
+            )
+            .stage_layers(126)
+            .unwrap(),
+            vec![30, 33, 33, 30]
+        );
         assert!(cfg(16, 1, Layout::Even).stage_layers(126).is_err());
-        assert!(cfg(4, 1, Layout::FirstLast { first: 30, last: 31 }).stage_layers(126).is_err());
+        assert!(cfg(
+            4,
+            1,
+            Layout::FirstLast {
+                first: 30,
+                last: 31
+            }
+        )
+        .stage_layers(126)
+        .is_err());
     }
 
     #[test]
@@ -1062,20 +1362,51 @@ mod tests {
         let l = Layout::from_megatron("Et*4|(t*4|)*14tmL", 8).unwrap();
         let mut want = vec![4u64; 16];
         want[15] = 1;
-        assert_eq!((l.layout.clone(), l.vpp, l.mtp_layers), (Layout::Explicit { layers: want.clone() }, 2, 1));
+        assert_eq!(
+            (l.layout.clone(), l.vpp, l.mtp_layers),
+            (
+                Layout::Explicit {
+                    layers: want.clone()
+                },
+                2,
+                1
+            )
+        );
         assert_eq!(cfg(8, 2, l.layout).stage_layers(61).unwrap(), want);
-        assert_eq!(Layout::from_megatron("Et*4|(t*4|)*14tmL", 4).unwrap().vpp, 4);
+        assert_eq!(
+            Layout::from_megatron("Et*4|(t*4|)*14tmL", 4).unwrap().vpp,
+            4
+        );
         // Megatron's docstring example: commas are cosmetic, an MTP-and-loss-only
         // last stage is allowed.
         let l = Layout::from_megatron("Ettt|(tt|)*29,m|L", 1);
         assert!(l.unwrap_err().contains("last virtual stage"));
         let l = Layout::from_megatron("Et|(tt|)*30mL", 8).unwrap();
         assert_eq!((l.vpp, l.mtp_layers), (4, 1));
-        let Layout::Explicit { layers } = &l.layout else { panic!() };
-        assert_eq!((layers.len(), layers[0], layers[31], layers.iter().sum::<u64>()), (32, 1, 0, 61));
+        let Layout::Explicit { layers } = &l.layout else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                layers.len(),
+                layers[0],
+                layers[31],
+                layers.iter().sum::<u64>()
+            ),
+            (32, 1, 0, 61)
+        );
         // Nested groups expand; no MTP.
         let l = Layout::from_megatron("E((t|)*2)*2tL", 5).unwrap();
-        assert_eq!((l.layout, l.vpp, l.mtp_layers), (Layout::Explicit { layers: vec![1, 1, 1, 1, 1] }, 1, 0));
+        assert_eq!(
+            (l.layout, l.vpp, l.mtp_layers),
+            (
+                Layout::Explicit {
+                    layers: vec![1, 1, 1, 1, 1]
+                },
+                1,
+                0
+            )
+        );
         for (bad, why) in [
             ("", "empty"),
             ("tt|ttL", "start with the embedding"),
@@ -1107,9 +1438,23 @@ mod tests {
             assert_eq!(back.schedule, expect);
             assert_eq!(back, cfg(4, vpp, Layout::Even));
         }
-        let w = |gbs: u64| Workload { seq: 4096, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
-        let with = |pp: u64, vpp: u64, s: Schedule| ParallelConfig { schedule: s, ..cfg(pp, vpp, Layout::Even) };
-        let why = |c: ParallelConfig, gbs: u64| c.check_schedule(&w(gbs)).err().map(|r| r.to_string()).unwrap_or_default();
+        let w = |gbs: u64| Workload {
+            seq: 4096,
+            global_batch: gbs,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
+        let with = |pp: u64, vpp: u64, s: Schedule| ParallelConfig {
+            schedule: s,
+            ..cfg(pp, vpp, Layout::Even)
+        };
+        let why = |c: ParallelConfig, gbs: u64| {
+            c.check_schedule(&w(gbs))
+                .err()
+                .map(|r| r.to_string())
+                .unwrap_or_default()
+        };
         assert!(why(with(4, 1, Schedule::Interleaved), 8).contains("needs vpp > 1"));
         assert!(why(with(4, 2, Schedule::OneFOneB), 8).contains("use vpp 1"));
         assert!(why(with(4, 2, Schedule::DualPipe), 8).contains("use vpp 1"));
@@ -1118,9 +1463,23 @@ mod tests {
         assert!(why(with(4, 1, Schedule::DualPipe), 6).contains("at least 2 x pp = 8"));
         assert!(why(with(4, 1, Schedule::DualPipe), 9).contains("even number of micro-batches"));
         assert_eq!(with(4, 1, Schedule::DualPipe).check_schedule(&w(8)), Ok(()));
-        assert_eq!(with(4, 1, Schedule::ZbH1).check_schedule(&w(3)), Ok(()));
+        assert!(why(with(4, 1, Schedule::ZbH1), 3).contains("at least pp = 4 micro-batches"));
+        assert_eq!(with(4, 1, Schedule::ZbH1).check_schedule(&w(4)), Ok(()));
+        // Megatron-Core's interleaving: micro-batches in groups of pp.
+        assert!(why(with(4, 2, Schedule::Interleaved), 2).contains("multiple of it"));
+        assert!(why(with(4, 2, Schedule::Interleaved), 6).contains("multiple of it"));
+        assert_eq!(
+            with(4, 2, Schedule::Interleaved).check_schedule(&w(8)),
+            Ok(())
+        );
         assert_eq!(with(1, 1, Schedule::OneFOneB).check_schedule(&w(3)), Ok(()));
-        assert_eq!(with(3, 1, Schedule::DualPipe).check_schedule(&w(12)).unwrap_err().kind(), RejectKind::Schedule);
+        assert_eq!(
+            with(3, 1, Schedule::DualPipe)
+                .check_schedule(&w(12))
+                .unwrap_err()
+                .kind(),
+            RejectKind::Schedule
+        );
     }
 
     /// Module names parse in Megatron's spelling, serialise as a list, and a plan
@@ -1129,29 +1488,79 @@ mod tests {
     #[test]
     fn recompute_modules_parse_serialise_and_check() {
         let m = RecomputeModules::parse("mla_up_proj, mlp").unwrap();
-        assert!(m.contains(RecomputeModules::MLP) && m.contains(RecomputeModules::MLA_UP_PROJ) && !m.contains(RecomputeModules::CORE_ATTN));
-        assert_eq!(serde_json::to_string(&m).unwrap(), r#"["mla_up_proj","mlp"]"#);
-        assert_eq!(serde_json::from_str::<RecomputeModules>(r#"["mlp","mla_up_proj"]"#).unwrap(), m);
-        assert!(RecomputeModules::parse("attn").unwrap_err().contains("unknown recompute module 'attn'"));
+        assert!(
+            m.contains(RecomputeModules::MLP)
+                && m.contains(RecomputeModules::MLA_UP_PROJ)
+                && !m.contains(RecomputeModules::CORE_ATTN)
+        );
+        assert_eq!(
+            serde_json::to_string(&m).unwrap(),
+            r#"["mla_up_proj","mlp"]"#
+        );
+        assert_eq!(
+            serde_json::from_str::<RecomputeModules>(r#"["mlp","mla_up_proj"]"#).unwrap(),
+            m
+        );
+        assert!(RecomputeModules::parse("attn")
+            .unwrap_err()
+            .contains("unknown recompute module 'attn'"));
         assert!(RecomputeModules::parse(" , ").is_err());
         let mut v = serde_json::to_value(cfg(2, 1, Layout::Even)).unwrap();
         v.as_object_mut().unwrap().remove("recompute_modules");
         v.as_object_mut().unwrap().remove("bf16_moments");
         let old: ParallelConfig = serde_json::from_value(v).unwrap();
-        assert_eq!((old.recompute_modules, old.bf16_moments), (RecomputeModules::DEFAULT, false));
+        assert_eq!(
+            (old.recompute_modules, old.bf16_moments),
+            (RecomputeModules::DEFAULT, false)
+        );
 
         let dense = crate::presets::resolve("llama3-8b").unwrap().spec;
         let ds = crate::presets::resolve("deepseek-v3").unwrap().spec;
-        let sel = |m: &str| ParallelConfig { recompute: Recompute::Selective, recompute_modules: RecomputeModules::parse(m).unwrap(), ..cfg(1, 1, Layout::Even) };
-        assert!(sel("mla_up_proj").check_recompute_modules(&dense).unwrap_err().to_string().contains("multi-latent attention"));
+        let sel = |m: &str| ParallelConfig {
+            recompute: Recompute::Selective,
+            recompute_modules: RecomputeModules::parse(m).unwrap(),
+            ..cfg(1, 1, Layout::Even)
+        };
+        assert!(sel("mla_up_proj")
+            .check_recompute_modules(&dense)
+            .unwrap_err()
+            .to_string()
+            .contains("multi-latent attention"));
         assert!(sel("moe_act").check_recompute_modules(&dense).is_err());
-        assert!(sel("mla_up_proj,mlp,moe_act,layernorm,shared_experts").check_recompute_modules(&ds).is_ok());
-        let not_selective = ParallelConfig { recompute: Recompute::Full, ..sel("mlp") };
-        assert!(not_selective.check_recompute_modules(&ds).unwrap_err().to_string().contains("needs selective"));
+        assert!(sel("mla_up_proj,mlp,moe_act,layernorm,shared_experts")
+            .check_recompute_modules(&ds)
+            .is_ok());
+        let not_selective = ParallelConfig {
+            recompute: Recompute::Full,
+            ..sel("mlp")
+        };
+        assert!(not_selective
+            .check_recompute_modules(&ds)
+            .unwrap_err()
+            .to_string()
+            .contains("needs selective"));
         // Megatron refuses the all-to-all overlap with "moe" recomputed.
-        let ep = ParallelConfig { ep: 2, overlap: Overlap { ep_comm: true, ..Overlap::default() }, ..sel("moe_act") };
-        let w = Workload { seq: 4096, global_batch: 8, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
+        let ep = ParallelConfig {
+            ep: 2,
+            overlap: Overlap {
+                ep_comm: true,
+                ..Overlap::default()
+            },
+            ..sel("moe_act")
+        };
+        let w = Workload {
+            seq: 4096,
+            global_batch: 8,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
         assert!(ep.ep_overlap(&w).is_some());
-        assert!(ParallelConfig { recompute_modules: RecomputeModules::parse("moe").unwrap(), ..ep }.ep_overlap(&w).is_none());
+        assert!(ParallelConfig {
+            recompute_modules: RecomputeModules::parse("moe").unwrap(),
+            ..ep
+        }
+        .ep_overlap(&w)
+        .is_none());
     }
 }

@@ -27,7 +27,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::comm::{collective_secs, Collective, Placement, Tier};
-use crate::config::{Dispatcher, ParallelConfig, Recompute, RecomputeModules, Rejection, Workload, Zero};
+use crate::config::{
+    Dispatcher, ParallelConfig, Recompute, RecomputeModules, Rejection, Workload, Zero,
+};
 use crate::hardware::{AttentionPass, Cluster, HardwareProfile, GIB};
 use crate::memory::{self, kv_dim_per_rank, LayerKind, StageMemory};
 use crate::model::ModelSpec;
@@ -62,7 +64,13 @@ pub struct OpClasses {
 
 impl OpClasses {
     pub fn total(&self) -> f64 {
-        self.attention_proj + self.attention_core + self.mlp + self.moe_experts + self.router + self.output_layer + self.elementwise
+        self.attention_proj
+            + self.attention_core
+            + self.mlp
+            + self.moe_experts
+            + self.router
+            + self.output_layer
+            + self.elementwise
     }
     fn add_scaled(&mut self, o: &OpClasses, k: f64) {
         self.attention_proj += k * o.attention_proj;
@@ -236,7 +244,10 @@ pub struct Assumptions {
 
 impl Default for Assumptions {
     fn default() -> Self {
-        Assumptions { flash_attention: true, loss: LossKernel::default() }
+        Assumptions {
+            flash_attention: true,
+            loss: LossKernel::default(),
+        }
     }
 }
 
@@ -271,7 +282,9 @@ impl LossKernel {
     }
 
     pub fn parse(s: &str) -> Option<LossKernel> {
-        [LossKernel::Te, LossKernel::Native, LossKernel::Unfused].into_iter().find(|k| k.name() == s)
+        [LossKernel::Te, LossKernel::Native, LossKernel::Unfused]
+            .into_iter()
+            .find(|k| k.name() == s)
     }
 
     /// HBM bytes per logit (one token, one vocabulary entry on this rank) that the
@@ -294,7 +307,16 @@ impl LossKernel {
         match self {
             LossKernel::Te => 2.0 + (2.0 + 2.0) + (2.0 + 2.0),
             LossKernel::Native => (2.0 + 4.0) + (4.0 + 4.0) + (4.0 + 4.0) + (4.0 + 4.0 + 2.0),
-            LossKernel::Unfused => (2.0 + 4.0) + 4.0 + (4.0 + 4.0) + (4.0 + 4.0) + 4.0 + (4.0 + 4.0) + (4.0 + 4.0) + (4.0 + 2.0),
+            LossKernel::Unfused => {
+                (2.0 + 4.0)
+                    + 4.0
+                    + (4.0 + 4.0)
+                    + (4.0 + 4.0)
+                    + 4.0
+                    + (4.0 + 4.0)
+                    + (4.0 + 4.0)
+                    + (4.0 + 2.0)
+            }
         }
     }
 }
@@ -312,14 +334,22 @@ struct Pass {
 impl std::ops::Add for Pass {
     type Output = Pass;
     fn add(self, o: Pass) -> Pass {
-        Pass { fwd: self.fwd + o.fwd, bwd: self.bwd + o.bwd, wgrad: self.wgrad + o.wgrad }
+        Pass {
+            fwd: self.fwd + o.fwd,
+            bwd: self.bwd + o.bwd,
+            wgrad: self.wgrad + o.wgrad,
+        }
     }
 }
 
 impl std::ops::Mul<Pass> for f64 {
     type Output = Pass;
     fn mul(self, p: Pass) -> Pass {
-        Pass { fwd: self * p.fwd, bwd: self * p.bwd, wgrad: self * p.wgrad }
+        Pass {
+            fwd: self * p.fwd,
+            bwd: self * p.bwd,
+            wgrad: self * p.wgrad,
+        }
     }
 }
 
@@ -364,7 +394,11 @@ impl Ctx<'_> {
     /// few rows and runs less efficiently than its forward).
     fn pass(&self, m: f64, n: f64, k: f64, fp8: bool) -> Pass {
         let wgrad = self.gemm(k, n, m, fp8);
-        Pass { fwd: self.gemm(m, n, k, fp8), bwd: self.gemm(m, k, n, fp8) + wgrad, wgrad }
+        Pass {
+            fwd: self.gemm(m, n, k, fp8),
+            bwd: self.gemm(m, k, n, fp8) + wgrad,
+            wgrad,
+        }
     }
     fn hbm_bw(&self) -> f64 {
         self.hw.gpu.hbm_tbytes_per_s * 1e12 * self.hw.efficiency.hbm
@@ -484,14 +518,28 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
                 c.pass(tokens, q_rank, h, true)
             };
             let kv_up = m.heads as f64 * (mla.qk_nope_head_dim + mla.v_head_dim) as f64 / t;
-            let kv = c.pass(tokens, kv_lora + mla.qk_rope_head_dim as f64, h, true) + c.pass(tokens, kv_up, kv_lora, true);
+            let kv = c.pass(tokens, kv_lora + mla.qk_rope_head_dim as f64, h, true)
+                + c.pass(tokens, kv_up, kv_lora, true);
             proj = q + kv + c.pass(tokens, h, out_in, true);
             // What "mla_up_proj" replays: both up-projections and the rotary.
-            let q_up = if mla.q_lora_rank > 0 { c.gemm(tokens, q_rank, q_lora, true) } else { 0.0 };
-            mla_up = (q_up + c.gemm(tokens, kv_up, kv_lora, true), 2.0 * tokens * (if mla.q_lora_rank > 0 { q_rank * q_lora } else { 0.0 } + kv_up * kv_lora));
+            let q_up = if mla.q_lora_rank > 0 {
+                c.gemm(tokens, q_rank, q_lora, true)
+            } else {
+                0.0
+            };
+            mla_up = (
+                q_up + c.gemm(tokens, kv_up, kv_lora, true),
+                2.0 * tokens
+                    * (if mla.q_lora_rank > 0 {
+                        q_rank * q_lora
+                    } else {
+                        0.0
+                    } + kv_up * kv_lora),
+            );
         }
         None => {
-            proj = c.pass(tokens, q_rank + 2.0 * kv_rank, h, true) + c.pass(tokens, h, out_in, true);
+            proj =
+                c.pass(tokens, q_rank + 2.0 * kv_rank, h, true) + c.pass(tokens, h, out_in, true);
         }
     }
 
@@ -503,10 +551,15 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let (core_fwd, core_bwd) = if c.a.flash_attention {
         // The kernel's efficiency at this head width and per-rank sequence, where the
         // profile has a measured curve.
-        let shape = |pass| c.hw.attention_factor(pass, m.qk_head_dim() as f64, (c.w.seq / cfg.cp) as f64).unwrap_or(1.0);
+        let shape = |pass| {
+            c.hw.attention_factor(pass, m.qk_head_dim() as f64, (c.w.seq / cfg.cp) as f64)
+                .unwrap_or(1.0)
+        };
         (
-            attn_fwd_flops / (peak16 * e.attention_fwd * shape(AttentionPass::Fwd)) + e.gemm_overhead_us * 1e-6,
-            2.5 * attn_fwd_flops / (peak16 * e.attention_bwd * shape(AttentionPass::Bwd)) + e.gemm_overhead_us * 1e-6,
+            attn_fwd_flops / (peak16 * e.attention_fwd * shape(AttentionPass::Fwd))
+                + e.gemm_overhead_us * 1e-6,
+            2.5 * attn_fwd_flops / (peak16 * e.attention_bwd * shape(AttentionPass::Bwd))
+                + e.gemm_overhead_us * 1e-6,
         )
     } else {
         // Unfused: batched GEMMs over the full (masked) score matrix plus softmax
@@ -514,7 +567,10 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         let full_flops = 2.0 * cfg.mbs as f64 * head_flops * dense_pairs;
         let scores = cfg.mbs as f64 * m.heads as f64 / t * dense_pairs;
         let gemm = full_flops / (peak16 * e.gemm_bf16);
-        (gemm + c.mem(scores * 2.0 * 5.0), 2.0 * gemm + c.mem(scores * 2.0 * 8.0))
+        (
+            gemm + c.mem(scores * 2.0 * 5.0),
+            2.0 * gemm + c.mem(scores * 2.0 * 8.0),
+        )
     };
     fwd.attention_core = core_fwd;
     lc.attn_core_fwd = core_fwd;
@@ -529,7 +585,10 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         c.pass(rows, first_mats * ffn / div, h, true) + c.pass(rows, h, ffn / div, true)
     };
     // The busiest expert-parallel rank's load over the balanced share.
-    let moe_load = m.moe.as_ref().map_or(1.0, |moe| c.w.moe_rank_load(moe, cfg.ep).factor);
+    let moe_load = m
+        .moe
+        .as_ref()
+        .map_or(1.0, |moe| c.w.moe_rank_load(moe, cfg.ep).factor);
     // Tokens each routed-expert rank processes for this micro-batch.
     let mut routed_tokens = 0.0;
     let mut expert_ffn = 0.0;
@@ -570,7 +629,10 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let outside = 2.0 * (4.0 * h + 6.0 * h + mask * h) / sp_div;
     let act = |ffn: f64, div: f64| (2.0 * (first_mats + 1.0) * ffn) / div;
     let inner = match kind {
-        LayerKind::Moe => routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + shuffle) + act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t),
+        LayerKind::Moe => {
+            routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + shuffle)
+                + act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t)
+        }
         LayerKind::Dense => act(m.ffn_hidden as f64, t),
     };
     let rotary = 4.0 * (q_rank + kv_rank);
@@ -583,7 +645,10 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         + out_in
         + match kind {
             LayerKind::Dense => token_ffn_casts(m.ffn_hidden as f64),
-            LayerKind::Moe => token_ffn_casts(m.moe.map_or(0.0, |x| x.shared_hidden() as f64)) + routed_tokens / tokens * (h + expert_ffn / cfg.etp as f64),
+            LayerKind::Moe => {
+                token_ffn_casts(m.moe.map_or(0.0, |x| x.shared_hidden() as f64))
+                    + routed_tokens / tokens * (h + expert_ffn / cfg.etp as f64)
+            }
         };
     let casts = if c.fp8 { 3.0 * cast_elems } else { 0.0 };
     fwd.elementwise = c.mem(tokens * (outside + inner + rotary + casts));
@@ -615,9 +680,18 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         sel_secs += mla_up.0 + c.mem(tokens * rotary);
     }
     match kind {
-        LayerKind::Dense if sel(RecomputeModules::MLP) => sel_secs += fwd.mlp + c.mem(tokens * act(m.ffn_hidden as f64, t)),
+        LayerKind::Dense if sel(RecomputeModules::MLP) => {
+            sel_secs += fwd.mlp + c.mem(tokens * act(m.ffn_hidden as f64, t))
+        }
         LayerKind::Moe if sel(RecomputeModules::MOE) => {
-            sel_secs += fwd.moe_experts + fwd.router + fwd.mlp + c.mem(tokens * (routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + shuffle) + act(shared_ffn, t)));
+            sel_secs += fwd.moe_experts
+                + fwd.router
+                + fwd.mlp
+                + c.mem(
+                    tokens
+                        * (routed_tokens / tokens * (act(expert_ffn, cfg.etp as f64) + shuffle)
+                            + act(shared_ffn, t)),
+                );
         }
         LayerKind::Moe => {
             if sel(RecomputeModules::MOE_ACT) {
@@ -638,19 +712,31 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     // FLOPs for MFU (model) and HFU (recompute). GEMM FLOPs per token from shapes.
     let proj_params = match &m.mla {
         Some(mla) => {
-            let q = if mla.q_lora_rank > 0 { h * mla.q_lora_rank as f64 + mla.q_lora_rank as f64 * m.q_dim() as f64 } else { h * m.q_dim() as f64 };
-            q + h * (mla.kv_lora_rank + mla.qk_rope_head_dim) as f64 + mla.kv_lora_rank as f64 * m.heads as f64 * (mla.qk_nope_head_dim + mla.v_head_dim) as f64 + m.attn_out_dim() as f64 * h
+            let q = if mla.q_lora_rank > 0 {
+                h * mla.q_lora_rank as f64 + mla.q_lora_rank as f64 * m.q_dim() as f64
+            } else {
+                h * m.q_dim() as f64
+            };
+            q + h * (mla.kv_lora_rank + mla.qk_rope_head_dim) as f64
+                + mla.kv_lora_rank as f64
+                    * m.heads as f64
+                    * (mla.qk_nope_head_dim + mla.v_head_dim) as f64
+                + m.attn_out_dim() as f64 * h
         }
         None => h * (m.q_dim() + 2 * m.kv_dim() + m.attn_out_dim()) as f64,
     };
     let mlp_params = match (kind, &m.moe) {
         (LayerKind::Moe, Some(moe)) => {
-            m.mlp.matrices() as f64 * h * (moe.top_k * moe.expert_ffn_hidden + moe.shared_hidden()) as f64 + h * moe.experts as f64
+            m.mlp.matrices() as f64
+                * h
+                * (moe.top_k * moe.expert_ffn_hidden + moe.shared_hidden()) as f64
+                + h * moe.experts as f64
         }
         _ => m.mlp.matrices() as f64 * h * m.ffn_hidden as f64,
     };
     let seq_tokens = (cfg.mbs * c.w.seq) as f64;
-    let fwd_flops_seq = 2.0 * (proj_params + mlp_params) * seq_tokens + 2.0 * cfg.mbs as f64 * head_flops * t * dense_pairs * cfg.cp as f64;
+    let fwd_flops_seq = 2.0 * (proj_params + mlp_params) * seq_tokens
+        + 2.0 * cfg.mbs as f64 * head_flops * t * dense_pairs * cfg.cp as f64;
     // Per GPU: the micro-batch is spread over TP x CP ranks.
     lc.model_flops = 3.0 * fwd_flops_seq / (t * cfg.cp as f64);
     let mats = m.mlp.matrices() as f64;
@@ -662,7 +748,9 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         sel_flops += mla_up.1;
     }
     match (kind, &m.moe) {
-        (LayerKind::Dense, _) if sel(RecomputeModules::MLP) => sel_flops += 2.0 * tokens * mats * h * m.ffn_hidden as f64 / t,
+        (LayerKind::Dense, _) if sel(RecomputeModules::MLP) => {
+            sel_flops += 2.0 * tokens * mats * h * m.ffn_hidden as f64 / t
+        }
         (LayerKind::Moe, Some(moe)) => {
             let experts = 2.0 * routed_tokens * mats * h * expert_ffn / cfg.etp as f64;
             let shared = 2.0 * tokens * mats * h * shared_ffn / t;
@@ -681,16 +769,36 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     };
 
     // --- Communication of this layer, one micro-batch. ---
-    let replays = if cfg.recompute == Recompute::Full { 1.0 } else { 0.0 };
+    let replays = if cfg.recompute == Recompute::Full {
+        1.0
+    } else {
+        0.0
+    };
     // Selective modules that replay a whole block replay its communication too:
     // "mlp" (dense layers) and "shared_experts" their TP collectives, "moe" its
     // TP collectives (shared experts), all-to-alls and expert-TP gathers.
-    let moe_replay = if kind == LayerKind::Moe && sel(RecomputeModules::MOE) { 1.0 } else { 0.0 };
+    let moe_replay = if kind == LayerKind::Moe && sel(RecomputeModules::MOE) {
+        1.0
+    } else {
+        0.0
+    };
     let has_shared = shared_ffn > 0.0;
     let tp_block_replays = match kind {
         _ if cfg.recompute == Recompute::Full => 0.0,
-        LayerKind::Dense => if sel(RecomputeModules::MLP) { 1.0 } else { 0.0 },
-        LayerKind::Moe => if has_shared && (moe_replay > 0.0 || sel(RecomputeModules::SHARED_EXPERTS)) { 1.0 } else { 0.0 },
+        LayerKind::Dense => {
+            if sel(RecomputeModules::MLP) {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        LayerKind::Moe => {
+            if has_shared && (moe_replay > 0.0 || sel(RecomputeModules::SHARED_EXPERTS)) {
+                1.0
+            } else {
+                0.0
+            }
+        }
     };
     // TP: the activation is tokens x h in BF16. Per layer: attention and MLP each
     // need one all-reduce (or AG + RS with SP) forward and one backward. In an MoE
@@ -704,7 +812,8 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         };
         let g = c.tp_group();
         let per_block = if cfg.sp {
-            c.coll(Collective::AllGather, act_bytes, g) + c.coll(Collective::ReduceScatter, act_bytes, g)
+            c.coll(Collective::AllGather, act_bytes, g)
+                + c.coll(Collective::ReduceScatter, act_bytes, g)
         } else {
             c.coll(Collective::AllReduce, act_bytes, g)
         };
@@ -726,7 +835,14 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     // CP: ring of cp - 1 steps sending this rank's K and V; the backward sends K, V
     // and their gradients. Each step overlaps the attention on the previous chunk.
     if cfg.cp > 1 {
-        let kv_bytes = tokens * 2.0 * kv_rank.max(if m.mla.is_some() { m.kv_dim() as f64 / t } else { 0.0 }) * 2.0;
+        let kv_bytes = tokens
+            * 2.0
+            * kv_rank.max(if m.mla.is_some() {
+                m.kv_dim() as f64 / t
+            } else {
+                0.0
+            })
+            * 2.0;
         let step = c.coll(Collective::SendRecv, kv_bytes, c.cp_group());
         lc.cp_bytes = kv_bytes;
         let steps = (cfg.cp - 1) as f64;
@@ -751,7 +867,13 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         let g = c.ep_group();
         let one = match cfg.moe_dispatcher {
             Dispatcher::AllToAll => c.coll(Collective::AllToAll, bytes, g),
-            Dispatcher::Deduplicated => dedup_dispatch_secs(c.hw, tokens / t * moe_load * h * 2.0, moe.experts, moe.top_k, g),
+            Dispatcher::Deduplicated => dedup_dispatch_secs(
+                c.hw,
+                tokens / t * moe_load * h * 2.0,
+                moe.experts,
+                moe.top_k,
+                g,
+            ),
         };
         let calls = 2.0 * (2.0 + replays + moe_replay);
         let total = calls * one;
@@ -769,7 +891,8 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         let bytes = routed_tokens * h * 2.0;
         lc.etp_bytes = bytes;
         let g = c.etp_group();
-        let one = c.coll(Collective::AllGather, bytes, g) + c.coll(Collective::ReduceScatter, bytes, g);
+        let one =
+            c.coll(Collective::AllGather, bytes, g) + c.coll(Collective::ReduceScatter, bytes, g);
         let calls = 2.0 + replays + moe_replay;
         lc.etp = (calls * one, calls * one);
         lc.etp_calls = 2.0 * calls;
@@ -800,7 +923,13 @@ pub fn expected_remote_domains(experts: u64, top_k: u64, domains: u64) -> f64 {
 /// HybridEP): each token crosses the network once per destination domain, then is
 /// copied to that domain's experts over NVLink. `token_bytes` is this rank's
 /// tokens x h x 2 (before top-k fan-out).
-fn dedup_dispatch_secs(hw: &HardwareProfile, token_bytes: f64, experts: u64, top_k: u64, g: Placement) -> f64 {
+fn dedup_dispatch_secs(
+    hw: &HardwareProfile,
+    token_bytes: f64,
+    experts: u64,
+    top_k: u64,
+    g: Placement,
+) -> f64 {
     let e = &hw.efficiency;
     let nvl = hw.node.nvlink_gbytes_per_s * 1e9 * e.nvlink_busbw;
     let copies_local = top_k as f64 * (g.per_domain as f64 - 1.0) / g.size as f64;
@@ -811,14 +940,21 @@ fn dedup_dispatch_secs(hw: &HardwareProfile, token_bytes: f64, experts: u64, top
     let net = token_bytes * remote / (hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw);
     // NVLink carries the local copies and the fan-out of tokens arriving from
     // other domains to this domain's other GPUs.
-    let fan_out = token_bytes * (copies_local + top_k as f64 * (g.domains as f64 - 1.0) / g.domains as f64);
+    let fan_out =
+        token_bytes * (copies_local + top_k as f64 * (g.domains as f64 - 1.0) / g.domains as f64);
     net.max(fan_out / nvl) + hw.network.latency_us * 1e-6 * 2.0
 }
 
 impl LayerCost {
     /// Critical-path seconds for one micro-batch through this layer.
     fn secs(&self) -> f64 {
-        self.fwd.total() + self.bwd.total() + self.recompute + self.tp.1 + self.cp.1 + self.ep.1 + self.etp.1
+        self.fwd.total()
+            + self.bwd.total()
+            + self.recompute
+            + self.tp.1
+            + self.cp.1
+            + self.ep.1
+            + self.etp.1
     }
 }
 
@@ -891,7 +1027,11 @@ fn pieces(c: &Ctx) -> Pieces {
     let p = cfg.pp;
     let a = c.a;
     let dense = layer_cost(c, LayerKind::Dense);
-    let moe = if model.moe.is_some() { layer_cost(c, LayerKind::Moe) } else { dense };
+    let moe = if model.moe.is_some() {
+        layer_cost(c, LayerKind::Moe)
+    } else {
+        dense
+    };
 
     // Output layer on the last stage: logits GEMM (BF16), then the cross-entropy's
     // element-wise passes over the FP32 logits (fused or not).
@@ -899,7 +1039,8 @@ fn pieces(c: &Ctx) -> Pieces {
     let logits = c.pass(tokens, vocab_rank, h, false);
     let ce = c.mem(tokens * vocab_rank * c.a.loss.bytes_per_logit());
     let output_secs = logits.fwd + logits.bwd + ce;
-    let output_flops = 3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
+    let output_flops =
+        3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
     // Embedding lookup on the first stage (gather, and a scatter-add in backward).
     let embed_secs = c.mem(tokens * h * 2.0 * 3.0 / if cfg.sp { t } else { 1.0 });
     // The output layer's TP communication (gather the hidden state or all-reduce
@@ -907,7 +1048,11 @@ fn pieces(c: &Ctx) -> Pieces {
     let out_tp = if cfg.tp > 1 {
         let act = tokens * h * 2.0;
         let g = c.tp_group();
-        if cfg.sp { c.coll(Collective::AllGather, act, g) + c.coll(Collective::ReduceScatter, act, g) } else { c.coll(Collective::AllReduce, act, g) }
+        if cfg.sp {
+            c.coll(Collective::AllGather, act, g) + c.coll(Collective::ReduceScatter, act, g)
+        } else {
+            c.coll(Collective::AllReduce, act, g)
+        }
     } else {
         0.0
     };
@@ -944,7 +1089,24 @@ fn pieces(c: &Ctx) -> Pieces {
         MtpCost::default()
     };
 
-    Pieces { dense, moe, vocab_rank, output_secs, output_wgrad: logits.wgrad, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp }
+    Pieces {
+        dense,
+        moe,
+        vocab_rank,
+        output_secs,
+        output_wgrad: logits.wgrad,
+        output_flops,
+        embed_secs,
+        out_tp,
+        dense_layer_params,
+        moe_dense_params,
+        moe_expert_params,
+        embed_params,
+        tied_single,
+        act_dense,
+        act_moe,
+        mtp,
+    }
 }
 
 /// The partition problem ([`crate::partition`]) of a non-interleaved pipeline:
@@ -952,13 +1114,28 @@ fn pieces(c: &Ctx) -> Pieces {
 /// layer as first- and last-stage extras, 1F1B in-flight counts per stage. The
 /// model's dominant layer type (dense or MoE) stands for every layer. The
 /// configuration's own recomputation applies to every layer.
-pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<crate::partition::StageProblem, Rejection> {
+pub fn stage_problem(
+    model: &ModelSpec,
+    cluster: &Cluster,
+    w: &Workload,
+    cfg: &ParallelConfig,
+    a: Assumptions,
+) -> Result<crate::partition::StageProblem, Rejection> {
     cfg.check(model, cluster, w)?;
     if cfg.vpp != 1 || cfg.pp < 2 || cfg.schedule == Schedule::DualPipe {
         return Err(Rejection::Layout { detail: "re-partitioning needs a non-interleaved pipeline of at least 2 stages, one per rank (not DualPipe)".into() });
     }
     let hw = &cluster.profile;
-    let c = Ctx { model, hw, w, cfg, a, tokens: (cfg.mbs * w.seq / cfg.cp) as f64, fp8: w.precision.is_fp8() && hw.gpu.peak_tflops.fp8 > 0.0, domain: hw.node.nvlink_domain };
+    let c = Ctx {
+        model,
+        hw,
+        w,
+        cfg,
+        a,
+        tokens: (cfg.mbs * w.seq / cfg.cp) as f64,
+        fp8: w.precision.is_fp8() && hw.gpu.peak_tflops.fp8 > 0.0,
+        domain: hw.node.nvlink_domain,
+    };
     let pc = pieces(&c);
     let p = cfg.pp as usize;
     let m = cfg.micro_batches(w);
@@ -967,7 +1144,12 @@ pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
     let frag = 1.0 + hw.memory.fragmentation;
     let moe_dominant = 2 * model.moe_layers() > model.layers;
     let (layer, act, dense_p, expert_p) = if moe_dominant {
-        (pc.moe, pc.act_moe, pc.moe_dense_params, pc.moe_expert_params)
+        (
+            pc.moe,
+            pc.act_moe,
+            pc.moe_dense_params,
+            pc.moe_expert_params,
+        )
     } else {
         (pc.dense, pc.act_dense, pc.dense_layer_params, 0.0)
     };
@@ -975,13 +1157,20 @@ pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
         let (wt, g, o) = memory::model_state(cfg, d, e);
         wt + g + o
     };
-    let working = if cfg.recompute == Recompute::Full { (act.full - act.stored).max(0.0) * frag } else { 0.0 };
+    let working = if cfg.recompute == Recompute::Full {
+        (act.full - act.stored).max(0.0) * frag
+    } else {
+        0.0
+    };
     let reserve = hw.memory.reserve_gib * GIB;
     let mut extra_secs = vec![0.0; p];
     let mut extra_bytes = vec![reserve + working; p];
     let flight: Vec<f64> = (0..cfg.pp).map(|i| memory::in_flight(cfg, m, i)).collect();
     extra_secs[0] += pc.embed_secs;
-    extra_bytes[0] += state(pc.embed_params, 0.0) + flight[0] * c.tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 }) / if cfg.sp { t } else { 1.0 } * frag;
+    extra_bytes[0] += state(pc.embed_params, 0.0)
+        + flight[0] * c.tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 })
+            / if cfg.sp { t } else { 1.0 }
+            * frag;
     extra_secs[p - 1] += pc.output_secs + 2.0 * pc.out_tp;
     let out_params = if pc.tied_single { 0.0 } else { pc.embed_params } + h;
     extra_bytes[p - 1] += state(out_params, 0.0) + c.tokens * pc.vocab_rank * 6.0 * frag;
@@ -989,9 +1178,22 @@ pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
     // kind), projections, second output pass and embedding copy.
     let mtp = model.mtp_layers as f64;
     if mtp > 0.0 {
-        let (m_layer, m_act, m_dense, m_expert) = if model.mtp_is_moe() { (pc.moe, pc.act_moe, pc.moe_dense_params, pc.moe_expert_params) } else { (pc.dense, pc.act_dense, pc.dense_layer_params, 0.0) };
+        let (m_layer, m_act, m_dense, m_expert) = if model.mtp_is_moe() {
+            (
+                pc.moe,
+                pc.act_moe,
+                pc.moe_dense_params,
+                pc.moe_expert_params,
+            )
+        } else {
+            (pc.dense, pc.act_dense, pc.dense_layer_params, 0.0)
+        };
         extra_secs[p - 1] += mtp * (m_layer.secs() + pc.mtp_extra_secs());
-        extra_bytes[p - 1] += state(mtp * (m_dense + pc.mtp.params) + pc.mtp_embedding_copy(model, cfg.pp), mtp * m_expert) + flight[p - 1] * mtp * (m_act.stored + pc.mtp.stored) * frag + mtp * c.tokens * pc.vocab_rank * 6.0 * frag;
+        extra_bytes[p - 1] += state(
+            mtp * (m_dense + pc.mtp.params) + pc.mtp_embedding_copy(model, cfg.pp),
+            mtp * m_expert,
+        ) + flight[p - 1] * mtp * (m_act.stored + pc.mtp.stored) * frag
+            + mtp * c.tokens * pc.vocab_rank * 6.0 * frag;
     }
     Ok(crate::partition::StageProblem {
         layers: model.layers,
@@ -1003,7 +1205,12 @@ pub fn stage_problem(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
         layer_act_recomputed_bytes: act.stored * frag,
         in_flight: flight,
         stage_extra_bytes: extra_bytes,
-        classes: vec![crate::partition::GpuClass { name: hw.name.clone(), slowdown: 1.0, capacity_bytes: hw.hbm_bytes(), stages: p }],
+        classes: vec![crate::partition::GpuClass {
+            name: hw.name.clone(),
+            slowdown: 1.0,
+            capacity_bytes: hw.hbm_bytes(),
+            stages: p,
+        }],
         allow_recompute: false,
     })
 }
@@ -1020,38 +1227,74 @@ pub const MAX_SIMULATED_PASSES: u64 = 200_000;
 pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
     use crate::schedule::{simulate_schedule, PassCosts};
     let schedule = cfg.schedule;
-    let v = if schedule == Schedule::Interleaved { cfg.vpp } else { 1 };
+    let v = if schedule == Schedule::Interleaved {
+        cfg.vpp
+    } else {
+        1
+    };
     let (p, m) = (cfg.pp, e.micro_batches);
     let kinds = if schedule.splits_weight_grad() { 3 } else { 2 };
-    if p < 2 || e.pipeline_simulated || e.stages.len() as u64 != p || kinds * p * v * m > MAX_SIMULATED_PASSES {
+    if p < 2
+        || e.pipeline_simulated
+        || e.stages.len() as u64 != p
+        || kinds * p * v * m > MAX_SIMULATED_PASSES
+    {
         return false;
     }
     let secs: Vec<f64> = e.stages.iter().map(|s| s.secs_per_micro_batch).collect();
     let split = schedule.splits_weight_grad();
-    let weight: Vec<f64> = e.stages.iter().map(|s| if split { s.weight_grad_secs.clamp(0.0, s.secs_per_micro_batch / 3.0) / v as f64 } else { 0.0 }).collect();
+    let weight: Vec<f64> = e
+        .stages
+        .iter()
+        .map(|s| {
+            if split {
+                s.weight_grad_secs.clamp(0.0, s.secs_per_micro_batch / 3.0) / v as f64
+            } else {
+                0.0
+            }
+        })
+        .collect();
     let costs = PassCosts {
         forward: secs.iter().map(|s| s / 3.0 / v as f64).collect(),
-        backward: secs.iter().zip(&weight).map(|(s, w)| 2.0 * s / 3.0 / v as f64 - w).collect(),
+        backward: secs
+            .iter()
+            .zip(&weight)
+            .map(|(s, w)| 2.0 * s / 3.0 / v as f64 - w)
+            .collect(),
         weight,
     };
     let pp = e.comm.iter().find(|t| t.kind == CommKind::Pp);
-    let one_p2p = pp.map(|t| t.total_secs / t.calls_per_step.max(1.0)).unwrap_or(0.0);
+    let one_p2p = pp
+        .map(|t| t.total_secs / t.calls_per_step.max(1.0))
+        .unwrap_or(0.0);
     let p2p_exposed = pp.map(|t| t.exposed_secs).unwrap_or(0.0);
-    // The interleaved schedule and DualPipe overlap their transfers; the
-    // simulation charges them on every cross-rank edge only when they are exposed.
-    let edge = if (v > 1 || schedule == Schedule::DualPipe) && cfg.overlap.p2p { 0.0 } else { one_p2p };
-    let Some(tl) = simulate_schedule(schedule, p, v, m, &costs, edge) else { return false };
+    // A transfer overlapped with compute still delays the pass that needs its data:
+    // every cross-rank edge carries the transfer time, overlapped or not. What
+    // overlap saves is the sender's time, which the graph does not charge anyway.
+    // The closed form's exposed transfers are replaced by what lands on the
+    // simulated critical path (for interleaving, the chunk boundaries of the fill
+    // and the drain).
+    let edge = one_p2p;
+    let Some(tl) = simulate_schedule(schedule, p, v, m, &costs, edge) else {
+        return false;
+    };
     // The closed form's pace: the slowest rank (under DualPipe the mean of the two
     // stages a rank runs).
-    let rank_secs = |r: usize| if schedule == Schedule::DualPipe { 0.5 * (secs[r] + secs[p as usize - 1 - r]) } else { secs[r] };
+    let rank_secs = |r: usize| {
+        if schedule == Schedule::DualPipe {
+            0.5 * (secs[r] + secs[p as usize - 1 - r])
+        } else {
+            secs[r]
+        }
+    };
     let t_max = (0..p as usize).map(rank_secs).fold(0.0, f64::max);
-    let closed = m as f64 * t_max + e.time.bubble + if edge > 0.0 { p2p_exposed } else { 0.0 };
+    let closed = m as f64 * t_max + e.time.bubble + p2p_exposed;
     let new_step = e.step_secs - closed + tl.makespan;
     if !(new_step.is_finite() && new_step > 0.0) {
         return false;
     }
     let ratio = e.step_secs / new_step;
-    e.time.bubble = (tl.makespan - m as f64 * t_max - if edge > 0.0 { p2p_exposed } else { 0.0 }).max(0.0);
+    e.time.bubble = (tl.makespan - m as f64 * t_max - p2p_exposed).max(0.0);
     e.step_secs = new_step;
     e.tokens_per_sec_per_gpu *= ratio;
     e.mfu *= ratio;
@@ -1076,11 +1319,22 @@ pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
 }
 
 /// Evaluates one configuration: validity, memory, time.
-pub fn estimate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig) -> Result<Estimate, Rejection> {
+pub fn estimate(
+    model: &ModelSpec,
+    cluster: &Cluster,
+    w: &Workload,
+    cfg: &ParallelConfig,
+) -> Result<Estimate, Rejection> {
     estimate_with(model, cluster, w, cfg, Assumptions::default())
 }
 
-pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
+pub fn estimate_with(
+    model: &ModelSpec,
+    cluster: &Cluster,
+    w: &Workload,
+    cfg: &ParallelConfig,
+    a: Assumptions,
+) -> Result<Estimate, Rejection> {
     let mut e = estimate_unbanded(model, cluster, w, cfg, a)?;
     e.band = crate::uncertainty::band_for(&cluster.profile.name, model.moe.is_some(), &e);
     Ok(e)
@@ -1088,7 +1342,13 @@ pub fn estimate_with(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &P
 
 /// [`estimate_with`] without the error band: the search's inner loop, where only
 /// the ranked plans need one.
-pub fn estimate_unbanded(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
+pub fn estimate_unbanded(
+    model: &ModelSpec,
+    cluster: &Cluster,
+    w: &Workload,
+    cfg: &ParallelConfig,
+    a: Assumptions,
+) -> Result<Estimate, Rejection> {
     let e = evaluate(model, cluster, w, cfg, a)?;
     if e.memory.total > e.hbm_bytes {
         return Err(Rejection::OutOfMemory {
@@ -1103,7 +1363,13 @@ pub fn estimate_unbanded(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg
 
 /// Like [`estimate_with`] but returns the estimate even when it does not fit in
 /// memory (so that the caller can show why); structural rules still apply.
-pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<Estimate, Rejection> {
+pub fn evaluate(
+    model: &ModelSpec,
+    cluster: &Cluster,
+    w: &Workload,
+    cfg: &ParallelConfig,
+    a: Assumptions,
+) -> Result<Estimate, Rejection> {
     cfg.check(model, cluster, w)?;
     let hw = &cluster.profile;
     let c = Ctx {
@@ -1125,12 +1391,33 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
 
     let pc = pieces(&c);
     let (mtp_extra_secs, mtp_copy) = (pc.mtp_extra_secs(), pc.mtp_embedding_copy(model, p));
-    let Pieces { dense, moe, vocab_rank, output_secs, output_wgrad, output_flops, embed_secs, out_tp, dense_layer_params, moe_dense_params, moe_expert_params, embed_params, tied_single, act_dense, act_moe, mtp: mtp_cost } = pc;
+    let Pieces {
+        dense,
+        moe,
+        vocab_rank,
+        output_secs,
+        output_wgrad,
+        output_flops,
+        embed_secs,
+        out_tp,
+        dense_layer_params,
+        moe_dense_params,
+        moe_expert_params,
+        embed_params,
+        tied_single,
+        act_dense,
+        act_moe,
+        mtp: mtp_cost,
+    } = pc;
     // Multi-token-prediction layers run on the last virtual stage (Megatron's
     // layout rules put them there), which the last rank holds; each is a layer of
     // the last decoder layer's kind.
     let mtp = model.mtp_layers as f64;
-    let (mtp_dense, mtp_moe) = if model.mtp_is_moe() { (0.0, mtp) } else { (mtp, 0.0) };
+    let (mtp_dense, mtp_moe) = if model.mtp_is_moe() {
+        (0.0, mtp)
+    } else {
+        (mtp, 0.0)
+    };
 
     // Layers of each physical stage (sum over its virtual chunks). Under DualPipe
     // (one chunk per stage, vpp 1) entry i is model stage i, which runs on rank i
@@ -1171,7 +1458,11 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         let iu = i as usize;
         let first = i == 0;
         let last = i == p - 1;
-        let (extra_dense, extra_moe, extra_mtp) = if last { (mtp_dense, mtp_moe, mtp) } else { (0.0, 0.0, 0.0) };
+        let (extra_dense, extra_moe, extra_mtp) = if last {
+            (mtp_dense, mtp_moe, mtp)
+        } else {
+            (0.0, 0.0, 0.0)
+        };
         let n_moe = stage_moe[iu] as f64 + extra_moe;
         let n_dense = (stage_layers[iu] - stage_moe[iu]) as f64 + extra_dense;
         let mut secs = n_dense * dense.secs() + n_moe * moe.secs();
@@ -1195,28 +1486,51 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
             dense_p += h; // final norm
             dense_p += extra_mtp * mtp_cost.params + mtp_copy;
         }
-        let stored = n_dense * act_dense.stored + n_moe * act_moe.stored + extra_mtp * mtp_cost.stored;
+        let stored =
+            n_dense * act_dense.stored + n_moe * act_moe.stored + extra_mtp * mtp_cost.stored;
         let held = n_dense + n_moe;
         let per_layer_stored = if held > 0.0 { stored / held } else { 0.0 };
         // Working set: with full recomputation, one layer is rebuilt in full for the
         // micro-batch being back-propagated.
         let working = match cfg.recompute {
-            Recompute::Full => act_dense.full.max(if n_moe > 0.0 { act_moe.full } else { 0.0 }) - per_layer_stored,
+            Recompute::Full => {
+                act_dense
+                    .full
+                    .max(if n_moe > 0.0 { act_moe.full } else { 0.0 })
+                    - per_layer_stored
+            }
             _ => 0.0,
         };
         // MoE token dispatch: send and receive buffers of the layer in flight
         // (routed tokens x h in BF16, each way).
         let dispatch = match &model.moe {
-            Some(mo) if n_moe > 0.0 => 2.0 * tokens / t * mo.top_k as f64 * w.moe_rank_load(mo, cfg.ep).factor * h * 2.0,
+            Some(mo) if n_moe > 0.0 => {
+                2.0 * tokens / t * mo.top_k as f64 * w.moe_rank_load(mo, cfg.ep).factor * h * 2.0
+            }
             _ => 0.0,
         };
         // A backward holds its input gradient and weight gradient GEMMs; the weight
         // part is at most half of it.
-        StageCost { secs, weight_secs: weight_secs.min(secs / 3.0), dense_p, expert_p, stored, working: working.max(0.0), dispatch }
+        StageCost {
+            secs,
+            weight_secs: weight_secs.min(secs / 3.0),
+            dense_p,
+            expert_p,
+            stored,
+            working: working.max(0.0),
+            dispatch,
+        }
     };
     let costs: Vec<StageCost> = (0..p).map(stage_cost).collect();
     // Time of one micro-batch on each rank (the mean over the stages it runs).
-    let rank_secs: Vec<f64> = (0..p).map(|r| hosts(r).iter().map(|&(s, k)| k * costs[s as usize].secs).sum()).collect();
+    let rank_secs: Vec<f64> = (0..p)
+        .map(|r| {
+            hosts(r)
+                .iter()
+                .map(|&(s, k)| k * costs[s as usize].secs)
+                .sum()
+        })
+        .collect();
 
     let mut stages = Vec::with_capacity(p as usize);
     let mut worst_mem = StageMemory::default();
@@ -1231,19 +1545,34 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         let expert_p: f64 = here.iter().map(|&(s, _)| costs[s as usize].expert_p).sum();
         let (weights, gradients, optimizer) = memory::model_state(cfg, dense_p, expert_p);
         let flight = memory::in_flight(cfg, m, i);
-        let stored: f64 = here.iter().map(|&(s, k)| k * costs[s as usize].stored).sum();
-        let working = here.iter().map(|&(s, _)| costs[s as usize].working).fold(0.0, f64::max);
-        let dispatch = here.iter().map(|&(s, _)| costs[s as usize].dispatch).fold(0.0, f64::max);
+        let stored: f64 = here
+            .iter()
+            .map(|&(s, k)| k * costs[s as usize].stored)
+            .sum();
+        let working = here
+            .iter()
+            .map(|&(s, _)| costs[s as usize].working)
+            .fold(0.0, f64::max);
+        let dispatch = here
+            .iter()
+            .map(|&(s, _)| costs[s as usize].dispatch)
+            .fold(0.0, f64::max);
         let mut activations = stored * flight + working + dispatch;
         if let Some(&(_, k)) = here.iter().find(|&&(s, _)| s == 0) {
             // Embedding output kept for its backward (and dropout mask).
-            activations += k * flight * tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 }) / if cfg.sp { t } else { 1.0 };
+            activations += k * flight * tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 })
+                / if cfg.sp { t } else { 1.0 };
         }
         // Logits in BF16 and FP32, once for the loss and once per MTP layer.
-        let logits = if here.iter().any(|&(s, _)| s == p - 1) { (1.0 + mtp) * tokens * vocab_rank * (2.0 + 4.0) } else { 0.0 };
+        let logits = if here.iter().any(|&(s, _)| s == p - 1) {
+            (1.0 + mtp) * tokens * vocab_rank * (2.0 + 4.0)
+        } else {
+            0.0
+        };
         let fragmentation = hw.memory.fragmentation * (activations + logits);
         let reserve = hw.memory.reserve_gib * GIB;
-        let total = weights + gradients + optimizer + activations + logits + fragmentation + reserve;
+        let total =
+            weights + gradients + optimizer + activations + logits + fragmentation + reserve;
         let mem = StageMemory {
             stage: i,
             params: dense_p + expert_p,
@@ -1280,7 +1609,15 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     // (DeepSeek-V3 Table 2, with F&B = F + B: the pair is not credited any overlap).
     // They are exact for identical stages with the ratios the papers draw;
     // `apply_simulation` replaces them with the simulated schedule for the leaders.
-    let (critical, t_max) = rank_secs.iter().copied().enumerate().fold((0u64, 0.0f64), |acc, (i, x)| if x > acc.1 { (i as u64, x) } else { acc });
+    let (critical, t_max) =
+        rank_secs
+            .iter()
+            .copied()
+            .enumerate()
+            .fold(
+                (0u64, 0.0f64),
+                |acc, (i, x)| if x > acc.1 { (i as u64, x) } else { acc },
+            );
     let t_mean = rank_secs.iter().sum::<f64>() / p as f64;
     let w_mean = costs.iter().map(|c| c.weight_secs).sum::<f64>() / p as f64;
     let pm1 = (p - 1) as f64;
@@ -1299,12 +1636,35 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     let mut comm: Vec<CommTerm> = Vec::new();
     // The critical rank's stages, with the share of its micro-batches on each.
     let crit_hosts = hosts(critical);
-    let crit_first: f64 = crit_hosts.iter().filter(|&&(s, _)| s == 0).map(|&(_, k)| k).sum();
-    let crit_last: f64 = crit_hosts.iter().filter(|&&(s, _)| s == p - 1).map(|&(_, k)| k).sum();
-    let crit_dense: f64 = crit_hosts.iter().map(|&(s, k)| k * (stage_layers[s as usize] - stage_moe[s as usize]) as f64).sum::<f64>() + crit_last * mtp_dense;
-    let crit_moe: f64 = crit_hosts.iter().map(|&(s, k)| k * stage_moe[s as usize] as f64).sum::<f64>() + crit_last * mtp_moe;
+    let crit_first: f64 = crit_hosts
+        .iter()
+        .filter(|&&(s, _)| s == 0)
+        .map(|&(_, k)| k)
+        .sum();
+    let crit_last: f64 = crit_hosts
+        .iter()
+        .filter(|&&(s, _)| s == p - 1)
+        .map(|&(_, k)| k)
+        .sum();
+    let crit_dense: f64 = crit_hosts
+        .iter()
+        .map(|&(s, k)| k * (stage_layers[s as usize] - stage_moe[s as usize]) as f64)
+        .sum::<f64>()
+        + crit_last * mtp_dense;
+    let crit_moe: f64 = crit_hosts
+        .iter()
+        .map(|&(s, k)| k * stage_moe[s as usize] as f64)
+        .sum::<f64>()
+        + crit_last * mtp_moe;
     let mb = m as f64;
-    let mut push_layer_comm = |kind: CommKind, coll: Collective, group: Placement, bytes: f64, d: (f64, f64), mo: (f64, f64), calls_d: f64, calls_m: f64| {
+    let mut push_layer_comm = |kind: CommKind,
+                               coll: Collective,
+                               group: Placement,
+                               bytes: f64,
+                               d: (f64, f64),
+                               mo: (f64, f64),
+                               calls_d: f64,
+                               calls_m: f64| {
         let total = mb * (crit_dense * d.0 + crit_moe * mo.0);
         if total <= 0.0 {
             return;
@@ -1323,11 +1683,51 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         });
     };
     let act_bytes = tokens * h * 2.0;
-    push_layer_comm(CommKind::Tp, if cfg.sp { Collective::AllGather } else { Collective::AllReduce }, c.tp_group(), act_bytes, dense.tp, moe.tp, dense.tp_calls, moe.tp_calls);
-    push_layer_comm(CommKind::Cp, Collective::SendRecv, c.cp_group(), dense.cp_bytes, dense.cp, moe.cp, dense.cp_calls, moe.cp_calls);
+    push_layer_comm(
+        CommKind::Tp,
+        if cfg.sp {
+            Collective::AllGather
+        } else {
+            Collective::AllReduce
+        },
+        c.tp_group(),
+        act_bytes,
+        dense.tp,
+        moe.tp,
+        dense.tp_calls,
+        moe.tp_calls,
+    );
+    push_layer_comm(
+        CommKind::Cp,
+        Collective::SendRecv,
+        c.cp_group(),
+        dense.cp_bytes,
+        dense.cp,
+        moe.cp,
+        dense.cp_calls,
+        moe.cp_calls,
+    );
     if let Some(mo) = &model.moe {
-        push_layer_comm(CommKind::Ep, Collective::AllToAll, c.ep_group(), tokens / t * mo.top_k as f64 * h * 2.0, (0.0, 0.0), moe.ep, 0.0, moe.ep_calls);
-        push_layer_comm(CommKind::Etp, Collective::AllGather, c.etp_group(), moe.etp_bytes, (0.0, 0.0), moe.etp, 0.0, moe.etp_calls);
+        push_layer_comm(
+            CommKind::Ep,
+            Collective::AllToAll,
+            c.ep_group(),
+            tokens / t * mo.top_k as f64 * h * 2.0,
+            (0.0, 0.0),
+            moe.ep,
+            0.0,
+            moe.ep_calls,
+        );
+        push_layer_comm(
+            CommKind::Etp,
+            Collective::AllGather,
+            c.etp_group(),
+            moe.etp_bytes,
+            (0.0, 0.0),
+            moe.etp,
+            0.0,
+            moe.etp_calls,
+        );
     }
 
     let mut p2p_exposed = 0.0;
@@ -1339,9 +1739,28 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         let total = transfers * one;
         // The interleaved schedule overlaps its transfers with compute (with
         // --overlap-p2p-communication), and DualPipe overlaps them inside its
-        // forward-backward pairs; only the fill and drain stay exposed.
-        p2p_exposed = if (v > 1 || dual) && cfg.overlap.p2p { 2.0 * (p - 1) as f64 * one } else { total };
-        comm.push(CommTerm { kind: CommKind::Pp, collective: Collective::SendRecv, group: g, tier: g.tier(), bytes_per_call: bytes, calls_per_step: transfers, total_secs: total, exposed_secs: p2p_exposed, overlapped_secs: total - p2p_exposed });
+        // forward-backward pairs; what stays exposed is the path of the first
+        // micro-batch forward and the last one backward: with v chunks per rank
+        // that path crosses 2(pv - 1) chunk boundaries, each waiting for its
+        // transfer (the simulator's critical path on even stages). Every virtual
+        // stage adds two.
+        let boundaries = if dual { p - 1 } else { p * v - 1 };
+        p2p_exposed = if (v > 1 || dual) && cfg.overlap.p2p {
+            2.0 * boundaries as f64 * one
+        } else {
+            total
+        };
+        comm.push(CommTerm {
+            kind: CommKind::Pp,
+            collective: Collective::SendRecv,
+            group: g,
+            tier: g.tier(),
+            bytes_per_call: bytes,
+            calls_per_step: transfers,
+            total_secs: total,
+            exposed_secs: p2p_exposed,
+            overlapped_secs: total - p2p_exposed,
+        });
     }
 
     // Data-parallel synchronisation, per stage; the step waits for the slowest.
@@ -1366,7 +1785,12 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         let mut overlapped = 0.0;
         for (params_local, group, grad_kind, param_kind) in [
             (dense_p, c.dp_group(), CommKind::DpGrad, CommKind::DpParam),
-            (expert_p, c.edp_group(), CommKind::EdpGrad, CommKind::EdpParam),
+            (
+                expert_p,
+                c.edp_group(),
+                CommKind::EdpGrad,
+                CommKind::EdpParam,
+            ),
         ] {
             if params_local <= 0.0 || group.size <= 1 {
                 continue;
@@ -1394,34 +1818,74 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
             } else {
                 grad_total
             };
-            let gather_one = if gather_calls > 0.0 { c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets } else { 0.0 };
+            let gather_one = if gather_calls > 0.0 {
+                c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets
+            } else {
+                0.0
+            };
             let gather_total = gather_one * gather_calls;
             let gather_exposed = if gather_calls == 0.0 {
                 0.0
             } else if cfg.zero == Zero::Zero3 {
                 ((gather_one - t_f).max(gather_one / buckets) * gather_calls).min(gather_total)
             } else if cfg.overlap.param_gather {
-                (gather_total - t_f).max(gather_one / buckets).min(gather_total)
+                (gather_total - t_f)
+                    .max(gather_one / buckets)
+                    .min(gather_total)
             } else {
                 gather_total
             };
             exposed += grad_exposed + gather_exposed;
             overlapped += grad_total - grad_exposed + gather_total - gather_exposed;
-            terms.push(CommTerm { kind: grad_kind, collective: grad_coll, group, tier: group.tier(), bytes_per_call: grad_bytes / buckets, calls_per_step: grad_calls * buckets, total_secs: grad_total, exposed_secs: grad_exposed, overlapped_secs: grad_total - grad_exposed });
+            terms.push(CommTerm {
+                kind: grad_kind,
+                collective: grad_coll,
+                group,
+                tier: group.tier(),
+                bytes_per_call: grad_bytes / buckets,
+                calls_per_step: grad_calls * buckets,
+                total_secs: grad_total,
+                exposed_secs: grad_exposed,
+                overlapped_secs: grad_total - grad_exposed,
+            });
             if gather_calls > 0.0 {
-                terms.push(CommTerm { kind: param_kind, collective: Collective::AllGather, group, tier: group.tier(), bytes_per_call: param_bytes / buckets, calls_per_step: gather_calls * buckets, total_secs: gather_total, exposed_secs: gather_exposed, overlapped_secs: gather_total - gather_exposed });
+                terms.push(CommTerm {
+                    kind: param_kind,
+                    collective: Collective::AllGather,
+                    group,
+                    tier: group.tier(),
+                    bytes_per_call: param_bytes / buckets,
+                    calls_per_step: gather_calls * buckets,
+                    total_secs: gather_total,
+                    exposed_secs: gather_exposed,
+                    overlapped_secs: gather_total - gather_exposed,
+                });
             }
         }
         // DualPipe: the two copies of each stage (on ranks i and p-1-i) sum their
         // gradients, an all-reduce between the pair of the gradient shard each rank
         // keeps, after the backward.
         if dual {
-            let shard = if cfg.zero == Zero::None { 1.0 } else { (cfg.dp * cfg.cp) as f64 };
+            let shard = if cfg.zero == Zero::None {
+                1.0
+            } else {
+                (cfg.dp * cfg.cp) as f64
+            };
             let bytes = mem.params * memory::grad_bytes(cfg) / shard;
             let g = c.pp_group();
             let secs = c.coll(Collective::AllReduce, bytes, g);
             exposed += secs;
-            terms.push(CommTerm { kind: CommKind::DpGrad, collective: Collective::AllReduce, group: g, tier: g.tier(), bytes_per_call: bytes, calls_per_step: 1.0, total_secs: secs, exposed_secs: secs, overlapped_secs: 0.0 });
+            terms.push(CommTerm {
+                kind: CommKind::DpGrad,
+                collective: Collective::AllReduce,
+                group: g,
+                tier: g.tier(),
+                bytes_per_call: bytes,
+                calls_per_step: 1.0,
+                total_secs: secs,
+                exposed_secs: secs,
+                overlapped_secs: 0.0,
+            });
         }
         // Exposure beyond this stage's drain slack delays the step.
         let stage_exposed = (exposed - slack).max(0.0);
@@ -1464,7 +1928,17 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     compute.elementwise += crit_last * mb * mtp * mtp_cost.elementwise_secs;
     let recompute = mb * (crit_dense * dense.recompute + crit_moe * moe.recompute);
     let out_tp_secs = crit_last * mb * 2.0 * out_tp * (1.0 + mtp);
-    let exposed_layer_comm: f64 = comm.iter().filter(|t| matches!(t.kind, CommKind::Tp | CommKind::Cp | CommKind::Ep | CommKind::Etp)).map(|t| t.exposed_secs).sum::<f64>() + out_tp_secs;
+    let exposed_layer_comm: f64 = comm
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.kind,
+                CommKind::Tp | CommKind::Cp | CommKind::Ep | CommKind::Etp
+            )
+        })
+        .map(|t| t.exposed_secs)
+        .sum::<f64>()
+        + out_tp_secs;
     if out_tp_secs > 0.0 {
         if let Some(tp) = comm.iter_mut().find(|t| t.kind == CommKind::Tp) {
             tp.total_secs += out_tp_secs;
@@ -1483,8 +1957,15 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
     // Megatron's FLOP count includes the MTP layers, their projections and their
     // second output-layer pass (num_floating_point_operations, megatron/training).
     let (dense_layers, moe_layers) = (dense_layers + mtp_dense, moe_layers + mtp_moe);
-    let model_flops = total_micro * (dense_layers * dense.model_flops + moe_layers * moe.model_flops + (1.0 + mtp) * output_flops + mtp * mtp_cost.proj_flops) / per_gpu_div;
-    let recompute_flops = total_micro * (dense_layers * dense.recompute_flops + moe_layers * moe.recompute_flops) / per_gpu_div;
+    let model_flops = total_micro
+        * (dense_layers * dense.model_flops
+            + moe_layers * moe.model_flops
+            + (1.0 + mtp) * output_flops
+            + mtp * mtp_cost.proj_flops)
+        / per_gpu_div;
+    let recompute_flops = total_micro
+        * (dense_layers * dense.recompute_flops + moe_layers * moe.recompute_flops)
+        / per_gpu_div;
     let peak = hw.peak_flops(false);
     let mfu = model_flops / (step * peak);
     let hfu = (model_flops + recompute_flops) / (step * peak);
@@ -1500,7 +1981,14 @@ pub fn evaluate(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Parall
         micro_batches: m,
         bubble_fraction: bubble / step,
         exposed_comm_fraction: exposed_comm / step,
-        time: TimeBreakdown { compute, recompute, exposed_comm, bubble, optimizer: optimizer_secs, overlap_slowdown: slowdown },
+        time: TimeBreakdown {
+            compute,
+            recompute,
+            exposed_comm,
+            bubble,
+            optimizer: optimizer_secs,
+            overlap_slowdown: slowdown,
+        },
         comm,
         memory: worst_mem,
         hbm_bytes: hw.hbm_bytes(),
@@ -1530,15 +2018,45 @@ mod tests {
     use crate::presets::{gpt, resolve};
 
     fn cfg(tp: u64, pp: u64, cp: u64, dp: u64) -> ParallelConfig {
-        ParallelConfig { tp, pp, vpp: 1, cp, ep: 1, etp: 1, dp, sp: false, mbs: 1, zero: Zero::None, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB }
+        ParallelConfig {
+            tp,
+            pp,
+            vpp: 1,
+            cp,
+            ep: 1,
+            etp: 1,
+            dp,
+            sp: false,
+            mbs: 1,
+            zero: Zero::None,
+            recompute: Recompute::None,
+            layout: Layout::Even,
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            bf16_moments: false,
+            recompute_modules: Default::default(),
+            moe_dispatcher: Dispatcher::AllToAll,
+            schedule: Schedule::OneFOneB,
+        }
     }
 
     fn wl(seq: u64, gbs: u64) -> Workload {
-        Workload { seq, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None }
+        Workload {
+            seq,
+            global_batch: gbs,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        }
     }
 
     fn term(e: &Estimate, kind: CommKind) -> &CommTerm {
-        e.comm.iter().find(|t| t.kind == kind).unwrap_or_else(|| panic!("no {kind:?} term in {:?}", e.comm.iter().map(|t| t.kind).collect::<Vec<_>>()))
+        e.comm.iter().find(|t| t.kind == kind).unwrap_or_else(|| {
+            panic!(
+                "no {kind:?} term in {:?}",
+                e.comm.iter().map(|t| t.kind).collect::<Vec<_>>()
+            )
+        })
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -1552,7 +2070,16 @@ mod tests {
     fn backward_gemms_at_their_own_shapes() {
         let model = gpt("t", "test", 2, 4096, 32);
         let (k, w) = (cfg(1, 1, 1, 8), wl(4096, 64));
-        let ctx = |hw| Ctx { model: &model, hw, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0, fp8: false, domain: 8 };
+        let ctx = |hw| Ctx {
+            model: &model,
+            hw,
+            w: &w,
+            cfg: &k,
+            a: Assumptions::default(),
+            tokens: 4096.0,
+            fp8: false,
+            domain: 8,
+        };
         let a100 = builtin_profile("a100-80g").unwrap();
         let p = ctx(&a100).pass(4096.0, 12288.0, 4096.0, false);
         assert!((p.bwd / p.fwd - 2.0).abs() < 0.01, "{p:?}");
@@ -1561,7 +2088,10 @@ mod tests {
         // 1024 routed rows through a 2880 -> 5760 expert GEMM (GPT-OSS-120B, EP 8).
         let p = c.pass(1024.0, 5760.0, 2880.0, false);
         assert!(p.bwd > 2.03 * p.fwd, "{p:?}");
-        assert!(close(p.bwd, c.gemm(1024.0, 2880.0, 5760.0, false) + c.gemm(2880.0, 5760.0, 1024.0, false)));
+        assert!(close(
+            p.bwd,
+            c.gemm(1024.0, 2880.0, 5760.0, false) + c.gemm(2880.0, 5760.0, 1024.0, false)
+        ));
         assert!(close(p.wgrad, c.gemm(2880.0, 5760.0, 1024.0, false)));
     }
 
@@ -1576,35 +2106,94 @@ mod tests {
         let core = |heads: u64, cp: u64| {
             let model = gpt("t", "test", 2, 4096, heads);
             let k = cfg(1, 1, cp, 8 / cp);
-            let lc = layer_cost(&Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0 / cp as f64, fp8: false, domain: 8 }, LayerKind::Dense);
+            let lc = layer_cost(
+                &Ctx {
+                    model: &model,
+                    hw: &h100,
+                    w: &w,
+                    cfg: &k,
+                    a: Assumptions::default(),
+                    tokens: 4096.0 / cp as f64,
+                    fp8: false,
+                    domain: 8,
+                },
+                LayerKind::Dense,
+            );
             let launch = h100.efficiency.gemm_overhead_us * 1e-6;
             (lc.attn_core_fwd - launch, lc.attn_core_bwd - launch)
         };
         let ((f128, b128), (f64_, b64)) = (core(32, 1), core(64, 1));
-        assert!((f64_ / f128 - 518.0 / 363.0).abs() < 1e-9 && (b64 / b128 - 499.0 / 417.0).abs() < 1e-9);
+        assert!(
+            (f64_ / f128 - 518.0 / 363.0).abs() < 1e-9 && (b64 / b128 - 499.0 / 417.0).abs() < 1e-9
+        );
         // CP 2: half of the causal (query, key) pairs on each rank, at the 2048-token point.
         let (f_cp, _) = core(32, 2);
-        assert!((f_cp / f128 - 0.5 * 518.0 / 484.0).abs() < 1e-3, "{}", f_cp / f128);
+        assert!(
+            (f_cp / f128 - 0.5 * 518.0 / 484.0).abs() < 1e-3,
+            "{}",
+            f_cp / f128
+        );
     }
 
     /// The loss kernels differ only in the bytes they move over the logits: the
     /// unfused loss 20 more per logit than Megatron's fused one, on the last stage.
     #[test]
     fn loss_kernels_differ_by_their_passes_over_the_logits() {
-        let bytes = [LossKernel::Te, LossKernel::Native, LossKernel::Unfused].map(LossKernel::bytes_per_logit);
+        let bytes = [LossKernel::Te, LossKernel::Native, LossKernel::Unfused]
+            .map(LossKernel::bytes_per_logit);
         assert_eq!(bytes, [10.0, 32.0, 52.0]);
         let model = resolve("llama3-8b").unwrap().spec;
         let h100 = builtin_profile("h100-sxm").unwrap();
-        let (k, w) = (ParallelConfig { zero: Zero::DistOpt, ..cfg(2, 1, 1, 4) }, wl(4096, 64));
-        let ctx = |loss| Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions { loss, ..Assumptions::default() }, tokens: 4096.0, fp8: false, domain: 8 };
+        let (k, w) = (
+            ParallelConfig {
+                zero: Zero::DistOpt,
+                ..cfg(2, 1, 1, 4)
+            },
+            wl(4096, 64),
+        );
+        let ctx = |loss| Ctx {
+            model: &model,
+            hw: &h100,
+            w: &w,
+            cfg: &k,
+            a: Assumptions {
+                loss,
+                ..Assumptions::default()
+            },
+            tokens: 4096.0,
+            fp8: false,
+            domain: 8,
+        };
         let output = |loss| pieces(&ctx(loss)).output_secs;
         // 4096 tokens x half of the 128256-entry vocabulary on each TP rank.
         let c = ctx(LossKernel::Native);
-        assert!(close(output(LossKernel::Unfused) - output(LossKernel::Native), c.mem(4096.0 * 64128.0 * 20.0)));
-        assert!(close(output(LossKernel::Native) - output(LossKernel::Te), c.mem(4096.0 * 64128.0 * 22.0)));
+        assert!(close(
+            output(LossKernel::Unfused) - output(LossKernel::Native),
+            c.mem(4096.0 * 64128.0 * 20.0)
+        ));
+        assert!(close(
+            output(LossKernel::Native) - output(LossKernel::Te),
+            c.mem(4096.0 * 64128.0 * 22.0)
+        ));
         let cluster = Cluster::new(h100.clone(), 8).unwrap();
-        let step = |loss| estimate_with(&model, &cluster, &w, &k, Assumptions { loss, ..Assumptions::default() }).unwrap().step_secs;
-        assert!(step(LossKernel::Unfused) > step(LossKernel::Native) && step(LossKernel::Native) > step(LossKernel::Te));
+        let step = |loss| {
+            estimate_with(
+                &model,
+                &cluster,
+                &w,
+                &k,
+                Assumptions {
+                    loss,
+                    ..Assumptions::default()
+                },
+            )
+            .unwrap()
+            .step_secs
+        };
+        assert!(
+            step(LossKernel::Unfused) > step(LossKernel::Native)
+                && step(LossKernel::Native) > step(LossKernel::Te)
+        );
     }
 
     /// Megatron's all-to-all dispatcher sorts the received tokens by local expert and
@@ -1616,15 +2205,48 @@ mod tests {
         let h100 = builtin_profile("h100-sxm").unwrap();
         let w = wl(4096, 64);
         let elementwise = |ep: u64, d: Dispatcher| {
-            let k = ParallelConfig { ep, moe_dispatcher: d, ..cfg(1, 1, 1, 8) };
-            layer_cost(&Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0, fp8: false, domain: 8 }, LayerKind::Moe).fwd.elementwise
+            let k = ParallelConfig {
+                ep,
+                moe_dispatcher: d,
+                ..cfg(1, 1, 1, 8)
+            };
+            layer_cost(
+                &Ctx {
+                    model: &model,
+                    hw: &h100,
+                    w: &w,
+                    cfg: &k,
+                    a: Assumptions::default(),
+                    tokens: 4096.0,
+                    fp8: false,
+                    domain: 8,
+                },
+                LayerKind::Moe,
+            )
+            .fwd
+            .elementwise
         };
-        let c = Ctx { model: &model, hw: &h100, w: &w, cfg: &cfg(1, 1, 1, 8), a: Assumptions::default(), tokens: 4096.0, fp8: false, domain: 8 };
+        let c = Ctx {
+            model: &model,
+            hw: &h100,
+            w: &w,
+            cfg: &cfg(1, 1, 1, 8),
+            a: Assumptions::default(),
+            tokens: 4096.0,
+            fp8: false,
+            domain: 8,
+        };
         // 4096 tokens x top-4 routed rows of 2880 BF16 values.
         let sort = c.mem(4096.0 * 4.0 * 8.0 * 2880.0);
-        assert!(close(elementwise(8, Dispatcher::AllToAll) - elementwise(8, Dispatcher::Deduplicated), sort));
+        assert!(close(
+            elementwise(8, Dispatcher::AllToAll) - elementwise(8, Dispatcher::Deduplicated),
+            sort
+        ));
         // 128 experts on 128 ranks: one local expert, nothing to sort.
-        assert!(close(elementwise(128, Dispatcher::AllToAll), elementwise(128, Dispatcher::Deduplicated)));
+        assert!(close(
+            elementwise(128, Dispatcher::AllToAll),
+            elementwise(128, Dispatcher::Deduplicated)
+        ));
     }
 
     /// FP8 casts every GEMM input: in an MoE layer the routed experts' inputs over
@@ -1637,12 +2259,30 @@ mod tests {
         assert_eq!(moe.shared_hidden(), 0);
         let h100 = builtin_profile("h100-sxm").unwrap();
         let w = wl(4096, 64);
-        let k = ParallelConfig { ep: 8, ..cfg(1, 1, 1, 8) };
-        let ctx = |fp8| Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0, fp8, domain: 8 };
-        let extra = layer_cost(&ctx(true), LayerKind::Moe).fwd.elementwise - layer_cost(&ctx(false), LayerKind::Moe).fwd.elementwise;
+        let k = ParallelConfig {
+            ep: 8,
+            ..cfg(1, 1, 1, 8)
+        };
+        let ctx = |fp8| Ctx {
+            model: &model,
+            hw: &h100,
+            w: &w,
+            cfg: &k,
+            a: Assumptions::default(),
+            tokens: 4096.0,
+            fp8,
+            domain: 8,
+        };
+        let extra = layer_cost(&ctx(true), LayerKind::Moe).fwd.elementwise
+            - layer_cost(&ctx(false), LayerKind::Moe).fwd.elementwise;
         let (h, routed) = (model.hidden as f64, 4096.0 * moe.top_k as f64);
-        let elems = 4096.0 * (h + model.attn_out_dim() as f64) + routed * (h + moe.expert_ffn_hidden as f64);
-        assert!(close(extra, ctx(true).mem(3.0 * elems)), "{extra} vs {}", ctx(true).mem(3.0 * elems));
+        let elems = 4096.0 * (h + model.attn_out_dim() as f64)
+            + routed * (h + moe.expert_ffn_hidden as f64);
+        assert!(
+            close(extra, ctx(true).mem(3.0 * elems)),
+            "{extra} vs {}",
+            ctx(true).mem(3.0 * elems)
+        );
     }
 
     /// ZB-H1 and DualPipe defer each stage's weight-gradient GEMMs as the W pass:
@@ -1653,17 +2293,43 @@ mod tests {
         let model = gpt("t", "test", 8, 2048, 16);
         let h100 = builtin_profile("h100-sxm").unwrap();
         let c = Cluster::new(h100.clone(), 8).unwrap();
-        let k = ParallelConfig { schedule: Schedule::ZbH1, ..cfg(2, 4, 1, 1) };
+        let k = ParallelConfig {
+            schedule: Schedule::ZbH1,
+            ..cfg(2, 4, 1, 1)
+        };
         let w = wl(4096, 16);
         let e = evaluate(&model, &c, &w, &k, Assumptions::default()).unwrap();
-        let ctx = Ctx { model: &model, hw: &h100, w: &w, cfg: &k, a: Assumptions::default(), tokens: 4096.0, fp8: false, domain: 8 };
+        let ctx = Ctx {
+            model: &model,
+            hw: &h100,
+            w: &w,
+            cfg: &k,
+            a: Assumptions::default(),
+            tokens: 4096.0,
+            fp8: false,
+            domain: 8,
+        };
         let (h, f, t) = (2048.0, model.ffn_hidden as f64, 2.0);
         // QKV (MHA: 3h), output projection, and the MLP's two matrices.
-        let wgrad = ctx.gemm(h, 3.0 * h / t, 4096.0, false) + ctx.gemm(h / t, h, 4096.0, false) + ctx.gemm(h, f / t, 4096.0, false) + ctx.gemm(f / t, h, 4096.0, false);
-        let fwd = ctx.gemm(4096.0, 3.0 * h / t, h, false) + ctx.gemm(4096.0, h, h / t, false) + ctx.gemm(4096.0, f / t, h, false) + ctx.gemm(4096.0, h, f / t, false);
+        let wgrad = ctx.gemm(h, 3.0 * h / t, 4096.0, false)
+            + ctx.gemm(h / t, h, 4096.0, false)
+            + ctx.gemm(h, f / t, 4096.0, false)
+            + ctx.gemm(f / t, h, 4096.0, false);
+        let fwd = ctx.gemm(4096.0, 3.0 * h / t, h, false)
+            + ctx.gemm(4096.0, h, h / t, false)
+            + ctx.gemm(4096.0, f / t, h, false)
+            + ctx.gemm(4096.0, h, f / t, false);
         assert_eq!(model.mlp.matrices(), 2);
-        assert!(close(e.stages[1].weight_grad_secs, 2.0 * wgrad), "{} vs {}", e.stages[1].weight_grad_secs, 2.0 * wgrad);
-        assert!((wgrad / fwd - 1.0).abs() > 1e-3, "the shapes should differ in efficiency: {wgrad} vs {fwd}");
+        assert!(
+            close(e.stages[1].weight_grad_secs, 2.0 * wgrad),
+            "{} vs {}",
+            e.stages[1].weight_grad_secs,
+            2.0 * wgrad
+        );
+        assert!(
+            (wgrad / fwd - 1.0).abs() > 1e-3,
+            "the shapes should differ in efficiency: {wgrad} vs {fwd}"
+        );
     }
 
     /// Multi-token prediction loads only the last stage: one more layer of the
@@ -1673,25 +2339,53 @@ mod tests {
     fn mtp_layers_load_the_last_stage() {
         let with = resolve("deepseek-v3").unwrap().spec;
         assert!(with.mtp_layers == 1 && with.mtp_is_moe());
-        let without = ModelSpec { mtp_layers: 0, ..with.clone() };
+        let without = ModelSpec {
+            mtp_layers: 0,
+            ..with.clone()
+        };
         let c = Cluster::new(builtin_profile("b200").unwrap(), 256).unwrap();
         let w = wl(4096, 512);
         let layout = Layout::from_megatron("Et*7|(t*8|)*6t*6mL", 8).unwrap();
-        let k = ParallelConfig { ep: 32, zero: Zero::DistOpt, layout: layout.layout, ..cfg(1, 8, 1, 32) };
-        let (a, b) = (evaluate(&without, &c, &w, &k, Assumptions::default()).unwrap(), evaluate(&with, &c, &w, &k, Assumptions::default()).unwrap());
+        let k = ParallelConfig {
+            ep: 32,
+            zero: Zero::DistOpt,
+            layout: layout.layout,
+            ..cfg(1, 8, 1, 32)
+        };
+        let (a, b) = (
+            evaluate(&without, &c, &w, &k, Assumptions::default()).unwrap(),
+            evaluate(&with, &c, &w, &k, Assumptions::default()).unwrap(),
+        );
         for i in 0..7 {
-            assert!(close(a.stages[i].secs_per_micro_batch, b.stages[i].secs_per_micro_batch) && close(a.stages[i].memory.total, b.stages[i].memory.total), "stage {i} changed");
+            assert!(
+                close(
+                    a.stages[i].secs_per_micro_batch,
+                    b.stages[i].secs_per_micro_batch
+                ) && close(a.stages[i].memory.total, b.stages[i].memory.total),
+                "stage {i} changed"
+            );
             assert_eq!(b.stages[i].mtp_layers, 0);
         }
         let (sa, sb) = (&a.stages[7], &b.stages[7]);
         assert_eq!((sb.layers, sb.mtp_layers), (6, 1));
         // Time: at least one more MoE layer (a full middle stage has eight).
         let moe_layer = a.stages[1].secs_per_micro_batch / 8.0;
-        assert!(sb.secs_per_micro_batch - sa.secs_per_micro_batch > moe_layer, "{} vs {}", sb.secs_per_micro_batch, sa.secs_per_micro_batch);
+        assert!(
+            sb.secs_per_micro_batch - sa.secs_per_micro_batch > moe_layer,
+            "{} vs {}",
+            sb.secs_per_micro_batch,
+            sa.secs_per_micro_batch
+        );
         // Parameters: the MTP module (experts sharded over EP) and the embedding copy.
         let p = with.params();
-        let added = (with.mtp_params() - p.routed_experts) as f64 + p.routed_experts as f64 / 32.0 + p.embedding as f64;
-        assert!((sb.memory.params - sa.memory.params - added).abs() < 1.0, "{} vs {added}", sb.memory.params - sa.memory.params);
+        let added = (with.mtp_params() - p.routed_experts) as f64
+            + p.routed_experts as f64 / 32.0
+            + p.embedding as f64;
+        assert!(
+            (sb.memory.params - sa.memory.params - added).abs() < 1.0,
+            "{} vs {added}",
+            sb.memory.params - sa.memory.params
+        );
         // Model FLOPs: Megatron's count with one more MoE layer (about 1/60 of
         // the layers' FLOPs) and one more logits pass (6 x 0.93B FLOPs per token,
         // about 2% of DeepSeek-V3's): 3 to 5 percent more.
@@ -1708,14 +2402,38 @@ mod tests {
         let m = resolve("qwen3-235b-a22b").unwrap().spec;
         let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 256).unwrap();
         let w = wl(4096, 1024);
-        let base = ParallelConfig { tp: 2, pp: 8, vpp: 4, ep: 32, dp: 16, sp: true, zero: Zero::DistOpt, schedule: Schedule::Interleaved, moe_dispatcher: Dispatcher::Deduplicated, layout: Layout::AccountEmbeddingLoss, ..cfg(2, 8, 1, 16) };
-        let on = |k: &ParallelConfig| ParallelConfig { overlap: Overlap { ep_comm: true, ..k.overlap }, ..k.clone() };
+        let base = ParallelConfig {
+            tp: 2,
+            pp: 8,
+            vpp: 4,
+            ep: 32,
+            dp: 16,
+            sp: true,
+            zero: Zero::DistOpt,
+            schedule: Schedule::Interleaved,
+            moe_dispatcher: Dispatcher::Deduplicated,
+            layout: Layout::AccountEmbeddingLoss,
+            ..cfg(2, 8, 1, 16)
+        };
+        let on = |k: &ParallelConfig| ParallelConfig {
+            overlap: Overlap {
+                ep_comm: true,
+                ..k.overlap
+            },
+            ..k.clone()
+        };
         let run = |k: &ParallelConfig| evaluate(&m, &c, &w, k, Assumptions::default()).unwrap();
         let (off_e, on_e) = (run(&base), run(&on(&base)));
         let (t_off, t_on) = (term(&off_e, CommKind::Ep), term(&on_e, CommKind::Ep));
-        assert!(close(t_off.total_secs, t_on.total_secs), "the bytes do not change");
+        assert!(
+            close(t_off.total_secs, t_on.total_secs),
+            "the bytes do not change"
+        );
         assert!(close(t_off.exposed_secs, t_off.total_secs));
-        assert!(t_on.exposed_secs < 0.5 * t_off.exposed_secs && t_on.overlapped_secs > 0.0, "{t_on:?}");
+        assert!(
+            t_on.exposed_secs < 0.5 * t_off.exposed_secs && t_on.overlapped_secs > 0.0,
+            "{t_on:?}"
+        );
         assert!(on_e.step_secs < off_e.step_secs);
         // Paired fraction: 64 micro-batches x 4 chunks less the warm-up 7 + 3 x 8.
         assert_eq!(base.micro_batches(&w), 64);
@@ -1723,15 +2441,38 @@ mod tests {
         assert!(close(f, (256.0 - 31.0) / 256.0), "{f}");
         // Megatron refuses the overlap with full recomputation and with a
         // non-interleaved pipeline: nothing changes there.
-        for k in [ParallelConfig { recompute: Recompute::Full, ..on(&base) }, ParallelConfig { vpp: 1, schedule: Schedule::OneFOneB, layout: Layout::Even, ..on(&base) }] {
+        for k in [
+            ParallelConfig {
+                recompute: Recompute::Full,
+                ..on(&base)
+            },
+            ParallelConfig {
+                vpp: 1,
+                schedule: Schedule::OneFOneB,
+                layout: Layout::Even,
+                ..on(&base)
+            },
+        ] {
             assert_eq!(k.ep_overlap(&w), None);
         }
         // Without a pipeline every micro-batch but the first forward has a partner.
-        let flat = ParallelConfig { pp: 1, vpp: 1, dp: 128, schedule: Schedule::OneFOneB, layout: Layout::Even, ..on(&base) };
+        let flat = ParallelConfig {
+            pp: 1,
+            vpp: 1,
+            dp: 128,
+            schedule: Schedule::OneFOneB,
+            layout: Layout::Even,
+            ..on(&base)
+        };
         let mb = flat.micro_batches(&w) as f64;
         assert!(close(flat.ep_overlap(&w).unwrap(), (mb - 1.0) / mb));
         // DualPipe overlaps without the flag.
-        let dual = ParallelConfig { vpp: 1, schedule: Schedule::DualPipe, layout: Layout::Even, ..base.clone() };
+        let dual = ParallelConfig {
+            vpp: 1,
+            schedule: Schedule::DualPipe,
+            layout: Layout::Even,
+            ..base.clone()
+        };
         assert!(dual.ep_overlap(&w).is_some() && base.ep_overlap(&w).is_none());
     }
 
@@ -1753,7 +2494,10 @@ mod tests {
         let s0 = &e.stages[0].memory;
         let ours = s0.weights + s0.gradients + s0.optimizer;
         // Megatron counts the final norm on every shard; we put it on the last stage.
-        assert!((ours - megatron_bytes).abs() / megatron_bytes < 1e-4, "ours {ours} vs Megatron {megatron_bytes}");
+        assert!(
+            (ours - megatron_bytes).abs() / megatron_bytes < 1e-4,
+            "ours {ours} vs Megatron {megatron_bytes}"
+        );
         assert!((s0.params - shard).abs() / shard < 1e-4);
     }
 
@@ -1768,13 +2512,22 @@ mod tests {
         let ar = collective_secs(&c.profile, Collective::AllReduce, bytes, g);
         // 4 micro-batches x (4 layers x 4 all-reduces + 2 for the output layer).
         let t = term(&e, CommKind::Tp);
-        assert!(close(t.total_secs, 4.0 * (4.0 * 4.0 + 2.0) * ar), "{} vs {}", t.total_secs, 4.0 * 18.0 * ar);
-        assert!(close(t.exposed_secs, t.total_secs), "TP is exposed without --tp-comm-overlap");
+        assert!(
+            close(t.total_secs, 4.0 * (4.0 * 4.0 + 2.0) * ar),
+            "{} vs {}",
+            t.total_secs,
+            4.0 * 18.0 * ar
+        );
+        assert!(
+            close(t.exposed_secs, t.total_secs),
+            "TP is exposed without --tp-comm-overlap"
+        );
         // With SP: an all-gather and a reduce-scatter in place of each all-reduce.
         let mut k = cfg(8, 1, 1, 1);
         k.sp = true;
         let e = estimate(&m, &c, &w, &k).unwrap();
-        let agrs = collective_secs(&c.profile, Collective::AllGather, bytes, g) + collective_secs(&c.profile, Collective::ReduceScatter, bytes, g);
+        let agrs = collective_secs(&c.profile, Collective::AllGather, bytes, g)
+            + collective_secs(&c.profile, Collective::ReduceScatter, bytes, g);
         assert!(close(term(&e, CommKind::Tp).total_secs, 4.0 * 18.0 * agrs));
         // Overlap hides some of it.
         k.overlap.tp_comm = true;
@@ -1795,7 +2548,8 @@ mod tests {
         let params = e.stages[0].memory.params;
         let buckets = (params / BUCKET_PARAMS).ceil();
         let g = Placement::new(16, 1, 8);
-        let expect = buckets * collective_secs(hw, Collective::AllReduce, params * 4.0 / buckets, g);
+        let expect =
+            buckets * collective_secs(hw, Collective::AllReduce, params * 4.0 / buckets, g);
         let t = term(&e, CommKind::DpGrad);
         assert!(close(t.total_secs, expect), "{} vs {expect}", t.total_secs);
         assert!(close(t.exposed_secs, expect), "no overlap requested");
@@ -1816,7 +2570,12 @@ mod tests {
         let kv = 4096.0 * 2.0 * (8.0 * 128.0) * 2.0;
         let step = collective_secs(hw, Collective::SendRecv, kv, Placement::new(2, 1, 8));
         let t = term(&e, CommKind::Cp);
-        assert!(close(t.total_secs, 1.0 * 32.0 * 3.0 * step), "{} vs {}", t.total_secs, 96.0 * step);
+        assert!(
+            close(t.total_secs, 1.0 * 32.0 * 3.0 * step),
+            "{} vs {}",
+            t.total_secs,
+            96.0 * step
+        );
 
         // EP: dispatch + combine, forward and backward, of tokens/tp x top-k x h x 2.
         let m = resolve("mixtral-8x7b").unwrap().spec;
@@ -1842,7 +2601,10 @@ mod tests {
         let a2a = evaluate(&m, &c, &wl(4096, 16), &k, Assumptions::default()).unwrap();
         k.moe_dispatcher = Dispatcher::Deduplicated;
         let dedup = evaluate(&m, &c, &wl(4096, 16), &k, Assumptions::default()).unwrap();
-        let (ta, td) = (term(&a2a, CommKind::Ep).total_secs, term(&dedup, CommKind::Ep).total_secs);
+        let (ta, td) = (
+            term(&a2a, CommKind::Ep).total_secs,
+            term(&dedup, CommKind::Ep).total_secs,
+        );
         assert!(td < ta, "dedup {td} vs all-to-all {ta}");
     }
 
@@ -1886,33 +2648,70 @@ mod tests {
         let w = wl(2048, 64);
         let base = cfg(8, 4, 1, 2);
         let run = |s: Schedule| {
-            let k = ParallelConfig { schedule: s, ..base.clone() };
+            let k = ParallelConfig {
+                schedule: s,
+                ..base.clone()
+            };
             (evaluate(&m, &c, &w, &k, Assumptions::default()).unwrap(), k)
         };
-        let ((fb, _), (zb, kz), (dp, kd)) = (run(Schedule::OneFOneB), run(Schedule::ZbH1), run(Schedule::DualPipe));
-        let mean = |e: &Estimate, f: fn(&StageSummary) -> f64| e.stages.iter().map(f).sum::<f64>() / 4.0;
-        let (t, wg) = (mean(&fb, |s| s.secs_per_micro_batch), mean(&fb, |s| s.weight_grad_secs));
-        assert!(wg > 0.1 * t && wg <= t / 3.0, "weight-gradient share {}", wg / t);
+        let ((fb, _), (zb, kz), (dp, kd)) = (
+            run(Schedule::OneFOneB),
+            run(Schedule::ZbH1),
+            run(Schedule::DualPipe),
+        );
+        let mean =
+            |e: &Estimate, f: fn(&StageSummary) -> f64| e.stages.iter().map(f).sum::<f64>() / 4.0;
+        let (t, wg) = (
+            mean(&fb, |s| s.secs_per_micro_batch),
+            mean(&fb, |s| s.weight_grad_secs),
+        );
+        assert!(
+            wg > 0.1 * t && wg <= t / 3.0,
+            "weight-gradient share {}",
+            wg / t
+        );
         assert!(close(fb.time.bubble, 3.0 * t));
         assert!(close(zb.time.bubble, 3.0 * (t - 2.0 * wg)));
-        assert!(close(dp.time.bubble, (4.0 / 2.0 - 1.0) * (5.0 / 3.0 * t - 3.0 * wg)));
+        assert!(close(
+            dp.time.bubble,
+            (4.0 / 2.0 - 1.0) * (5.0 / 3.0 * t - 3.0 * wg)
+        ));
         for i in 0..4 {
-            let (f, z, d) = (&fb.stages[i].memory, &zb.stages[i].memory, &dp.stages[i].memory);
+            let (f, z, d) = (
+                &fb.stages[i].memory,
+                &zb.stages[i].memory,
+                &dp.stages[i].memory,
+            );
             assert_eq!((z.params, z.activations), (f.params, f.activations));
             assert!(close(d.params, f.params + fb.stages[3 - i].memory.params));
-            assert!(close(d.weights, f.weights + fb.stages[3 - i].memory.weights));
+            assert!(close(
+                d.weights,
+                f.weights + fb.stages[3 - i].memory.weights
+            ));
             assert_eq!(d.in_flight, 5.0);
             // Work per rank is unchanged: the mean of the two stages it runs.
-            assert_eq!(dp.stages[i].secs_per_micro_batch, fb.stages[i].secs_per_micro_batch);
+            assert_eq!(
+                dp.stages[i].secs_per_micro_batch,
+                fb.stages[i].secs_per_micro_batch
+            );
         }
         // The middle ranks hold 5 micro-batches of one (embedding-free) stage.
         let per_stage = fb.stages[1].memory.activations / fb.stages[1].memory.in_flight;
         assert!(close(dp.stages[1].memory.activations, 5.0 * per_stage));
         // DualPipe sums the two copies' gradients: one all-reduce between mirror ranks.
-        assert!(dp.comm.iter().any(|t| t.kind == CommKind::DpGrad && t.group.size == 2));
+        assert!(dp
+            .comm
+            .iter()
+            .any(|t| t.kind == CommKind::DpGrad && t.group.size == 2));
         for (mut e, k) in [(zb, kz), (dp, kd)] {
             assert!(apply_simulation(&mut e, &k), "{:?}", k.schedule);
-            assert!(e.pipeline_simulated && e.time.bubble < fb.time.bubble, "{:?}: {} vs 1F1B {}", k.schedule, e.time.bubble, fb.time.bubble);
+            assert!(
+                e.pipeline_simulated && e.time.bubble < fb.time.bubble,
+                "{:?}: {} vs 1F1B {}",
+                k.schedule,
+                e.time.bubble,
+                fb.time.bubble
+            );
         }
     }
 
@@ -1923,20 +2722,49 @@ mod tests {
         let w = wl(4096, 128);
         let mut k = cfg(8, 4, 1, 2);
         k.sp = true;
-        let t = |rc: Recompute, w: &Workload| evaluate(&m, &c, w, &ParallelConfig { recompute: rc, ..k.clone() }, Assumptions::default()).unwrap();
+        let t = |rc: Recompute, w: &Workload| {
+            evaluate(
+                &m,
+                &c,
+                w,
+                &ParallelConfig {
+                    recompute: rc,
+                    ..k.clone()
+                },
+                Assumptions::default(),
+            )
+            .unwrap()
+        };
         let none = t(Recompute::None, &w);
         let sel = t(Recompute::Selective, &w);
         let full = t(Recompute::Full, &w);
         assert!(none.step_secs < sel.step_secs && sel.step_secs < full.step_secs);
-        assert!(none.memory.activations > sel.memory.activations * 0.99 && sel.memory.activations > full.memory.activations);
+        assert!(
+            none.memory.activations > sel.memory.activations * 0.99
+                && sel.memory.activations > full.memory.activations
+        );
         assert!(full.hfu > full.mfu);
-        let fp8 = t(Recompute::None, &Workload { precision: Precision::Fp8, ..w.clone() });
+        let fp8 = t(
+            Recompute::None,
+            &Workload {
+                precision: Precision::Fp8,
+                ..w.clone()
+            },
+        );
         assert!(fp8.step_secs < none.step_secs);
         assert!(fp8.memory.activations < none.memory.activations);
         // MFU is about model FLOPs / time: 6 N tokens dominates for a 70B model.
         let tokens = (w.global_batch * w.seq) as f64;
-        let six_n = 6.0 * m.params().total as f64 * tokens / 64.0 / none.step_secs / c.profile.peak_flops(false);
-        assert!(none.mfu > six_n && none.mfu < 1.3 * six_n, "mfu {} vs 6N {}", none.mfu, six_n);
+        let six_n = 6.0 * m.params().total as f64 * tokens
+            / 64.0
+            / none.step_secs
+            / c.profile.peak_flops(false);
+        assert!(
+            none.mfu > six_n && none.mfu < 1.3 * six_n,
+            "mfu {} vs 6N {}",
+            none.mfu,
+            six_n
+        );
     }
 
     mod properties {
@@ -1946,7 +2774,15 @@ mod tests {
         use proptest::prelude::*;
 
         fn model() -> impl Strategy<Value = ModelSpec> {
-            (1u64..=160, 1u64..=8, prop::sample::select(vec![1u64, 2, 4, 8, 16, 32, 64, 128]), 1u64..=6, 1000u64..=260_000, prop::option::of((1u64..=7, 0u64..=3, 1u64..=3)), any::<bool>())
+            (
+                1u64..=160,
+                1u64..=8,
+                prop::sample::select(vec![1u64, 2, 4, 8, 16, 32, 64, 128]),
+                1u64..=6,
+                1000u64..=260_000,
+                prop::option::of((1u64..=7, 0u64..=3, 1u64..=3)),
+                any::<bool>(),
+            )
                 .prop_map(|(layers, hd_mult, heads, kv_log, vocab, moe, gated)| {
                     let head_dim = 32 * hd_mult;
                     let kv = (heads >> kv_log.min(7)).max(1);
@@ -1973,7 +2809,11 @@ mod tests {
                         head_dim,
                         vocab,
                         tied_embeddings: false,
-                        mlp: if gated { MlpKind::Gated } else { MlpKind::Plain },
+                        mlp: if gated {
+                            MlpKind::Gated
+                        } else {
+                            MlpKind::Plain
+                        },
                         dropout: false,
                         bias: false,
                         mla: None,
@@ -1985,8 +2825,24 @@ mod tests {
         }
 
         fn finite(e: &Estimate) -> bool {
-            let nums = [e.step_secs, e.tokens_per_sec_per_gpu, e.mfu, e.hfu, e.bubble_fraction, e.exposed_comm_fraction, e.memory.total, e.time.compute.total(), e.time.bubble, e.time.exposed_comm];
-            nums.iter().all(|x| x.is_finite() && *x >= 0.0) && e.comm.iter().all(|t| t.total_secs.is_finite() && t.exposed_secs >= 0.0 && t.exposed_secs <= t.total_secs * (1.0 + 1e-9))
+            let nums = [
+                e.step_secs,
+                e.tokens_per_sec_per_gpu,
+                e.mfu,
+                e.hfu,
+                e.bubble_fraction,
+                e.exposed_comm_fraction,
+                e.memory.total,
+                e.time.compute.total(),
+                e.time.bubble,
+                e.time.exposed_comm,
+            ];
+            nums.iter().all(|x| x.is_finite() && *x >= 0.0)
+                && e.comm.iter().all(|t| {
+                    t.total_secs.is_finite()
+                        && t.exposed_secs >= 0.0
+                        && t.exposed_secs <= t.total_secs * (1.0 + 1e-9)
+                })
         }
 
         proptest! {
@@ -2009,6 +2865,41 @@ mod tests {
                     prop_assert_eq!(cand.estimate.stages.iter().map(|s| s.layers).sum::<u64>(), m.layers);
                 }
             }
+
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 1000, .. ProptestConfig::default() })]
+
+            /// No plan the search reports, nor its closed-form screening estimate,
+            /// is faster than its physical floor ([`crate::floor`]), computed from
+            /// the stage times alone. Small global batches reach the m < p corners.
+            #[test]
+            fn reported_plans_respect_their_floors(m in model(), nodes_log in 0u32..=3, seq_log in 8u32..=13, gbs in 1u64..=96, gpu in prop::sample::select(vec!["h100-sxm", "a100-80g", "gb200-nvl72", "h800"])) {
+                let profile = builtin_profile(gpu).unwrap();
+                let gpus = profile.node.gpus_per_node.min(8) << nodes_log;
+                let c = Cluster::new(profile, gpus).unwrap();
+                let w = Workload { seq: 1 << seq_log, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
+                let r = search(&m, &c, &w, &SearchSpace::default(), 5);
+                let below = |e: &Estimate, cfg: &ParallelConfig| {
+                    let f = crate::floor::floor_of(e, cfg);
+                    (e.step_secs < f.step_secs() * (1.0 - 1e-9)).then(|| format!("{cfg:?}: step {} below its {} floor {}", e.step_secs, f.binding(), f.step_secs()))
+                };
+                for cand in &r.top {
+                    prop_assert!(below(&cand.estimate, &cand.config).is_none(), "{}", below(&cand.estimate, &cand.config).unwrap());
+                    let closed = estimate_unbanded(&m, &c, &w, &cand.config, Assumptions::default()).unwrap();
+                    prop_assert!(below(&closed, &cand.config).is_none(), "closed form: {}", below(&closed, &cand.config).unwrap());
+                }
+                for s in &r.sensitivity {
+                    let e = estimate_unbanded(&m, &c, &w, &s.config, Assumptions::default()).unwrap();
+                    prop_assert!(below(&e, &s.config).is_none(), "sensitivity: {}", below(&e, &s.config).unwrap());
+                }
+            }
+
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
             /// More HBM never removes a valid plan.
             #[test]

@@ -8,19 +8,37 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum InputError {
     #[error("unknown model '{name}'{}", suggest(.suggestions))]
-    UnknownModel { name: String, suggestions: Vec<String> },
+    UnknownModel {
+        name: String,
+        suggestions: Vec<String>,
+    },
     #[error("unknown hardware profile '{name}'{}", suggest(.suggestions))]
-    UnknownProfile { name: String, suggestions: Vec<String> },
+    UnknownProfile {
+        name: String,
+        suggestions: Vec<String>,
+    },
     #[error("model '{model}': {field}: {problem}")]
-    Model { model: String, field: String, problem: String },
+    Model {
+        model: String,
+        field: String,
+        problem: String,
+    },
     #[error("hardware profile '{profile}': field '{field}': {problem}")]
-    Profile { profile: String, field: String, problem: String },
+    Profile {
+        profile: String,
+        field: String,
+        problem: String,
+    },
     #[error("{what} JSON is malformed: {detail}")]
     Json { what: String, detail: String },
     #[error("Hugging Face config: {0}")]
     HfConfig(String),
     #[error("{what} file has schema_version {found}; this Sextant reads version {supported}")]
-    SchemaVersion { what: String, found: u32, supported: u32 },
+    SchemaVersion {
+        what: String,
+        found: u32,
+        supported: u32,
+    },
     #[error("{0}")]
     Workload(String),
 }

@@ -6,14 +6,24 @@
 //! text and, when it parses, runs the cheap pure code downstream of the parser. An
 //! `Err` anywhere is fine; a panic is a bug. Nothing here reads a file.
 
-use crate::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
+use crate::config::{
+    Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero,
+};
 use crate::cost;
 use crate::hardware::{builtin_profile, Cluster, HardwareProfile};
 use crate::model::ModelSpec;
 use crate::plan::PlanFile;
 
 /// The fuzz targets, in the order the replay test reports them.
-pub const TARGETS: &[&str] = &["hf_config", "model_json", "profile_json", "plan_json", "runs_csv", "run_json", "overlay_json"];
+pub const TARGETS: &[&str] = &[
+    "hf_config",
+    "model_json",
+    "profile_json",
+    "plan_json",
+    "runs_csv",
+    "run_json",
+    "overlay_json",
+];
 
 /// Runs the named target on `data`. Panics on an unknown name.
 pub fn run(target: &str, data: &[u8]) {
@@ -54,7 +64,13 @@ fn single(dp: u64) -> ParallelConfig {
 }
 
 fn workload(seq: u64, global_batch: u64) -> Workload {
-    Workload { seq, global_batch, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None }
+    Workload {
+        seq,
+        global_batch,
+        precision: Precision::Bf16,
+        moe_imbalance: 1.0,
+        moe_capacity: None,
+    }
 }
 
 /// A parsed model: parameter counts, the summary line, and one estimate on one GPU
@@ -62,19 +78,30 @@ fn workload(seq: u64, global_batch: u64) -> Workload {
 fn exercise_model(m: &ModelSpec) {
     let _ = m.params();
     let _ = m.summary();
-    let cluster = Cluster::new(builtin_profile("h100-sxm").expect("built-in profile"), 1).expect("one GPU");
-    let _ = cost::evaluate(m, &cluster, &workload(4096, 1), &single(1), cost::Assumptions::default());
+    let cluster =
+        Cluster::new(builtin_profile("h100-sxm").expect("built-in profile"), 1).expect("one GPU");
+    let _ = cost::evaluate(
+        m,
+        &cluster,
+        &workload(4096, 1),
+        &single(1),
+        cost::Assumptions::default(),
+    );
 }
 
 pub fn fuzz_hf_config(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Ok(m) = crate::hf::from_hf_config(text, "fuzz") {
         exercise_model(&m);
     }
 }
 
 pub fn fuzz_model_json(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Ok(m) = ModelSpec::from_json(text) {
         exercise_model(&m);
     }
@@ -82,14 +109,24 @@ pub fn fuzz_model_json(data: &[u8]) {
 
 /// A parsed profile: a small GPT on one GPU and data-parallel over two nodes.
 pub fn fuzz_profile_json(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(p) = HardwareProfile::from_json(text) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(p) = HardwareProfile::from_json(text) else {
+        return;
+    };
     let _ = p.peak_flops(true);
     let _ = p.usable_bytes();
     let model = crate::presets::gpt("fuzz", "fuzz", 4, 1024, 16);
     for gpus in [1, 2 * p.node.gpus_per_node] {
         if let Ok(cluster) = Cluster::new(p.clone(), gpus) {
-            let _ = cost::evaluate(&model, &cluster, &workload(2048, gpus), &single(gpus), cost::Assumptions::default());
+            let _ = cost::evaluate(
+                &model,
+                &cluster,
+                &workload(2048, gpus),
+                &single(gpus),
+                cost::Assumptions::default(),
+            );
         }
     }
 }
@@ -97,10 +134,16 @@ pub fn fuzz_profile_json(data: &[u8]) {
 /// A parsed plan: the chosen plan re-estimated on the plan's own inputs, its
 /// pipeline simulated, and the file written back out.
 pub fn fuzz_plan_json(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(p) = PlanFile::from_json(text) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(p) = PlanFile::from_json(text) else {
+        return;
+    };
     let _ = p.to_json();
-    let Ok(mut cluster) = Cluster::new(p.hardware.clone(), p.gpus) else { return };
+    let Ok(mut cluster) = Cluster::new(p.hardware.clone(), p.gpus) else {
+        return;
+    };
     cluster.allow_tp_beyond_nvlink = true;
     let cfg = &p.plans[0].config;
     if let Ok(mut e) = cost::estimate(&p.model, &cluster, &p.workload, cfg) {
@@ -110,8 +153,12 @@ pub fn fuzz_plan_json(data: &[u8]) {
 
 /// A parsed CSV: every representable row estimated.
 pub fn fuzz_runs_csv(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(rows) = crate::runs::parse_runs(text) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(rows) = crate::runs::parse_runs(text) else {
+        return;
+    };
     for case in rows.iter().flatten() {
         let _ = case.estimate();
         let _ = case.measured_step_secs();
@@ -121,10 +168,16 @@ pub fn fuzz_runs_csv(data: &[u8]) {
 /// A parsed measured run (what `sextant exec` writes): calibrated against its
 /// profile when that is built in, and its configuration estimated.
 pub fn fuzz_run_json(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(r) = crate::calibration::MeasuredRun::from_json(text) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(r) = crate::calibration::MeasuredRun::from_json(text) else {
+        return;
+    };
     let _ = r.median_step_secs();
-    let Ok(profile) = builtin_profile(&r.profile) else { return };
+    let Ok(profile) = builtin_profile(&r.profile) else {
+        return;
+    };
     if let Ok(o) = crate::calibration::calibrate(std::slice::from_ref(&r), &profile) {
         let _ = crate::calibration::apply(&profile, &o);
     }
@@ -136,13 +189,27 @@ pub fn fuzz_run_json(data: &[u8]) {
 
 /// A parsed calibration overlay, applied to its profile and used for one estimate.
 pub fn fuzz_overlay_json(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(o) = crate::calibration::Overlay::from_json(text) else { return };
-    let Ok(profile) = builtin_profile(&o.profile) else { return };
-    let Ok(p) = crate::calibration::apply(&profile, &o) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(o) = crate::calibration::Overlay::from_json(text) else {
+        return;
+    };
+    let Ok(profile) = builtin_profile(&o.profile) else {
+        return;
+    };
+    let Ok(p) = crate::calibration::apply(&profile, &o) else {
+        return;
+    };
     let model = crate::presets::gpt("fuzz", "fuzz", 4, 1024, 16);
     let gpus = 2 * p.node.gpus_per_node;
     if let Ok(cluster) = Cluster::new(p, gpus) {
-        let _ = cost::evaluate(&model, &cluster, &workload(2048, gpus), &single(gpus), cost::Assumptions::default());
+        let _ = cost::evaluate(
+            &model,
+            &cluster,
+            &workload(2048, gpus),
+            &single(gpus),
+            cost::Assumptions::default(),
+        );
     }
 }

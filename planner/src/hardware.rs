@@ -168,15 +168,28 @@ impl TryFrom<GemmCurveFile> for GemmCurve {
         }
         let mut tflops = vec![f64::NAN; cells];
         for p in &f.points {
-            let i = (grid_index(&ms, p[0]) * ns.len() + grid_index(&ns, p[1])) * ks.len() + grid_index(&ks, p[2]);
+            let i = (grid_index(&ms, p[0]) * ns.len() + grid_index(&ns, p[1])) * ks.len()
+                + grid_index(&ks, p[2]);
             if !tflops[i].is_nan() {
-                return Err(format!("GEMM curve lists m={} n={} k={} twice", p[0], p[1], p[2]));
+                return Err(format!(
+                    "GEMM curve lists m={} n={} k={} twice",
+                    p[0], p[1], p[2]
+                ));
             }
             tflops[i] = p[3];
         }
         let ln_tflops = tflops.iter().map(|t| t.ln()).collect();
         let best_tflops = f.points.iter().map(|p| p[3]).fold(0.0, f64::max);
-        Ok(GemmCurve { dtype: f.dtype, source: f.source, ms, ns, ks, tflops, ln_tflops, best_tflops })
+        Ok(GemmCurve {
+            dtype: f.dtype,
+            source: f.source,
+            ms,
+            ns,
+            ks,
+            tflops,
+            ln_tflops,
+            best_tflops,
+        })
     }
 }
 
@@ -190,7 +203,11 @@ impl From<GemmCurve> for GemmCurveFile {
                 }
             }
         }
-        GemmCurveFile { dtype: c.dtype, source: c.source, points }
+        GemmCurveFile {
+            dtype: c.dtype,
+            source: c.source,
+            points,
+        }
     }
 }
 
@@ -257,12 +274,23 @@ impl TryFrom<AttentionCurveFile> for AttentionCurve {
         for p in &f.points {
             let i = grid_index(&head_dims, p[0]) * seqs.len() + grid_index(&seqs, p[1]);
             if !tflops[i].is_nan() {
-                return Err(format!("attention curve lists head_dim={} seq={} twice", p[0], p[1]));
+                return Err(format!(
+                    "attention curve lists head_dim={} seq={} twice",
+                    p[0], p[1]
+                ));
             }
             tflops[i] = p[2];
         }
         let best_tflops = tflops.iter().copied().fold(0.0, f64::max);
-        Ok(AttentionCurve { pass: f.pass, causal: f.causal, source: f.source, head_dims, seqs, tflops, best_tflops })
+        Ok(AttentionCurve {
+            pass: f.pass,
+            causal: f.causal,
+            source: f.source,
+            head_dims,
+            seqs,
+            tflops,
+            best_tflops,
+        })
     }
 }
 
@@ -274,7 +302,12 @@ impl From<AttentionCurve> for AttentionCurveFile {
                 points.push([*d, *s, c.tflops[a * c.seqs.len() + b]]);
             }
         }
-        AttentionCurveFile { pass: c.pass, causal: c.causal, source: c.source, points }
+        AttentionCurveFile {
+            pass: c.pass,
+            causal: c.causal,
+            source: c.source,
+            points,
+        }
     }
 }
 
@@ -310,7 +343,9 @@ fn grid_axis<const N: usize>(points: &[[f64; N]], i: usize) -> Vec<f64> {
 /// The position of a point's coordinate on its axis (built by [`grid_axis`] from the
 /// same points, so it is there).
 fn grid_index(axis: &[f64], x: f64) -> usize {
-    axis.iter().position(|y| *y == x).expect("axis value from the points")
+    axis.iter()
+        .position(|y| *y == x)
+        .expect("axis value from the points")
 }
 
 /// Where `x` falls on an axis: the two neighbouring indices, the weight of the
@@ -324,7 +359,10 @@ fn locate(axis: &[f64], x: f64) -> (usize, usize, f64, f64) {
     if x >= axis[last] {
         return (last, last, 0.0, 1.0);
     }
-    let i = axis.iter().rposition(|v| *v <= x).expect("x is above the first value");
+    let i = axis
+        .iter()
+        .rposition(|v| *v <= x)
+        .expect("x is above the first value");
     let w = (x.ln() - axis[i].ln()) / (axis[i + 1].ln() - axis[i].ln());
     (i, i + 1, w, 1.0)
 }
@@ -388,7 +426,10 @@ const BUILTIN: &[(&str, &str)] = &[
     ("h200-sxm", include_str!("../../hwprofiles/h200-sxm.json")),
     ("h800", include_str!("../../hwprofiles/h800.json")),
     ("b200", include_str!("../../hwprofiles/b200.json")),
-    ("gb200-nvl72", include_str!("../../hwprofiles/gb200-nvl72.json")),
+    (
+        "gb200-nvl72",
+        include_str!("../../hwprofiles/gb200-nvl72.json"),
+    ),
     ("mi300x", include_str!("../../hwprofiles/mi300x.json")),
 ];
 
@@ -441,17 +482,36 @@ impl HardwareProfile {
             ("gpu.peak_tflops.fp16", self.gpu.peak_tflops.fp16, 1e6),
             ("gpu.hbm_gib", self.gpu.hbm_gib, 1e5),
             ("gpu.hbm_tbytes_per_s", self.gpu.hbm_tbytes_per_s, 1e3),
-            ("node.nvlink_gbytes_per_s", self.node.nvlink_gbytes_per_s, 1e5),
-            ("network.nic_gbytes_per_s", self.network.nic_gbytes_per_s, 1e5),
+            (
+                "node.nvlink_gbytes_per_s",
+                self.node.nvlink_gbytes_per_s,
+                1e5,
+            ),
+            (
+                "network.nic_gbytes_per_s",
+                self.network.nic_gbytes_per_s,
+                1e5,
+            ),
             ("network.latency_us", self.network.latency_us, 1e5),
-            ("efficiency.gemm_overhead_us", self.efficiency.gemm_overhead_us, 1e4),
-            ("efficiency.nvlink_latency_us", self.efficiency.nvlink_latency_us, 1e5),
+            (
+                "efficiency.gemm_overhead_us",
+                self.efficiency.gemm_overhead_us,
+                1e4,
+            ),
+            (
+                "efficiency.nvlink_latency_us",
+                self.efficiency.nvlink_latency_us,
+                1e5,
+            ),
             ("memory.reserve_gib", self.memory.reserve_gib + 1.0, 1e5),
             ("gpu.peak_tflops.fp8", self.gpu.peak_tflops.fp8 + 1.0, 1e6),
         ];
         for (field, v, max) in positive {
             if !(v.is_finite() && v > 0.0 && v <= max) {
-                return err(field, format!("{v} must be a positive number no larger than {max}"));
+                return err(
+                    field,
+                    format!("{v} must be a positive number no larger than {max}"),
+                );
             }
         }
         if self.memory.reserve_gib >= self.gpu.hbm_gib {
@@ -466,42 +526,94 @@ impl HardwareProfile {
         let fractions = [
             ("efficiency.gemm_bf16", self.efficiency.gemm_bf16, false),
             ("efficiency.gemm_fp8", self.efficiency.gemm_fp8, true),
-            ("efficiency.attention_fwd", self.efficiency.attention_fwd, false),
-            ("efficiency.attention_bwd", self.efficiency.attention_bwd, false),
+            (
+                "efficiency.attention_fwd",
+                self.efficiency.attention_fwd,
+                false,
+            ),
+            (
+                "efficiency.attention_bwd",
+                self.efficiency.attention_bwd,
+                false,
+            ),
             ("efficiency.hbm", self.efficiency.hbm, false),
-            ("efficiency.nvlink_busbw", self.efficiency.nvlink_busbw, false),
-            ("efficiency.network_busbw", self.efficiency.network_busbw, false),
-            ("efficiency.overlap_slowdown", self.efficiency.overlap_slowdown, true),
+            (
+                "efficiency.nvlink_busbw",
+                self.efficiency.nvlink_busbw,
+                false,
+            ),
+            (
+                "efficiency.network_busbw",
+                self.efficiency.network_busbw,
+                false,
+            ),
+            (
+                "efficiency.overlap_slowdown",
+                self.efficiency.overlap_slowdown,
+                true,
+            ),
             ("memory.fragmentation", self.memory.fragmentation, true),
         ];
         for (field, v, zero_ok) in fractions {
             let ok = v.is_finite() && v <= 1.0 && (v > 0.0 || (zero_ok && v == 0.0));
             if !ok {
                 let lo = if zero_ok { "0" } else { "a number above 0" };
-                return err(field, format!("{v} is not a fraction: expected {lo} up to 1"));
+                return err(
+                    field,
+                    format!("{v} is not a fraction: expected {lo} up to 1"),
+                );
             }
         }
         for (i, c) in self.gemm_curves.iter().enumerate() {
             if self.gemm_curves[..i].iter().any(|d| d.dtype == c.dtype) {
-                return err("gemm_curves", format!("two curves for {:?}; give one per data type", c.dtype));
+                return err(
+                    "gemm_curves",
+                    format!("two curves for {:?}; give one per data type", c.dtype),
+                );
             }
         }
         for (i, c) in self.attention_curves.iter().enumerate() {
-            if self.attention_curves[..i].iter().any(|d| d.pass == c.pass && d.causal == c.causal) {
-                return err("attention_curves", format!("two curves for the {:?} pass with causal = {}; give one per pass and mask", c.pass, c.causal));
+            if self.attention_curves[..i]
+                .iter()
+                .any(|d| d.pass == c.pass && d.causal == c.causal)
+            {
+                return err(
+                    "attention_curves",
+                    format!(
+                        "two curves for the {:?} pass with causal = {}; give one per pass and mask",
+                        c.pass, c.causal
+                    ),
+                );
             }
         }
         if self.gpu.peak_tflops.fp8 > 0.0 && self.efficiency.gemm_fp8 <= 0.0 {
-            return err("efficiency.gemm_fp8", "the GPU has FP8 peak throughput but no FP8 GEMM efficiency".into());
+            return err(
+                "efficiency.gemm_fp8",
+                "the GPU has FP8 peak throughput but no FP8 GEMM efficiency".into(),
+            );
         }
-        if self.node.nvls && !(self.efficiency.nvls_busbw > 0.0 && self.efficiency.nvls_busbw <= 2.0) {
-            return err("efficiency.nvls_busbw", format!("{} must be in (0, 2] when node.nvls is true", self.efficiency.nvls_busbw));
+        if self.node.nvls
+            && !(self.efficiency.nvls_busbw > 0.0 && self.efficiency.nvls_busbw <= 2.0)
+        {
+            return err(
+                "efficiency.nvls_busbw",
+                format!(
+                    "{} must be in (0, 2] when node.nvls is true",
+                    self.efficiency.nvls_busbw
+                ),
+            );
         }
         if self.node.gpus_per_node == 0 || self.node.gpus_per_node > 1024 {
-            return err("node.gpus_per_node", format!("{} must be between 1 and 1024", self.node.gpus_per_node));
+            return err(
+                "node.gpus_per_node",
+                format!("{} must be between 1 and 1024", self.node.gpus_per_node),
+            );
         }
         if self.node.nvlink_domain == 0
-            || !self.node.nvlink_domain.is_multiple_of(self.node.gpus_per_node)
+            || !self
+                .node
+                .nvlink_domain
+                .is_multiple_of(self.node.gpus_per_node)
             || self.node.nvlink_domain > 1 << 16
         {
             return err(
@@ -520,7 +632,11 @@ impl HardwareProfile {
     /// without a curve.
     pub fn gemm_shape_factor(&self, fp8: bool, m: f64, n: f64, k: f64) -> Option<f64> {
         let want = if fp8 { GemmDtype::Fp8 } else { GemmDtype::Bf16 };
-        let curve = self.gemm_curves.iter().find(|c| c.dtype == want).or_else(|| self.gemm_curves.iter().find(|c| c.dtype == GemmDtype::Bf16));
+        let curve = self
+            .gemm_curves
+            .iter()
+            .find(|c| c.dtype == want)
+            .or_else(|| self.gemm_curves.iter().find(|c| c.dtype == GemmDtype::Bf16));
         curve.map(|c| c.shape_factor(m, n, k))
     }
 
@@ -528,8 +644,14 @@ impl HardwareProfile {
     /// the causal curve of that pass, or the unmasked one where only that was
     /// measured; `None` without a curve for the pass.
     pub fn attention_factor(&self, pass: AttentionPass, head_dim: f64, seq: f64) -> Option<f64> {
-        let of_pass = |causal: bool| self.attention_curves.iter().find(|c| c.pass == pass && c.causal == causal);
-        of_pass(true).or_else(|| of_pass(false)).map(|c| c.factor(head_dim, seq))
+        let of_pass = |causal: bool| {
+            self.attention_curves
+                .iter()
+                .find(|c| c.pass == pass && c.causal == causal)
+        };
+        of_pass(true)
+            .or_else(|| of_pass(false))
+            .map(|c| c.factor(head_dim, seq))
     }
 
     /// Peak dense throughput for GEMMs in the given precision, FLOP/s.
@@ -603,7 +725,11 @@ impl Cluster {
     pub fn new(profile: HardwareProfile, gpus: u64) -> Result<Cluster, InputError> {
         let per_node = profile.node.gpus_per_node;
         if per_node == 0 {
-            return Err(InputError::Profile { profile: profile.name.clone(), field: "node.gpus_per_node".into(), problem: "0 must be between 1 and 1024".into() });
+            return Err(InputError::Profile {
+                profile: profile.name.clone(),
+                field: "node.gpus_per_node".into(),
+                problem: "0 must be between 1 and 1024".into(),
+            });
         }
         if gpus == 0 {
             return Err(InputError::Workload("--gpus must be at least 1".into()));
@@ -620,7 +746,10 @@ impl Cluster {
         };
         if !ok {
             let lower = if gpus < per_node {
-                (1..=gpus).rev().find(|d| per_node.is_multiple_of(*d)).unwrap_or(1)
+                (1..=gpus)
+                    .rev()
+                    .find(|d| per_node.is_multiple_of(*d))
+                    .unwrap_or(1)
             } else {
                 gpus / per_node * per_node
             };
@@ -631,7 +760,11 @@ impl Cluster {
                 lower.max(per_node) + if gpus < per_node { 0 } else { per_node },
             )));
         }
-        Ok(Cluster { profile, gpus, allow_tp_beyond_nvlink: false })
+        Ok(Cluster {
+            profile,
+            gpus,
+            allow_tp_beyond_nvlink: false,
+        })
     }
 
     pub fn nodes(&self) -> u64 {
@@ -670,19 +803,28 @@ mod tests {
         let text = include_str!("../../hwprofiles/h100-sxm.json");
         let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
         v["efficiency"]["gemm_bf16"] = serde_json::json!(1.7);
-        let e = HardwareProfile::from_json(&v.to_string()).unwrap_err().to_string();
+        let e = HardwareProfile::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("efficiency.gemm_bf16"), "{e}");
         v["efficiency"]["gemm_bf16"] = serde_json::json!(0.7);
         v["node"]["gpus_per_node"] = serde_json::json!(0);
-        let e = HardwareProfile::from_json(&v.to_string()).unwrap_err().to_string();
+        let e = HardwareProfile::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("gpus_per_node"), "{e}");
         v["node"].as_object_mut().unwrap().remove("gpus_per_node");
-        let e = HardwareProfile::from_json(&v.to_string()).unwrap_err().to_string();
+        let e = HardwareProfile::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("gpus_per_node"), "{e}");
     }
 
     fn curve(points: serde_json::Value) -> Result<GemmCurve, String> {
-        serde_json::from_value(serde_json::json!({"dtype": "bf16", "source": "test grid", "points": points})).map_err(|e| e.to_string())
+        serde_json::from_value(
+            serde_json::json!({"dtype": "bf16", "source": "test grid", "points": points}),
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// A 2x2x2 grid whose throughput is 100 * m * n * k / 1024^3 TFLOP/s.
@@ -691,7 +833,12 @@ mod tests {
         for m in [256.0, 1024.0] {
             for n in [256.0, 1024.0] {
                 for k in [256.0, 1024.0] {
-                    pts.push(serde_json::json!([m, n, k, 100.0 * m * n * k / 1024f64.powi(3)]));
+                    pts.push(serde_json::json!([
+                        m,
+                        n,
+                        k,
+                        100.0 * m * n * k / 1024f64.powi(3)
+                    ]));
                 }
             }
         }
@@ -719,7 +866,12 @@ mod tests {
 
     #[test]
     fn gemm_curve_rejects_holes_duplicates_and_bad_values() {
-        let e = curve(serde_json::json!([[256, 256, 256, 5.0], [256, 256, 512, 9.0], [256, 512, 256, 9.0]])).unwrap_err();
+        let e = curve(serde_json::json!([
+            [256, 256, 256, 5.0],
+            [256, 256, 512, 9.0],
+            [256, 512, 256, 9.0]
+        ]))
+        .unwrap_err();
         assert!(e.contains("one point for every (m, n, k)"), "{e}");
         let e = curve(serde_json::json!([[256, 256, 256, -5.0]])).unwrap_err();
         assert!(e.contains("must be positive"), "{e}");
@@ -739,7 +891,9 @@ mod tests {
         let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
         let first = v["gemm_curves"][0].clone();
         v["gemm_curves"].as_array_mut().unwrap().push(first);
-        let e = HardwareProfile::from_json(&v.to_string()).unwrap_err().to_string();
+        let e = HardwareProfile::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("gemm_curves"), "{e}");
     }
 
@@ -754,17 +908,38 @@ mod tests {
         assert!(s(256.0, 4096.0, 4096.0) < 0.6);
         // More rows, columns or depth never make a GEMM less efficient per FLOP by
         // much (the table has measurement noise of a few percent).
-        for (m, n, k) in [(1024.0, 1024.0, 1024.0), (2048.0, 512.0, 4096.0), (4096.0, 2048.0, 1024.0)] {
-            assert!(s(2.0 * m, n, k) > 0.95 * s(m, n, k) && s(m, 2.0 * n, k) > 0.95 * s(m, n, k) && s(m, n, 2.0 * k) > 0.95 * s(m, n, k));
+        for (m, n, k) in [
+            (1024.0, 1024.0, 1024.0),
+            (2048.0, 512.0, 4096.0),
+            (4096.0, 2048.0, 1024.0),
+        ] {
+            assert!(
+                s(2.0 * m, n, k) > 0.95 * s(m, n, k)
+                    && s(m, 2.0 * n, k) > 0.95 * s(m, n, k)
+                    && s(m, n, 2.0 * k) > 0.95 * s(m, n, k)
+            );
         }
         // FP8 GEMMs on Hopper use the BF16 shape (its FP8 entries are above the peak).
-        assert_eq!(h100.gemm_shape_factor(true, 1024.0, 2048.0, 4096.0), h100.gemm_shape_factor(false, 1024.0, 2048.0, 4096.0));
+        assert_eq!(
+            h100.gemm_shape_factor(true, 1024.0, 2048.0, 4096.0),
+            h100.gemm_shape_factor(false, 1024.0, 2048.0, 4096.0)
+        );
         let b200 = builtin_profile("b200").unwrap();
-        assert_ne!(b200.gemm_shape_factor(true, 1024.0, 2048.0, 4096.0), b200.gemm_shape_factor(false, 1024.0, 2048.0, 4096.0));
-        assert!(builtin_profile("a100-80g").unwrap().gemm_shape_factor(false, 256.0, 256.0, 256.0).is_none());
+        assert_ne!(
+            b200.gemm_shape_factor(true, 1024.0, 2048.0, 4096.0),
+            b200.gemm_shape_factor(false, 1024.0, 2048.0, 4096.0)
+        );
+        assert!(builtin_profile("a100-80g")
+            .unwrap()
+            .gemm_shape_factor(false, 256.0, 256.0, 256.0)
+            .is_none());
     }
 
-    fn attention_curve(pass: &str, causal: bool, points: serde_json::Value) -> Result<AttentionCurve, String> {
+    fn attention_curve(
+        pass: &str,
+        causal: bool,
+        points: serde_json::Value,
+    ) -> Result<AttentionCurve, String> {
         serde_json::from_value(serde_json::json!({"pass": pass, "causal": causal, "source": "test grid", "points": points})).map_err(|e| e.to_string())
     }
 
@@ -772,29 +947,61 @@ mod tests {
     /// sequence length, and outside the grid it holds the nearest edge.
     #[test]
     fn attention_curve_interpolates_and_holds_its_edges() {
-        let c = attention_curve("fwd", true, serde_json::json!([[64, 1024, 100], [64, 4096, 200], [128, 1024, 200], [128, 4096, 400]])).unwrap();
+        let c = attention_curve(
+            "fwd",
+            true,
+            serde_json::json!([
+                [64, 1024, 100],
+                [64, 4096, 200],
+                [128, 1024, 200],
+                [128, 4096, 400]
+            ]),
+        )
+        .unwrap();
         let near = |a: f64, b: f64| (a - b).abs() < 1e-12;
         assert!(near(c.factor(128.0, 4096.0), 1.0) && near(c.factor(64.0, 1024.0), 0.25));
         // 2048 tokens sit halfway between 1024 and 4096 on a log axis: the geometric
         // mean; a head width of sqrt(64 x 128) likewise between the two widths.
-        assert!(near(c.factor(128.0, 2048.0), (200.0f64 * 400.0).sqrt() / 400.0));
-        assert!(near(c.factor((64.0f64 * 128.0).sqrt(), 4096.0), (200.0f64 * 400.0).sqrt() / 400.0));
+        assert!(near(
+            c.factor(128.0, 2048.0),
+            (200.0f64 * 400.0).sqrt() / 400.0
+        ));
+        assert!(near(
+            c.factor((64.0f64 * 128.0).sqrt(), 4096.0),
+            (200.0f64 * 400.0).sqrt() / 400.0
+        ));
         assert!(near(c.factor(256.0, 65536.0), 1.0) && near(c.factor(32.0, 256.0), 0.25));
-        let back: AttentionCurve = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        let back: AttentionCurve =
+            serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
         for (points, why) in [
-            (serde_json::json!([[64, 1024, 100], [64, 4096, 200], [128, 1024, 200]]), "one point for every (head_dim, seq)"),
-            (serde_json::json!([[64, 1024, 100], [64, 1024, 200]]), "at least two sequence lengths"),
-            (serde_json::json!([[64, 1024, 100], [64, 4096, -2]]), "must be positive"),
+            (
+                serde_json::json!([[64, 1024, 100], [64, 4096, 200], [128, 1024, 200]]),
+                "one point for every (head_dim, seq)",
+            ),
+            (
+                serde_json::json!([[64, 1024, 100], [64, 1024, 200]]),
+                "at least two sequence lengths",
+            ),
+            (
+                serde_json::json!([[64, 1024, 100], [64, 4096, -2]]),
+                "must be positive",
+            ),
         ] {
             let e = attention_curve("bwd", false, points).unwrap_err();
             assert!(e.contains(why), "{e}");
         }
-        let mut v: serde_json::Value = serde_json::from_str(include_str!("../../hwprofiles/h100-sxm.json")).unwrap();
+        let mut v: serde_json::Value =
+            serde_json::from_str(include_str!("../../hwprofiles/h100-sxm.json")).unwrap();
         let first = v["attention_curves"][0].clone();
         v["attention_curves"].as_array_mut().unwrap().push(first);
-        let e = HardwareProfile::from_json(&v.to_string()).unwrap_err().to_string();
-        assert!(e.contains("attention_curves") && e.contains("two curves"), "{e}");
+        let e = HardwareProfile::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("attention_curves") && e.contains("two curves"),
+            "{e}"
+        );
     }
 
     /// The built-in H100 curves (cuDNN's fused attention in FlashAttention-3's
@@ -806,13 +1013,21 @@ mod tests {
         let f = |pass, d: f64, s: f64| h100.attention_factor(pass, d, s).unwrap();
         assert!((f(AttentionPass::Fwd, 128.0, 4096.0) - 518.0 / 539.0).abs() < 1e-12);
         assert!((f(AttentionPass::Bwd, 128.0, 4096.0) - 499.0 / 518.0).abs() < 1e-12);
-        assert!(f(AttentionPass::Fwd, 64.0, 4096.0) < 0.7 && f(AttentionPass::Fwd, 128.0, 512.0) < 0.6);
+        assert!(
+            f(AttentionPass::Fwd, 64.0, 4096.0) < 0.7 && f(AttentionPass::Fwd, 128.0, 512.0) < 0.6
+        );
         for pass in [AttentionPass::Fwd, AttentionPass::Bwd] {
             for d in [64.0, 128.0] {
-                assert!(f(pass, d, 1024.0) < f(pass, d, 4096.0) && f(pass, 64.0, 4096.0) < f(pass, 128.0, 4096.0));
+                assert!(
+                    f(pass, d, 1024.0) < f(pass, d, 4096.0)
+                        && f(pass, 64.0, 4096.0) < f(pass, 128.0, 4096.0)
+                );
             }
         }
-        assert!(builtin_profile("b200").unwrap().attention_factor(AttentionPass::Fwd, 128.0, 4096.0).is_none());
+        assert!(builtin_profile("b200")
+            .unwrap()
+            .attention_factor(AttentionPass::Fwd, 128.0, 4096.0)
+            .is_none());
     }
 
     #[test]

@@ -12,16 +12,28 @@ use crate::model::{Mla, MlpKind, ModelSpec, Moe, SlidingWindow, MODEL_SCHEMA_VER
 use crate::routing::Balancing;
 
 pub const SUPPORTED_TYPES: &[&str] = &[
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-    "deepseek_v3", "gpt_oss",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "gpt_oss",
 ];
 
 fn field(v: &Value, key: &str) -> Result<u64, InputError> {
     match v.get(key) {
         Some(x) => x.as_u64().ok_or_else(|| {
-            InputError::HfConfig(format!("field '{key}' is {x}, expected a non-negative integer"))
+            InputError::HfConfig(format!(
+                "field '{key}' is {x}, expected a non-negative integer"
+            ))
         }),
-        None => Err(InputError::HfConfig(format!("required field '{key}' is missing"))),
+        None => Err(InputError::HfConfig(format!(
+            "required field '{key}' is missing"
+        ))),
     }
 }
 
@@ -38,7 +50,10 @@ fn first_of(v: &Value, keys: &[&str]) -> Result<u64, InputError> {
             return Ok(x);
         }
     }
-    Err(InputError::HfConfig(format!("required field '{}' is missing", keys.join("' or '"))))
+    Err(InputError::HfConfig(format!(
+        "required field '{}' is missing",
+        keys.join("' or '")
+    )))
 }
 
 /// Builds a [`ModelSpec`] from the text of a Hugging Face `config.json`.
@@ -49,12 +64,18 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
         detail: e.to_string(),
     })?;
     if !v.is_object() {
-        return Err(InputError::HfConfig("expected a JSON object at the top level".into()));
+        return Err(InputError::HfConfig(
+            "expected a JSON object at the top level".into(),
+        ));
     }
     let model_type = v
         .get("model_type")
         .and_then(Value::as_str)
-        .ok_or_else(|| InputError::HfConfig("field 'model_type' is missing; cannot tell the model family".into()))?
+        .ok_or_else(|| {
+            InputError::HfConfig(
+                "field 'model_type' is missing; cannot tell the model family".into(),
+            )
+        })?
         .to_string();
     if !SUPPORTED_TYPES.contains(&model_type.as_str()) {
         return Err(InputError::HfConfig(format!(
@@ -72,8 +93,14 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
         return Err(InputError::HfConfig("num_attention_heads is 0".into()));
     }
     let head_dim = opt(&v, "head_dim")?.unwrap_or(hidden / heads);
-    let tied = v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
-    let bias = v.get("attention_bias").and_then(Value::as_bool).unwrap_or(model_type == "qwen2");
+    let tied = v
+        .get("tie_word_embeddings")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let bias = v
+        .get("attention_bias")
+        .and_then(Value::as_bool)
+        .unwrap_or(model_type == "qwen2");
     let display = v
         .get("_name_or_path")
         .and_then(Value::as_str)
@@ -119,7 +146,11 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
         "qwen2_moe" | "qwen3_moe" => {
             let shared = opt(&v, "shared_expert_intermediate_size")?.unwrap_or(0);
             let step = opt(&v, "decoder_sparse_step")?.unwrap_or(1);
-            let dense_only = v.get("mlp_only_layers").and_then(Value::as_array).map(|a| a.len()).unwrap_or(0);
+            let dense_only = v
+                .get("mlp_only_layers")
+                .and_then(Value::as_array)
+                .map(|a| a.len())
+                .unwrap_or(0);
             if dense_only > 0 {
                 return Err(InputError::HfConfig(
                     "mlp_only_layers lists dense layers at arbitrary positions; Sextant models only leading dense layers".into(),
@@ -155,7 +186,11 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
                     dense_leading_layers: opt(&v, "first_k_dense_replace")?.unwrap_or(0),
                     layer_freq: opt(&v, "moe_layer_freq")?.unwrap_or(1).max(1),
                     // DeepSeek-V3's bias-corrected routing; V2 uses auxiliary losses.
-                    balancing: if v.get("topk_method").and_then(Value::as_str) == Some("noaux_tc") { Balancing::LossFree } else { Balancing::AuxLoss },
+                    balancing: if v.get("topk_method").and_then(Value::as_str) == Some("noaux_tc") {
+                        Balancing::LossFree
+                    } else {
+                        Balancing::AuxLoss
+                    },
                 });
             }
         }
@@ -178,12 +213,21 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
     // Sliding-window attention: explicit per-layer types (gpt_oss), or one window
     // for every layer (mistral; qwen2 only when use_sliding_window is true).
     if let Some(types) = v.get("layer_types").and_then(Value::as_array) {
-        let sliding = types.iter().filter(|t| t.as_str() == Some("sliding_attention")).count() as u64;
+        let sliding = types
+            .iter()
+            .filter(|t| t.as_str() == Some("sliding_attention"))
+            .count() as u64;
         if sliding > 0 {
-            spec.sliding_window = Some(SlidingWindow { window: field(&v, "sliding_window")?, layers: sliding });
+            spec.sliding_window = Some(SlidingWindow {
+                window: field(&v, "sliding_window")?,
+                layers: sliding,
+            });
         }
     } else if let Some(w) = opt(&v, "sliding_window")? {
-        let enabled = v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(model_type == "mistral");
+        let enabled = v
+            .get("use_sliding_window")
+            .and_then(Value::as_bool)
+            .unwrap_or(model_type == "mistral");
         if enabled {
             spec.sliding_window = Some(SlidingWindow { window: w, layers });
         }
@@ -205,7 +249,18 @@ mod tests {
     #[test]
     fn each_family_imports_with_published_shapes() {
         let l = load("llama-3.1-8b.json");
-        assert_eq!((l.layers, l.hidden, l.ffn_hidden, l.heads, l.kv_heads, l.head_dim, l.vocab), (32, 4096, 14336, 32, 8, 128, 128256));
+        assert_eq!(
+            (
+                l.layers,
+                l.hidden,
+                l.ffn_hidden,
+                l.heads,
+                l.kv_heads,
+                l.head_dim,
+                l.vocab
+            ),
+            (32, 4096, 14336, 32, 8, 128, 128256)
+        );
         assert!((l.params().total as f64 / 1e9 - 8.03).abs() < 0.01);
 
         let m = load("mistral-7b-v0.1.json");
@@ -231,12 +286,26 @@ mod tests {
 
         let d = load("deepseek-v3.json");
         let dm = d.moe.unwrap();
-        assert_eq!((dm.experts, dm.top_k, dm.shared_experts, dm.dense_leading_layers), (256, 8, 1, 3));
+        assert_eq!(
+            (
+                dm.experts,
+                dm.top_k,
+                dm.shared_experts,
+                dm.dense_leading_layers
+            ),
+            (256, 8, 1, 3)
+        );
         assert_eq!(d.mla.unwrap().kv_lora_rank, 512);
         assert!((d.params().total as f64 / 1e9 - 671.0).abs() < 10.0);
 
         let g = load("gpt-oss-120b.json");
-        assert_eq!(g.sliding_window.unwrap(), SlidingWindow { window: 128, layers: 18 });
+        assert_eq!(
+            g.sliding_window.unwrap(),
+            SlidingWindow {
+                window: 128,
+                layers: 18
+            }
+        );
         assert!((g.params().total as f64 / 1e9 - 116.8).abs() < 1.5);
     }
 
@@ -260,9 +329,13 @@ mod tests {
     fn bad_configs_say_what_is_wrong() {
         let e = from_hf_config("{not json", "x").unwrap_err().to_string();
         assert!(e.contains("malformed"), "{e}");
-        let e = from_hf_config(r#"{"model_type":"bert"}"#, "x").unwrap_err().to_string();
+        let e = from_hf_config(r#"{"model_type":"bert"}"#, "x")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not supported"), "{e}");
-        let e = from_hf_config(r#"{"model_type":"llama","hidden_size":4096}"#, "x").unwrap_err().to_string();
+        let e = from_hf_config(r#"{"model_type":"llama","hidden_size":4096}"#, "x")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("num_hidden_layers"), "{e}");
         let e = from_hf_config(
             r#"{"model_type":"llama","hidden_size":-1,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":10}"#,

@@ -16,6 +16,7 @@ pub mod comm;
 pub mod config;
 pub mod cost;
 pub mod error;
+pub mod floor;
 pub mod fuzzing;
 pub mod hardware;
 pub mod hf;
@@ -33,7 +34,9 @@ pub mod search;
 pub mod uncertainty;
 pub mod validate;
 
-pub use config::{Layout, Overlap, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero};
+pub use config::{
+    Layout, Overlap, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero,
+};
 pub use cost::{estimate, Estimate};
 pub use error::InputError;
 pub use hardware::{Cluster, HardwareProfile};

@@ -74,20 +74,37 @@ pub enum LayerKind {
 /// sequence-parallel sharding. Selective recomputation drops the tensors of the
 /// modules it replays ([`RecomputeModules`]); `full` is the same layer with nothing
 /// dropped (the working set while a recomputed layer is back-propagated).
-pub fn layer_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, kind: LayerKind, flash: bool) -> LayerActivations {
+pub fn layer_activations(
+    model: &ModelSpec,
+    cfg: &ParallelConfig,
+    w: &Workload,
+    kind: LayerKind,
+    flash: bool,
+) -> LayerActivations {
     let tokens = (cfg.mbs * w.seq / cfg.cp) as f64;
     let full = per_token_activations(model, cfg, w, kind, flash, |_| false) * tokens;
     let stored = match cfg.recompute {
-        Recompute::Full => 2.0 * model.hidden as f64 / if cfg.sp { cfg.tp as f64 } else { 1.0 } * tokens,
+        Recompute::Full => {
+            2.0 * model.hidden as f64 / if cfg.sp { cfg.tp as f64 } else { 1.0 } * tokens
+        }
         Recompute::None => full,
-        Recompute::Selective => per_token_activations(model, cfg, w, kind, flash, |m| cfg.recomputes(m)) * tokens,
+        Recompute::Selective => {
+            per_token_activations(model, cfg, w, kind, flash, |m| cfg.recomputes(m)) * tokens
+        }
     };
     LayerActivations { stored, full }
 }
 
 /// Stored bytes per token of one layer; `dropped(m)` says whether module `m`'s
 /// tensors are discarded for recomputation.
-fn per_token_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, kind: LayerKind, flash: bool, dropped: impl Fn(RecomputeModules) -> bool) -> f64 {
+fn per_token_activations(
+    model: &ModelSpec,
+    cfg: &ParallelConfig,
+    w: &Workload,
+    kind: LayerKind,
+    flash: bool,
+    dropped: impl Fn(RecomputeModules) -> bool,
+) -> f64 {
     let t = cfg.tp as f64;
     let h = model.hidden as f64;
     // Tensors outside the TP region are split by SP, replicated without it.
@@ -97,7 +114,11 @@ fn per_token_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
     // Engine keeps the FP8 cast of an FP8 GEMM's input instead of the BF16 tensor.
     let gemm_in = if w.precision.is_fp8() { 1.0 } else { 2.0 };
     // The norms' outputs are the QKV and FC1 inputs; "layernorm" recomputes them.
-    let norm_out = if dropped(RecomputeModules::LAYERNORM) { 0.0 } else { gemm_in * h };
+    let norm_out = if dropped(RecomputeModules::LAYERNORM) {
+        0.0
+    } else {
+        gemm_in * h
+    };
 
     // Attention block: LayerNorm input, QKV input, the dropout mask after the
     // output projection (1 byte).
@@ -107,10 +128,16 @@ fn per_token_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
     // its up-projections, which "mla_up_proj" recomputes.
     let qkv = match &model.mla {
         // MLA's values are v_head_dim wide, narrower than its keys.
-        Some(_) => 2.0 * (model.q_dim() + model.kv_dim() + model.heads * model.v_head_dim()) as f64 / t,
+        Some(_) => {
+            2.0 * (model.q_dim() + model.kv_dim() + model.heads * model.v_head_dim()) as f64 / t
+        }
         None => 2.0 * model.q_dim() as f64 / t + 2.0 * 2.0 * kv_rank,
     };
-    let mut inside = if model.mla.is_some() && dropped(RecomputeModules::MLA_UP_PROJ) { 0.0 } else { qkv };
+    let mut inside = if model.mla.is_some() && dropped(RecomputeModules::MLA_UP_PROJ) {
+        0.0
+    } else {
+        qkv
+    };
     // The attention output, input of the output projection.
     inside += gemm_in * model.attn_out_dim() as f64 / t;
     if let Some(m) = &model.mla {
@@ -135,7 +162,10 @@ fn per_token_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
         let first = model.mlp.matrices() as f64 - 1.0;
         (2.0 * first * ffn + if act_dropped { 0.0 } else { gemm_in * ffn }) / div
     };
-    let moe_load = model.moe.as_ref().map_or(1.0, |moe| w.moe_rank_load(moe, cfg.ep).factor);
+    let moe_load = model
+        .moe
+        .as_ref()
+        .map_or(1.0, |moe| w.moe_rank_load(moe, cfg.ep).factor);
     match (kind, &model.moe) {
         (LayerKind::Moe, Some(moe)) => {
             if dropped(RecomputeModules::MOE) {
@@ -151,14 +181,29 @@ fn per_token_activations(model: &ModelSpec, cfg: &ParallelConfig, w: &Workload, 
             // nothing but its index map.
             let etp = cfg.etp as f64;
             let routed = moe.top_k as f64 * moe_load / t * etp;
-            let expert = routed * (gemm_in * h + mlp_inner(moe.expert_ffn_hidden as f64, etp, dropped(RecomputeModules::MOE_ACT)) + 4.0);
-            let shared = if dropped(RecomputeModules::SHARED_EXPERTS) { 0.0 } else { mlp_inner(moe.shared_hidden() as f64, t, false) };
+            let expert = routed
+                * (gemm_in * h
+                    + mlp_inner(
+                        moe.expert_ffn_hidden as f64,
+                        etp,
+                        dropped(RecomputeModules::MOE_ACT),
+                    )
+                    + 4.0);
+            let shared = if dropped(RecomputeModules::SHARED_EXPERTS) {
+                0.0
+            } else {
+                mlp_inner(moe.shared_hidden() as f64, t, false)
+            };
             // Router logits and probabilities (fp32) per token.
             let router = 8.0 * moe.experts as f64 / t;
             outside / sp_div + inside + expert + shared + router
         }
         _ => {
-            let mlp = if dropped(RecomputeModules::MLP) { 0.0 } else { mlp_inner(model.ffn_hidden as f64, t, false) };
+            let mlp = if dropped(RecomputeModules::MLP) {
+                0.0
+            } else {
+                mlp_inner(model.ffn_hidden as f64, t, false)
+            };
             outside / sp_div + inside + mlp
         }
     }
@@ -236,9 +281,12 @@ pub fn model_state(cfg: &ParallelConfig, dense: f64, expert: f64) -> (f64, f64, 
     };
     // FP8 weight casts are transient workspaces, as in Megatron's own accounting;
     // the BF16 weight stays the stored copy.
-    let weights = WEIGHT_BYTES * (shard(dense, dp_dense, w_shard) + shard(expert, dp_expert, w_shard));
-    let grads = grad_bytes(cfg) * (shard(dense, dp_dense, g_shard) + shard(expert, dp_expert, g_shard));
-    let optim = optimizer_bytes(cfg) * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
+    let weights =
+        WEIGHT_BYTES * (shard(dense, dp_dense, w_shard) + shard(expert, dp_expert, w_shard));
+    let grads =
+        grad_bytes(cfg) * (shard(dense, dp_dense, g_shard) + shard(expert, dp_expert, g_shard));
+    let optim = optimizer_bytes(cfg)
+        * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
     (weights, grads, optim)
 }
 
@@ -249,11 +297,36 @@ mod tests {
     use crate::presets::gpt;
 
     fn cfg(tp: u64, sp: bool, recompute: Recompute) -> ParallelConfig {
-        ParallelConfig { tp, pp: 1, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp, mbs: 1, zero: Zero::None, recompute, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB }
+        ParallelConfig {
+            tp,
+            pp: 1,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp: 1,
+            sp,
+            mbs: 1,
+            zero: Zero::None,
+            recompute,
+            layout: Layout::Even,
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            bf16_moments: false,
+            recompute_modules: Default::default(),
+            moe_dispatcher: Dispatcher::AllToAll,
+            schedule: Schedule::OneFOneB,
+        }
     }
 
     fn w(seq: u64) -> Workload {
-        Workload { seq, global_batch: 1, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None }
+        Workload {
+            seq,
+            global_batch: 1,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        }
     }
 
     /// Korthikanti et al. 2022, Table 2, evaluated for GPT-3 175B (s=2048, h=12288,
@@ -265,20 +338,48 @@ mod tests {
         let sbh = s * h;
         let cases = [
             // (tp, sp, recompute, flash, paper formula)
-            (1, false, Recompute::None, false, sbh * (34.0 + 5.0 * a * s / h)),
-            (8, false, Recompute::None, false, sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t))),
-            (8, true, Recompute::None, false, sbh / t * (34.0 + 5.0 * a * s / h)),
-            (8, false, Recompute::Selective, false, sbh * (10.0 + 24.0 / t)),
+            (
+                1,
+                false,
+                Recompute::None,
+                false,
+                sbh * (34.0 + 5.0 * a * s / h),
+            ),
+            (
+                8,
+                false,
+                Recompute::None,
+                false,
+                sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)),
+            ),
+            (
+                8,
+                true,
+                Recompute::None,
+                false,
+                sbh / t * (34.0 + 5.0 * a * s / h),
+            ),
+            (
+                8,
+                false,
+                Recompute::Selective,
+                false,
+                sbh * (10.0 + 24.0 / t),
+            ),
             (8, true, Recompute::Selective, false, sbh / t * 34.0),
             (8, true, Recompute::Full, false, 2.0 * sbh / t),
             (8, false, Recompute::Full, false, 2.0 * sbh),
         ];
         for (tp, sp, rc, flash, expect) in cases {
-            let got = layer_activations(&m, &cfg(tp, sp, rc), &w(2048), LayerKind::Dense, flash).stored;
+            let got =
+                layer_activations(&m, &cfg(tp, sp, rc), &w(2048), LayerKind::Dense, flash).stored;
             // The flash-attention statistics (4 bytes per head per token) are
             // counted for selective and are below 0.1% of the total.
             let err = (got - expect).abs() / expect;
-            assert!(err < 0.001, "tp{tp} sp{sp} {rc:?}: got {got}, paper {expect}, err {err}");
+            assert!(
+                err < 0.001,
+                "tp{tp} sp{sp} {rc:?}: got {got}, paper {expect}, err {err}"
+            );
         }
     }
 
@@ -325,33 +426,73 @@ mod tests {
     #[test]
     fn recompute_modules_drop_their_tensors() {
         use crate::presets::resolve;
-        let bytes = |model: &ModelSpec, c: &ParallelConfig, kind| layer_activations(model, c, &w(4096), kind, true).stored / 4096.0;
-        let sel = |base: &ParallelConfig, m: &str| ParallelConfig { recompute: Recompute::Selective, recompute_modules: RecomputeModules::parse(m).unwrap(), ..base.clone() };
+        let bytes = |model: &ModelSpec, c: &ParallelConfig, kind| {
+            layer_activations(model, c, &w(4096), kind, true).stored / 4096.0
+        };
+        let sel = |base: &ParallelConfig, m: &str| ParallelConfig {
+            recompute: Recompute::Selective,
+            recompute_modules: RecomputeModules::parse(m).unwrap(),
+            ..base.clone()
+        };
 
         let g = gpt("gpt", "test", 24, 4096, 32);
         let base = cfg(8, true, Recompute::None);
         let (h, t) = (4096.0, 8.0);
         let none = bytes(&g, &base, LayerKind::Dense);
-        assert!((none - bytes(&g, &sel(&base, "layernorm"), LayerKind::Dense) - 2.0 * 2.0 * h / t).abs() < 1e-9);
+        assert!(
+            (none - bytes(&g, &sel(&base, "layernorm"), LayerKind::Dense) - 2.0 * 2.0 * h / t)
+                .abs()
+                < 1e-9
+        );
         // GeLU MLP: first output 2 x 4h and activation output 2 x 4h, over t.
-        assert!((none - bytes(&g, &sel(&base, "mlp"), LayerKind::Dense) - 2.0 * 2.0 * 4.0 * h / t).abs() < 1e-9);
+        assert!(
+            (none - bytes(&g, &sel(&base, "mlp"), LayerKind::Dense) - 2.0 * 2.0 * 4.0 * h / t)
+                .abs()
+                < 1e-9
+        );
         // Megatron's default set changes nothing with flash attention.
         assert_eq!(none, bytes(&g, &sel(&base, "core_attn"), LayerKind::Dense));
 
         let ds = resolve("deepseek-v3").unwrap().spec;
-        let mla = ParallelConfig { ep: 8, ..cfg(1, false, Recompute::None) };
+        let mla = ParallelConfig {
+            ep: 8,
+            ..cfg(1, false, Recompute::None)
+        };
         let none = bytes(&ds, &mla, LayerKind::Moe);
         let qkv = 2.0 * (128.0 * 192.0) + 2.0 * (128.0 * 192.0) + 2.0 * (128.0 * 128.0);
-        assert!((none - bytes(&ds, &sel(&mla, "mla_up_proj"), LayerKind::Moe) - qkv).abs() < 1e-6, "{}", none - bytes(&ds, &sel(&mla, "mla_up_proj"), LayerKind::Moe));
-        assert!((none - bytes(&ds, &sel(&mla, "moe_act"), LayerKind::Moe) - 8.0 * 2.0 * 2048.0).abs() < 1e-6);
+        assert!(
+            (none - bytes(&ds, &sel(&mla, "mla_up_proj"), LayerKind::Moe) - qkv).abs() < 1e-6,
+            "{}",
+            none - bytes(&ds, &sel(&mla, "mla_up_proj"), LayerKind::Moe)
+        );
+        assert!(
+            (none - bytes(&ds, &sel(&mla, "moe_act"), LayerKind::Moe) - 8.0 * 2.0 * 2048.0).abs()
+                < 1e-6
+        );
         // "moe" keeps only the block input: less than any of its parts alone.
         let moe = bytes(&ds, &sel(&mla, "moe"), LayerKind::Moe);
         assert!(moe < bytes(&ds, &sel(&mla, "moe_act"), LayerKind::Moe));
         // The working set of a recomputed layer is the unrecomputed layer.
-        assert_eq!(layer_activations(&ds, &sel(&mla, "moe,mla_up_proj"), &w(4096), LayerKind::Moe, true).full, none * 4096.0);
+        assert_eq!(
+            layer_activations(
+                &ds,
+                &sel(&mla, "moe,mla_up_proj"),
+                &w(4096),
+                LayerKind::Moe,
+                true
+            )
+            .full,
+            none * 4096.0
+        );
 
-        let adam = ParallelConfig { bf16_moments: true, ..cfg(1, false, Recompute::None) };
+        let adam = ParallelConfig {
+            bf16_moments: true,
+            ..cfg(1, false, Recompute::None)
+        };
         assert_eq!(model_state(&adam, 1.0, 0.0).2, 8.0);
-        assert_eq!(model_state(&cfg(1, false, Recompute::None), 1.0, 0.0).2, 12.0);
+        assert_eq!(
+            model_state(&cfg(1, false, Recompute::None), 1.0, 0.0).2,
+            12.0
+        );
     }
 }

@@ -38,36 +38,68 @@ pub struct MixedPlan {
 
 fn pipeline_secs(p: &StageProblem, part: &Partition, m: u64) -> Result<(Vec<f64>, f64), String> {
     let secs: Vec<f64> = (0..p.stages())
-        .map(|s| p.classes[part.class[s]].slowdown * (part.layers[s] as f64 * p.layer_secs + part.recomputed[s] as f64 * p.recompute_secs + p.stage_extra_secs[s]))
+        .map(|s| {
+            p.classes[part.class[s]].slowdown
+                * (part.layers[s] as f64 * p.layer_secs
+                    + part.recomputed[s] as f64 * p.recompute_secs
+                    + p.stage_extra_secs[s])
+        })
         .collect();
-    let costs = PassCosts { forward: secs.iter().map(|x| x / 3.0).collect(), backward: secs.iter().map(|x| 2.0 * x / 3.0).collect(), weight: vec![0.0; secs.len()] };
-    let span = simulate_schedule(Schedule::OneFOneB, p.stages() as u64, 1, m, &costs, 0.0).map(|t| t.makespan).ok_or("the 1F1B schedule could not be simulated for this shape")?;
+    let costs = PassCosts {
+        forward: secs.iter().map(|x| x / 3.0).collect(),
+        backward: secs.iter().map(|x| 2.0 * x / 3.0).collect(),
+        weight: vec![0.0; secs.len()],
+    };
+    let span = simulate_schedule(Schedule::OneFOneB, p.stages() as u64, 1, m, &costs, 0.0)
+        .map(|t| t.makespan)
+        .ok_or("the 1F1B schedule could not be simulated for this shape")?;
     Ok((secs, span))
 }
 
 /// Partitions `cfg`'s pipeline over `classes` (profile, GPU count). `cfg.gpus()` must
 /// equal the total, `cfg.vpp` must be 1 and the schedule 1F1B.
-pub fn plan_mixed(model: &ModelSpec, classes: &[(HardwareProfile, u64)], w: &Workload, cfg: &ParallelConfig, a: Assumptions) -> Result<MixedPlan, String> {
+pub fn plan_mixed(
+    model: &ModelSpec,
+    classes: &[(HardwareProfile, u64)],
+    w: &Workload,
+    cfg: &ParallelConfig,
+    a: Assumptions,
+) -> Result<MixedPlan, String> {
     let total: u64 = classes.iter().map(|(_, n)| n).sum();
     if classes.len() < 2 {
         return Err("a mixed cluster needs at least two GPU classes".into());
     }
     if cfg.gpus() != total {
-        return Err(format!("tp x pp x cp x dp = {} but the classes add up to {total} GPUs", cfg.gpus()));
+        return Err(format!(
+            "tp x pp x cp x dp = {} but the classes add up to {total} GPUs",
+            cfg.gpus()
+        ));
     }
     if cfg.schedule != Schedule::OneFOneB {
-        return Err(format!("mixed clusters are simulated under 1F1B only (this configuration uses {})", cfg.schedule));
+        return Err(format!(
+            "mixed clusters are simulated under 1F1B only (this configuration uses {})",
+            cfg.schedule
+        ));
     }
     let per_stage = cfg.tp * cfg.cp * cfg.dp;
     let mut gpu_classes = Vec::new();
     let mut problems: Vec<StageProblem> = Vec::new();
     for (profile, n) in classes {
         if n % per_stage != 0 {
-            return Err(format!("{n} {} GPUs do not make whole pipeline stages of tp x cp x dp = {per_stage} GPUs", profile.name));
+            return Err(format!(
+                "{n} {} GPUs do not make whole pipeline stages of tp x cp x dp = {per_stage} GPUs",
+                profile.name
+            ));
         }
         let cluster = Cluster::new(profile.clone(), total).map_err(|e| e.to_string())?;
-        let prob = stage_problem(model, &cluster, w, cfg, a).map_err(|r| format!("{}: {r}", profile.name))?;
-        gpu_classes.push(GpuClass { name: profile.name.clone(), slowdown: 1.0, capacity_bytes: profile.hbm_bytes(), stages: (n / per_stage) as usize });
+        let prob = stage_problem(model, &cluster, w, cfg, a)
+            .map_err(|r| format!("{}: {r}", profile.name))?;
+        gpu_classes.push(GpuClass {
+            name: profile.name.clone(),
+            slowdown: 1.0,
+            capacity_bytes: profile.hbm_bytes(),
+            stages: (n / per_stage) as usize,
+        });
         problems.push(prob);
     }
     let mut problem = problems[0].clone();
@@ -83,15 +115,35 @@ pub fn plan_mixed(model: &ModelSpec, classes: &[(HardwareProfile, u64)], w: &Wor
     let (secs, span) = pipeline_secs(&problem, &part, m)?;
     // Even split on the same blocks, for comparison.
     let p = problem.stages();
-    let even_layers: Vec<u64> = (0..p).map(|s| model.layers / p as u64 + u64::from((s as u64) < model.layers % p as u64)).collect();
-    let even = Partition { layers: even_layers.clone(), recomputed: vec![0; p], class: part.class.clone(), slowest_secs: 0.0 };
+    let even_layers: Vec<u64> = (0..p)
+        .map(|s| model.layers / p as u64 + u64::from((s as u64) < model.layers % p as u64))
+        .collect();
+    let even = Partition {
+        layers: even_layers.clone(),
+        recomputed: vec![0; p],
+        class: part.class.clone(),
+        slowest_secs: 0.0,
+    };
     let fits = (0..p).all(|s| {
-        let bytes = even.layers[s] as f64 * (problem.layer_state_bytes + problem.in_flight[s] * problem.layer_act_bytes) + problem.stage_extra_bytes[s];
+        let bytes = even.layers[s] as f64
+            * (problem.layer_state_bytes + problem.in_flight[s] * problem.layer_act_bytes)
+            + problem.stage_extra_bytes[s];
         bytes <= problem.classes[even.class[s]].capacity_bytes
     });
-    let even_pipeline_secs = if fits { Some(pipeline_secs(&problem, &even, m)?.1) } else { None };
+    let even_pipeline_secs = if fits {
+        Some(pipeline_secs(&problem, &even, m)?.1)
+    } else {
+        None
+    };
     Ok(MixedPlan {
-        stages: (0..p).map(|s| MixedStage { stage: s, class: problem.classes[part.class[s]].name.clone(), layers: part.layers[s], secs_per_micro_batch: secs[s] }).collect(),
+        stages: (0..p)
+            .map(|s| MixedStage {
+                stage: s,
+                class: problem.classes[part.class[s]].name.clone(),
+                layers: part.layers[s],
+                secs_per_micro_batch: secs[s],
+            })
+            .collect(),
         pipeline_secs: span,
         even_pipeline_secs,
     })
@@ -109,19 +161,60 @@ mod tests {
     #[test]
     fn h100_and_a100_share_a_pipeline() {
         let m = resolve("llama3-70b").unwrap().spec;
-        let cfg = ParallelConfig { tp: 8, pp: 16, vpp: 1, cp: 1, ep: 1, etp: 1, dp: 1, sp: true, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::Selective, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::OneFOneB };
-        let w = Workload { seq: 4096, global_batch: 64, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
-        let classes = [(builtin_profile("h100-sxm").unwrap(), 64), (builtin_profile("a100-80g").unwrap(), 64)];
+        let cfg = ParallelConfig {
+            tp: 8,
+            pp: 16,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp: 1,
+            sp: true,
+            mbs: 1,
+            zero: Zero::DistOpt,
+            recompute: Recompute::Selective,
+            layout: Layout::Even,
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            bf16_moments: false,
+            recompute_modules: Default::default(),
+            moe_dispatcher: Dispatcher::AllToAll,
+            schedule: Schedule::OneFOneB,
+        };
+        let w = Workload {
+            seq: 4096,
+            global_batch: 64,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
+        let classes = [
+            (builtin_profile("h100-sxm").unwrap(), 64),
+            (builtin_profile("a100-80g").unwrap(), 64),
+        ];
         let plan = plan_mixed(&m, &classes, &w, &cfg, Assumptions::default()).unwrap();
         assert_eq!(plan.stages.len(), 16);
         assert_eq!(plan.stages.iter().map(|s| s.layers).sum::<u64>(), 80);
         let avg = |name: &str| {
-            let v: Vec<f64> = plan.stages.iter().filter(|s| s.class == name).map(|s| s.layers as f64).collect();
+            let v: Vec<f64> = plan
+                .stages
+                .iter()
+                .filter(|s| s.class == name)
+                .map(|s| s.layers as f64)
+                .collect();
             v.iter().sum::<f64>() / v.len() as f64
         };
-        assert!(avg("h100-sxm") > avg("a100-80g") + 1.0, "H100 stages should hold more layers: {:?}", plan.stages);
+        assert!(
+            avg("h100-sxm") > avg("a100-80g") + 1.0,
+            "H100 stages should hold more layers: {:?}",
+            plan.stages
+        );
         let even = plan.even_pipeline_secs.expect("even split fits");
-        assert!(plan.pipeline_secs < 0.9 * even, "optimised {} vs even {even}", plan.pipeline_secs);
+        assert!(
+            plan.pipeline_secs < 0.9 * even,
+            "optimised {} vs even {even}",
+            plan.pipeline_secs
+        );
         assert!(plan_mixed(&m, &classes[..1], &w, &cfg, Assumptions::default()).is_err());
     }
 }

@@ -248,7 +248,12 @@ impl ModelSpec {
         let [attention, dense_mlp, routed, non_expert, ..] = self.params_wide();
         let h = u128::from(self.hidden);
         let norm = if self.bias { 2 * h } else { h };
-        let block = attention + if self.mtp_is_moe() { routed + non_expert } else { dense_mlp };
+        let block = attention
+            + if self.mtp_is_moe() {
+                routed + non_expert
+            } else {
+                dense_mlp
+            };
         let one = block + 2 * h * h + 3 * norm;
         u64::try_from(u128::from(self.mtp_layers) * one).unwrap_or(u64::MAX)
     }
@@ -281,14 +286,19 @@ impl ModelSpec {
     }
 
     fn mlp_params(&self, ffn: u64) -> u128 {
-        let (m, h, f) = (u128::from(self.mlp.matrices()), u128::from(self.hidden), u128::from(ffn));
+        let (m, h, f) = (
+            u128::from(self.mlp.matrices()),
+            u128::from(self.hidden),
+            u128::from(ffn),
+        );
         let b = if self.bias { (m - 1) * f + h } else { 0 };
         m * h * f + b
     }
 
     pub fn params(&self) -> ParamCounts {
         let [attention, dense_mlp, routed_experts, moe_non_expert, embedding, output, total, active] =
-            self.params_wide().map(|n| u64::try_from(n).unwrap_or(u64::MAX));
+            self.params_wide()
+                .map(|n| u64::try_from(n).unwrap_or(u64::MAX));
         ParamCounts {
             attention,
             dense_mlp,
@@ -327,7 +337,11 @@ impl ModelSpec {
             None => (0, 0, 0),
         };
         let embedding = w(self.vocab) * h;
-        let output = if self.tied_embeddings { 0 } else { w(self.vocab) * h };
+        let output = if self.tied_embeddings {
+            0
+        } else {
+            w(self.vocab) * h
+        };
         let moe_layers = w(self.moe_layers());
         let dense_layers = w(self.layers) - moe_layers;
         let layers = w(self.layers);
@@ -344,7 +358,16 @@ impl ModelSpec {
             + embedding
             + output
             + final_norm;
-        [attention, dense_mlp, routed_experts, moe_non_expert, embedding, output, total, active]
+        [
+            attention,
+            dense_mlp,
+            routed_experts,
+            moe_non_expert,
+            embedding,
+            output,
+            total,
+            active,
+        ]
     }
 
     /// Checks that the numbers describe a buildable model. Returns the first problem.
@@ -370,14 +393,26 @@ impl ModelSpec {
                 return bad(field, "must be at least 1".into());
             }
             if v > MAX {
-                return bad(field, format!("{v} is beyond any trainable model (at most {MAX})"));
+                return bad(
+                    field,
+                    format!("{v} is beyond any trainable model (at most {MAX})"),
+                );
             }
         }
         if self.layers > 100_000 {
-            return bad("layers", format!("{} layers is not a real model (at most 100000)", self.layers));
+            return bad(
+                "layers",
+                format!(
+                    "{} layers is not a real model (at most 100000)",
+                    self.layers
+                ),
+            );
         }
         if self.heads > 1 << 20 || self.hidden > 1 << 24 || self.head_dim > 1 << 16 {
-            return bad("hidden", "hidden size, heads or head_dim is absurdly large".into());
+            return bad(
+                "hidden",
+                "hidden size, heads or head_dim is absurdly large".into(),
+            );
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(
@@ -390,10 +425,20 @@ impl ModelSpec {
         }
         if let Some(m) = &self.moe {
             if m.experts == 0 || m.top_k == 0 || m.expert_ffn_hidden == 0 {
-                return bad("moe", "experts, top_k and expert_ffn_hidden must be at least 1".into());
+                return bad(
+                    "moe",
+                    "experts, top_k and expert_ffn_hidden must be at least 1".into(),
+                );
             }
-            if m.experts > 1 << 20 || m.expert_ffn_hidden > MAX || m.shared_experts > 1 << 20 || m.shared_hidden() > MAX {
-                return bad("moe", "expert count, shared-expert count or expert size is absurdly large".into());
+            if m.experts > 1 << 20
+                || m.expert_ffn_hidden > MAX
+                || m.shared_experts > 1 << 20
+                || m.shared_hidden() > MAX
+            {
+                return bad(
+                    "moe",
+                    "expert count, shared-expert count or expert size is absurdly large".into(),
+                );
             }
             if m.top_k > m.experts {
                 return bad(
@@ -415,11 +460,24 @@ impl ModelSpec {
             }
         }
         if let Some(m) = &self.mla {
-            if m.kv_lora_rank == 0 || m.v_head_dim == 0 || m.qk_nope_head_dim + m.qk_rope_head_dim == 0 {
-                return bad("mla", "kv_lora_rank, v_head_dim and qk head dims must be positive".into());
+            if m.kv_lora_rank == 0
+                || m.v_head_dim == 0
+                || m.qk_nope_head_dim + m.qk_rope_head_dim == 0
+            {
+                return bad(
+                    "mla",
+                    "kv_lora_rank, v_head_dim and qk head dims must be positive".into(),
+                );
             }
-            if [m.q_lora_rank, m.kv_lora_rank].iter().any(|&r| r > 1 << 24) || [m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim].iter().any(|&d| d > 1 << 16) {
-                return bad("mla", "a LoRA rank above 2^24 or a head dim above 2^16 is absurdly large".into());
+            if [m.q_lora_rank, m.kv_lora_rank].iter().any(|&r| r > 1 << 24)
+                || [m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim]
+                    .iter()
+                    .any(|&d| d > 1 << 16)
+            {
+                return bad(
+                    "mla",
+                    "a LoRA rank above 2^24 or a head dim above 2^16 is absurdly large".into(),
+                );
             }
         }
         if self.mtp_layers > 16 {

@@ -10,7 +10,9 @@
 //! activations are multiplied by its in-flight micro-batches, which differ by
 //! stage under 1F1B — the reason uneven splits pay.
 
-use good_lp::{constraint, microlp, variable, variables, Expression, Solution, SolverModel, Variable};
+use good_lp::{
+    constraint, microlp, variable, variables, Expression, Solution, SolverModel, Variable,
+};
 
 /// A class of GPU that stages can be placed on.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,11 +66,18 @@ impl StageProblem {
     }
 
     fn stage_secs(&self, s: usize, n: u64, r: u64, class: usize) -> f64 {
-        self.classes[class].slowdown * (n as f64 * self.layer_secs + r as f64 * self.recompute_secs + self.stage_extra_secs[s])
+        self.classes[class].slowdown
+            * (n as f64 * self.layer_secs
+                + r as f64 * self.recompute_secs
+                + self.stage_extra_secs[s])
     }
 
     fn stage_bytes(&self, s: usize, n: u64, r: u64) -> f64 {
-        n as f64 * self.layer_state_bytes + self.in_flight[s] * (n as f64 * self.layer_act_bytes - r as f64 * (self.layer_act_bytes - self.layer_act_recomputed_bytes)) + self.stage_extra_bytes[s]
+        n as f64 * self.layer_state_bytes
+            + self.in_flight[s]
+                * (n as f64 * self.layer_act_bytes
+                    - r as f64 * (self.layer_act_bytes - self.layer_act_recomputed_bytes))
+            + self.stage_extra_bytes[s]
     }
 
     /// Recomputation is a last resort: among equally slow partitions, prefer less.
@@ -79,7 +88,10 @@ impl StageProblem {
 
 /// Class of each stage when the classes take contiguous blocks in `order`.
 fn blocks(classes: &[GpuClass], order: &[usize]) -> Vec<usize> {
-    order.iter().flat_map(|&k| std::iter::repeat_n(k, classes[k].stages)).collect()
+    order
+        .iter()
+        .flat_map(|&k| std::iter::repeat_n(k, classes[k].stages))
+        .collect()
 }
 
 /// Every order of the classes (K! for K classes).
@@ -104,14 +116,22 @@ fn orders(k: usize) -> Vec<Vec<usize>> {
 /// kept. `None` when no partition fits.
 pub fn solve(p: &StageProblem) -> Option<Partition> {
     let stages = p.stages();
-    if stages == 0 || p.classes.is_empty() || p.classes.len() > 5 || p.classes.iter().map(|c| c.stages).sum::<usize>() != stages || p.layers < stages as u64 {
+    if stages == 0
+        || p.classes.is_empty()
+        || p.classes.len() > 5
+        || p.classes.iter().map(|c| c.stages).sum::<usize>() != stages
+        || p.layers < stages as u64
+    {
         return None;
     }
     let mut best: Option<Partition> = None;
     for order in orders(p.classes.len()) {
         let class = blocks(&p.classes, &order);
         if let Some(part) = solve_fixed(p, &class) {
-            let better = best.as_ref().is_none_or(|b| p.objective(part.slowest_secs, part.recomputed.iter().sum()) < p.objective(b.slowest_secs, b.recomputed.iter().sum()) - 1e-12);
+            let better = best.as_ref().is_none_or(|b| {
+                p.objective(part.slowest_secs, part.recomputed.iter().sum())
+                    < p.objective(b.slowest_secs, b.recomputed.iter().sum()) - 1e-12
+            });
             if better {
                 best = Some(part);
             }
@@ -128,11 +148,24 @@ fn solve_fixed(p: &StageProblem, class: &[usize]) -> Option<Partition> {
     let stages = p.stages();
     let l = p.layers as f64;
     let mut vars = variables!();
-    let n: Vec<Variable> = (0..stages).map(|_| vars.add(variable().integer().min(1).max(l))).collect();
-    let r: Vec<Variable> = (0..stages).map(|_| vars.add(variable().integer().min(0).max(if p.allow_recompute { l } else { 0.0 }))).collect();
+    let n: Vec<Variable> = (0..stages)
+        .map(|_| vars.add(variable().integer().min(1).max(l)))
+        .collect();
+    let r: Vec<Variable> = (0..stages)
+        .map(|_| {
+            vars.add(
+                variable()
+                    .integer()
+                    .min(0)
+                    .max(if p.allow_recompute { l } else { 0.0 }),
+            )
+        })
+        .collect();
     let t = vars.add(variable().min(0.0));
     let total_r: Expression = r.iter().sum();
-    let mut model = vars.minimise(t + total_r * (p.recompute_secs * 1e-6)).using(microlp);
+    let mut model = vars
+        .minimise(t + total_r * (p.recompute_secs * 1e-6))
+        .using(microlp);
     let sum_n: Expression = n.iter().sum();
     model = model.with(constraint!(sum_n == l));
     for s in 0..stages {
@@ -140,19 +173,32 @@ fn solve_fixed(p: &StageProblem, class: &[usize]) -> Option<Partition> {
         model = model.with(constraint!(r[s] <= n[s]));
         let work = n[s] * p.layer_secs + r[s] * p.recompute_secs + p.stage_extra_secs[s];
         model = model.with(constraint!(work * c.slowdown <= t));
-        let bytes = n[s] * (p.layer_state_bytes + p.in_flight[s] * p.layer_act_bytes) - r[s] * (p.in_flight[s] * (p.layer_act_bytes - p.layer_act_recomputed_bytes)) + p.stage_extra_bytes[s];
+        let bytes = n[s] * (p.layer_state_bytes + p.in_flight[s] * p.layer_act_bytes)
+            - r[s] * (p.in_flight[s] * (p.layer_act_bytes - p.layer_act_recomputed_bytes))
+            + p.stage_extra_bytes[s];
         model = model.with(constraint!(bytes <= c.capacity_bytes));
     }
     let sol = model.solve().ok()?;
     let layers: Vec<u64> = n.iter().map(|v| sol.value(*v).round() as u64).collect();
     let recomputed: Vec<u64> = r.iter().map(|v| sol.value(*v).round() as u64).collect();
     // The solver works in floating point: re-check the rounded answer.
-    let fits = (0..stages).all(|s| recomputed[s] <= layers[s] && p.stage_bytes(s, layers[s], recomputed[s]) <= p.classes[class[s]].capacity_bytes * (1.0 + 1e-9));
+    let fits = (0..stages).all(|s| {
+        recomputed[s] <= layers[s]
+            && p.stage_bytes(s, layers[s], recomputed[s])
+                <= p.classes[class[s]].capacity_bytes * (1.0 + 1e-9)
+    });
     if layers.iter().sum::<u64>() != p.layers || !fits {
         return None;
     }
-    let slowest = (0..stages).map(|s| p.stage_secs(s, layers[s], recomputed[s], class[s])).fold(0.0, f64::max);
-    Some(Partition { layers, recomputed, class: class.to_vec(), slowest_secs: slowest })
+    let slowest = (0..stages)
+        .map(|s| p.stage_secs(s, layers[s], recomputed[s], class[s]))
+        .fold(0.0, f64::max);
+    Some(Partition {
+        layers,
+        recomputed,
+        class: class.to_vec(),
+        slowest_secs: slowest,
+    })
 }
 
 /// Every partition, every recompute count and every block order of the classes
@@ -161,7 +207,10 @@ pub fn brute_force(p: &StageProblem) -> Option<Partition> {
     let stages = p.stages();
     let mut best: Option<(f64, Partition)> = None;
     let mut layers = vec![0u64; stages];
-    let assigns: Vec<Vec<usize>> = orders(p.classes.len()).iter().map(|o| blocks(&p.classes, o)).collect();
+    let assigns: Vec<Vec<usize>> = orders(p.classes.len())
+        .iter()
+        .map(|o| blocks(&p.classes, o))
+        .collect();
     fn compositions(total: u64, i: usize, layers: &mut Vec<u64>, f: &mut dyn FnMut(&[u64])) {
         if i == layers.len() - 1 {
             if total >= 1 {
@@ -182,15 +231,27 @@ pub fn brute_force(p: &StageProblem) -> Option<Partition> {
             let mut rec = Vec::with_capacity(stages);
             for s in 0..stages {
                 let max_r = if p.allow_recompute { ls[s] } else { 0 };
-                match (0..=max_r).find(|&r| p.stage_bytes(s, ls[s], r) <= p.classes[class[s]].capacity_bytes) {
+                match (0..=max_r)
+                    .find(|&r| p.stage_bytes(s, ls[s], r) <= p.classes[class[s]].capacity_bytes)
+                {
                     Some(r) => rec.push(r),
                     None => return,
                 }
             }
-            let slowest = (0..stages).map(|s| p.stage_secs(s, ls[s], rec[s], class[s])).fold(0.0, f64::max);
+            let slowest = (0..stages)
+                .map(|s| p.stage_secs(s, ls[s], rec[s], class[s]))
+                .fold(0.0, f64::max);
             let obj = p.objective(slowest, rec.iter().sum());
             if best.as_ref().is_none_or(|(b, _)| obj < *b - 1e-12) {
-                best = Some((obj, Partition { layers: ls.to_vec(), recomputed: rec, class: class.clone(), slowest_secs: slowest }));
+                best = Some((
+                    obj,
+                    Partition {
+                        layers: ls.to_vec(),
+                        recomputed: rec,
+                        class: class.clone(),
+                        slowest_secs: slowest,
+                    },
+                ));
             }
         }
     });
@@ -208,13 +269,30 @@ mod tests {
             layers,
             layer_secs: 1.0,
             recompute_secs: 0.3 + 0.3 * f(1),
-            stage_extra_secs: (0..stages).map(|s| if s == 0 { 0.5 * f(2) } else if s == stages - 1 { 1.0 + 2.0 * f(3) } else { 0.0 }).collect(),
+            stage_extra_secs: (0..stages)
+                .map(|s| {
+                    if s == 0 {
+                        0.5 * f(2)
+                    } else if s == stages - 1 {
+                        1.0 + 2.0 * f(3)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
             layer_state_bytes: 1.0,
             layer_act_bytes: 1.0 + f(4),
             layer_act_recomputed_bytes: 0.1,
             in_flight: (0..stages).map(|s| (stages - s) as f64).collect(),
-            stage_extra_bytes: (0..stages).map(|s| if s == stages - 1 { 2.0 * f(5) } else { 0.3 }).collect(),
-            classes: vec![GpuClass { name: "gpu".into(), slowdown: 1.0, capacity_bytes: cap, stages }],
+            stage_extra_bytes: (0..stages)
+                .map(|s| if s == stages - 1 { 2.0 * f(5) } else { 0.3 })
+                .collect(),
+            classes: vec![GpuClass {
+                name: "gpu".into(),
+                slowdown: 1.0,
+                capacity_bytes: cap,
+                stages,
+            }],
             allow_recompute: true,
         }
     }
@@ -250,11 +328,24 @@ mod tests {
             let mut p = problem(layers, 4, 1e9, layers);
             // Two fast GPUs with little memory, two slow ones with more.
             p.classes = vec![
-                GpuClass { name: "fast".into(), slowdown: 1.0, capacity_bytes: 12.0, stages: 2 },
-                GpuClass { name: "slow".into(), slowdown: 1.6, capacity_bytes: 30.0, stages: 2 },
+                GpuClass {
+                    name: "fast".into(),
+                    slowdown: 1.0,
+                    capacity_bytes: 12.0,
+                    stages: 2,
+                },
+                GpuClass {
+                    name: "slow".into(),
+                    slowdown: 1.6,
+                    capacity_bytes: 30.0,
+                    stages: 2,
+                },
             ];
             let (a, b) = (solve(&p).unwrap(), brute_force(&p).unwrap());
-            assert!((a.slowest_secs - b.slowest_secs).abs() < 1e-6, "{layers}: {a:?} vs {b:?}");
+            assert!(
+                (a.slowest_secs - b.slowest_secs).abs() < 1e-6,
+                "{layers}: {a:?} vs {b:?}"
+            );
             assert_eq!(a.class.iter().filter(|&&k| k == 0).count(), 2);
         }
     }

@@ -56,7 +56,15 @@ pub struct PlanFile {
 }
 
 impl PlanFile {
-    pub fn new(model: ModelSpec, hardware: HardwareProfile, gpus: u64, workload: Workload, assumptions: Assumptions, search: Option<&SearchResult>, plans: Vec<(ParallelConfig, Estimate)>) -> PlanFile {
+    pub fn new(
+        model: ModelSpec,
+        hardware: HardwareProfile,
+        gpus: u64,
+        workload: Workload,
+        assumptions: Assumptions,
+        search: Option<&SearchResult>,
+        plans: Vec<(ParallelConfig, Estimate)>,
+    ) -> PlanFile {
         PlanFile {
             schema_version: PLAN_SCHEMA_VERSION,
             generator: format!("sextant {}", env!("CARGO_PKG_VERSION")),
@@ -66,16 +74,35 @@ impl PlanFile {
             workload,
             assumptions,
             rank_order: RANK_ORDER.to_string(),
-            search: search.map(|r| SearchSummary { enumerated: r.enumerated, valid: r.valid, rejected: r.rejected.clone() }),
-            plans: plans.into_iter().enumerate().map(|(i, (config, estimate))| RankedPlan { rank: i + 1, config, estimate }).collect(),
+            search: search.map(|r| SearchSummary {
+                enumerated: r.enumerated,
+                valid: r.valid,
+                rejected: r.rejected.clone(),
+            }),
+            plans: plans
+                .into_iter()
+                .enumerate()
+                .map(|(i, (config, estimate))| RankedPlan {
+                    rank: i + 1,
+                    config,
+                    estimate,
+                })
+                .collect(),
         }
     }
 
     /// Reads a plan file, checking its version and that its plans are coherent.
     pub fn from_json(text: &str) -> Result<PlanFile, InputError> {
-        let p: PlanFile = serde_json::from_str(text).map_err(|e| InputError::Json { what: "plan".into(), detail: e.to_string() })?;
+        let p: PlanFile = serde_json::from_str(text).map_err(|e| InputError::Json {
+            what: "plan".into(),
+            detail: e.to_string(),
+        })?;
         if p.schema_version != PLAN_SCHEMA_VERSION {
-            return Err(InputError::SchemaVersion { what: "plan".into(), found: p.schema_version, supported: PLAN_SCHEMA_VERSION });
+            return Err(InputError::SchemaVersion {
+                what: "plan".into(),
+                found: p.schema_version,
+                supported: PLAN_SCHEMA_VERSION,
+            });
         }
         p.model.validate()?;
         p.hardware.validate()?;
@@ -87,7 +114,9 @@ impl PlanFile {
         // The plan may have been made with TP across nodes allowed.
         cluster.allow_tp_beyond_nvlink = true;
         for rp in &p.plans {
-            rp.config.check(&p.model, &cluster, &p.workload).map_err(|r| InputError::Workload(format!("plan {}: {r}", rp.rank)))?;
+            rp.config
+                .check(&p.model, &cluster, &p.workload)
+                .map_err(|r| InputError::Workload(format!("plan {}: {r}", rp.rank)))?;
             if rp.config.gpus() != p.gpus {
                 return Err(InputError::Workload(format!(
                     "plan {} uses tp x pp x cp x dp = {} GPUs but the file is for {}",

@@ -55,74 +55,273 @@ pub fn gpt(name: &str, source: &str, layers: u64, hidden: u64, heads: u64) -> Mo
         tied_embeddings: true,
         dropout: true,
         bias: true,
-        ..dense(name, source, layers, hidden, hidden.saturating_mul(4), heads, heads, 51200, MlpKind::Plain)
+        ..dense(
+            name,
+            source,
+            layers,
+            hidden,
+            hidden.saturating_mul(4),
+            heads,
+            heads,
+            51200,
+            MlpKind::Plain,
+        )
     }
 }
 
 const SC21: &str = "Narayanan et al., SC'21 (arXiv 2104.04473), Table 1";
 
 fn llama2_7b() -> ModelSpec {
-    dense("llama2-7b", "Llama 2 paper (arXiv 2307.09288) and meta-llama/Llama-2-7b-hf config.json", 32, 4096, 11008, 32, 32, 32000, MlpKind::Gated)
+    dense(
+        "llama2-7b",
+        "Llama 2 paper (arXiv 2307.09288) and meta-llama/Llama-2-7b-hf config.json",
+        32,
+        4096,
+        11008,
+        32,
+        32,
+        32000,
+        MlpKind::Gated,
+    )
 }
 fn llama2_13b() -> ModelSpec {
-    dense("llama2-13b", "meta-llama/Llama-2-13b-hf config.json", 40, 5120, 13824, 40, 40, 32000, MlpKind::Gated)
+    dense(
+        "llama2-13b",
+        "meta-llama/Llama-2-13b-hf config.json",
+        40,
+        5120,
+        13824,
+        40,
+        40,
+        32000,
+        MlpKind::Gated,
+    )
 }
 fn llama2_70b() -> ModelSpec {
-    dense("llama2-70b", "meta-llama/Llama-2-70b-hf config.json", 80, 8192, 28672, 64, 8, 32000, MlpKind::Gated)
+    dense(
+        "llama2-70b",
+        "meta-llama/Llama-2-70b-hf config.json",
+        80,
+        8192,
+        28672,
+        64,
+        8,
+        32000,
+        MlpKind::Gated,
+    )
 }
 fn llama3_8b() -> ModelSpec {
-    dense("llama3-8b", "meta-llama/Meta-Llama-3-8B config.json (Llama 3.1 8B identical shapes)", 32, 4096, 14336, 32, 8, 128256, MlpKind::Gated)
+    dense(
+        "llama3-8b",
+        "meta-llama/Meta-Llama-3-8B config.json (Llama 3.1 8B identical shapes)",
+        32,
+        4096,
+        14336,
+        32,
+        8,
+        128256,
+        MlpKind::Gated,
+    )
 }
 fn llama3_70b() -> ModelSpec {
-    dense("llama3-70b", "meta-llama/Meta-Llama-3-70B config.json (Llama 3.1 70B identical shapes)", 80, 8192, 28672, 64, 8, 128256, MlpKind::Gated)
+    dense(
+        "llama3-70b",
+        "meta-llama/Meta-Llama-3-70B config.json (Llama 3.1 70B identical shapes)",
+        80,
+        8192,
+        28672,
+        64,
+        8,
+        128256,
+        MlpKind::Gated,
+    )
 }
 fn llama31_405b() -> ModelSpec {
-    dense("llama3.1-405b", "meta-llama/Llama-3.1-405B config.json; Llama 3 herd paper (arXiv 2407.21783) Table 3", 126, 16384, 53248, 128, 8, 128256, MlpKind::Gated)
+    dense(
+        "llama3.1-405b",
+        "meta-llama/Llama-3.1-405B config.json; Llama 3 herd paper (arXiv 2407.21783) Table 3",
+        126,
+        16384,
+        53248,
+        128,
+        8,
+        128256,
+        MlpKind::Gated,
+    )
 }
 fn mixtral_8x7b() -> ModelSpec {
-    let mut m = dense("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1 config.json", 32, 4096, 14336, 32, 8, 32000, MlpKind::Gated);
-    m.moe = Some(Moe { experts: 8, top_k: 2, expert_ffn_hidden: 14336, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
+    let mut m = dense(
+        "mixtral-8x7b",
+        "mistralai/Mixtral-8x7B-v0.1 config.json",
+        32,
+        4096,
+        14336,
+        32,
+        8,
+        32000,
+        MlpKind::Gated,
+    );
+    m.moe = Some(Moe {
+        experts: 8,
+        top_k: 2,
+        expert_ffn_hidden: 14336,
+        shared_experts: 0,
+        shared_ffn_hidden: None,
+        dense_leading_layers: 0,
+        layer_freq: 1,
+        balancing: Balancing::AuxLoss,
+    });
     m
 }
 fn mixtral_8x22b() -> ModelSpec {
-    let mut m = dense("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1 config.json", 56, 6144, 16384, 48, 8, 32768, MlpKind::Gated);
-    m.moe = Some(Moe { experts: 8, top_k: 2, expert_ffn_hidden: 16384, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
+    let mut m = dense(
+        "mixtral-8x22b",
+        "mistralai/Mixtral-8x22B-v0.1 config.json",
+        56,
+        6144,
+        16384,
+        48,
+        8,
+        32768,
+        MlpKind::Gated,
+    );
+    m.moe = Some(Moe {
+        experts: 8,
+        top_k: 2,
+        expert_ffn_hidden: 16384,
+        shared_experts: 0,
+        shared_ffn_hidden: None,
+        dense_leading_layers: 0,
+        layer_freq: 1,
+        balancing: Balancing::AuxLoss,
+    });
     m
 }
 fn deepseek_v3() -> ModelSpec {
     let mut m = dense("deepseek-v3", "deepseek-ai/DeepSeek-V3 config.json (num_nextn_predict_layers 1: one MTP layer); DeepSeek-V3 report (arXiv 2412.19437) sections 2.2 and 4.2", 61, 7168, 18432, 128, 128, 129280, MlpKind::Gated);
     m.head_dim = 128;
-    m.mla = Some(Mla { q_lora_rank: 1536, kv_lora_rank: 512, qk_nope_head_dim: 128, qk_rope_head_dim: 64, v_head_dim: 128 });
-    m.moe = Some(Moe { experts: 256, top_k: 8, expert_ffn_hidden: 2048, shared_experts: 1, shared_ffn_hidden: None, dense_leading_layers: 3, layer_freq: 1, balancing: Balancing::LossFree });
+    m.mla = Some(Mla {
+        q_lora_rank: 1536,
+        kv_lora_rank: 512,
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+    });
+    m.moe = Some(Moe {
+        experts: 256,
+        top_k: 8,
+        expert_ffn_hidden: 2048,
+        shared_experts: 1,
+        shared_ffn_hidden: None,
+        dense_leading_layers: 3,
+        layer_freq: 1,
+        balancing: Balancing::LossFree,
+    });
     m.mtp_layers = 1;
     m
 }
 fn qwen3_30b_a3b() -> ModelSpec {
-    let mut m = dense("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B config.json", 48, 2048, 6144, 32, 4, 151936, MlpKind::Gated);
+    let mut m = dense(
+        "qwen3-30b-a3b",
+        "Qwen/Qwen3-30B-A3B config.json",
+        48,
+        2048,
+        6144,
+        32,
+        4,
+        151936,
+        MlpKind::Gated,
+    );
     m.head_dim = 128;
-    m.moe = Some(Moe { experts: 128, top_k: 8, expert_ffn_hidden: 768, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
+    m.moe = Some(Moe {
+        experts: 128,
+        top_k: 8,
+        expert_ffn_hidden: 768,
+        shared_experts: 0,
+        shared_ffn_hidden: None,
+        dense_leading_layers: 0,
+        layer_freq: 1,
+        balancing: Balancing::AuxLoss,
+    });
     m
 }
 fn qwen3_235b_a22b() -> ModelSpec {
-    let mut m = dense("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B config.json", 94, 4096, 12288, 64, 4, 151936, MlpKind::Gated);
+    let mut m = dense(
+        "qwen3-235b-a22b",
+        "Qwen/Qwen3-235B-A22B config.json",
+        94,
+        4096,
+        12288,
+        64,
+        4,
+        151936,
+        MlpKind::Gated,
+    );
     m.head_dim = 128;
-    m.moe = Some(Moe { experts: 128, top_k: 8, expert_ffn_hidden: 1536, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
+    m.moe = Some(Moe {
+        experts: 128,
+        top_k: 8,
+        expert_ffn_hidden: 1536,
+        shared_experts: 0,
+        shared_ffn_hidden: None,
+        dense_leading_layers: 0,
+        layer_freq: 1,
+        balancing: Balancing::AuxLoss,
+    });
     m
 }
 fn gpt_oss_120b() -> ModelSpec {
-    let mut m = dense("gpt-oss-120b", "openai/gpt-oss-120b config.json (alternating 128-token sliding window)", 36, 2880, 2880, 64, 8, 201088, MlpKind::Gated);
+    let mut m = dense(
+        "gpt-oss-120b",
+        "openai/gpt-oss-120b config.json (alternating 128-token sliding window)",
+        36,
+        2880,
+        2880,
+        64,
+        8,
+        201088,
+        MlpKind::Gated,
+    );
     m.head_dim = 64;
     m.bias = true;
-    m.moe = Some(Moe { experts: 128, top_k: 4, expert_ffn_hidden: 2880, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss });
-    m.sliding_window = Some(SlidingWindow { window: 128, layers: 18 });
+    m.moe = Some(Moe {
+        experts: 128,
+        top_k: 4,
+        expert_ffn_hidden: 2880,
+        shared_experts: 0,
+        shared_ffn_hidden: None,
+        dense_leading_layers: 0,
+        layer_freq: 1,
+        balancing: Balancing::AuxLoss,
+    });
+    m.sliding_window = Some(SlidingWindow {
+        window: 128,
+        layers: 18,
+    });
     m
 }
 fn nemotron4_340b() -> ModelSpec {
     // Squared-ReLU (not gated) MLP, untied embeddings, 256k vocabulary.
-    dense("nemotron4-340b", "Nemotron-4 340B technical report (arXiv 2406.11704) Table 1", 96, 18432, 73728, 96, 8, 256000, MlpKind::Plain)
+    dense(
+        "nemotron4-340b",
+        "Nemotron-4 340B technical report (arXiv 2406.11704) Table 1",
+        96,
+        18432,
+        73728,
+        96,
+        8,
+        256000,
+        MlpKind::Plain,
+    )
 }
 fn gpt3_175b() -> ModelSpec {
-    gpt("gpt3-175b", "Brown et al. 2020 (arXiv 2005.14165) Table 2.1; vocabulary padded to 51200 as in Megatron", 96, 12288, 96)
+    gpt(
+        "gpt3-175b",
+        "Brown et al. 2020 (arXiv 2005.14165) Table 2.1; vocabulary padded to 51200 as in Megatron",
+        96,
+        12288,
+        96,
+    )
 }
 
 macro_rules! gpt_size {
@@ -143,36 +342,142 @@ gpt_size!(gpt_310_1b, "gpt-310.1b", 96, 16384, 128);
 gpt_size!(gpt_529_6b, "gpt-529.6b", 105, 20480, 128);
 gpt_size!(gpt_1008b, "gpt-1008b", 128, 25600, 160);
 fn gpt_22b() -> ModelSpec {
-    gpt("gpt-22b", "Korthikanti et al. 2022 (arXiv 2205.05198) Table 3", 48, 6144, 64)
+    gpt(
+        "gpt-22b",
+        "Korthikanti et al. 2022 (arXiv 2205.05198) Table 3",
+        48,
+        6144,
+        64,
+    )
 }
 
 /// All built-in presets, in the order `sextant models` lists them.
 pub const PRESETS: &[Preset] = &[
-    Preset { name: "gpt3-175b", aliases: &["gpt-175b", "175b", "gpt3"], spec: gpt3_175b },
-    Preset { name: "llama2-7b", aliases: &["llama-2-7b"], spec: llama2_7b },
-    Preset { name: "llama2-13b", aliases: &["llama-2-13b", "13b"], spec: llama2_13b },
-    Preset { name: "llama2-70b", aliases: &["llama-2-70b"], spec: llama2_70b },
-    Preset { name: "llama3-8b", aliases: &["llama3.1-8b", "llama-3-8b", "llama-3.1-8b", "8b"], spec: llama3_8b },
-    Preset { name: "llama3-70b", aliases: &["llama3.1-70b", "llama-3-70b", "llama-3.1-70b", "70b"], spec: llama3_70b },
-    Preset { name: "llama3.1-405b", aliases: &["llama3-405b", "llama-3.1-405b", "405b"], spec: llama31_405b },
-    Preset { name: "mixtral-8x7b", aliases: &["8x7b", "mixtral"], spec: mixtral_8x7b },
-    Preset { name: "mixtral-8x22b", aliases: &["8x22b"], spec: mixtral_8x22b },
-    Preset { name: "deepseek-v3", aliases: &["dsv3", "671b", "deepseek-v3-671b"], spec: deepseek_v3 },
-    Preset { name: "qwen3-30b-a3b", aliases: &["30b-a3b"], spec: qwen3_30b_a3b },
-    Preset { name: "qwen3-235b-a22b", aliases: &["235b-a22b", "235b"], spec: qwen3_235b_a22b },
-    Preset { name: "gpt-oss-120b", aliases: &["gptoss-120b", "120b"], spec: gpt_oss_120b },
-    Preset { name: "nemotron4-340b", aliases: &["nemotron-4-340b", "340b"], spec: nemotron4_340b },
-    Preset { name: "gpt-1.7b", aliases: &[], spec: gpt_1_7b },
-    Preset { name: "gpt-3.6b", aliases: &[], spec: gpt_3_6b },
-    Preset { name: "gpt-7.5b", aliases: &[], spec: gpt_7_5b },
-    Preset { name: "gpt-18.4b", aliases: &[], spec: gpt_18_4b },
-    Preset { name: "gpt-22b", aliases: &[], spec: gpt_22b },
-    Preset { name: "gpt-39.1b", aliases: &[], spec: gpt_39_1b },
-    Preset { name: "gpt-76.1b", aliases: &[], spec: gpt_76_1b },
-    Preset { name: "gpt-145.6b", aliases: &[], spec: gpt_145_6b },
-    Preset { name: "gpt-310.1b", aliases: &["gpt-310b"], spec: gpt_310_1b },
-    Preset { name: "gpt-529.6b", aliases: &["gpt-530b"], spec: gpt_529_6b },
-    Preset { name: "gpt-1008b", aliases: &["gpt-1t"], spec: gpt_1008b },
+    Preset {
+        name: "gpt3-175b",
+        aliases: &["gpt-175b", "175b", "gpt3"],
+        spec: gpt3_175b,
+    },
+    Preset {
+        name: "llama2-7b",
+        aliases: &["llama-2-7b"],
+        spec: llama2_7b,
+    },
+    Preset {
+        name: "llama2-13b",
+        aliases: &["llama-2-13b", "13b"],
+        spec: llama2_13b,
+    },
+    Preset {
+        name: "llama2-70b",
+        aliases: &["llama-2-70b"],
+        spec: llama2_70b,
+    },
+    Preset {
+        name: "llama3-8b",
+        aliases: &["llama3.1-8b", "llama-3-8b", "llama-3.1-8b", "8b"],
+        spec: llama3_8b,
+    },
+    Preset {
+        name: "llama3-70b",
+        aliases: &["llama3.1-70b", "llama-3-70b", "llama-3.1-70b", "70b"],
+        spec: llama3_70b,
+    },
+    Preset {
+        name: "llama3.1-405b",
+        aliases: &["llama3-405b", "llama-3.1-405b", "405b"],
+        spec: llama31_405b,
+    },
+    Preset {
+        name: "mixtral-8x7b",
+        aliases: &["8x7b", "mixtral"],
+        spec: mixtral_8x7b,
+    },
+    Preset {
+        name: "mixtral-8x22b",
+        aliases: &["8x22b"],
+        spec: mixtral_8x22b,
+    },
+    Preset {
+        name: "deepseek-v3",
+        aliases: &["dsv3", "671b", "deepseek-v3-671b"],
+        spec: deepseek_v3,
+    },
+    Preset {
+        name: "qwen3-30b-a3b",
+        aliases: &["30b-a3b"],
+        spec: qwen3_30b_a3b,
+    },
+    Preset {
+        name: "qwen3-235b-a22b",
+        aliases: &["235b-a22b", "235b"],
+        spec: qwen3_235b_a22b,
+    },
+    Preset {
+        name: "gpt-oss-120b",
+        aliases: &["gptoss-120b", "120b"],
+        spec: gpt_oss_120b,
+    },
+    Preset {
+        name: "nemotron4-340b",
+        aliases: &["nemotron-4-340b", "340b"],
+        spec: nemotron4_340b,
+    },
+    Preset {
+        name: "gpt-1.7b",
+        aliases: &[],
+        spec: gpt_1_7b,
+    },
+    Preset {
+        name: "gpt-3.6b",
+        aliases: &[],
+        spec: gpt_3_6b,
+    },
+    Preset {
+        name: "gpt-7.5b",
+        aliases: &[],
+        spec: gpt_7_5b,
+    },
+    Preset {
+        name: "gpt-18.4b",
+        aliases: &[],
+        spec: gpt_18_4b,
+    },
+    Preset {
+        name: "gpt-22b",
+        aliases: &[],
+        spec: gpt_22b,
+    },
+    Preset {
+        name: "gpt-39.1b",
+        aliases: &[],
+        spec: gpt_39_1b,
+    },
+    Preset {
+        name: "gpt-76.1b",
+        aliases: &[],
+        spec: gpt_76_1b,
+    },
+    Preset {
+        name: "gpt-145.6b",
+        aliases: &[],
+        spec: gpt_145_6b,
+    },
+    Preset {
+        name: "gpt-310.1b",
+        aliases: &["gpt-310b"],
+        spec: gpt_310_1b,
+    },
+    Preset {
+        name: "gpt-529.6b",
+        aliases: &["gpt-530b"],
+        spec: gpt_529_6b,
+    },
+    Preset {
+        name: "gpt-1008b",
+        aliases: &["gpt-1t"],
+        spec: gpt_1008b,
+    },
 ];
 
 /// How a name was resolved: the preset it maps to and whether it was an alias.
@@ -192,7 +497,10 @@ pub fn resolve(name: &str) -> Result<Resolved, InputError> {
     let key = normalise(name);
     for p in PRESETS {
         if p.name == key {
-            return Ok(Resolved { spec: (p.spec)(), via_alias: None });
+            return Ok(Resolved {
+                spec: (p.spec)(),
+                via_alias: None,
+            });
         }
     }
     for p in PRESETS {
@@ -205,7 +513,12 @@ pub fn resolve(name: &str) -> Result<Resolved, InputError> {
     }
     Err(InputError::UnknownModel {
         name: name.to_string(),
-        suggestions: suggestions(&key, PRESETS.iter().flat_map(|p| std::iter::once(p.name).chain(p.aliases.iter().copied()))),
+        suggestions: suggestions(
+            &key,
+            PRESETS
+                .iter()
+                .flat_map(|p| std::iter::once(p.name).chain(p.aliases.iter().copied())),
+        ),
     })
 }
 
@@ -269,7 +582,10 @@ mod tests {
         let check = |name: &str, billions: f64, tol: f64| {
             let p = resolve(name).unwrap().spec.params();
             let got = p.total as f64 / 1e9;
-            assert!((got - billions).abs() / billions < tol, "{name}: {got:.2}B vs {billions}B");
+            assert!(
+                (got - billions).abs() / billions < tol,
+                "{name}: {got:.2}B vs {billions}B"
+            );
         };
         check("llama2-7b", 6.74, 0.01);
         check("llama2-70b", 68.98, 0.01);
@@ -293,7 +609,10 @@ mod tests {
         // checkpoint also holds its own embedding and output head.
         let d = resolve("deepseek-v3").unwrap().spec;
         let mtp = (d.mtp_params() + 2 * d.vocab * d.hidden) as f64 / 1e9;
-        assert!((mtp - 14.0).abs() / 14.0 < 0.05, "MTP module {mtp:.2}B vs 14B");
+        assert!(
+            (mtp - 14.0).abs() / 14.0 < 0.05,
+            "MTP module {mtp:.2}B vs 14B"
+        );
         assert_eq!(resolve("llama3-70b").unwrap().spec.mtp_params(), 0);
     }
 

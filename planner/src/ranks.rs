@@ -41,7 +41,9 @@ impl Grid {
         let mut sorted = names.clone();
         sorted.sort_unstable();
         if sorted != ["cp", "dp", "ep", "pp", "tp"] {
-            return Err(format!("rank order '{order}' must name each of tp, cp, ep, dp, pp exactly once"));
+            return Err(format!(
+                "rank order '{order}' must name each of tp, cp, ep, dp, pp exactly once"
+            ));
         }
         let size_of = |n: &str| match n {
             "tp" => tp,
@@ -71,7 +73,11 @@ impl Grid {
     /// The coordinate of `rank` along dimension `name`.
     pub fn coord(&self, rank: u64, name: &str) -> u64 {
         let strides = self.strides();
-        let i = self.names.iter().position(|n| *n == name).expect("known dimension");
+        let i = self
+            .names
+            .iter()
+            .position(|n| *n == name)
+            .expect("known dimension");
         (rank / strides[i]) % self.sizes[i]
     }
 
@@ -80,7 +86,8 @@ impl Grid {
     pub fn groups(&self, token: &str) -> Vec<Vec<u64>> {
         let wanted: Vec<&str> = token.split('-').collect();
         let strides = self.strides();
-        let (mut in_shape, mut in_stride, mut out_shape, mut out_stride) = (vec![], vec![], vec![], vec![]);
+        let (mut in_shape, mut in_stride, mut out_shape, mut out_stride) =
+            (vec![], vec![], vec![], vec![]);
         for (i, n) in self.names.iter().enumerate() {
             if wanted.contains(n) {
                 in_shape.push(self.sizes[i]);
@@ -95,7 +102,9 @@ impl Grid {
         (0..groups)
             .map(|g| {
                 let base = place(g, &out_shape, &out_stride);
-                (0..group_size).map(|r| base + place(r, &in_shape, &in_stride)).collect()
+                (0..group_size)
+                    .map(|r| base + place(r, &in_shape, &in_stride))
+                    .collect()
             })
             .collect()
     }
@@ -158,13 +167,21 @@ pub fn group_kind(name: &str) -> Option<usize> {
 /// Builds the rank map of a configuration.
 pub fn rank_map(cfg: &ParallelConfig, order: &str, gpus_per_node: u64) -> Result<RankMap, String> {
     if !ORDERS.contains(&order) {
-        return Err(format!("rank order '{order}' is not one Megatron-Core supports ({})", ORDERS.join(", ")));
+        return Err(format!(
+            "rank order '{order}' is not one Megatron-Core supports ({})",
+            ORDERS.join(", ")
+        ));
     }
     let dense = Grid::new(order, cfg.tp, cfg.cp, 1, cfg.dp, cfg.pp)?;
     let edp = cfg.edp();
     let expert = Grid::new(order, cfg.etp, 1, cfg.ep, edp, cfg.pp)?;
     if expert.world() != dense.world() {
-        return Err(format!("expert layout ep {} x etp {} does not tile tp x cp x dp = {}", cfg.ep, cfg.etp, cfg.tp * cfg.cp * cfg.dp));
+        return Err(format!(
+            "expert layout ep {} x etp {} does not tile tp x cp x dp = {}",
+            cfg.ep,
+            cfg.etp,
+            cfg.tp * cfg.cp * cfg.dp
+        ));
     }
     let world = dense.world();
     let groups: Vec<(String, Vec<Vec<u64>>)> = vec![
@@ -201,7 +218,13 @@ pub fn rank_map(cfg: &ParallelConfig, order: &str, gpus_per_node: u64) -> Result
             group_index: index.iter().map(|ix| ix[r as usize]).collect(),
         })
         .collect();
-    Ok(RankMap { order: order.to_string(), world_size: world, gpus_per_node, groups, ranks })
+    Ok(RankMap {
+        order: order.to_string(),
+        world_size: world,
+        gpus_per_node,
+        groups,
+        ranks,
+    })
 }
 
 #[cfg(test)]
@@ -210,7 +233,26 @@ mod tests {
     use crate::config::{Dispatcher, Layout, Overlap, Recompute, Zero};
 
     fn cfg(tp: u64, cp: u64, dp: u64, pp: u64, ep: u64, etp: u64) -> ParallelConfig {
-        ParallelConfig { tp, pp, vpp: 1, cp, ep, etp, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: crate::schedule::Schedule::OneFOneB }
+        ParallelConfig {
+            tp,
+            pp,
+            vpp: 1,
+            cp,
+            ep,
+            etp,
+            dp,
+            sp: tp > 1,
+            mbs: 1,
+            zero: Zero::DistOpt,
+            recompute: Recompute::None,
+            layout: Layout::Even,
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            bf16_moments: false,
+            recompute_modules: Default::default(),
+            moe_dispatcher: Dispatcher::AllToAll,
+            schedule: crate::schedule::Schedule::OneFOneB,
+        }
     }
 
     fn group<'a>(m: &'a RankMap, kind: &str) -> &'a Vec<Vec<u64>> {
@@ -224,7 +266,10 @@ mod tests {
     fn megatron_docstring_example() {
         let m = rank_map(&cfg(2, 1, 2, 4, 1, 1), "tp-cp-ep-dp-pp", 8).unwrap();
         assert_eq!(group(&m, "tp")[..3], [vec![0, 1], vec![2, 3], vec![4, 5]]);
-        assert_eq!(group(&m, "dp")[..4], [vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]);
+        assert_eq!(
+            group(&m, "dp")[..4],
+            [vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+        );
         assert_eq!(group(&m, "pp")[..2], [vec![0, 4, 8, 12], vec![1, 5, 9, 13]]);
         // PP groups span both nodes of 8: ranks 0 and 8 are on different nodes.
         assert_eq!((m.ranks[0].node, m.ranks[8].node), (0, 1));
@@ -238,8 +283,12 @@ mod tests {
         assert_eq!(group(&m, "pp")[..2], [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
         assert_eq!(group(&m, "dp")[..2], [vec![0, 8], vec![1, 9]]);
         // DP groups now cross nodes; PP groups stay inside one.
-        assert!(group(&m, "dp").iter().all(|g| m.ranks[g[0] as usize].node != m.ranks[g[1] as usize].node));
-        assert!(group(&m, "pp").iter().all(|g| g.iter().all(|&r| m.ranks[r as usize].node == m.ranks[g[0] as usize].node)));
+        assert!(group(&m, "dp")
+            .iter()
+            .all(|g| m.ranks[g[0] as usize].node != m.ranks[g[1] as usize].node));
+        assert!(group(&m, "pp").iter().all(|g| g
+            .iter()
+            .all(|&r| m.ranks[r as usize].node == m.ranks[g[0] as usize].node)));
     }
 
     /// Megatron-Core's own functions on world 16, TP 2, PP 2, DP 4 (8 GPUs per node,
@@ -249,13 +298,41 @@ mod tests {
         let c = cfg(2, 1, 4, 2, 1, 1);
         let m = rank_map(&c, "tp-cp-ep-dp-pp", 8).unwrap();
         assert_eq!(group(&m, "tp")[7], vec![14, 15]);
-        assert_eq!(group(&m, "dp"), &vec![vec![0, 2, 4, 6], vec![1, 3, 5, 7], vec![8, 10, 12, 14], vec![9, 11, 13, 15]]);
+        assert_eq!(
+            group(&m, "dp"),
+            &vec![
+                vec![0, 2, 4, 6],
+                vec![1, 3, 5, 7],
+                vec![8, 10, 12, 14],
+                vec![9, 11, 13, 15]
+            ]
+        );
         assert_eq!(group(&m, "pp")[..2], [vec![0, 8], vec![1, 9]]);
         assert_eq!(group(&m, "pp")[7], vec![7, 15]);
         assert_ne!(m.ranks[0].node, m.ranks[8].node, "PP groups span nodes");
         let m = rank_map(&c, "tp-cp-ep-pp-dp", 8).unwrap();
-        assert_eq!(group(&m, "dp"), &vec![vec![0, 4, 8, 12], vec![1, 5, 9, 13], vec![2, 6, 10, 14], vec![3, 7, 11, 15]]);
-        assert_eq!(group(&m, "pp"), &vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7], vec![8, 10], vec![9, 11], vec![12, 14], vec![13, 15]]);
+        assert_eq!(
+            group(&m, "dp"),
+            &vec![
+                vec![0, 4, 8, 12],
+                vec![1, 5, 9, 13],
+                vec![2, 6, 10, 14],
+                vec![3, 7, 11, 15]
+            ]
+        );
+        assert_eq!(
+            group(&m, "pp"),
+            &vec![
+                vec![0, 2],
+                vec![1, 3],
+                vec![4, 6],
+                vec![5, 7],
+                vec![8, 10],
+                vec![9, 11],
+                vec![12, 14],
+                vec![13, 15]
+            ]
+        );
         assert_ne!(m.ranks[0].node, m.ranks[8].node, "DP groups span nodes");
     }
 

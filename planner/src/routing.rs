@@ -98,12 +98,25 @@ pub fn rank_load(moe: &Moe, ep: u64, imbalance: f64, capacity: Option<Capacity>)
     let local = (moe.experts / ep.max(1)).max(1) as f64;
     let hot = imbalance.clamp(1.0, max_imbalance(moe).max(1.0));
     // The other experts share what the hot one leaves.
-    let rest = if experts > 1.0 { ((experts - hot) / (experts - 1.0)).max(0.0) } else { 0.0 };
+    let rest = if experts > 1.0 {
+        ((experts - hot) / (experts - 1.0)).max(0.0)
+    } else {
+        0.0
+    };
     match capacity {
-        None => RankLoad { factor: (hot + (local - 1.0) * rest) / local, dropped: 0.0 },
+        None => RankLoad {
+            factor: (hot + (local - 1.0) * rest) / local,
+            dropped: 0.0,
+        },
         Some(c) => {
-            let dropped = ((hot - c.factor).max(0.0) + (experts - 1.0) * (rest - c.factor).max(0.0)) / experts;
-            let factor = if c.pad { c.factor } else { (hot.min(c.factor) + (local - 1.0) * rest.min(c.factor)) / local };
+            let dropped = ((hot - c.factor).max(0.0)
+                + (experts - 1.0) * (rest - c.factor).max(0.0))
+                / experts;
+            let factor = if c.pad {
+                c.factor
+            } else {
+                (hot.min(c.factor) + (local - 1.0) * rest.min(c.factor)) / local
+            };
             RankLoad { factor, dropped }
         }
     }
@@ -114,14 +127,26 @@ mod tests {
     use super::*;
 
     fn moe(experts: u64, top_k: u64) -> Moe {
-        Moe { experts, top_k, expert_ffn_hidden: 1024, shared_experts: 0, shared_ffn_hidden: None, dense_leading_layers: 0, layer_freq: 1, balancing: Balancing::AuxLoss }
+        Moe {
+            experts,
+            top_k,
+            expert_ffn_hidden: 1024,
+            shared_experts: 0,
+            shared_ffn_hidden: None,
+            dense_leading_layers: 0,
+            layer_freq: 1,
+            balancing: Balancing::AuxLoss,
+        }
     }
 
     #[test]
     fn balanced_routing_costs_nothing_extra() {
         for ep in [1, 2, 8, 64] {
             let r = rank_load(&moe(64, 4), ep, 1.0, None);
-            assert!((r.factor - 1.0).abs() < 1e-12 && r.dropped == 0.0, "ep {ep}: {r:?}");
+            assert!(
+                (r.factor - 1.0).abs() < 1e-12 && r.dropped == 0.0,
+                "ep {ep}: {r:?}"
+            );
         }
     }
 
@@ -142,19 +167,46 @@ mod tests {
     #[test]
     fn capacity_caps_and_drops() {
         let m = moe(64, 4);
-        let c = Capacity { factor: 1.25, pad: false };
+        let c = Capacity {
+            factor: 1.25,
+            pad: false,
+        };
         let r = rank_load(&m, 64, 1.52, Some(c));
         assert!((r.factor - 1.25).abs() < 1e-12);
         // The hot expert drops 0.27 of a mean load out of 64 loads.
         assert!((r.dropped - 0.27 / 64.0).abs() < 1e-12, "{r:?}");
         // A capacity above the load drops nothing and costs nothing.
-        let loose = rank_load(&m, 64, 1.52, Some(Capacity { factor: 2.0, pad: false }));
+        let loose = rank_load(
+            &m,
+            64,
+            1.52,
+            Some(Capacity {
+                factor: 2.0,
+                pad: false,
+            }),
+        );
         assert_eq!(loose, rank_load(&m, 64, 1.52, None));
         // Padding makes every expert do the full capacity, even when balanced.
-        let padded = rank_load(&m, 8, 1.0, Some(Capacity { factor: 1.25, pad: true }));
+        let padded = rank_load(
+            &m,
+            8,
+            1.0,
+            Some(Capacity {
+                factor: 1.25,
+                pad: true,
+            }),
+        );
         assert!((padded.factor - 1.25).abs() < 1e-12 && padded.dropped == 0.0);
         // A capacity below the mean drops from every expert.
-        let tight = rank_load(&m, 8, 1.0, Some(Capacity { factor: 0.5, pad: false }));
+        let tight = rank_load(
+            &m,
+            8,
+            1.0,
+            Some(Capacity {
+                factor: 0.5,
+                pad: false,
+            }),
+        );
         assert!((tight.dropped - 0.5).abs() < 1e-12 && (tight.factor - 0.5).abs() < 1e-12);
     }
 

@@ -49,8 +49,11 @@
 
 use serde::Serialize;
 
+use crate::config::{
+    Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload,
+    Zero,
+};
 use crate::cost::{Assumptions, LossKernel};
-use crate::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload, Zero};
 use crate::hardware::{builtin_profile, Cluster};
 use crate::model::{MlpKind, ModelSpec, Moe};
 use crate::presets::{gpt, resolve};
@@ -95,11 +98,20 @@ impl RunCase {
 
     /// [`RunCase::estimate`], with the configuration it settled on (the row's, with
     /// the recomputation chosen when the row does not state it).
-    pub fn estimate_config(&self) -> Result<(ParallelConfig, crate::cost::Estimate), crate::config::Rejection> {
+    pub fn estimate_config(
+        &self,
+    ) -> Result<(ParallelConfig, crate::cost::Estimate), crate::config::Rejection> {
         // The same model the search ranks with: closed form, then the pipeline
         // re-scored by the schedule simulator.
         let run = |cfg: &ParallelConfig| {
-            crate::cost::estimate_with(&self.model, &self.cluster, &self.workload, cfg, self.assumptions).map(|mut e| {
+            crate::cost::estimate_with(
+                &self.model,
+                &self.cluster,
+                &self.workload,
+                cfg,
+                self.assumptions,
+            )
+            .map(|mut e| {
                 crate::cost::apply_simulation(&mut e, cfg);
                 e
             })
@@ -111,14 +123,29 @@ impl RunCase {
         let recomputes: Vec<(Recompute, RecomputeModules)> = if self.recompute_stated {
             vec![(self.config.recompute, self.config.recompute_modules)]
         } else {
-            let fine = crate::search::fine_grained_modules(&self.model, self.assumptions.flash_attention);
-            vec![(Recompute::None, RecomputeModules::DEFAULT), (Recompute::Selective, RecomputeModules::DEFAULT), (Recompute::Selective, fine), (Recompute::Full, RecomputeModules::DEFAULT)]
+            let fine =
+                crate::search::fine_grained_modules(&self.model, self.assumptions.flash_attention);
+            vec![
+                (Recompute::None, RecomputeModules::DEFAULT),
+                (Recompute::Selective, RecomputeModules::DEFAULT),
+                (Recompute::Selective, fine),
+                (Recompute::Full, RecomputeModules::DEFAULT),
+            ]
         };
-        let moments: &[bool] = if self.moments_stated { &[self.config.bf16_moments] } else { &[false, true] };
+        let moments: &[bool] = if self.moments_stated {
+            &[self.config.bf16_moments]
+        } else {
+            &[false, true]
+        };
         let mut last = None;
         for &(recompute, recompute_modules) in &recomputes {
             for &bf16_moments in moments {
-                let cfg = ParallelConfig { recompute, recompute_modules, bf16_moments, ..self.config.clone() };
+                let cfg = ParallelConfig {
+                    recompute,
+                    recompute_modules,
+                    bf16_moments,
+                    ..self.config.clone()
+                };
                 match run(&cfg) {
                     Ok(e) => return Ok((cfg, e)),
                     Err(r @ crate::config::Rejection::OutOfMemory { .. }) => last = Some(r),
@@ -133,7 +160,10 @@ impl RunCase {
     pub fn measured_step_secs(&self) -> f64 {
         match self.metric {
             Metric::IterSecs => self.value,
-            Metric::TokensPerSecPerGpu => (self.workload.global_batch * self.workload.seq) as f64 / (self.value * self.cluster.gpus as f64),
+            Metric::TokensPerSecPerGpu => {
+                (self.workload.global_batch * self.workload.seq) as f64
+                    / (self.value * self.cluster.gpus as f64)
+            }
         }
     }
 }
@@ -156,7 +186,9 @@ fn num(r: &Row, k: &str) -> Result<Option<u64>, String> {
     if s.is_empty() {
         return Ok(None);
     }
-    s.parse::<u64>().map(Some).map_err(|_| format!("column '{k}' is '{s}', expected a whole number"))
+    s.parse::<u64>()
+        .map(Some)
+        .map_err(|_| format!("column '{k}' is '{s}', expected a whole number"))
 }
 
 fn req(r: &Row, k: &str) -> Result<u64, String> {
@@ -185,8 +217,18 @@ fn model_for(r: &Row) -> Result<ModelSpec, String> {
     }
     let base = match resolve(name) {
         Ok(p) => p.spec,
-        Err(_) if name.starts_with("gpt") => gpt(name, "GPT shape from the run's columns (Megatron GPT: GeLU 4h MLP, tied embeddings)", layers, hidden, heads),
-        Err(_) => return Err(format!("model '{name}' is neither a built-in preset nor a GPT shape")),
+        Err(_) if name.starts_with("gpt") => gpt(
+            name,
+            "GPT shape from the run's columns (Megatron GPT: GeLU 4h MLP, tied embeddings)",
+            layers,
+            hidden,
+            heads,
+        ),
+        Err(_) => {
+            return Err(format!(
+                "model '{name}' is neither a built-in preset nor a GPT shape"
+            ))
+        }
     };
     let mut m = base.clone();
     m.name = name.to_string();
@@ -242,45 +284,79 @@ fn case(r: &Row) -> Result<RunCase, String> {
     let mut model = model_for(r)?;
     if let Some(n) = num(r, "mtp_layers")? {
         model.mtp_layers = n;
-        model.validate().map_err(|e| format!("column 'mtp_layers': {e}"))?;
+        model
+            .validate()
+            .map_err(|e| format!("column 'mtp_layers': {e}"))?;
     }
     let precision = match get(r, "precision") {
         "bf16" => Precision::Bf16,
         "fp16" | "mixed (fp16/bf16)" => Precision::Fp16,
         "fp8" => Precision::Fp8,
         "mxfp8" => Precision::Mxfp8,
-        other => return Err(format!("precision '{other}' is not one of bf16, fp16, fp8, mxfp8")),
+        other => {
+            return Err(format!(
+                "precision '{other}' is not one of bf16, fp16, fp8, mxfp8"
+            ))
+        }
     };
-    let workload = Workload { seq: req(r, "seq")?, global_batch: req(r, "gbs")?, precision, moe_imbalance: 1.0, moe_capacity: None };
+    let workload = Workload {
+        seq: req(r, "seq")?,
+        global_batch: req(r, "gbs")?,
+        precision,
+        moe_imbalance: 1.0,
+        moe_capacity: None,
+    };
     let zero = match get(r, "zero") {
         "0" | "" => Zero::None,
         "1" | "distributed optimizer" => Zero::DistOpt,
         "2" => Zero::Zero2,
         "3" | "fsdp" => Zero::Zero3,
-        other => return Err(format!("zero '{other}' is not one of 0, 1, 2, 3, distributed optimizer, fsdp")),
+        other => {
+            return Err(format!(
+                "zero '{other}' is not one of 0, 1, 2, 3, distributed optimizer, fsdp"
+            ))
+        }
     };
     let recompute_stated = !matches!(get(r, "recompute"), "" | "not stated");
     let recompute = match get(r, "recompute") {
         "" | "none" | "not stated" => Recompute::None,
         "selective" => Recompute::Selective,
         "full" => Recompute::Full,
-        other => return Err(format!("recompute '{other}' is not one of none, selective, full")),
+        other => {
+            return Err(format!(
+                "recompute '{other}' is not one of none, selective, full"
+            ))
+        }
     };
     // Optional columns beyond the published schema (a `--stack` file supplies them
     // from each run's published configuration); blank: the rules of the module notes.
     let recompute_modules = match get(r, "recompute_modules") {
         "" => None,
-        list => Some(crate::config::RecomputeModules::parse(list).map_err(|e| format!("column 'recompute_modules': {e}"))?),
+        list => Some(
+            crate::config::RecomputeModules::parse(list)
+                .map_err(|e| format!("column 'recompute_modules': {e}"))?,
+        ),
     };
     if recompute_modules.is_some() && recompute_stated && recompute != Recompute::Selective {
-        return Err(format!("column 'recompute_modules' needs recompute 'selective' (the row says '{}')", get(r, "recompute")));
+        return Err(format!(
+            "column 'recompute_modules' needs recompute 'selective' (the row says '{}')",
+            get(r, "recompute")
+        ));
     }
-    let (recompute, recompute_stated) = if recompute_modules.is_some() { (Recompute::Selective, true) } else { (recompute, recompute_stated) };
+    let (recompute, recompute_stated) = if recompute_modules.is_some() {
+        (Recompute::Selective, true)
+    } else {
+        (recompute, recompute_stated)
+    };
     let bf16_moments = match get(r, "optimizer_moments") {
         "" => None,
         "bf16" => Some(true),
         "fp32" => Some(false),
-        other => return Err(format!("column 'optimizer_moments' is '{other}', expected bf16 or fp32")),
+        other => {
+            return Err(format!(
+                "column 'optimizer_moments' is '{other}', expected bf16 or fp32"
+            ))
+        }
     };
     let flag = |k: &str| -> Result<Option<bool>, String> {
         match get(r, k) {
@@ -294,7 +370,8 @@ fn case(r: &Row) -> Result<RunCase, String> {
     let ep: u64 = num(r, "ep")?.unwrap_or(1);
     // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
     // NVLink domain (see the module notes).
-    let ep_comm = flag("ep_comm_overlap")?.unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
+    let ep_comm = flag("ep_comm_overlap")?
+        .unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
     let tp_comm = flag("tp_comm_overlap")?.unwrap_or(modern);
     let loss = match get(r, "cross_entropy") {
         "" => {
@@ -304,11 +381,21 @@ fn case(r: &Row) -> Result<RunCase, String> {
                 LossKernel::Unfused
             }
         }
-        name => LossKernel::parse(name).ok_or_else(|| format!("column 'cross_entropy' is '{name}', expected {}", LossKernel::NAMES))?,
+        name => LossKernel::parse(name).ok_or_else(|| {
+            format!(
+                "column 'cross_entropy' is '{name}', expected {}",
+                LossKernel::NAMES
+            )
+        })?,
     };
     let moe_dispatcher = match get(r, "dispatcher") {
         "" => Dispatcher::AllToAll,
-        name => Dispatcher::parse(name).ok_or_else(|| format!("column 'dispatcher' is '{name}', expected {}", Dispatcher::NAMES))?,
+        name => Dispatcher::parse(name).ok_or_else(|| {
+            format!(
+                "column 'dispatcher' is '{name}', expected {}",
+                Dispatcher::NAMES
+            )
+        })?,
     };
     let tp = req(r, "tp")?;
     let pp = req(r, "pp")?;
@@ -316,12 +403,19 @@ fn case(r: &Row) -> Result<RunCase, String> {
     let layout = match get(r, "pp_layout") {
         "" => Layout::balanced(model.layers, pp, vpp),
         text => {
-            let l = Layout::from_megatron(text, pp).map_err(|e| format!("column 'pp_layout': {e}"))?;
+            let l =
+                Layout::from_megatron(text, pp).map_err(|e| format!("column 'pp_layout': {e}"))?;
             if l.vpp != vpp {
-                return Err(format!("column 'pp_layout' has {} virtual stages per rank, but vpp is {vpp}", l.vpp));
+                return Err(format!(
+                    "column 'pp_layout' has {} virtual stages per rank, but vpp is {vpp}",
+                    l.vpp
+                ));
             }
             if l.mtp_layers != model.mtp_layers {
-                return Err(format!("column 'pp_layout' places {} MTP layers; {} has {} (state mtp_layers)", l.mtp_layers, model.name, model.mtp_layers));
+                return Err(format!(
+                    "column 'pp_layout' places {} MTP layers; {} has {} (state mtp_layers)",
+                    l.mtp_layers, model.name, model.mtp_layers
+                ));
             }
             l.layout
         }
@@ -339,7 +433,13 @@ fn case(r: &Row) -> Result<RunCase, String> {
         zero,
         recompute,
         layout,
-        overlap: Overlap { grad_reduce: modern, param_gather: modern, tp_comm, p2p: true, ep_comm },
+        overlap: Overlap {
+            grad_reduce: modern,
+            param_gather: modern,
+            tp_comm,
+            p2p: true,
+            ep_comm,
+        },
         bf16_grads: modern,
         bf16_moments: bf16_moments.unwrap_or(false),
         recompute_modules: recompute_modules.unwrap_or_default(),
@@ -350,15 +450,38 @@ fn case(r: &Row) -> Result<RunCase, String> {
     let metric = match get(r, "metric") {
         "iter_s" => Metric::IterSecs,
         "tok_per_s_per_gpu" => Metric::TokensPerSecPerGpu,
-        other => return Err(format!("metric '{other}' is not iter_s or tok_per_s_per_gpu")),
+        other => {
+            return Err(format!(
+                "metric '{other}' is not iter_s or tok_per_s_per_gpu"
+            ))
+        }
     };
-    let value: f64 = get(r, "value").parse().map_err(|_| format!("value '{}' is not a number", get(r, "value")))?;
+    let value: f64 = get(r, "value")
+        .parse()
+        .map_err(|_| format!("value '{}' is not a number", get(r, "value")))?;
     if !(value.is_finite() && value > 0.0) {
         return Err(format!("value {value} must be positive"));
     }
     let moe = model.moe.is_some();
     let moments_stated = bf16_moments.is_some();
-    Ok(RunCase { id, source: get(r, "source").to_string(), gpu, model, cluster, workload, config, metric, value, moe, assumptions: Assumptions { flash_attention: modern, loss }, recompute_stated, moments_stated })
+    Ok(RunCase {
+        id,
+        source: get(r, "source").to_string(),
+        gpu,
+        model,
+        cluster,
+        workload,
+        config,
+        metric,
+        value,
+        moe,
+        assumptions: Assumptions {
+            flash_attention: modern,
+            loss,
+        },
+        recompute_stated,
+        moments_stated,
+    })
 }
 
 /// Parses the CSV text. Each row becomes a case or an explanation.
@@ -367,15 +490,38 @@ pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>
 }
 
 /// Optional columns a stack file may add to a run (see [`parse_runs_with`]).
-pub const STACK_COLUMNS: [&str; 9] = ["recompute", "recompute_modules", "optimizer_moments", "dispatcher", "ep_comm_overlap", "tp_comm_overlap", "pp_layout", "mtp_layers", "cross_entropy"];
+pub const STACK_COLUMNS: [&str; 9] = [
+    "recompute",
+    "recompute_modules",
+    "optimizer_moments",
+    "dispatcher",
+    "ep_comm_overlap",
+    "tp_comm_overlap",
+    "pp_layout",
+    "mtp_layers",
+    "cross_entropy",
+];
 
 fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), String> {
-    let mut rdr = csv::ReaderBuilder::new().flexible(false).from_reader(csv_text.as_bytes());
-    let headers: Vec<String> = rdr.headers().map_err(|e| format!("CSV header: {e}"))?.iter().map(str::to_string).collect();
+    let mut rdr = csv::ReaderBuilder::new()
+        .flexible(false)
+        .from_reader(csv_text.as_bytes());
+    let headers: Vec<String> = rdr
+        .headers()
+        .map_err(|e| format!("CSV header: {e}"))?
+        .iter()
+        .map(str::to_string)
+        .collect();
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let rec = rec.map_err(|e| format!("CSV row {}: {e}", i + 2))?;
-        rows.push(headers.iter().zip(rec.iter()).map(|(h, v)| (h.clone(), v.to_string())).collect());
+        rows.push(
+            headers
+                .iter()
+                .zip(rec.iter())
+                .map(|(h, v)| (h.clone(), v.to_string()))
+                .collect(),
+        );
     }
     Ok((headers, rows))
 }
@@ -385,11 +531,32 @@ fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), String> {
 /// [`STACK_COLUMNS`] — what the runs' own columns leave out of their software
 /// configuration. A stack value fills a blank (or "not stated") run column and may
 /// not contradict a stated one; a stack row naming no run is an error.
-pub fn parse_runs_with(csv_text: &str, stack: Option<&str>) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
+pub fn parse_runs_with(
+    csv_text: &str,
+    stack: Option<&str>,
+) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
     let (headers, mut rows) = read_rows(csv_text)?;
-    for needed in ["id", "gpu", "gpus_per_node", "gpus", "model", "layers", "hidden", "heads", "seq", "tp", "pp", "dp", "gbs", "metric", "value"] {
+    for needed in [
+        "id",
+        "gpu",
+        "gpus_per_node",
+        "gpus",
+        "model",
+        "layers",
+        "hidden",
+        "heads",
+        "seq",
+        "tp",
+        "pp",
+        "dp",
+        "gbs",
+        "metric",
+        "value",
+    ] {
         if !headers.iter().any(|h| h == needed) {
-            return Err(format!("CSV has no '{needed}' column (expected the published_runs.csv schema)"));
+            return Err(format!(
+                "CSV has no '{needed}' column (expected the published_runs.csv schema)"
+            ));
         }
     }
     if let Some(text) = stack {
@@ -397,13 +564,20 @@ pub fn parse_runs_with(csv_text: &str, stack: Option<&str>) -> Result<Vec<Result
         if !sh.iter().any(|h| h == "id") {
             return Err("stack file has no 'id' column".into());
         }
-        if let Some(bad) = sh.iter().find(|h| !(h.as_str() == "id" || h.as_str() == "source" || STACK_COLUMNS.contains(&h.as_str()))) {
-            return Err(format!("stack file column '{bad}' is not one of id, source, {}", STACK_COLUMNS.join(", ")));
+        if let Some(bad) = sh.iter().find(|h| {
+            !(h.as_str() == "id" || h.as_str() == "source" || STACK_COLUMNS.contains(&h.as_str()))
+        }) {
+            return Err(format!(
+                "stack file column '{bad}' is not one of id, source, {}",
+                STACK_COLUMNS.join(", ")
+            ));
         }
         for srow in &srows {
             let id = get(srow, "id");
             let Some(row) = rows.iter_mut().find(|r| get(r, "id") == id) else {
-                return Err(format!("stack file row '{id}' names no run in the runs CSV"));
+                return Err(format!(
+                    "stack file row '{id}' names no run in the runs CSV"
+                ));
             };
             for k in STACK_COLUMNS {
                 let v = get(srow, k).to_string();
@@ -422,7 +596,12 @@ pub fn parse_runs_with(csv_text: &str, stack: Option<&str>) -> Result<Vec<Result
     }
     Ok(rows
         .iter()
-        .map(|row| case(row).map_err(|reason| Unrepresentable { id: get(row, "id").to_string(), reason }))
+        .map(|row| {
+            case(row).map_err(|reason| Unrepresentable {
+                id: get(row, "id").to_string(),
+                reason,
+            })
+        })
         .collect())
 }
 
@@ -441,8 +620,17 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
         assert_eq!(plain.config.moe_dispatcher, Dispatcher::AllToAll);
         assert!(!plain.recompute_stated && !plain.moments_stated);
         let stack = "id,recompute_modules,optimizer_moments,dispatcher,ep_comm_overlap,tp_comm_overlap,source\nr1,\"layernorm,moe_act\",bf16,deepep,true,false,recipe\n";
-        let c = parse_runs_with(RUNS, Some(stack)).unwrap().remove(0).unwrap();
-        assert_eq!((c.config.recompute, c.config.recompute_modules), (Recompute::Selective, RecomputeModules::parse("layernorm,moe_act").unwrap()));
+        let c = parse_runs_with(RUNS, Some(stack))
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert_eq!(
+            (c.config.recompute, c.config.recompute_modules),
+            (
+                Recompute::Selective,
+                RecomputeModules::parse("layernorm,moe_act").unwrap()
+            )
+        );
         assert!(c.config.bf16_moments && c.recompute_stated && c.moments_stated);
         assert_eq!(c.config.moe_dispatcher, Dispatcher::Deduplicated);
         assert!(c.config.overlap.ep_comm && !c.config.overlap.tp_comm);
@@ -450,33 +638,85 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
         assert_eq!(e.0, c.config);
         let clash = RUNS.replace("not stated", "full");
         let err = parse_runs_with(&clash, Some("id,recompute\nr1,none\n")).unwrap_err();
-        assert!(err.contains("recompute = 'none' for run 'r1', but the runs CSV says 'full'"), "{err}");
-        assert!(parse_runs_with(RUNS, Some("id,dispatcher\nr9,deepep\n")).unwrap_err().contains("'r9' names no run"));
-        assert!(parse_runs_with(RUNS, Some("id,zero\nr1,3\n")).unwrap_err().contains("column 'zero' is not one of"));
-        let bad = parse_runs_with(RUNS, Some("id,dispatcher\nr1,nccl\n")).unwrap().remove(0).unwrap_err();
-        assert!(bad.reason.contains("column 'dispatcher' is 'nccl'"), "{}", bad.reason);
+        assert!(
+            err.contains("recompute = 'none' for run 'r1', but the runs CSV says 'full'"),
+            "{err}"
+        );
+        assert!(parse_runs_with(RUNS, Some("id,dispatcher\nr9,deepep\n"))
+            .unwrap_err()
+            .contains("'r9' names no run"));
+        assert!(parse_runs_with(RUNS, Some("id,zero\nr1,3\n"))
+            .unwrap_err()
+            .contains("column 'zero' is not one of"));
+        let bad = parse_runs_with(RUNS, Some("id,dispatcher\nr1,nccl\n"))
+            .unwrap()
+            .remove(0)
+            .unwrap_err();
+        assert!(
+            bad.reason.contains("column 'dispatcher' is 'nccl'"),
+            "{}",
+            bad.reason
+        );
         // Cross-entropy fusion: on for the Megatron-Core stack unless the stack file
         // says otherwise, off for the 2021-22 stack (plain data parallelism).
         assert_eq!(plain.assumptions.loss, LossKernel::Native);
-        let te = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,te\n")).unwrap().remove(0).unwrap();
+        let te = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,te\n"))
+            .unwrap()
+            .remove(0)
+            .unwrap();
         assert!(te.assumptions.loss == LossKernel::Te && te.assumptions.flash_attention);
-        let old_stack = parse_runs(&RUNS.replace("distributed optimizer", "0")).unwrap().remove(0).unwrap();
-        assert!(old_stack.assumptions.loss == LossKernel::Unfused && !old_stack.assumptions.flash_attention);
-        let bad = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,fused\n")).unwrap().remove(0).unwrap_err();
-        assert!(bad.reason.contains("column 'cross_entropy' is 'fused', expected te, native, unfused"), "{}", bad.reason);
+        let old_stack = parse_runs(&RUNS.replace("distributed optimizer", "0"))
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert!(
+            old_stack.assumptions.loss == LossKernel::Unfused
+                && !old_stack.assumptions.flash_attention
+        );
+        let bad = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,fused\n"))
+            .unwrap()
+            .remove(0)
+            .unwrap_err();
+        assert!(
+            bad.reason
+                .contains("column 'cross_entropy' is 'fused', expected te, native, unfused"),
+            "{}",
+            bad.reason
+        );
         // A Megatron layout and MTP layers, on the row made two pipeline stages.
         let pp2 = RUNS.replace(",1,1,1,1,8,false,64,", ",1,2,1,1,8,false,32,");
-        let c = parse_runs_with(&pp2, Some("id,pp_layout,mtp_layers\nr1,Et*23|t*25mL,1\n")).unwrap().remove(0).unwrap();
-        assert_eq!((c.config.layout.clone(), c.model.mtp_layers), (Layout::Explicit { layers: vec![23, 25] }, 1));
+        let c = parse_runs_with(&pp2, Some("id,pp_layout,mtp_layers\nr1,Et*23|t*25mL,1\n"))
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert_eq!(
+            (c.config.layout.clone(), c.model.mtp_layers),
+            (
+                Layout::Explicit {
+                    layers: vec![23, 25]
+                },
+                1
+            )
+        );
         for (stack, why) in [
-            ("id,pp_layout\nr1,Et*23|t*25mL\n", "places 1 MTP layers; qwen3-30b-a3b has 0"),
-            ("id,pp_layout\nr1,Et*11|t*12|t*12|t*13L\n", "has 2 virtual stages per rank, but vpp is 1"),
+            (
+                "id,pp_layout\nr1,Et*23|t*25mL\n",
+                "places 1 MTP layers; qwen3-30b-a3b has 0",
+            ),
+            (
+                "id,pp_layout\nr1,Et*11|t*12|t*12|t*13L\n",
+                "has 2 virtual stages per rank, but vpp is 1",
+            ),
             ("id,pp_layout\nr1,Et*24|t*25L\n", "column 'pp_layout'"),
             ("id,mtp_layers\nr1,40\n", "column 'mtp_layers'"),
         ] {
             let bad = parse_runs_with(&pp2, Some(stack)).unwrap().remove(0);
             let reason = match bad {
-                Ok(c) => c.config.check(&c.model, &c.cluster, &c.workload).map(|_| String::new()).unwrap_or_else(|r| format!("column 'pp_layout': {r}")),
+                Ok(c) => c
+                    .config
+                    .check(&c.model, &c.cluster, &c.workload)
+                    .map(|_| String::new())
+                    .unwrap_or_else(|r| format!("column 'pp_layout': {r}")),
                 Err(u) => u.reason,
             };
             assert!(reason.contains(why), "{stack}: {reason}");

@@ -65,7 +65,13 @@ pub enum Schedule {
 }
 
 impl Schedule {
-    pub const ALL: [Schedule; 5] = [Schedule::Gpipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZbH1, Schedule::DualPipe];
+    pub const ALL: [Schedule; 5] = [
+        Schedule::Gpipe,
+        Schedule::OneFOneB,
+        Schedule::Interleaved,
+        Schedule::ZbH1,
+        Schedule::DualPipe,
+    ];
 
     /// Name on the command line and in tables.
     pub fn name(self) -> &'static str {
@@ -124,6 +130,7 @@ impl Schedule {
         match self {
             Schedule::Interleaved if v < 2 => Some("interleaved 1F1B needs more than one virtual stage per rank".into()),
             Schedule::Interleaved if !m.is_multiple_of(p) => Some(format!("interleaved 1F1B needs the {m} micro-batches to be a multiple of the {p} pipeline ranks")),
+            Schedule::ZbH1 if m < p => Some(format!("ZB-H1 needs at least pp = {p} micro-batches (has {m})")),
             Schedule::DualPipe if p < 2 || !p.is_multiple_of(2) => Some(format!("DualPipe needs an even number of pipeline ranks (has {p})")),
             Schedule::DualPipe if !m.is_multiple_of(2) || m < 2 * p => {
                 Some(format!("DualPipe needs an even number of micro-batches, at least 2 x pp = {} (has {m})", 2 * p))
@@ -219,7 +226,10 @@ fn interleaved_fwd(p: u64, v: u64, k: u64) -> (u64, u64) {
 /// The order of passes on `rank` under `s` (what the simulator and the executor
 /// both follow). Chunk `c` on rank `r` runs model stage [`virtual_stage`]`(s, p, v, r, c)`.
 pub fn rank_order(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<Op> {
-    rank_program(s, p, v, m, rank).into_iter().map(|(op, _)| op).collect()
+    rank_program(s, p, v, m, rank)
+        .into_iter()
+        .map(|(op, _)| op)
+        .collect()
 }
 
 /// For each entry of [`rank_order`]: whether it runs overlapped with the next one
@@ -227,7 +237,10 @@ pub fn rank_order(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<Op> {
 /// direction with the backward of the other, their computation and communication
 /// interleaved). Running the two back to back instead is correct, only slower.
 pub fn overlapped_with_next(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<bool> {
-    rank_program(s, p, v, m, rank).into_iter().map(|(_, fused)| fused).collect()
+    rank_program(s, p, v, m, rank)
+        .into_iter()
+        .map(|(_, fused)| fused)
+        .collect()
 }
 
 /// The rank's passes, each with whether it is overlapped with the next.
@@ -246,7 +259,11 @@ fn rank_program(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Vec<(Op, bool
                 let (c, mb) = interleaved_fwd(p, v, k);
                 (v - 1 - c, mb)
             };
-            let warmup = if v == 1 { (p - rank - 1).min(m) } else { ((p - rank - 1) * 2 + (v - 1) * p).min(total) };
+            let warmup = if v == 1 {
+                (p - rank - 1).min(m)
+            } else {
+                ((p - rank - 1) * 2 + (v - 1) * p).min(total)
+            };
             // ZB-H1: stage `rank` runs W(j - rank) right after B(j) once j >= rank,
             // and the last `rank` W's after its final B.
             let lag = if s == Schedule::ZbH1 { rank } else { 0 };
@@ -325,7 +342,13 @@ fn dualpipe_program(p: u64, m: u64, rank: u64) -> Vec<(Op, bool)> {
     let middle = d + 1 == h;
     let near = u64::from(rank >= h);
     let far = 1 - near;
-    let mut st = State { per_dir: m / 2, next_f: [0, 0], next_b: [0, 0], deferred: VecDeque::new(), out: Vec::new() };
+    let mut st = State {
+        per_dir: m / 2,
+        next_f: [0, 0],
+        next_b: [0, 0],
+        deferred: VecDeque::new(),
+        out: Vec::new(),
+    };
     let outer = h - d - 1;
     // 1. Forwards of the near direction fill the pipe.
     for _ in 0..2 * outer {
@@ -385,7 +408,14 @@ fn dualpipe_program(p: u64, m: u64, rank: u64) -> Vec<(Op, bool)> {
 /// supports ([`Schedule::shape_error`]) or it would deadlock. Overlapped
 /// forward-backward pairs (DualPipe) run back to back: [`simulate_schedule_with`]
 /// with overlap 0.
-pub fn simulate_schedule(schedule: Schedule, p: u64, v: u64, m: u64, costs: &PassCosts, p2p_secs: f64) -> Option<Timeline> {
+pub fn simulate_schedule(
+    schedule: Schedule,
+    p: u64,
+    v: u64,
+    m: u64,
+    costs: &PassCosts,
+    p2p_secs: f64,
+) -> Option<Timeline> {
     simulate_schedule_with(schedule, p, v, m, costs, p2p_secs, 0.0)
 }
 
@@ -393,8 +423,20 @@ pub fn simulate_schedule(schedule: Schedule, p: u64, v: u64, m: u64, costs: &Pas
 /// lasts T_F + T_B − `overlap` · min(T_F, T_B): `overlap` 0 runs them back to back,
 /// 1 hides the shorter one entirely (the paper's T_F&B). The pair's two passes are
 /// drawn as its two halves, scaled to the pair's time.
-pub fn simulate_schedule_with(schedule: Schedule, p: u64, v: u64, m: u64, costs: &PassCosts, p2p_secs: f64, overlap: f64) -> Option<Timeline> {
-    let v = if schedule == Schedule::Interleaved { v } else { 1 };
+pub fn simulate_schedule_with(
+    schedule: Schedule,
+    p: u64,
+    v: u64,
+    m: u64,
+    costs: &PassCosts,
+    p2p_secs: f64,
+    overlap: f64,
+) -> Option<Timeline> {
+    let v = if schedule == Schedule::Interleaved {
+        v
+    } else {
+        1
+    };
     if schedule.shape_error(p, v, m).is_some() || v == 0 || !(0.0..=1.0).contains(&overlap) {
         return None;
     }
@@ -403,8 +445,13 @@ pub fn simulate_schedule_with(schedule: Schedule, p: u64, v: u64, m: u64, costs:
         return None;
     }
     let chunks = schedule.chunks_per_rank(v);
-    let stages = if schedule == Schedule::DualPipe { p } else { p * chunks };
-    let programs: Vec<Vec<(Op, bool)>> = (0..p).map(|r| rank_program(schedule, p, v, m, r)).collect();
+    let stages = if schedule == Schedule::DualPipe {
+        p
+    } else {
+        p * chunks
+    };
+    let programs: Vec<Vec<(Op, bool)>> =
+        (0..p).map(|r| rank_program(schedule, p, v, m, r)).collect();
     let idx = |r: u64, pass: Pass, c: u64, mb: u64| -> usize {
         let kind = match pass {
             Pass::Forward => 0,
@@ -423,7 +470,14 @@ pub fn simulate_schedule_with(schedule: Schedule, p: u64, v: u64, m: u64, costs:
             if c >= chunks || mb >= m {
                 return None;
             }
-            let t = Task { rank: r as u64, chunk: c, micro_batch: mb, pass, start: 0.0, end: 0.0 };
+            let t = Task {
+                rank: r as u64,
+                chunk: c,
+                micro_batch: mb,
+                pass,
+                start: 0.0,
+                end: 0.0,
+            };
             let i = idx(r as u64, pass, c, mb);
             if node[i].is_some() {
                 return None;
@@ -435,7 +489,13 @@ pub fn simulate_schedule_with(schedule: Schedule, p: u64, v: u64, m: u64, costs:
         }
     }
     let get = |r: u64, pass: Pass, c: u64, mb: u64| node[idx(r, pass, c, mb)];
-    let cost_index = |r: u64, c: u64| if schedule == Schedule::DualPipe { virtual_stage(schedule, p, v, r, c) as usize } else { r as usize };
+    let cost_index = |r: u64, c: u64| {
+        if schedule == Schedule::DualPipe {
+            virtual_stage(schedule, p, v, r, c) as usize
+        } else {
+            r as usize
+        }
+    };
     let dur = |r: u64, (pass, c, mb): Op| -> f64 {
         let k = cost_index(r, c);
         match pass {
@@ -501,7 +561,11 @@ pub fn simulate_schedule_with(schedule: Schedule, p: u64, v: u64, m: u64, costs:
         // Data dependencies; an overlapped pair starts only when both inputs are in.
         for (i, &(op, fused)) in prog.iter().enumerate() {
             let me = get(r, op.0, op.1, op.2)?;
-            let partner = if fused { prog.get(i + 1).and_then(|&(next, _)| dependency(r, next)) } else { None };
+            let partner = if fused {
+                prog.get(i + 1).and_then(|&(next, _)| dependency(r, next))
+            } else {
+                None
+            };
             for (d, secs) in [dependency(r, op), partner].into_iter().flatten() {
                 let from = release[d]?;
                 if from != me {
@@ -512,7 +576,10 @@ pub fn simulate_schedule_with(schedule: Schedule, p: u64, v: u64, m: u64, costs:
     }
     let sorted = toposort(&g, None).ok()?;
     for n in sorted {
-        let start = g.edges_directed(n, petgraph::Direction::Incoming).map(|e| g[e.source()].end + *e.weight()).fold(0.0, f64::max);
+        let start = g
+            .edges_directed(n, petgraph::Direction::Incoming)
+            .map(|e| g[e.source()].end + *e.weight())
+            .fold(0.0, f64::max);
         let t = &mut g[n];
         t.start = start;
         t.end = start + durations[n.index()];
@@ -525,7 +592,11 @@ pub fn simulate_schedule_with(schedule: Schedule, p: u64, v: u64, m: u64, costs:
     }
     // Activations live from a chunk's forward until its weight gradient (or its
     // backward when that includes the weight gradient).
-    let share = if schedule == Schedule::Interleaved { 1.0 / v as f64 } else { 1.0 };
+    let share = if schedule == Schedule::Interleaved {
+        1.0 / v as f64
+    } else {
+        1.0
+    };
     let peak_in_flight = programs
         .iter()
         .enumerate()
@@ -543,14 +614,30 @@ pub fn simulate_schedule_with(schedule: Schedule, p: u64, v: u64, m: u64, costs:
             peak as f64 * share
         })
         .collect();
-    Some(Timeline { tasks, makespan, idle_per_rank: idle, peak_in_flight })
+    Some(Timeline {
+        tasks,
+        makespan,
+        idle_per_rank: idle,
+        peak_in_flight,
+    })
 }
 
 /// 1F1B (v = 1) or interleaved 1F1B: the timeline the report draws. `None` when
 /// interleaving's shape rules are not met or the schedule would deadlock.
-pub fn simulate(p: u64, v: u64, m: u64, fwd_secs: &[f64], bwd_secs: &[f64], p2p_secs: f64) -> Option<Vec<Task>> {
+pub fn simulate(
+    p: u64,
+    v: u64,
+    m: u64,
+    fwd_secs: &[f64],
+    bwd_secs: &[f64],
+    p2p_secs: f64,
+) -> Option<Vec<Task>> {
     let schedule = Schedule::default_for(v);
-    let costs = PassCosts { forward: fwd_secs.to_vec(), backward: bwd_secs.to_vec(), weight: vec![0.0; fwd_secs.len()] };
+    let costs = PassCosts {
+        forward: fwd_secs.to_vec(),
+        backward: bwd_secs.to_vec(),
+        weight: vec![0.0; fwd_secs.len()],
+    };
     simulate_schedule(schedule, p, v, m, &costs, p2p_secs).map(|t| t.tasks)
 }
 
@@ -564,7 +651,11 @@ mod tests {
     use super::*;
 
     fn uniform(p: u64, f: f64, b: f64, w: f64) -> PassCosts {
-        PassCosts { forward: vec![f; p as usize], backward: vec![b; p as usize], weight: vec![w; p as usize] }
+        PassCosts {
+            forward: vec![f; p as usize],
+            backward: vec![b; p as usize],
+            weight: vec![w; p as usize],
+        }
     }
 
     /// Identical stages, free communication: the bubble equals the closed form
@@ -586,7 +677,10 @@ mod tests {
             let ideal = m as f64 * 3.0;
             let bubble = (tl.makespan - ideal) / ideal;
             let closed = (p - 1) as f64 / (v * m) as f64;
-            assert!((bubble - closed).abs() <= 0.005 * closed, "{s:?} p{p} v{v} m{m}: simulated {bubble}, closed form {closed}");
+            assert!(
+                (bubble - closed).abs() <= 0.005 * closed,
+                "{s:?} p{p} v{v} m{m}: simulated {bubble}, closed form {closed}"
+            );
         }
     }
 
@@ -595,14 +689,27 @@ mod tests {
     /// in-flight count (on the first stage) is 1F1B's.
     #[test]
     fn zero_bubble_h1() {
-        for (p, m, f, b, w) in [(4u64, 8u64, 1.0, 1.0, 1.0), (4, 16, 1.0, 1.0, 1.0), (8, 24, 1.0, 1.2, 0.8), (2, 4, 1.0, 1.0, 0.5)] {
+        for (p, m, f, b, w) in [
+            (4u64, 8u64, 1.0, 1.0, 1.0),
+            (4, 16, 1.0, 1.0, 1.0),
+            (8, 24, 1.0, 1.2, 0.8),
+            (2, 4, 1.0, 1.0, 0.5),
+        ] {
             let costs = uniform(p, f, b, w);
             let zb = simulate_schedule(Schedule::ZbH1, p, 1, m, &costs, 0.0).unwrap();
             let fb = simulate_schedule(Schedule::OneFOneB, p, 1, m, &costs, 0.0).unwrap();
             let work = m as f64 * (f + b + w);
             let (pm1, eps) = ((p - 1) as f64, 1e-9);
-            assert!((zb.makespan - (work + pm1 * (f + b - w))).abs() < eps, "p{p} m{m}: ZB-H1 makespan {}", zb.makespan);
-            assert!((fb.makespan - (work + pm1 * (f + b + w))).abs() < eps, "p{p} m{m}: 1F1B makespan {}", fb.makespan);
+            assert!(
+                (zb.makespan - (work + pm1 * (f + b - w))).abs() < eps,
+                "p{p} m{m}: ZB-H1 makespan {}",
+                zb.makespan
+            );
+            assert!(
+                (fb.makespan - (work + pm1 * (f + b + w))).abs() < eps,
+                "p{p} m{m}: 1F1B makespan {}",
+                fb.makespan
+            );
             assert_eq!(zb.peak_in_flight[0], fb.peak_in_flight[0]);
         }
     }
@@ -616,14 +723,28 @@ mod tests {
         let gp = simulate_schedule(Schedule::Gpipe, p, 1, m, &costs, 0.0).unwrap();
         assert!(gp.peak_in_flight.iter().all(|&x| x == m as f64));
         // Interleaved: p + (p-1)/v stage-worths on the first rank (Korthikanti et al.).
-        let il = simulate_schedule(Schedule::Interleaved, p, 2, m, &uniform(p, 0.5, 1.0, 0.0), 0.0).unwrap();
+        let il = simulate_schedule(
+            Schedule::Interleaved,
+            p,
+            2,
+            m,
+            &uniform(p, 0.5, 1.0, 0.0),
+            0.0,
+        )
+        .unwrap();
         assert_eq!(il.peak_in_flight[0], 4.0 + 3.0 / 2.0);
     }
 
     #[test]
     fn no_rank_overlaps_itself_and_dependencies_hold() {
-        let costs = PassCosts { forward: vec![1.0, 1.2, 1.0, 0.9], backward: vec![2.0, 2.1, 2.0, 2.4], weight: vec![0.0; 4] };
-        let tasks = simulate_schedule(Schedule::Interleaved, 4, 2, 8, &costs, 0.05).unwrap().tasks;
+        let costs = PassCosts {
+            forward: vec![1.0, 1.2, 1.0, 0.9],
+            backward: vec![2.0, 2.1, 2.0, 2.4],
+            weight: vec![0.0; 4],
+        };
+        let tasks = simulate_schedule(Schedule::Interleaved, 4, 2, 8, &costs, 0.05)
+            .unwrap()
+            .tasks;
         for r in 0..4 {
             let mut mine: Vec<&Task> = tasks.iter().filter(|t| t.rank == r).collect();
             mine.sort_by(|a, b| a.start.total_cmp(&b.start));
@@ -632,10 +753,21 @@ mod tests {
             }
         }
         for t in tasks.iter().filter(|t| t.pass == Pass::Backward) {
-            let f = tasks.iter().find(|f| f.pass == Pass::Forward && f.rank == t.rank && f.chunk == t.chunk && f.micro_batch == t.micro_batch).unwrap();
+            let f = tasks
+                .iter()
+                .find(|f| {
+                    f.pass == Pass::Forward
+                        && f.rank == t.rank
+                        && f.chunk == t.chunk
+                        && f.micro_batch == t.micro_batch
+                })
+                .unwrap();
             assert!(f.end <= t.start + 1e-12);
         }
-        assert!(simulate(4, 2, 6, &[1.0; 4], &[2.0; 4], 0.0).is_none(), "m not a multiple of p with interleaving");
+        assert!(
+            simulate(4, 2, 6, &[1.0; 4], &[2.0; 4], 0.0).is_none(),
+            "m not a multiple of p with interleaving"
+        );
     }
 
     /// DualPipe's bubble in DeepSeek-V3's Table 2 (and the DualPipe README):
@@ -649,12 +781,25 @@ mod tests {
     /// critical path off the paper's count.
     #[test]
     fn dualpipe_bubble_matches_paper() {
-        for (p, m) in [(2u64, 4u64), (4, 8), (4, 20), (6, 12), (8, 16), (8, 20), (8, 32), (12, 30), (16, 32), (16, 48)] {
+        for (p, m) in [
+            (2u64, 4u64),
+            (4, 8),
+            (4, 20),
+            (6, 12),
+            (8, 16),
+            (8, 20),
+            (8, 32),
+            (12, 30),
+            (16, 32),
+            (16, 48),
+        ] {
             for (f, w) in [(1.0, 1.0), (1.0, 0.5), (1.0, 0.0), (0.7, 0.3)] {
                 for overlap in [0.0, 0.5, 1.0] {
                     let b = f;
                     let costs = uniform(p, f, b, w);
-                    let tl = simulate_schedule_with(Schedule::DualPipe, p, 1, m, &costs, 0.0, overlap).unwrap();
+                    let tl =
+                        simulate_schedule_with(Schedule::DualPipe, p, 1, m, &costs, 0.0, overlap)
+                            .unwrap();
                     let full_b = b + w;
                     let f_and_b = f + full_b - overlap * f64::min(f, full_b);
                     let paper = (p as f64 / 2.0 - 1.0) * (f_and_b + full_b - 3.0 * w);
@@ -681,43 +826,97 @@ mod tests {
     #[test]
     fn dualpipe_never_deadlocks() {
         for p in [2u64, 4, 6, 8, 10, 12, 16] {
-            for m in [2 * p, 2 * p + 2, 2 * p + 4, 3 * p + (3 * p) % 2, 4 * p, 4 * p + 6, 8 * p] {
+            for m in [
+                2 * p,
+                2 * p + 2,
+                2 * p + 4,
+                3 * p + (3 * p) % 2,
+                4 * p,
+                4 * p + 6,
+                8 * p,
+            ] {
                 let costs = PassCosts {
                     forward: (0..p).map(|s| 1.0 + 0.1 * (s % 3) as f64).collect(),
                     backward: (0..p).map(|s| 1.1 + 0.2 * (s % 2) as f64).collect(),
                     weight: (0..p).map(|s| 0.6 + 0.05 * s as f64).collect(),
                 };
                 for overlap in [0.0, 0.7] {
-                    let tl = simulate_schedule_with(Schedule::DualPipe, p, 1, m, &costs, 0.05, overlap).unwrap_or_else(|| panic!("p{p} m{m}: deadlock"));
+                    let tl =
+                        simulate_schedule_with(Schedule::DualPipe, p, 1, m, &costs, 0.05, overlap)
+                            .unwrap_or_else(|| panic!("p{p} m{m}: deadlock"));
                     for r in 0..p {
                         let mine: Vec<&Task> = tl.tasks.iter().filter(|t| t.rank == r).collect();
-                        assert_eq!(mine.iter().filter(|t| t.pass == Pass::Forward).count() as u64, m);
-                        assert_eq!(mine.iter().filter(|t| t.pass == Pass::Backward).count() as u64, m);
+                        assert_eq!(
+                            mine.iter().filter(|t| t.pass == Pass::Forward).count() as u64,
+                            m
+                        );
+                        assert_eq!(
+                            mine.iter().filter(|t| t.pass == Pass::Backward).count() as u64,
+                            m
+                        );
                         let mut sorted = mine.clone();
                         sorted.sort_by(|a, b| a.start.total_cmp(&b.start));
                         for w in sorted.windows(2) {
-                            assert!(w[0].end <= w[1].start + 1e-9, "p{p} m{m}: rank {r} overlaps itself");
+                            assert!(
+                                w[0].end <= w[1].start + 1e-9,
+                                "p{p} m{m}: rank {r} overlaps itself"
+                            );
                         }
                     }
                     let find = |pass: Pass, stage: u64, mb: u64| {
                         let (r, c) = locate(Schedule::DualPipe, p, m, stage, mb);
-                        tl.tasks.iter().find(|t| t.pass == pass && t.rank == r && t.chunk == c && t.micro_batch == mb).unwrap_or_else(|| panic!("p{p} m{m}: no {pass:?} of micro-batch {mb} at stage {stage}"))
+                        tl.tasks
+                            .iter()
+                            .find(|t| {
+                                t.pass == pass && t.rank == r && t.chunk == c && t.micro_batch == mb
+                            })
+                            .unwrap_or_else(|| {
+                                panic!(
+                                    "p{p} m{m}: no {pass:?} of micro-batch {mb} at stage {stage}"
+                                )
+                            })
                     };
                     for mb in 0..m {
                         assert_eq!(find(Pass::Forward, 0, mb).chunk, u64::from(mb >= m / 2));
                         for s in 1..p {
-                            assert!(find(Pass::Forward, s, mb).start >= find(Pass::Forward, s - 1, mb).end + 0.05 - 1e-9);
-                            assert!(find(Pass::Backward, s - 1, mb).start >= find(Pass::Backward, s, mb).end + 0.05 - 1e-9);
+                            assert!(
+                                find(Pass::Forward, s, mb).start
+                                    >= find(Pass::Forward, s - 1, mb).end + 0.05 - 1e-9
+                            );
+                            assert!(
+                                find(Pass::Backward, s - 1, mb).start
+                                    >= find(Pass::Backward, s, mb).end + 0.05 - 1e-9
+                            );
                         }
-                        assert!(find(Pass::Backward, p - 1, mb).start >= find(Pass::Forward, p - 1, mb).end - 1e-9);
+                        assert!(
+                            find(Pass::Backward, p - 1, mb).start
+                                >= find(Pass::Forward, p - 1, mb).end - 1e-9
+                        );
                     }
                 }
             }
         }
         let costs = uniform(4, 1.0, 1.0, 1.0);
-        assert!(simulate_schedule(Schedule::DualPipe, 4, 1, 6, &costs, 0.0).is_none(), "m < 2p");
-        assert!(simulate_schedule(Schedule::DualPipe, 4, 1, 9, &costs, 0.0).is_none(), "odd m");
-        assert!(simulate_schedule(Schedule::DualPipe, 3, 1, 12, &uniform(3, 1.0, 1.0, 1.0), 0.0).is_none(), "odd p");
+        assert!(
+            simulate_schedule(Schedule::DualPipe, 4, 1, 6, &costs, 0.0).is_none(),
+            "m < 2p"
+        );
+        assert!(
+            simulate_schedule(Schedule::DualPipe, 4, 1, 9, &costs, 0.0).is_none(),
+            "odd m"
+        );
+        assert!(
+            simulate_schedule(
+                Schedule::DualPipe,
+                3,
+                1,
+                12,
+                &uniform(3, 1.0, 1.0, 1.0),
+                0.0
+            )
+            .is_none(),
+            "odd p"
+        );
     }
 
     /// DeepSeek-V3 Table 2: DualPipe keeps 2x the parameters (each rank holds
@@ -735,7 +934,11 @@ mod tests {
             assert!(copies.iter().all(|&n| n == 2), "p{p}: {copies:?}");
             let costs = uniform(p, 1.0, 1.0, 0.8);
             let dp = simulate_schedule(Schedule::DualPipe, p, 1, m, &costs, 0.0).unwrap();
-            assert!(dp.peak_in_flight.iter().all(|&x| x == (p + 1) as f64), "p{p} m{m}: {:?}", dp.peak_in_flight);
+            assert!(
+                dp.peak_in_flight.iter().all(|&x| x == (p + 1) as f64),
+                "p{p} m{m}: {:?}",
+                dp.peak_in_flight
+            );
             let fb = simulate_schedule(Schedule::OneFOneB, p, 1, m, &costs, 0.0).unwrap();
             assert_eq!(fb.peak_in_flight[0], p as f64);
         }
@@ -745,7 +948,13 @@ mod tests {
     fn virtual_stages_and_overlapped_pairs() {
         assert_eq!(virtual_stage(Schedule::Interleaved, 4, 2, 1, 1), 5);
         assert_eq!(virtual_stage(Schedule::OneFOneB, 4, 1, 3, 0), 3);
-        assert_eq!((virtual_stage(Schedule::DualPipe, 8, 1, 2, 0), virtual_stage(Schedule::DualPipe, 8, 1, 2, 1)), (2, 5));
+        assert_eq!(
+            (
+                virtual_stage(Schedule::DualPipe, 8, 1, 2, 0),
+                virtual_stage(Schedule::DualPipe, 8, 1, 2, 1)
+            ),
+            (2, 5)
+        );
         for s in Schedule::ALL {
             assert_eq!(Schedule::parse(s.name()), Some(s));
             let json = serde_json::to_string(&s).unwrap();
@@ -753,7 +962,9 @@ mod tests {
         }
         // Only DualPipe overlaps pairs; its pairs are a forward then a backward of
         // the other direction, and the order holds every pass once.
-        assert!(overlapped_with_next(Schedule::ZbH1, 4, 1, 8, 0).iter().all(|&x| !x));
+        assert!(overlapped_with_next(Schedule::ZbH1, 4, 1, 8, 0)
+            .iter()
+            .all(|&x| !x));
         let (p, m) = (8u64, 20u64);
         for r in 0..p {
             let order = rank_order(Schedule::DualPipe, p, 1, m, r);
@@ -762,13 +973,23 @@ mod tests {
             let pairs = fused.iter().filter(|&&x| x).count() as u64;
             let middle = r == p / 2 - 1 || r == p / 2;
             let outer = p / 2 - r.min(p - 1 - r) - 1;
-            assert_eq!(pairs, 2 * (m / 2 + r.min(p - 1 - r) + 1 - p) + outer - u64::from(middle), "rank {r}");
+            assert_eq!(
+                pairs,
+                2 * (m / 2 + r.min(p - 1 - r) + 1 - p) + outer - u64::from(middle),
+                "rank {r}"
+            );
             for (i, _) in fused.iter().enumerate().filter(|(_, &x)| x) {
                 let (a, b) = (order[i], order[i + 1]);
-                assert!(a.0 == Pass::Forward && b.0 == Pass::Backward && a.1 != b.1, "rank {r}: {a:?} with {b:?}");
+                assert!(
+                    a.0 == Pass::Forward && b.0 == Pass::Backward && a.1 != b.1,
+                    "rank {r}: {a:?} with {b:?}"
+                );
             }
             let mut seen = std::collections::HashSet::new();
-            assert!(order.iter().all(|op| seen.insert(*op)), "rank {r} repeats a pass");
+            assert!(
+                order.iter().all(|op| seen.insert(*op)),
+                "rank {r} repeats a pass"
+            );
         }
     }
 }

@@ -14,7 +14,10 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{divisors, Dispatcher, Layout, Overlap, ParallelConfig, Recompute, RecomputeModules, RejectKind, Workload, Zero};
+use crate::config::{
+    divisors, Dispatcher, Layout, Overlap, ParallelConfig, Recompute, RecomputeModules, RejectKind,
+    Workload, Zero,
+};
 use crate::cost::{estimate_with, Assumptions, Estimate};
 use crate::hardware::Cluster;
 use crate::model::ModelSpec;
@@ -159,7 +162,12 @@ fn sensitivity(sorted: &[(Point, ParallelConfig)]) -> Vec<Sensitivity> {
             let v = value_of(cfg);
             if !seen.contains(&v) {
                 seen.push(v.clone());
-                out.push(Sensitivity { dimension: dim, value: v, step_secs: p.step_secs, config: cfg.clone() });
+                out.push(Sensitivity {
+                    dimension: dim,
+                    value: v,
+                    step_secs: p.step_secs,
+                    config: cfg.clone(),
+                });
             }
         }
     }
@@ -214,30 +222,57 @@ fn schedules_for(pp: u64, vpp: u64, fixed: &Option<Vec<Schedule>>) -> Vec<Schedu
     } else if vpp > 1 {
         &[Schedule::Interleaved]
     } else {
-        &[Schedule::OneFOneB, Schedule::ZbH1, Schedule::DualPipe, Schedule::Gpipe]
+        &[
+            Schedule::OneFOneB,
+            Schedule::ZbH1,
+            Schedule::DualPipe,
+            Schedule::Gpipe,
+        ]
     };
     match fixed {
         Some(list) => suits.iter().copied().filter(|s| list.contains(s)).collect(),
-        None => suits.iter().copied().filter(|&s| s != Schedule::Gpipe).collect(),
+        None => suits
+            .iter()
+            .copied()
+            .filter(|&s| s != Schedule::Gpipe)
+            .collect(),
     }
 }
 
 fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpace) -> Vec<Shape> {
     let gpus = cluster.gpus;
     let mut out = Vec::new();
-    let tps = pick(&space.tp, divisors(gpus).into_iter().filter(|&t| t <= model.heads).collect());
+    let tps = pick(
+        &space.tp,
+        divisors(gpus)
+            .into_iter()
+            .filter(|&t| t <= model.heads)
+            .collect(),
+    );
     for &tp in &tps {
         if tp == 0 || !gpus.is_multiple_of(tp) {
             continue;
         }
         let rest = gpus / tp;
-        let cps = pick(&space.cp, divisors(rest).into_iter().filter(|&c| c == 1 || 2 * c <= w.seq).collect());
+        let cps = pick(
+            &space.cp,
+            divisors(rest)
+                .into_iter()
+                .filter(|&c| c == 1 || 2 * c <= w.seq)
+                .collect(),
+        );
         for &cp in &cps {
             if cp == 0 || !rest.is_multiple_of(cp) {
                 continue;
             }
             let rest2 = rest / cp;
-            let pps = pick(&space.pp, divisors(rest2).into_iter().filter(|&p| p <= model.layers).collect());
+            let pps = pick(
+                &space.pp,
+                divisors(rest2)
+                    .into_iter()
+                    .filter(|&p| p <= model.layers)
+                    .collect(),
+            );
             for &pp in &pps {
                 if pp == 0 || !rest2.is_multiple_of(pp) {
                     continue;
@@ -247,7 +282,13 @@ fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpac
                 let (eps, etps) = match &model.moe {
                     Some(m) => {
                         let span = tp * cp * dp;
-                        let eps = pick(&space.ep, divisors(m.experts).into_iter().filter(|&e| e <= span).collect());
+                        let eps = pick(
+                            &space.ep,
+                            divisors(m.experts)
+                                .into_iter()
+                                .filter(|&e| e <= span)
+                                .collect(),
+                        );
                         let mut etps = pick(&space.etp, vec![1, tp]);
                         etps.dedup();
                         (eps, etps)
@@ -257,7 +298,15 @@ fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpac
                 for &vpp in &vpps {
                     for &ep in &eps {
                         for &etp in &etps {
-                            out.push(Shape { tp, cp, pp, dp, vpp, ep, etp });
+                            out.push(Shape {
+                                tp,
+                                cp,
+                                pp,
+                                dp,
+                                vpp,
+                                ep,
+                                etp,
+                            });
                         }
                     }
                 }
@@ -270,7 +319,14 @@ fn shapes(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpac
 /// Re-partitions the layers of a non-interleaved pipeline with the integer program
 /// ([`crate::partition`]) and keeps the uneven split when the cost model finds it
 /// faster (by more than 0.1%) and it fits.
-pub fn repartition(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &ParallelConfig, a: Assumptions, current: &Estimate) -> Option<Candidate> {
+pub fn repartition(
+    model: &ModelSpec,
+    cluster: &Cluster,
+    w: &Workload,
+    cfg: &ParallelConfig,
+    a: Assumptions,
+    current: &Estimate,
+) -> Option<Candidate> {
     if cfg.pp < 2 || cfg.vpp != 1 || cfg.schedule == Schedule::DualPipe {
         return None;
     }
@@ -280,17 +336,31 @@ pub fn repartition(model: &ModelSpec, cluster: &Cluster, w: &Workload, cfg: &Par
     if cfg.stage_layers(model.layers).ok()? == part.layers {
         return None;
     }
-    let config = ParallelConfig { layout, ..cfg.clone() };
+    let config = ParallelConfig {
+        layout,
+        ..cfg.clone()
+    };
     let estimate = estimate_with(model, cluster, w, &config, a).ok()?;
     (estimate.step_secs < current.step_secs * 0.999).then_some(Candidate { config, estimate })
 }
 
 /// What one structural shape contributes: enumerated, valid, rejections by
 /// reason, and the valid points with their configurations.
-type Tally = (u64, u64, BTreeMap<RejectKind, u64>, Vec<(Point, ParallelConfig)>);
+type Tally = (
+    u64,
+    u64,
+    BTreeMap<RejectKind, u64>,
+    Vec<(Point, ParallelConfig)>,
+);
 
 /// Runs the search and keeps the `top` fastest valid configurations.
-pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &SearchSpace, top: usize) -> SearchResult {
+pub fn search(
+    model: &ModelSpec,
+    cluster: &Cluster,
+    w: &Workload,
+    space: &SearchSpace,
+    top: usize,
+) -> SearchResult {
     let shapes = shapes(model, cluster, w, space);
     let module_sets: Vec<RecomputeModules> = match &space.recompute_modules {
         Some(v) => v.clone(),
@@ -318,7 +388,11 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
         let schedules = schedules_for(s.pp, s.vpp, &space.schedule);
         // With nobody to shard with, every ZeRO stage is the same plan: keep one.
         let unsharded = s.dp * s.cp == 1 && (s.tp * s.cp * s.dp) / (s.ep * s.etp).max(1) <= 1;
-        let zeros: &[Zero] = if unsharded { &space.zero[..space.zero.len().min(1)] } else { &space.zero };
+        let zeros: &[Zero] = if unsharded {
+            &space.zero[..space.zero.len().min(1)]
+        } else {
+            &space.zero
+        };
         let recomputes: Vec<(Recompute, RecomputeModules)> = space
             .recompute
             .iter()
@@ -353,10 +427,22 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
                                 moe_dispatcher: space.moe_dispatcher,
                                 schedule,
                             };
-                            match crate::cost::estimate_unbanded(model, cluster, w, &cfg, space.assumptions) {
+                            match crate::cost::estimate_unbanded(
+                                model,
+                                cluster,
+                                w,
+                                &cfg,
+                                space.assumptions,
+                            ) {
                                 Ok(e) => {
                                     valid += 1;
-                                    kept.push((Point { step_secs: e.step_secs, peak_gib: e.memory.total / crate::hardware::GIB }, cfg));
+                                    kept.push((
+                                        Point {
+                                            step_secs: e.step_secs,
+                                            peak_gib: e.memory.total / crate::hardware::GIB,
+                                        },
+                                        cfg,
+                                    ));
                                 }
                                 Err(r) => *rejected.entry(r.kind()).or_insert(0) += 1,
                             }
@@ -380,15 +466,24 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
         }
         all.extend(k);
     }
-    all.sort_by(|a, b| a.0.step_secs.total_cmp(&b.0.step_secs).then(a.0.peak_gib.total_cmp(&b.0.peak_gib)));
+    all.sort_by(|a, b| {
+        a.0.step_secs
+            .total_cmp(&b.0.step_secs)
+            .then(a.0.peak_gib.total_cmp(&b.0.peak_gib))
+    });
     // The closed form screened everything; the leaders are re-partitioned and
     // re-scored with the schedule simulator, then ranked again.
     let mut leaders: Vec<Candidate> = all
         .iter()
         .take(top.saturating_mul(3))
         .map(|(_, cfg)| {
-            let estimate = estimate_with(model, cluster, w, cfg, space.assumptions).expect("configuration was valid a moment ago");
-            let mut c = repartition(model, cluster, w, cfg, space.assumptions, &estimate).unwrap_or(Candidate { config: cfg.clone(), estimate });
+            let estimate = estimate_with(model, cluster, w, cfg, space.assumptions)
+                .expect("configuration was valid a moment ago");
+            let mut c = repartition(model, cluster, w, cfg, space.assumptions, &estimate)
+                .unwrap_or(Candidate {
+                    config: cfg.clone(),
+                    estimate,
+                });
             crate::cost::apply_simulation(&mut c.estimate, &c.config);
             c
         })
@@ -399,7 +494,14 @@ pub fn search(model: &ModelSpec, cluster: &Cluster, w: &Workload, space: &Search
     let sensitivity = sensitivity(&all);
     let points = all.into_iter().map(|(p, _)| p).collect();
     debug_assert!(top.iter().all(|c| c.config.gpus() == cluster.gpus));
-    SearchResult { enumerated, valid, rejected, top, points, sensitivity }
+    SearchResult {
+        enumerated,
+        valid,
+        rejected,
+        top,
+        points,
+        sensitivity,
+    }
 }
 
 #[cfg(test)]
@@ -412,7 +514,13 @@ mod tests {
     fn run(model: &str, gpus: u64, gbs: u64) -> (ModelSpec, Cluster, Workload, SearchResult) {
         let m = resolve(model).unwrap().spec;
         let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
-        let w = Workload { seq: 4096, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
+        let w = Workload {
+            seq: 4096,
+            global_batch: gbs,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
         let r = search(&m, &c, &w, &SearchSpace::default(), 10);
         (m, c, w, r)
     }
@@ -437,22 +545,47 @@ mod tests {
             // parallelism or with the weights sharded too (ZeRO-3 / FSDP).
             assert!(cfg.tp * cfg.pp > 1 || cfg.zero == Zero::Zero3, "{cfg:?}");
         }
-        assert!(r.rejected.get(&RejectKind::OutOfMemory).copied().unwrap_or(0) > 0);
+        assert!(
+            r.rejected
+                .get(&RejectKind::OutOfMemory)
+                .copied()
+                .unwrap_or(0)
+                > 0
+        );
         // Pipelined leaders are re-scored by the schedule simulator.
         for cand in r.top.iter().filter(|c| c.config.pp > 1) {
             assert!(cand.estimate.pipeline_simulated, "{:?}", cand.config);
             let e = &cand.estimate;
-            let t_max = e.stages.iter().map(|s| s.secs_per_micro_batch).fold(0.0, f64::max);
+            let t_max = e
+                .stages
+                .iter()
+                .map(|s| s.secs_per_micro_batch)
+                .fold(0.0, f64::max);
             assert!(e.step_secs >= e.micro_batches as f64 * t_max);
         }
         // Sensitivity (closed-form screening values): each dimension's first row is
         // the screening optimum.
-        let best = r.points.iter().map(|p| p.step_secs).fold(f64::INFINITY, f64::min);
+        let best = r
+            .points
+            .iter()
+            .map(|p| p.step_secs)
+            .fold(f64::INFINITY, f64::min);
         for (dim, value_of) in DIMENSIONS {
-            let rows: Vec<_> = r.sensitivity.iter().filter(|s| s.dimension == *dim).collect();
+            let rows: Vec<_> = r
+                .sensitivity
+                .iter()
+                .filter(|s| s.dimension == *dim)
+                .collect();
             assert!(!rows.is_empty());
             assert!((rows[0].step_secs - best).abs() < 1e-12);
-            assert_eq!(rows.iter().map(|s| &s.value).collect::<std::collections::BTreeSet<_>>().len(), rows.len(), "values repeat");
+            assert_eq!(
+                rows.iter()
+                    .map(|s| &s.value)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len(),
+                rows.len(),
+                "values repeat"
+            );
             let _ = value_of;
             assert!(rows.iter().all(|s| s.step_secs >= best));
         }
@@ -462,7 +595,10 @@ mod tests {
     fn moe_search_uses_expert_parallelism() {
         let (_, _, _, r) = run("mixtral-8x7b", 64, 512);
         assert!(r.valid > 0);
-        assert!(r.top.iter().any(|c| c.config.ep > 1), "no EP in the top plans");
+        assert!(
+            r.top.iter().any(|c| c.config.ep > 1),
+            "no EP in the top plans"
+        );
     }
 
     #[test]
@@ -479,20 +615,38 @@ mod tests {
     fn schedules_are_searched_and_restrictable() {
         let m = resolve("llama3-8b").unwrap().spec;
         let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
-        let w = Workload { seq: 4096, global_batch: 512, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
+        let w = Workload {
+            seq: 4096,
+            global_batch: 512,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
         let r = search(&m, &c, &w, &SearchSpace::default(), 5);
-        let seen: Vec<&str> = r.sensitivity.iter().filter(|s| s.dimension == "schedule").map(|s| s.value.as_str()).collect();
+        let seen: Vec<&str> = r
+            .sensitivity
+            .iter()
+            .filter(|s| s.dimension == "schedule")
+            .map(|s| s.value.as_str())
+            .collect();
         for s in ["1f1b", "interleaved", "zb-h1", "dualpipe"] {
             assert!(seen.contains(&s), "{s} not among the valid plans: {seen:?}");
         }
         assert!(!seen.contains(&"gpipe"));
-        let only = SearchSpace { schedule: Some(vec![Schedule::DualPipe]), ..SearchSpace::default() };
+        let only = SearchSpace {
+            schedule: Some(vec![Schedule::DualPipe]),
+            ..SearchSpace::default()
+        };
         let r = search(&m, &c, &w, &only, 5);
         assert_eq!(r.enumerated, r.valid + r.rejected.values().sum::<u64>());
         assert!(!r.top.is_empty());
         for cand in &r.top {
             assert_eq!(cand.config.schedule, Schedule::DualPipe);
-            assert!(cand.config.pp % 2 == 0 && cand.estimate.pipeline_simulated, "{:?}", cand.config);
+            assert!(
+                cand.config.pp % 2 == 0 && cand.estimate.pipeline_simulated,
+                "{:?}",
+                cand.config
+            );
         }
     }
 }

@@ -53,17 +53,32 @@ impl Shares {
 
     pub fn of(e: &crate::cost::Estimate) -> Shares {
         let t = &e.time;
-        let parts = [t.compute.total() + t.recompute + t.overlap_slowdown, t.exposed_comm, t.bubble, t.optimizer];
+        let parts = [
+            t.compute.total() + t.recompute + t.overlap_slowdown,
+            t.exposed_comm,
+            t.bubble,
+            t.optimizer,
+        ];
         let sum: f64 = parts.iter().sum();
         // Zero or NaN: nothing to share out.
         if sum.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return Shares::default();
         }
-        Shares { compute: parts[0] / sum, communication: parts[1] / sum, bubble: parts[2] / sum, optimizer: parts[3] / sum }
+        Shares {
+            compute: parts[0] / sum,
+            communication: parts[1] / sum,
+            bubble: parts[2] / sum,
+            optimizer: parts[3] / sum,
+        }
     }
 
     fn array(&self) -> [f64; 4] {
-        [self.compute, self.communication, self.bubble, self.optimizer]
+        [
+            self.compute,
+            self.communication,
+            self.bubble,
+            self.optimizer,
+        ]
     }
 }
 
@@ -107,7 +122,10 @@ pub struct Band {
 
 fn validation() -> &'static ValidationSet {
     static SET: OnceLock<ValidationSet> = OnceLock::new();
-    SET.get_or_init(|| serde_json::from_str(include_str!("../../hwprofiles/validation.json")).expect("compiled-in validation.json parses"))
+    SET.get_or_init(|| {
+        serde_json::from_str(include_str!("../../hwprofiles/validation.json"))
+            .expect("compiled-in validation.json parses")
+    })
 }
 
 /// Rank (1-based) of a prediction interval's end at probability `q` among `n`
@@ -135,14 +153,23 @@ pub fn band(profile: &str, moe: bool, step_secs: f64) -> Option<Band> {
 pub fn band_from(set: &ValidationSet, profile: &str, moe: bool, step_secs: f64) -> Option<Band> {
     let kind = if moe { "MoE" } else { "dense" };
     // Pools from the closest to the widest: same profile and kind, same kind, all.
-    let labels = [format!("{profile} {kind}"), format!("{kind} (all hardware)"), "published".to_string()];
+    let labels = [
+        format!("{profile} {kind}"),
+        format!("{kind} (all hardware)"),
+        "published".to_string(),
+    ];
     for (level, label) in labels.into_iter().enumerate() {
         let keep = |s: &ErrorSample| match level {
             0 => s.profile == profile && s.moe == moe,
             1 => s.moe == moe,
             _ => true,
         };
-        let mut errs: Vec<f64> = set.samples.iter().filter(|s| keep(s)).map(|s| s.rel_error).collect();
+        let mut errs: Vec<f64> = set
+            .samples
+            .iter()
+            .filter(|s| keep(s))
+            .map(|s| s.rel_error)
+            .collect();
         if errs.len() < MIN_SAMPLES {
             continue;
         }
@@ -157,10 +184,21 @@ pub fn band_from(set: &ValidationSet, profile: &str, moe: bool, step_secs: f64) 
         // every error seen on them, so that a kind the model has done worse on
         // does not borrow the other kind's narrower errors.
         if level == 2 {
-            let own: Vec<f64> = set.samples.iter().filter(|s| s.moe == moe).map(|s| s.rel_error).collect();
-            if let (Some(lo), Some(hi)) = (own.iter().copied().reduce(f64::min), own.iter().copied().reduce(f64::max)) {
+            let own: Vec<f64> = set
+                .samples
+                .iter()
+                .filter(|s| s.moe == moe)
+                .map(|s| s.rel_error)
+                .collect();
+            if let (Some(lo), Some(hi)) = (
+                own.iter().copied().reduce(f64::min),
+                own.iter().copied().reduce(f64::max),
+            ) {
                 if lo < q10 || hi > q90 {
-                    basis = format!("{basis}, widened to the errors of the {} {kind} runs", own.len());
+                    basis = format!(
+                        "{basis}, widened to the errors of the {} {kind} runs",
+                        own.len()
+                    );
                 }
                 (q10, q90) = (q10.min(lo), q90.max(hi));
             }
@@ -204,12 +242,19 @@ pub const MIN_FIT_SAMPLES: usize = 12;
 /// (or all runs, with fewer than [`MIN_FIT_SAMPLES`]): each run's squared error
 /// against its squared term shares. `None` without shares in the set.
 pub fn term_sigmas(set: &ValidationSet, moe: bool) -> Option<[f64; 4]> {
-    let same = set.samples.iter().filter(|s| s.moe == moe && s.shares.is_some()).count();
+    let same = set
+        .samples
+        .iter()
+        .filter(|s| s.moe == moe && s.shares.is_some())
+        .count();
     let rows: Vec<([f64; 4], f64)> = set
         .samples
         .iter()
         .filter(|s| same < MIN_FIT_SAMPLES || s.moe == moe)
-        .filter_map(|s| s.shares.map(|sh| (sh.array().map(|x| x * x), s.rel_error * s.rel_error)))
+        .filter_map(|s| {
+            s.shares
+                .map(|sh| (sh.array().map(|x| x * x), s.rel_error * s.rel_error))
+        })
         .collect();
     if rows.len() < MIN_SAMPLES {
         return None;
@@ -223,17 +268,30 @@ pub fn attribute(set: &ValidationSet, shares: &Shares, moe: bool) -> Option<Attr
 }
 
 fn attribute_with(sig: [f64; 4], shares: &Shares) -> Option<Attribution> {
-    let var: Vec<f64> = shares.array().iter().zip(sig).map(|(s, g)| (s * g).powi(2)).collect();
+    let var: Vec<f64> = shares
+        .array()
+        .iter()
+        .zip(sig)
+        .map(|(s, g)| (s * g).powi(2))
+        .collect();
     let total: f64 = var.iter().sum();
     if total.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return None;
     }
-    let mut variance_shares: Vec<(String, f64)> = Shares::TERMS.iter().zip(&var).map(|(t, v)| (t.to_string(), v / total)).collect();
+    let mut variance_shares: Vec<(String, f64)> = Shares::TERMS
+        .iter()
+        .zip(&var)
+        .map(|(t, v)| (t.to_string(), v / total))
+        .collect();
     variance_shares.sort_by(|a, b| b.1.total_cmp(&a.1));
     Some(Attribution {
         dominant: variance_shares[0].0.clone(),
         variance_shares,
-        term_sigmas: Shares::TERMS.iter().zip(sig).map(|(t, g)| (t.to_string(), g)).collect(),
+        term_sigmas: Shares::TERMS
+            .iter()
+            .zip(sig)
+            .map(|(t, g)| (t.to_string(), g))
+            .collect(),
     })
 }
 
@@ -241,7 +299,12 @@ fn attribute_with(sig: [f64; 4], shares: &Shares) -> Option<Attribution> {
 pub fn attribution_of(e: &crate::cost::Estimate, moe: bool) -> Option<Attribution> {
     // The fit depends only on the compiled-in set: once per kind.
     static SIGMAS: OnceLock<[Option<[f64; 4]>; 2]> = OnceLock::new();
-    let sig = SIGMAS.get_or_init(|| [term_sigmas(validation(), false), term_sigmas(validation(), true)])[usize::from(moe)]?;
+    let sig = SIGMAS.get_or_init(|| {
+        [
+            term_sigmas(validation(), false),
+            term_sigmas(validation(), true),
+        ]
+    })[usize::from(moe)]?;
     attribute_with(sig, &Shares::of(e))
 }
 
@@ -257,7 +320,13 @@ mod tests {
     use super::*;
 
     fn sample(profile: &str, moe: bool, e: f64) -> ErrorSample {
-        ErrorSample { id: "x".into(), profile: profile.into(), moe, rel_error: e, shares: None }
+        ErrorSample {
+            id: "x".into(),
+            profile: profile.into(),
+            moe,
+            rel_error: e,
+            shares: None,
+        }
     }
 
     #[test]
@@ -266,15 +335,37 @@ mod tests {
         let samples: Vec<ErrorSample> = (0..12)
             .map(|i| {
                 let comm = 0.05 * (i % 6) as f64;
-                let sh = Shares { compute: 1.0 - comm - 0.05, communication: comm, bubble: 0.05, optimizer: 0.0 };
+                let sh = Shares {
+                    compute: 1.0 - comm - 0.05,
+                    communication: comm,
+                    bubble: 0.05,
+                    optimizer: 0.0,
+                };
                 let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
-                ErrorSample { shares: Some(sh), ..sample("h100-sxm", false, sign * 0.3 * comm) }
+                ErrorSample {
+                    shares: Some(sh),
+                    ..sample("h100-sxm", false, sign * 0.3 * comm)
+                }
             })
             .collect();
-        let set = ValidationSet { schema_version: 1, source: "test".into(), samples };
+        let set = ValidationSet {
+            schema_version: 1,
+            source: "test".into(),
+            samples,
+        };
         let sig = term_sigmas(&set, false).unwrap();
         assert!((sig[1] - 0.3).abs() < 1e-3 && sig[0] < 1e-3, "{sig:?}");
-        let a = attribute(&set, &Shares { compute: 0.6, communication: 0.3, bubble: 0.1, optimizer: 0.0 }, false).unwrap();
+        let a = attribute(
+            &set,
+            &Shares {
+                compute: 0.6,
+                communication: 0.3,
+                bubble: 0.1,
+                optimizer: 0.0,
+            },
+            false,
+        )
+        .unwrap();
         assert_eq!(a.dominant, "communication");
         let total: f64 = a.variance_shares.iter().map(|x| x.1).sum();
         assert!((total - 1.0).abs() < 1e-9);
@@ -282,20 +373,34 @@ mod tests {
 
     #[test]
     fn band_uses_the_closest_pool_with_enough_runs() {
-        let mut samples: Vec<ErrorSample> = (0..11).map(|i| sample("a100-80g", false, -0.05 + 0.01 * i as f64)).collect();
+        let mut samples: Vec<ErrorSample> = (0..11)
+            .map(|i| sample("a100-80g", false, -0.05 + 0.01 * i as f64))
+            .collect();
         samples.push(sample("h100-sxm", true, 0.5));
-        let set = ValidationSet { schema_version: 1, source: "test".into(), samples };
+        let set = ValidationSet {
+            schema_version: 1,
+            source: "test".into(),
+            samples,
+        };
         let b = band_from(&set, "a100-80g", false, 10.0).unwrap();
         assert_eq!(b.samples, 11);
         // Eleven runs: the ends sit at ranks 12 x 0.1 = 1.2 and 12 x 0.9 = 10.8 of
         // -0.05, -0.04, ..., 0.05, i.e. -0.048 and 0.048, and claim (10.8 - 1.2) / 12.
-        assert!((b.low_secs - 10.0 / 1.048).abs() < 1e-9 && (b.high_secs - 10.0 / 0.952).abs() < 1e-9, "{b:?}");
+        assert!(
+            (b.low_secs - 10.0 / 1.048).abs() < 1e-9 && (b.high_secs - 10.0 / 0.952).abs() < 1e-9,
+            "{b:?}"
+        );
         assert!((b.coverage - 0.8).abs() < 1e-12);
         // One MoE run is too few: fall back to every run, widened to cover that
         // run's +50% error (the dense runs' 90th percentile is lower).
         let b = band_from(&set, "h100-sxm", true, 10.0).unwrap();
         assert_eq!(b.samples, 12);
-        assert!(b.basis.contains("published") && b.basis.contains("widened to the errors of the 1 MoE runs"), "{}", b.basis);
+        assert!(
+            b.basis.contains("published")
+                && b.basis.contains("widened to the errors of the 1 MoE runs"),
+            "{}",
+            b.basis
+        );
         assert!((b.low_secs - 10.0 / 1.5).abs() < 1e-9, "{}", b.low_secs);
         assert!(b.high_secs > 10.0 * 0.9);
     }
@@ -305,10 +410,20 @@ mod tests {
         // Six runs cannot place an 80% interval's ends (ranks 0.7 and 6.3): the band
         // spans the smallest to the largest error, which holds a seventh run's
         // error with probability 5/7.
-        let samples: Vec<ErrorSample> = [0.03, -0.02, 0.01, -0.06, 0.0, 0.02].iter().map(|&e| sample("b200", true, e)).collect();
-        let set = ValidationSet { schema_version: 1, source: "test".into(), samples };
+        let samples: Vec<ErrorSample> = [0.03, -0.02, 0.01, -0.06, 0.0, 0.02]
+            .iter()
+            .map(|&e| sample("b200", true, e))
+            .collect();
+        let set = ValidationSet {
+            schema_version: 1,
+            source: "test".into(),
+            samples,
+        };
         let b = band_from(&set, "b200", true, 1.0).unwrap();
-        assert!((b.low_secs - 1.0 / 1.03).abs() < 1e-12 && (b.high_secs - 1.0 / 0.94).abs() < 1e-12, "{b:?}");
+        assert!(
+            (b.low_secs - 1.0 / 1.03).abs() < 1e-12 && (b.high_secs - 1.0 / 0.94).abs() < 1e-12,
+            "{b:?}"
+        );
         assert!((b.coverage - 5.0 / 7.0).abs() < 1e-12, "{}", b.coverage);
     }
 

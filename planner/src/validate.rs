@@ -55,7 +55,9 @@ fn predict(case: &RunCase, profile: Option<&HardwareProfile>) -> Result<f64, Str
         // Keep the row's node shape (runs.rs may have adjusted it).
         c.cluster.profile.node = case.cluster.profile.node.clone();
     }
-    c.estimate().map(|e| e.step_secs).map_err(|r| format!("configuration rejected: {r}"))
+    c.estimate()
+        .map(|e| e.step_secs)
+        .map_err(|r| format!("configuration rejected: {r}"))
 }
 
 fn row(case: &RunCase, predicted: f64) -> RowResult {
@@ -79,7 +81,10 @@ pub fn validate(cases: &[RunCase]) -> (Vec<RowResult>, Vec<Unrepresentable>) {
     for c in cases {
         match predict(c, None) {
             Ok(p) => ok.push(row(c, p)),
-            Err(reason) => bad.push(Unrepresentable { id: c.id.clone(), reason }),
+            Err(reason) => bad.push(Unrepresentable {
+                id: c.id.clone(),
+                reason,
+            }),
         }
     }
     (ok, bad)
@@ -117,7 +122,9 @@ fn grouped(rows: &[RowResult], key: impl Fn(&RowResult) -> String) -> Vec<GroupS
             keys.push(k);
         }
     }
-    keys.iter().map(|k| group(k, &rows.iter().filter(|r| key(r) == *k).collect::<Vec<_>>())).collect()
+    keys.iter()
+        .map(|k| group(k, &rows.iter().filter(|r| key(r) == *k).collect::<Vec<_>>()))
+        .collect()
 }
 
 pub fn summarize(rows: &[RowResult]) -> Summary {
@@ -145,7 +152,16 @@ pub fn scaled(profile: &HardwareProfile, k: f64) -> HardwareProfile {
 pub fn fit_scale(cases: &[&RunCase], profile: &HardwareProfile) -> f64 {
     let loss = |k: f64| -> f64 {
         let p = scaled(profile, k);
-        median(cases.iter().filter_map(|c| predict(c, Some(&p)).ok().map(|pred| (pred / c.measured_step_secs()).ln().abs())).collect())
+        median(
+            cases
+                .iter()
+                .filter_map(|c| {
+                    predict(c, Some(&p))
+                        .ok()
+                        .map(|pred| (pred / c.measured_step_secs()).ln().abs())
+                })
+                .collect(),
+        )
     };
     let mut best = (1.0, loss(1.0));
     let mut k = 0.6;
@@ -186,12 +202,27 @@ pub fn cross_validate(cases: &[RunCase]) -> (Vec<RowResult>, Vec<(String, String
     let mut scales = Vec::new();
     for s in &sources {
         let held: Vec<&RunCase> = cases.iter().filter(|c| source_key(&c.id) == *s).collect();
-        let mut profiles: Vec<String> = held.iter().map(|c| c.cluster.profile.name.clone()).collect();
+        let mut profiles: Vec<String> = held
+            .iter()
+            .map(|c| c.cluster.profile.name.clone())
+            .collect();
         profiles.dedup();
         for name in profiles {
-            let train: Vec<&RunCase> = cases.iter().filter(|c| source_key(&c.id) != *s && c.cluster.profile.name == name).collect();
-            let base = &held.iter().find(|c| c.cluster.profile.name == name).expect("held row of this profile").cluster.profile;
-            let k = if train.is_empty() { 1.0 } else { fit_scale(&train, base) };
+            let train: Vec<&RunCase> = cases
+                .iter()
+                .filter(|c| source_key(&c.id) != *s && c.cluster.profile.name == name)
+                .collect();
+            let base = &held
+                .iter()
+                .find(|c| c.cluster.profile.name == name)
+                .expect("held row of this profile")
+                .cluster
+                .profile;
+            let k = if train.is_empty() {
+                1.0
+            } else {
+                fit_scale(&train, base)
+            };
             scales.push((s.clone(), name.clone(), k));
             let p = scaled(base, k);
             for c in held.iter().filter(|c| c.cluster.profile.name == name) {
@@ -254,9 +285,19 @@ pub fn band_checks(rows: &[RowResult], hold_out: HoldOut) -> Vec<BandCheck> {
                     HoldOut::Row => o.id != r.id,
                     HoldOut::Source => o.source != r.source,
                 })
-                .map(|o| ErrorSample { id: o.id.clone(), profile: o.profile.clone(), moe: o.moe, rel_error: o.error, shares: None })
+                .map(|o| ErrorSample {
+                    id: o.id.clone(),
+                    profile: o.profile.clone(),
+                    moe: o.moe,
+                    rel_error: o.error,
+                    shares: None,
+                })
                 .collect();
-            let set = ValidationSet { schema_version: 1, source: "held-out rows".into(), samples };
+            let set = ValidationSet {
+                schema_version: 1,
+                source: "held-out rows".into(),
+                samples,
+            };
             let b = band_from(&set, &r.profile, r.moe, r.predicted_secs)?;
             Some(BandCheck {
                 id: r.id.clone(),
@@ -278,10 +319,19 @@ pub fn coverage(checks: &[BandCheck]) -> Vec<Coverage> {
     let of = |group: &str, keep: &dyn Fn(&BandCheck) -> bool| {
         let kept: Vec<&BandCheck> = checks.iter().filter(|c| keep(c)).collect();
         let nominal = kept.iter().map(|c| c.coverage).sum::<f64>() / kept.len().max(1) as f64;
-        Coverage { group: group.to_string(), rows: kept.len(), inside: kept.iter().filter(|c| c.inside).count(), nominal }
+        Coverage {
+            group: group.to_string(),
+            rows: kept.len(),
+            inside: kept.iter().filter(|c| c.inside).count(),
+            nominal,
+        }
     };
     let mut out = vec![of("all", &|_| true)];
-    out.extend([of("dense", &|c| !c.moe), of("MoE", &|c| c.moe)].into_iter().filter(|c| c.rows > 0));
+    out.extend(
+        [of("dense", &|c| !c.moe), of("MoE", &|c| c.moe)]
+            .into_iter()
+            .filter(|c| c.rows > 0),
+    );
     out
 }
 
@@ -293,7 +343,16 @@ mod tests {
     fn median_and_groups() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
-        let r = |id: &str, e: f64| RowResult { id: id.into(), source: source_key(id), profile: "p".into(), gpus: 8, moe: false, measured_secs: 1.0, predicted_secs: 1.0 + e, error: e };
+        let r = |id: &str, e: f64| RowResult {
+            id: id.into(),
+            source: source_key(id),
+            profile: "p".into(),
+            gpus: 8,
+            moe: false,
+            measured_secs: 1.0,
+            predicted_secs: 1.0 + e,
+            error: e,
+        };
         let rows = vec![r("a-1", 0.1), r("a-2", -0.3), r("b-1", 0.05)];
         let s = summarize(&rows);
         assert_eq!(s.by_source.len(), 2);
@@ -303,7 +362,16 @@ mod tests {
     }
 
     fn run(id: &str, profile: &str, error: f64) -> RowResult {
-        RowResult { id: id.into(), source: source_key(id), profile: profile.into(), gpus: 8, moe: false, measured_secs: 2.0, predicted_secs: 2.0 * (1.0 + error), error }
+        RowResult {
+            id: id.into(),
+            source: source_key(id),
+            profile: profile.into(),
+            gpus: 8,
+            moe: false,
+            measured_secs: 2.0,
+            predicted_secs: 2.0 * (1.0 + error),
+            error,
+        }
     }
 
     #[test]
@@ -312,7 +380,15 @@ mod tests {
         // the other 49, its ends at ranks 50 x 0.1 = 5 and 50 x 0.9 = 45: the run
         // of rank i among all 50 has i - 1 others below it, so it lies inside when
         // i - 1 >= 5 and i - 1 < 45, for i = 6..=45: 40 of 50 runs, the 80% claimed.
-        let rows: Vec<RowResult> = (0..50).map(|i| run(&format!("s{}-{i}", i % 5), "h100-sxm", ((i * 37) % 50) as f64 / 500.0 - 0.05)).collect();
+        let rows: Vec<RowResult> = (0..50)
+            .map(|i| {
+                run(
+                    &format!("s{}-{i}", i % 5),
+                    "h100-sxm",
+                    ((i * 37) % 50) as f64 / 500.0 - 0.05,
+                )
+            })
+            .collect();
         let checks = band_checks(&rows, HoldOut::Row);
         assert_eq!(checks.len(), 50);
         let cov = coverage(&checks);
@@ -320,16 +396,30 @@ mod tests {
         assert!((cov[0].nominal - 0.8).abs() < 1e-12);
         assert_eq!(cov.len(), 2, "no MoE row, no MoE group: {cov:?}");
         // Outside are the five smallest and five largest errors.
-        let outside: Vec<f64> = rows.iter().zip(&checks).filter(|(_, c)| !c.inside).map(|(r, _)| r.error).collect();
-        assert!(outside.iter().all(|e| *e < -0.04 || *e > 0.0389), "{outside:?}");
+        let outside: Vec<f64> = rows
+            .iter()
+            .zip(&checks)
+            .filter(|(_, c)| !c.inside)
+            .map(|(r, _)| r.error)
+            .collect();
+        assert!(
+            outside.iter().all(|e| *e < -0.04 || *e > 0.0389),
+            "{outside:?}"
+        );
         // Leaving out a whole source (10 runs) draws each band from the other 40.
         let by_source = band_checks(&rows, HoldOut::Source);
-        assert!(by_source.iter().all(|c| c.basis.starts_with("40 ")), "{:?}", by_source[0].basis);
+        assert!(
+            by_source.iter().all(|c| c.basis.starts_with("40 ")),
+            "{:?}",
+            by_source[0].basis
+        );
     }
 
     #[test]
     fn a_row_without_enough_other_runs_gets_no_band() {
-        let rows: Vec<RowResult> = (0..5).map(|i| run(&format!("a-{i}"), "a100-80g", 0.01 * i as f64)).collect();
+        let rows: Vec<RowResult> = (0..5)
+            .map(|i| run(&format!("a-{i}"), "a100-80g", 0.01 * i as f64))
+            .collect();
         // Four others are below the five a band needs.
         assert!(band_checks(&rows, HoldOut::Row).is_empty());
         assert!(coverage(&[]).iter().all(|c| c.rows == 0) && coverage(&[]).len() == 1);

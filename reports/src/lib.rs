@@ -49,7 +49,10 @@ pub struct ReportInput<'a> {
 
 /// Escapes text for HTML.
 pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 fn secs(x: f64) -> String {
@@ -92,8 +95,15 @@ pub fn render(input: &ReportInput) -> String {
         esc(&plan.generator)
     );
     let section = |h: &mut String, id: &str, body: String| {
-        let title = SECTIONS.iter().find(|(i, _)| *i == id).map(|(_, t)| *t).unwrap_or(id);
-        let _ = write!(h, "<section id=\"{id}\">\n<h2>{title}</h2>\n{body}</section>\n");
+        let title = SECTIONS
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, t)| *t)
+            .unwrap_or(id);
+        let _ = write!(
+            h,
+            "<section id=\"{id}\">\n<h2>{title}</h2>\n{body}</section>\n"
+        );
     };
 
     // 1. Inputs.
@@ -103,21 +113,93 @@ pub fn render(input: &ReportInput) -> String {
     let p = m.params();
     let _ = writeln!(b, "<table><tbody>");
     let row = |b: &mut String, k: &str, v: String| {
-        let _ = writeln!(b, "<tr><th class=\"l\">{k}</th><td class=\"l\">{v}</td></tr>");
+        let _ = writeln!(
+            b,
+            "<tr><th class=\"l\">{k}</th><td class=\"l\">{v}</td></tr>"
+        );
     };
-    row(&mut b, "model", format!("{}: {} ({})", esc(&m.name), esc(&m.summary()), esc(&m.source)));
-    row(&mut b, "parameters", format!("{:.2}B total, {:.2}B active per token", p.total as f64 / 1e9, p.active as f64 / 1e9));
-    row(&mut b, "cluster", format!("{} x {} ({}): {}", plan.gpus, esc(&hw.gpu.name), esc(&hw.name), esc(&hw.description)));
-    row(&mut b, "GPU", format!("{:.0} BF16 / {:.0} FP8 TFLOP/s dense, {:.1} GiB HBM at {:.2} TB/s", hw.gpu.peak_tflops.bf16, hw.gpu.peak_tflops.fp8, hw.gpu.hbm_gib, hw.gpu.hbm_tbytes_per_s));
-    row(&mut b, "interconnect", format!("NVLink domain of {} at {:.0} GB/s per GPU; network {:.1} GB/s per GPU", hw.node.nvlink_domain, hw.node.nvlink_gbytes_per_s, hw.network.nic_gbytes_per_s));
-    row(&mut b, "workload", format!("sequence {}, global batch {} sequences ({:.2}M tokens), precision {}", w.seq, w.global_batch, (w.seq * w.global_batch) as f64 / 1e6, w.precision));
+    row(
+        &mut b,
+        "model",
+        format!(
+            "{}: {} ({})",
+            esc(&m.name),
+            esc(&m.summary()),
+            esc(&m.source)
+        ),
+    );
+    row(
+        &mut b,
+        "parameters",
+        format!(
+            "{:.2}B total, {:.2}B active per token",
+            p.total as f64 / 1e9,
+            p.active as f64 / 1e9
+        ),
+    );
+    row(
+        &mut b,
+        "cluster",
+        format!(
+            "{} x {} ({}): {}",
+            plan.gpus,
+            esc(&hw.gpu.name),
+            esc(&hw.name),
+            esc(&hw.description)
+        ),
+    );
+    row(
+        &mut b,
+        "GPU",
+        format!(
+            "{:.0} BF16 / {:.0} FP8 TFLOP/s dense, {:.1} GiB HBM at {:.2} TB/s",
+            hw.gpu.peak_tflops.bf16,
+            hw.gpu.peak_tflops.fp8,
+            hw.gpu.hbm_gib,
+            hw.gpu.hbm_tbytes_per_s
+        ),
+    );
+    row(
+        &mut b,
+        "interconnect",
+        format!(
+            "NVLink domain of {} at {:.0} GB/s per GPU; network {:.1} GB/s per GPU",
+            hw.node.nvlink_domain, hw.node.nvlink_gbytes_per_s, hw.network.nic_gbytes_per_s
+        ),
+    );
+    row(
+        &mut b,
+        "workload",
+        format!(
+            "sequence {}, global batch {} sequences ({:.2}M tokens), precision {}",
+            w.seq,
+            w.global_batch,
+            (w.seq * w.global_batch) as f64 / 1e6,
+            w.precision
+        ),
+    );
     if let Some(s) = &plan.search {
         let rejected: u64 = s.rejected.values().sum();
-        row(&mut b, "search space", format!("{} configurations enumerated: {} valid, {} rejected", s.enumerated, s.valid, rejected));
+        row(
+            &mut b,
+            "search space",
+            format!(
+                "{} configurations enumerated: {} valid, {} rejected",
+                s.enumerated, s.valid, rejected
+            ),
+        );
     }
-    let _ = writeln!(b, "</tbody></table>\n<p class=\"note\">Profile sources:</p>\n<table><tbody>");
+    let _ = writeln!(
+        b,
+        "</tbody></table>\n<p class=\"note\">Profile sources:</p>\n<table><tbody>"
+    );
     for (k, v) in &hw.sources {
-        let _ = writeln!(b, "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>", esc(k), esc(v));
+        let _ = writeln!(
+            b,
+            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+            esc(k),
+            esc(v)
+        );
     }
     let _ = writeln!(b, "</tbody></table>");
     section(&mut h, "inputs", b);
@@ -128,7 +210,11 @@ pub fn render(input: &ReportInput) -> String {
     for rp in &plan.plans {
         let c = &rp.config;
         let e = &rp.estimate;
-        let band = e.band.as_ref().map(|b| format!("{:.3}-{:.3} s", b.low_secs, b.high_secs)).unwrap_or_else(|| "-".into());
+        let band = e
+            .band
+            .as_ref()
+            .map(|b| format!("{:.3}-{:.3} s", b.low_secs, b.high_secs))
+            .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             b,
             "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}%</td><td>{:.1} / {:.1}</td><td>{:.1}%</td><td>{:.1}%</td></tr>",
@@ -144,11 +230,18 @@ pub fn render(input: &ReportInput) -> String {
     section(&mut h, "plans", b);
 
     // 3. Scatter.
-    let tops: Vec<&sextant_planner::cost::Estimate> = plan.plans.iter().map(|r| &r.estimate).collect();
+    let tops: Vec<&sextant_planner::cost::Estimate> =
+        plan.plans.iter().map(|r| &r.estimate).collect();
     let mut b = String::new();
     let fallback;
     let pts: &[Point] = if input.points.is_empty() {
-        fallback = tops.iter().map(|e| Point { step_secs: e.step_secs, peak_gib: e.memory.total / GIB }).collect::<Vec<_>>();
+        fallback = tops
+            .iter()
+            .map(|e| Point {
+                step_secs: e.step_secs,
+                peak_gib: e.memory.total / GIB,
+            })
+            .collect::<Vec<_>>();
         &fallback
     } else {
         input.points
@@ -159,10 +252,26 @@ pub fn render(input: &ReportInput) -> String {
 
     // 4. Stacked bars.
     let mut b = charts::stacked_bars(&tops);
-    let _ = writeln!(b, "<table><thead><tr><th>#</th>{}<th>step</th></tr></thead><tbody>", charts::PALETTE.iter().map(|(n, _)| format!("<th>{n}</th>")).collect::<String>());
+    let _ = writeln!(
+        b,
+        "<table><thead><tr><th>#</th>{}<th>step</th></tr></thead><tbody>",
+        charts::PALETTE
+            .iter()
+            .map(|(n, _)| format!("<th>{n}</th>"))
+            .collect::<String>()
+    );
     for rp in &plan.plans {
         let parts = charts::components(&rp.estimate);
-        let _ = writeln!(b, "<tr><td>{}</td>{}<td>{}</td></tr>", rp.rank, parts.iter().map(|(_, v)| format!("<td>{}</td>", secs(*v))).collect::<String>(), secs(rp.estimate.step_secs));
+        let _ = writeln!(
+            b,
+            "<tr><td>{}</td>{}<td>{}</td></tr>",
+            rp.rank,
+            parts
+                .iter()
+                .map(|(_, v)| format!("<td>{}</td>", secs(*v)))
+                .collect::<String>(),
+            secs(rp.estimate.step_secs)
+        );
     }
     let _ = writeln!(b, "</tbody></table><p class=\"note\">Communication is the part not hidden behind compute; \"other\" is the optimizer step and the slowdown of compute that shares the GPU with overlapped communication.</p>");
     section(&mut h, "breakdown", b);
@@ -174,9 +283,19 @@ pub fn render(input: &ReportInput) -> String {
     section(&mut h, "memory", b);
 
     // 6. Schedule.
-    let p2p = best.estimate.comm.iter().find(|t| t.kind == CommKind::Pp).map(|t| t.total_secs / t.calls_per_step.max(1.0)).unwrap_or(0.0);
+    let p2p = best
+        .estimate
+        .comm
+        .iter()
+        .find(|t| t.kind == CommKind::Pp)
+        .map(|t| t.total_secs / t.calls_per_step.max(1.0))
+        .unwrap_or(0.0);
     let (svg, caption) = charts::gantt(&best.estimate, &best.config, p2p);
-    section(&mut h, "schedule", format!("{svg}<p class=\"note\">{}</p>\n", esc(&caption)));
+    section(
+        &mut h,
+        "schedule",
+        format!("{svg}<p class=\"note\">{}</p>\n", esc(&caption)),
+    );
 
     // 7. Why the others lost.
     let mut b = String::new();
@@ -185,15 +304,26 @@ pub fn render(input: &ReportInput) -> String {
         let mut reasons: Vec<(&RejectKind, &u64)> = s.rejected.iter().collect();
         reasons.sort_by(|a, b| b.1.cmp(a.1));
         for (k, n) in reasons {
-            let _ = writeln!(b, "<tr><td class=\"l\">{}</td><td>{n}</td></tr>", esc(k.describe()));
+            let _ = writeln!(
+                b,
+                "<tr><td class=\"l\">{}</td><td>{n}</td></tr>",
+                esc(k.describe())
+            );
         }
         let _ = writeln!(b, "</tbody></table>");
     } else {
-        let _ = writeln!(b, "<p class=\"note\">This plan was estimated, not searched: no rejection counts.</p>");
+        let _ = writeln!(
+            b,
+            "<p class=\"note\">This plan was estimated, not searched: no rejection counts.</p>"
+        );
     }
     if !input.sensitivity.is_empty() {
         // Screening (closed-form) times, compared with the screening optimum.
-        let best_step = input.sensitivity.iter().map(|s| s.step_secs).fold(f64::INFINITY, f64::min);
+        let best_step = input
+            .sensitivity
+            .iter()
+            .map(|s| s.step_secs)
+            .fold(f64::INFINITY, f64::min);
         let _ = writeln!(b, "<p>Best plan with one dimension held at each value it can take (closed-form screening times; the ranked plans above are re-scored by the schedule simulator):</p><table><thead><tr><th class=\"l\">dimension</th><th>value</th><th>best step</th><th>vs best</th><th class=\"l\">that plan</th></tr></thead><tbody>");
         for s in input.sensitivity {
             let c = &s.config;
@@ -220,7 +350,14 @@ pub fn render(input: &ReportInput) -> String {
     } else {
         let mut b = String::from("<table><thead><tr><th class=\"l\">component</th><th>predicted</th><th>measured</th><th>error</th></tr></thead><tbody>\n");
         for r in input.measured {
-            let _ = writeln!(b, "<tr><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:+.1}%</td></tr>", esc(&r.component), secs(r.predicted_secs), secs(r.measured_secs), 100.0 * (r.predicted_secs / r.measured_secs - 1.0));
+            let _ = writeln!(
+                b,
+                "<tr><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:+.1}%</td></tr>",
+                esc(&r.component),
+                secs(r.predicted_secs),
+                secs(r.measured_secs),
+                100.0 * (r.predicted_secs / r.measured_secs - 1.0)
+            );
         }
         b.push_str("</tbody></table>\n");
         b

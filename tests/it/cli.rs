@@ -12,20 +12,66 @@ fn plan_70b_on_128_gpus_prints_ten_ranked_plans_and_counts() {
     let o = sextant(&["plan", "--model", "70b", "--gpus", "128"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("70b -> llama3-70b"), "alias resolution not printed:\n{out}");
-    for needle in ["seq 4096", "global batch 1024", "precision bf16", "h100-sxm", "TP", "VPP", "MFU", "mem GiB/cap", "bubble"] {
+    assert!(
+        out.contains("70b -> llama3-70b"),
+        "alias resolution not printed:\n{out}"
+    );
+    for needle in [
+        "seq 4096",
+        "global batch 1024",
+        "precision bf16",
+        "h100-sxm",
+        "TP",
+        "VPP",
+        "MFU",
+        "mem GiB/cap",
+        "bubble",
+    ] {
         assert!(out.contains(needle), "missing '{needle}':\n{out}");
     }
-    let rows = out.lines().filter(|l| l.split_whitespace().next().map(|w| w.parse::<u32>().is_ok()).unwrap_or(false) && l.contains('%')).count();
+    let rows = out
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .map(|w| w.parse::<u32>().is_ok())
+                .unwrap_or(false)
+                && l.contains('%')
+        })
+        .count();
     assert_eq!(rows, 10, "expected 10 plan rows:\n{out}");
-    let summary = out.lines().find(|l| l.starts_with("Searched ")).expect("search summary");
-    assert!(summary.contains("valid") && summary.contains("rejected"), "{summary}");
-    assert!(out.contains("does not fit in GPU memory"), "rejection reasons not listed:\n{out}");
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("Searched "))
+        .expect("search summary");
+    assert!(
+        summary.contains("valid") && summary.contains("rejected"),
+        "{summary}"
+    );
+    assert!(
+        out.contains("does not fit in GPU memory"),
+        "rejection reasons not listed:\n{out}"
+    );
 }
 
 #[test]
 fn plan_flags_change_assumptions_and_json_is_a_plan_file() {
-    let o = sextant(&["plan", "--model", "8b", "--gpus", "16", "--seq", "8192", "--global-batch", "256", "--precision", "fp8", "--top", "3", "--json"]);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "16",
+        "--seq",
+        "8192",
+        "--global-batch",
+        "256",
+        "--precision",
+        "fp8",
+        "--top",
+        "3",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let plan = PlanFile::from_json(&stdout(&o)).expect("valid plan JSON");
     assert_eq!(plan.plans.len(), 3);
@@ -46,30 +92,73 @@ fn out_file_is_not_overwritten_without_force() {
     let dir = TempDir::new("out");
     let out = dir.path("plan.json");
     let out_s = out.to_str().unwrap();
-    let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--top", "2", "--out", out_s]);
+    let o = sextant(&[
+        "plan", "--model", "8b", "--gpus", "8", "--top", "2", "--out", out_s,
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let first = std::fs::read_to_string(&out).unwrap();
     PlanFile::from_json(&first).unwrap();
     std::fs::write(&out, "user data").unwrap();
-    fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--out", out_s], "--force");
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), "user data", "an existing file was touched");
-    let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--top", "2", "--out", out_s, "--force"]);
+    fails_with_one_line(
+        &["plan", "--model", "8b", "--gpus", "8", "--out", out_s],
+        "--force",
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "user data",
+        "an existing file was touched"
+    );
+    let o = sextant(&[
+        "plan", "--model", "8b", "--gpus", "8", "--top", "2", "--out", out_s, "--force",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     PlanFile::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
     // No temporary files left behind.
-    let leftovers: Vec<_> = std::fs::read_dir(&dir.0).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().contains(".tmp")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
     assert!(leftovers.is_empty());
 }
 
 #[test]
 fn write_into_missing_directory_fails_cleanly() {
-    fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--out", "/nonexistent-dir/sub/plan.json"], "cannot write");
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--out",
+            "/nonexistent-dir/sub/plan.json",
+        ],
+        "cannot write",
+    );
 }
 
 #[test]
 fn estimate_prints_full_breakdown() {
     let o = sextant(&[
-        "estimate", "--model", "405b", "--gpus", "16384", "--tp", "8", "--pp", "16", "--cp", "1", "--account-embedding-loss", "--global-batch", "2048", "--seq", "8192", "--recompute", "full",
+        "estimate",
+        "--model",
+        "405b",
+        "--gpus",
+        "16384",
+        "--tp",
+        "8",
+        "--pp",
+        "16",
+        "--cp",
+        "1",
+        "--account-embedding-loss",
+        "--global-batch",
+        "2048",
+        "--seq",
+        "8192",
+        "--recompute",
+        "full",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
@@ -101,31 +190,75 @@ fn estimate_prints_full_breakdown() {
 fn plan_files_are_checked_when_read() {
     let dir = TempDir::new("badplan");
     let good = dir.path("p.json");
-    let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--top", "1", "--out", good.to_str().unwrap()]);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--top",
+        "1",
+        "--out",
+        good.to_str().unwrap(),
+    ]);
     assert!(o.status.success());
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&good).unwrap()).unwrap();
-    for (field, value, needle) in [("vpp", serde_json::json!(0), "vpp must be"), ("dp", serde_json::json!(2305843009213693953u64), "dp must be")] {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&good).unwrap()).unwrap();
+    for (field, value, needle) in [
+        ("vpp", serde_json::json!(0), "vpp must be"),
+        (
+            "dp",
+            serde_json::json!(2305843009213693953u64),
+            "dp must be",
+        ),
+    ] {
         let mut bad = v.clone();
         bad["plans"][0]["config"][field] = value;
         let path = dir.path(&format!("bad-{field}.json"));
         std::fs::write(&path, bad.to_string()).unwrap();
-        fails_with_one_line(&["report", path.to_str().unwrap(), "-o", dir.path("r.html").to_str().unwrap()], needle);
-        fails_with_one_line(&["export", path.to_str().unwrap(), "--to", "rank-map"], needle);
+        fails_with_one_line(
+            &[
+                "report",
+                path.to_str().unwrap(),
+                "-o",
+                dir.path("r.html").to_str().unwrap(),
+            ],
+            needle,
+        );
+        fails_with_one_line(
+            &["export", path.to_str().unwrap(), "--to", "rank-map"],
+            needle,
+        );
     }
     v["workload"]["seq"] = serde_json::json!(0);
     let path = dir.path("bad-seq.json");
     std::fs::write(&path, v.to_string()).unwrap();
-    fails_with_one_line(&["export", path.to_str().unwrap(), "--to", "megatron-lm"], "sequence length 0");
+    fails_with_one_line(
+        &["export", path.to_str().unwrap(), "--to", "megatron-lm"],
+        "sequence length 0",
+    );
 }
 
 /// `estimate` gives the step time `plan` ranked with, for the same configuration.
 #[test]
 fn estimate_agrees_with_plan() {
-    let o = sextant(&["plan", "--model", "70b", "--gpus", "64", "--top", "1", "--json"]);
+    let o = sextant(&[
+        "plan", "--model", "70b", "--gpus", "64", "--top", "1", "--json",
+    ]);
     let plan = PlanFile::from_json(&stdout(&o)).unwrap();
     let c = &plan.plans[0].config;
-    let mut args: Vec<String> = ["estimate", "--model", "70b", "--gpus", "64", "--json"].iter().map(|s| s.to_string()).collect();
-    for (k, v) in [("--tp", c.tp), ("--pp", c.pp), ("--vpp", c.vpp), ("--cp", c.cp), ("--dp", c.dp), ("--mbs", c.mbs)] {
+    let mut args: Vec<String> = ["estimate", "--model", "70b", "--gpus", "64", "--json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for (k, v) in [
+        ("--tp", c.tp),
+        ("--pp", c.pp),
+        ("--vpp", c.vpp),
+        ("--cp", c.cp),
+        ("--dp", c.dp),
+        ("--mbs", c.mbs),
+    ] {
         args.push(k.into());
         args.push(v.to_string());
     }
@@ -140,13 +273,32 @@ fn estimate_agrees_with_plan() {
         args.push(c.recompute_modules.to_string());
     }
     args.push("--zero".into());
-    args.push(match c.zero { sextant_planner::config::Zero::None => "0", sextant_planner::config::Zero::DistOpt => "1", sextant_planner::config::Zero::Zero2 => "2", sextant_planner::config::Zero::Zero3 => "3" }.into());
+    args.push(
+        match c.zero {
+            sextant_planner::config::Zero::None => "0",
+            sextant_planner::config::Zero::DistOpt => "1",
+            sextant_planner::config::Zero::Zero2 => "2",
+            sextant_planner::config::Zero::Zero3 => "3",
+        }
+        .into(),
+    );
     if let sextant_planner::config::Layout::Explicit { layers } = &c.layout {
         args.push("--layers-per-stage".into());
-        args.push(layers.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(","));
+        args.push(
+            layers
+                .iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
     }
     if let sextant_planner::config::Layout::FirstLast { first, last } = &c.layout {
-        args.extend(["--first-stage-layers".into(), first.to_string(), "--last-stage-layers".into(), last.to_string()]);
+        args.extend([
+            "--first-stage-layers".into(),
+            first.to_string(),
+            "--last-stage-layers".into(),
+            last.to_string(),
+        ]);
     }
     if c.layout == sextant_planner::config::Layout::AccountEmbeddingLoss {
         args.push("--account-embedding-loss".into());
@@ -155,40 +307,152 @@ fn estimate_agrees_with_plan() {
     let o = sextant(&refs);
     assert!(o.status.success(), "{}", stderr(&o));
     let est = PlanFile::from_json(&stdout(&o)).unwrap();
-    let (a, b) = (plan.plans[0].estimate.step_secs, est.plans[0].estimate.step_secs);
-    assert!((a - b).abs() < 1e-9 * a, "plan {a} vs estimate {b} for {c:?}");
+    let (a, b) = (
+        plan.plans[0].estimate.step_secs,
+        est.plans[0].estimate.step_secs,
+    );
+    assert!(
+        (a - b).abs() < 1e-9 * a,
+        "plan {a} vs estimate {b} for {c:?}"
+    );
 }
 
 /// `--schedule` restricts the search and picks the schedule `estimate` costs.
 #[test]
 fn schedule_flag_restricts_plan_and_sets_estimate() {
-    let o = sextant(&["plan", "--model", "8b", "--gpus", "64", "--global-batch", "512", "--schedule", "dualpipe,zb-h1", "--top", "5", "--json"]);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "512",
+        "--schedule",
+        "dualpipe,zb-h1",
+        "--top",
+        "5",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let plan = PlanFile::from_json(&stdout(&o)).unwrap();
-    assert!(plan.plans.iter().all(|p| matches!(p.config.schedule, Schedule::DualPipe | Schedule::ZbH1)));
-    let o = sextant(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--global-batch", "512", "--schedule", "dualpipe"]);
+    assert!(plan
+        .plans
+        .iter()
+        .all(|p| matches!(p.config.schedule, Schedule::DualPipe | Schedule::ZbH1)));
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "8b",
+        "--gpus",
+        "64",
+        "--pp",
+        "4",
+        "--global-batch",
+        "512",
+        "--schedule",
+        "dualpipe",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("schedule dualpipe"), "{}", stdout(&o));
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--global-batch", "512", "--schedule", "zb-h2"], "--schedule 'zb-h2' is not one of");
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--global-batch", "96", "--schedule", "dualpipe"], "at least 2 x pp = 8");
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "64", "--pp", "4", "--schedule", "interleaved"], "needs vpp > 1");
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "64",
+            "--pp",
+            "4",
+            "--global-batch",
+            "512",
+            "--schedule",
+            "zb-h2",
+        ],
+        "--schedule 'zb-h2' is not one of",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "64",
+            "--pp",
+            "4",
+            "--global-batch",
+            "96",
+            "--schedule",
+            "dualpipe",
+        ],
+        "at least 2 x pp = 8",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "64",
+            "--pp",
+            "4",
+            "--schedule",
+            "interleaved",
+        ],
+        "needs vpp > 1",
+    );
     // --emit searches only the schedules its target states, so the README's
     // command gives Megatron-LM arguments (without --emit, ZB-H1 ranks first here).
-    let o = sextant(&["plan", "--model", "70b", "--gpus", "64", "--emit", "megatron-lm"]);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "70b",
+        "--gpus",
+        "64",
+        "--emit",
+        "megatron-lm",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("--pipeline-model-parallel-size") && !stdout(&o).contains("zb-h1") && !stdout(&o).contains("dualpipe"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("--pipeline-model-parallel-size")
+            && !stdout(&o).contains("zb-h1")
+            && !stdout(&o).contains("dualpipe"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]
 fn estimate_json_is_versioned() {
-    let o = sextant(&["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "8", "--global-batch", "256", "--json"]);
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "mixtral-8x7b",
+        "--gpus",
+        "64",
+        "--tp",
+        "2",
+        "--ep",
+        "8",
+        "--global-batch",
+        "256",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["schema_version"], 1);
     assert_eq!(v["plans"][0]["estimate"]["schema_version"], 1);
     assert_eq!(v["plans"][0]["config"]["ep"], 8);
-    let kinds: Vec<&str> = v["plans"][0]["estimate"]["comm"].as_array().unwrap().iter().map(|t| t["kind"].as_str().unwrap()).collect();
-    assert!(kinds.contains(&"ep") && kinds.contains(&"tp") && kinds.contains(&"edp_grad"), "{kinds:?}");
+    let kinds: Vec<&str> = v["plans"][0]["estimate"]["comm"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"ep") && kinds.contains(&"tp") && kinds.contains(&"edp_grad"),
+        "{kinds:?}"
+    );
 }
 
 /// `--loss` picks the cross-entropy kernel: only the last stage's output layer
@@ -196,80 +460,359 @@ fn estimate_json_is_versioned() {
 #[test]
 fn loss_kernel_changes_only_the_output_layer() {
     let run = |loss: &str| {
-        let o = sextant(&["estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--global-batch", "64", "--json", "--loss", loss]);
+        let o = sextant(&[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--global-batch",
+            "64",
+            "--json",
+            "--loss",
+            loss,
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         v["plans"][0]["estimate"].clone()
     };
     let [te, native, unfused] = ["te", "native", "unfused"].map(run);
-    let secs = |e: &serde_json::Value, i: usize| e["stages"][i]["secs_per_micro_batch"].as_f64().unwrap();
+    let secs =
+        |e: &serde_json::Value, i: usize| e["stages"][i]["secs_per_micro_batch"].as_f64().unwrap();
     assert!(secs(&te, 0) == secs(&native, 0) && secs(&native, 0) == secs(&unfused, 0));
     assert!(secs(&te, 1) < secs(&native, 1) && secs(&native, 1) < secs(&unfused, 1));
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--loss", "fused"], "--loss 'fused' is not one of te, native, unfused");
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8b", "--gpus", "8", "--loss", "fused",
+        ],
+        "--loss 'fused' is not one of te, native, unfused",
+    );
 }
 
 #[test]
 fn invalid_configurations_say_exactly_why() {
-    fails_with_one_line(&["estimate", "--model", "405b", "--gpus", "16384", "--tp", "8", "--pp", "16"], "does not divide 126 layers");
-    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "64", "--tp", "16", "--pp", "4"], "NVLink domain");
-    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "48", "--tp", "3", "--dp", "16", "--global-batch", "96"], "valid: 1, 2, 4, 8");
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--cp", "8", "--seq", "4100"], "divisible by 2 x 8");
-    fails_with_one_line(&["estimate", "--model", "8x7b", "--gpus", "16", "--ep", "16"], "does not divide 8 experts");
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--global-batch", "12"], "not divisible by micro-batch");
-    fails_with_one_line(&["estimate", "--model", "8x7b", "--gpus", "16", "--tp", "2", "--sp", "false", "--ep", "8"], "needs sequence parallelism");
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "405b", "--gpus", "16384", "--tp", "8", "--pp", "16",
+        ],
+        "does not divide 126 layers",
+    );
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "70b", "--gpus", "64", "--tp", "16", "--pp", "4",
+        ],
+        "NVLink domain",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "70b",
+            "--gpus",
+            "48",
+            "--tp",
+            "3",
+            "--dp",
+            "16",
+            "--global-batch",
+            "96",
+        ],
+        "valid: 1, 2, 4, 8",
+    );
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8b", "--gpus", "8", "--cp", "8", "--seq", "4100",
+        ],
+        "divisible by 2 x 8",
+    );
+    fails_with_one_line(
+        &["estimate", "--model", "8x7b", "--gpus", "16", "--ep", "16"],
+        "does not divide 8 experts",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "12",
+        ],
+        "not divisible by micro-batch",
+    );
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8x7b", "--gpus", "16", "--tp", "2", "--sp", "false", "--ep",
+            "8",
+        ],
+        "needs sequence parallelism",
+    );
     // TP across nodes only when asked for.
-    let o = sextant(&["estimate", "--model", "70b", "--gpus", "64", "--tp", "16", "--pp", "4", "--allow-tp-across-nodes", "--global-batch", "64"]);
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "70b",
+        "--gpus",
+        "64",
+        "--tp",
+        "16",
+        "--pp",
+        "4",
+        "--allow-tp-across-nodes",
+        "--global-batch",
+        "64",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("network"), "TP over 16 GPUs must cross the network");
+    assert!(
+        stdout(&o).contains("network"),
+        "TP over 16 GPUs must cross the network"
+    );
     // Out of memory: the breakdown goes to stdout, the verdict is the one error line.
     let o = sextant(&["estimate", "--model", "405b", "--gpus", "8", "--tp", "8"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("needs") && stderr(&o).contains("GiB"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("needs") && stderr(&o).contains("GiB"),
+        "{}",
+        stderr(&o)
+    );
     assert!(stdout(&o).contains("optimizer states"));
 }
 
 /// Run by the reliability summary (`tests/it/reliability.rs`), which counts the cases.
 pub fn bad_input_gets_one_clear_line() {
-    fails_with_one_line(&["plan", "--model", "lama3-70b", "--gpus", "128"], "did you mean llama3-70b");
+    fails_with_one_line(
+        &["plan", "--model", "lama3-70b", "--gpus", "128"],
+        "did you mean llama3-70b",
+    );
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "0"], "at least 1");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "7"], "7 GPUs do not fill");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "99999999999"], "more than Sextant models");
-    fails_with_one_line(&["plan", "--model", &data("bad/malformed-config.json"), "--gpus", "8"], "not valid JSON");
-    fails_with_one_line(&["plan", "--model", &data("bad/unknown-type-config.json"), "--gpus", "8"], "not supported");
-    fails_with_one_line(&["plan", "--model", &data("bad/missing-field-config.json"), "--gpus", "8"], "num_attention_heads");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--frobnicate"], "--frobnicate");
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "7"],
+        "7 GPUs do not fill",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "99999999999"],
+        "more than Sextant models",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            &data("bad/malformed-config.json"),
+            "--gpus",
+            "8",
+        ],
+        "not valid JSON",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            &data("bad/unknown-type-config.json"),
+            "--gpus",
+            "8",
+        ],
+        "not supported",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            &data("bad/missing-field-config.json"),
+            "--gpus",
+            "8",
+        ],
+        "num_attention_heads",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "128", "--frobnicate"],
+        "--frobnicate",
+    );
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "-5"], "-5");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--precision", "fp4"], "not one of bf16");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--gpu", "a100", "--precision", "fp8"], "no FP8");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--gpu", "h10"], "did you mean");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--seq", "0"], "--seq 0");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--global-batch", "0"], "--global-batch 0");
-    fails_with_one_line(&["plan", "--model", "missing-file.json", "--gpus", "8"], "cannot read model file");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--cluster", &data("bad/profile-bad-efficiency.json")], "efficiency.gemm_bf16");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--top", "0"], "--top 0");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "128", "--tp", "0"], "--tp values");
-    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "8", "--gpu", "a100"], "no valid plan");
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "70b",
+            "--gpus",
+            "128",
+            "--precision",
+            "fp4",
+        ],
+        "not one of bf16",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "70b",
+            "--gpus",
+            "128",
+            "--gpu",
+            "a100",
+            "--precision",
+            "fp8",
+        ],
+        "no FP8",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "128", "--gpu", "h10"],
+        "did you mean",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "128", "--seq", "0"],
+        "--seq 0",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "70b",
+            "--gpus",
+            "128",
+            "--global-batch",
+            "0",
+        ],
+        "--global-batch 0",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "missing-file.json", "--gpus", "8"],
+        "cannot read model file",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "70b",
+            "--gpus",
+            "128",
+            "--cluster",
+            &data("bad/profile-bad-efficiency.json"),
+        ],
+        "efficiency.gemm_bf16",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "128", "--top", "0"],
+        "--top 0",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "128", "--tp", "0"],
+        "--tp values",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "8", "--gpu", "a100"],
+        "no valid plan",
+    );
     // Values that would overflow the products of parallel sizes.
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--tp", "8", "--dp", "2305843009213693953", "--mbs", "8"], "--dp values");
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "16", "--tp", "8", "--dp", "2", "--mbs", "9223372036854775809"], "--mbs values");
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--pp", "4", "--tp", "2", "--vpp", "4611686018427387905"], "--vpp values");
-    fails_with_one_line(&["estimate", "--model", "8b", "--gpus", "8", "--mix", "h100-sxm:4,a100-80g:4", "--pp", "2", "--tp", "4", "--global-batch", "4294967296"], "smaller global batch");
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "8",
+            "--dp",
+            "2305843009213693953",
+            "--mbs",
+            "8",
+        ],
+        "--dp values",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "16",
+            "--tp",
+            "8",
+            "--dp",
+            "2",
+            "--mbs",
+            "9223372036854775809",
+        ],
+        "--mbs values",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--pp",
+            "4",
+            "--tp",
+            "2",
+            "--vpp",
+            "4611686018427387905",
+        ],
+        "--vpp values",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--mix",
+            "h100-sxm:4,a100-80g:4",
+            "--pp",
+            "2",
+            "--tp",
+            "4",
+            "--global-batch",
+            "4294967296",
+        ],
+        "smaller global batch",
+    );
 }
 
 #[test]
 fn model_files_of_every_supported_family_plan() {
-    for file in ["llama-3.1-8b", "mistral-7b-v0.1", "mixtral-8x7b-v0.1", "qwen2-7b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b"] {
+    for file in [
+        "llama-3.1-8b",
+        "mistral-7b-v0.1",
+        "mixtral-8x7b-v0.1",
+        "qwen2-7b",
+        "qwen3-8b",
+        "qwen3-30b-a3b",
+        "deepseek-v3",
+        "gpt-oss-120b",
+    ] {
         let gpus = if file == "deepseek-v3" { "1024" } else { "64" };
         let path = data(&format!("hf/{file}.json"));
-        let o = sextant(&["plan", "--model", &path, "--gpus", gpus, "--top", "1", "--json"]);
+        let o = sextant(&[
+            "plan", "--model", &path, "--gpus", gpus, "--top", "1", "--json",
+        ]);
         assert!(o.status.success(), "{file}: {}", stderr(&o));
         let plan = PlanFile::from_json(&stdout(&o)).unwrap();
         assert_eq!(plan.plans.len(), 1, "{file}");
         // num_nextn_predict_layers: DeepSeek-V3's one MTP layer, on the last stage.
-        assert_eq!(plan.model.mtp_layers, u64::from(file == "deepseek-v3"), "{file}");
+        assert_eq!(
+            plan.model.mtp_layers,
+            u64::from(file == "deepseek-v3"),
+            "{file}"
+        );
         let stages = &plan.plans[0].estimate.stages;
-        assert_eq!(stages.iter().map(|s| s.mtp_layers).sum::<u64>(), plan.model.mtp_layers, "{file}");
-        assert_eq!(stages.last().unwrap().mtp_layers, plan.model.mtp_layers, "{file}");
+        assert_eq!(
+            stages.iter().map(|s| s.mtp_layers).sum::<u64>(),
+            plan.model.mtp_layers,
+            "{file}"
+        );
+        assert_eq!(
+            stages.last().unwrap().mtp_layers,
+            plan.model.mtp_layers,
+            "{file}"
+        );
     }
 }
 
@@ -277,29 +820,104 @@ fn model_files_of_every_supported_family_plan() {
 fn sextant_model_json_and_custom_cluster_are_accepted() {
     let dir = TempDir::new("custom");
     // Round-trip a preset through Sextant's own model format.
-    let model = sextant_planner::presets::resolve("llama2-13b").unwrap().spec;
+    let model = sextant_planner::presets::resolve("llama2-13b")
+        .unwrap()
+        .spec;
     let model_path = dir.path("m.json");
     std::fs::write(&model_path, serde_json::to_string_pretty(&model).unwrap()).unwrap();
     // A user's own profile: the H100 one with a slower network.
-    let mut prof: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("hwprofiles/h100-sxm.json")).unwrap()).unwrap();
+    let mut prof: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("hwprofiles/h100-sxm.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     prof["name"] = serde_json::json!("my-cluster");
     prof["network"]["nic_gbytes_per_s"] = serde_json::json!(12.5);
     let prof_path = dir.path("cluster.json");
     std::fs::write(&prof_path, prof.to_string()).unwrap();
-    let o = sextant(&["plan", "--model", model_path.to_str().unwrap(), "--gpus", "32", "--cluster", prof_path.to_str().unwrap(), "--top", "2"]);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        model_path.to_str().unwrap(),
+        "--gpus",
+        "32",
+        "--cluster",
+        prof_path.to_str().unwrap(),
+        "--top",
+        "2",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("my-cluster"));
 }
 
 #[test]
 fn mixed_cluster_estimate() {
-    let o = sextant(&["estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--global-batch", "64", "--recompute", "selective", "--mix", "h100-sxm:64,a100-80g:64"]);
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "70b",
+        "--gpus",
+        "128",
+        "--tp",
+        "8",
+        "--pp",
+        "16",
+        "--global-batch",
+        "64",
+        "--recompute",
+        "selective",
+        "--mix",
+        "h100-sxm:64,a100-80g:64",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("a100-80g") && out.contains("h100-sxm") && out.contains("Even split on the same stages"), "{out}");
-    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--mix", "h100-sxm:60,a100-80g:68"], "whole pipeline stages");
-    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--mix", "h100-sxm"], "PROFILE:GPUS");
-    fails_with_one_line(&["estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--mix", "h100-sxm:64,tpu:64"], "unknown hardware profile");
+    assert!(
+        out.contains("a100-80g")
+            && out.contains("h100-sxm")
+            && out.contains("Even split on the same stages"),
+        "{out}"
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "70b",
+            "--gpus",
+            "128",
+            "--tp",
+            "8",
+            "--pp",
+            "16",
+            "--mix",
+            "h100-sxm:60,a100-80g:68",
+        ],
+        "whole pipeline stages",
+    );
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "70b", "--gpus", "128", "--tp", "8", "--pp", "16", "--mix",
+            "h100-sxm",
+        ],
+        "PROFILE:GPUS",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "70b",
+            "--gpus",
+            "128",
+            "--tp",
+            "8",
+            "--pp",
+            "16",
+            "--mix",
+            "h100-sxm:64,tpu:64",
+        ],
+        "unknown hardware profile",
+    );
 }
 
 #[test]
@@ -307,13 +925,37 @@ fn models_and_profiles_list_the_built_ins() {
     let o = sextant(&["models"]);
     assert!(o.status.success());
     let out = stdout(&o);
-    for name in ["gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "nemotron4-340b", "gpt-1.7b"] {
+    for name in [
+        "gpt3-175b",
+        "llama2-7b",
+        "llama2-13b",
+        "llama2-70b",
+        "llama3-8b",
+        "llama3-70b",
+        "llama3.1-405b",
+        "mixtral-8x7b",
+        "mixtral-8x22b",
+        "deepseek-v3",
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
+        "gpt-oss-120b",
+        "nemotron4-340b",
+        "gpt-1.7b",
+    ] {
         assert!(out.contains(name), "models lacks {name}");
     }
     let o = sextant(&["profiles"]);
     assert!(o.status.success());
     let out = stdout(&o);
-    for name in ["a100-80g", "h100-sxm", "h200-sxm", "b200", "gb200-nvl72", "h800", "mi300x"] {
+    for name in [
+        "a100-80g",
+        "h100-sxm",
+        "h200-sxm",
+        "b200",
+        "gb200-nvl72",
+        "h800",
+        "mi300x",
+    ] {
         assert!(out.contains(name), "profiles lacks {name}");
     }
 }
@@ -321,7 +963,20 @@ fn models_and_profiles_list_the_built_ins() {
 #[test]
 fn moe_routing_defaults_capacity_and_exports() {
     let est = |extra: &[&str]| {
-        let mut a = vec!["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "2", "--ep", "8", "--json"];
+        let mut a = vec![
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "64",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--ep",
+            "8",
+            "--json",
+        ];
         a.extend_from_slice(extra);
         let o = sextant(&a);
         assert!(o.status.success(), "{a:?}: {}", stderr(&o));
@@ -330,93 +985,307 @@ fn moe_routing_defaults_capacity_and_exports() {
     // Mixtral balances with an auxiliary loss: the default is the published 1.52.
     let default = est(&[]);
     assert!((default.workload.moe_imbalance - 1.52).abs() < 1e-12);
-    let r = default.plans[0].estimate.moe_routing.expect("routing summary");
+    let r = default.plans[0]
+        .estimate
+        .moe_routing
+        .expect("routing summary");
     // One expert per rank at EP 8 of 8 experts: the rank carries the expert's load.
-    assert!((r.busiest_rank_load - 1.52).abs() < 1e-9 && r.dropped_fraction == 0.0, "{r:?}");
+    assert!(
+        (r.busiest_rank_load - 1.52).abs() < 1e-9 && r.dropped_fraction == 0.0,
+        "{r:?}"
+    );
     let balanced = est(&["--moe-imbalance", "1"]);
     let capped = est(&["--moe-capacity-factor", "1.25"]);
-    let padded = est(&["--moe-capacity-factor", "1.25", "--moe-pad-to-capacity", "--moe-imbalance", "1"]);
+    let padded = est(&[
+        "--moe-capacity-factor",
+        "1.25",
+        "--moe-pad-to-capacity",
+        "--moe-imbalance",
+        "1",
+    ]);
     let step = |p: &PlanFile| p.plans[0].estimate.step_secs;
     // Imbalance slows the step; a capacity recovers part of it by dropping tokens;
     // padding a balanced load to the capacity costs time for nothing.
-    assert!(step(&balanced) < step(&capped) && step(&capped) < step(&default), "{} {} {}", step(&balanced), step(&capped), step(&default));
+    assert!(
+        step(&balanced) < step(&capped) && step(&capped) < step(&default),
+        "{} {} {}",
+        step(&balanced),
+        step(&capped),
+        step(&default)
+    );
     assert!(step(&padded) > step(&balanced));
     let rc = capped.plans[0].estimate.moe_routing.unwrap();
-    assert!(rc.dropped_fraction > 0.0 && (rc.busiest_rank_load - 1.25).abs() < 1e-9, "{rc:?}");
+    assert!(
+        rc.dropped_fraction > 0.0 && (rc.busiest_rank_load - 1.25).abs() < 1e-9,
+        "{rc:?}"
+    );
     // The expert activations follow the load.
-    assert!(default.plans[0].estimate.memory.activations > balanced.plans[0].estimate.memory.activations);
+    assert!(
+        default.plans[0].estimate.memory.activations
+            > balanced.plans[0].estimate.memory.activations
+    );
 
     // DeepSeek-V3 routes without an auxiliary loss: 1.04.
-    let o = sextant(&["plan", "--model", "deepseek-v3", "--gpus", "1024", "--top", "1", "--json"]);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--gpus",
+        "1024",
+        "--top",
+        "1",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!((PlanFile::from_json(&stdout(&o)).unwrap().workload.moe_imbalance - 1.04).abs() < 1e-12);
+    assert!(
+        (PlanFile::from_json(&stdout(&o))
+            .unwrap()
+            .workload
+            .moe_imbalance
+            - 1.04)
+            .abs()
+            < 1e-12
+    );
 
     // The capacity reaches Megatron's arguments.
     let dir = TempDir::new("routing");
     let plan = dir.path("plan.json");
-    let o = sextant(&["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "2", "--ep", "8", "--moe-capacity-factor", "1.25", "--moe-pad-to-capacity", "--out", plan.to_str().unwrap()]);
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "mixtral-8x7b",
+        "--gpus",
+        "64",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--ep",
+        "8",
+        "--moe-capacity-factor",
+        "1.25",
+        "--moe-pad-to-capacity",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = sextant(&["export", plan.to_str().unwrap(), "--to", "megatron-lm"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("--moe-expert-capacity-factor 1.25") && out.contains("--moe-pad-expert-input-to-capacity"), "{out}");
+    assert!(
+        out.contains("--moe-expert-capacity-factor 1.25")
+            && out.contains("--moe-pad-expert-input-to-capacity"),
+        "{out}"
+    );
 
-    assert!(!out.contains("--overlap-moe-expert-parallel-comm"), "not asked for:\n{out}");
+    assert!(
+        !out.contains("--overlap-moe-expert-parallel-comm"),
+        "not asked for:\n{out}"
+    );
     // EP all-to-all overlap reaches the arguments where Megatron allows it
     // (interleaved pipeline), and only there.
     for (vpp, expect) in [("2", true), ("1", false)] {
-        let o = sextant(&["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "2", "--vpp", vpp, "--ep", "8", "--ep-comm-overlap", "--out", plan.to_str().unwrap(), "--force"]);
+        let o = sextant(&[
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "64",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--vpp",
+            vpp,
+            "--ep",
+            "8",
+            "--ep-comm-overlap",
+            "--out",
+            plan.to_str().unwrap(),
+            "--force",
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let o = sextant(&["export", plan.to_str().unwrap(), "--to", "megatron-lm"]);
         let out = stdout(&o);
-        assert_eq!(out.contains("--overlap-moe-expert-parallel-comm") && out.contains("--delay-wgrad-compute"), expect, "vpp {vpp}:\n{out}");
+        assert_eq!(
+            out.contains("--overlap-moe-expert-parallel-comm")
+                && out.contains("--delay-wgrad-compute"),
+            expect,
+            "vpp {vpp}:\n{out}"
+        );
     }
 
-    fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-imbalance", "5"], "at most 4 times the mean");
-    fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-pad-to-capacity"], "also give --moe-capacity-factor");
-    fails_with_one_line(&["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--moe-capacity-factor=-1"], "capacity factor");
-    fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--moe-capacity-factor", "1.25"], "dense model");
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "8",
+            "--ep",
+            "8",
+            "--moe-imbalance",
+            "5",
+        ],
+        "at most 4 times the mean",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "8",
+            "--ep",
+            "8",
+            "--moe-pad-to-capacity",
+        ],
+        "also give --moe-capacity-factor",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "8",
+            "--ep",
+            "8",
+            "--moe-capacity-factor=-1",
+        ],
+        "capacity factor",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--moe-capacity-factor",
+            "1.25",
+        ],
+        "dense model",
+    );
 }
 
 /// `--recompute-modules` and `--bf16-moments` change the plan and its memory;
 /// misuse gets one line and a non-zero exit.
 #[test]
 fn recompute_modules_and_bf16_moments() {
-    let base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--tp", "2", "--ep", "8", "--global-batch", "256", "--json"];
+    let base = [
+        "estimate",
+        "--model",
+        "qwen3-30b-a3b",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--ep",
+        "8",
+        "--global-batch",
+        "256",
+        "--json",
+    ];
     let gib = |extra: &[&str]| -> (f64, f64) {
         let o = sextant(&[&base[..], extra].concat());
         assert!(o.status.success(), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         let e = &v["plans"][0]["estimate"];
-        (e["memory"]["activations"].as_f64().unwrap(), e["memory"]["optimizer"].as_f64().unwrap())
+        (
+            e["memory"]["activations"].as_f64().unwrap(),
+            e["memory"]["optimizer"].as_f64().unwrap(),
+        )
     };
     let (act, opt) = gib(&["--recompute", "selective"]);
-    let (act_fine, _) = gib(&["--recompute", "selective", "--recompute-modules", "layernorm,moe_act"]);
+    let (act_fine, _) = gib(&[
+        "--recompute",
+        "selective",
+        "--recompute-modules",
+        "layernorm,moe_act",
+    ]);
     let (_, opt_bf16) = gib(&["--recompute", "selective", "--bf16-moments"]);
     assert!(act_fine < act, "{act_fine} vs {act}");
-    assert!((opt_bf16 / opt - 8.0 / 12.0).abs() < 1e-9, "{opt_bf16} vs {opt}");
+    assert!(
+        (opt_bf16 / opt - 8.0 / 12.0).abs() < 1e-9,
+        "{opt_bf16} vs {opt}"
+    );
     for (args, msg) in [
-        (vec!["--recompute-modules", "layernorm"], "add --recompute selective"),
-        (vec!["--recompute", "selective", "--recompute-modules", "mla_up_proj"], "mla_up_proj needs multi-latent attention"),
-        (vec!["--recompute", "selective", "--recompute-modules", "everything"], "unknown recompute module 'everything'"),
+        (
+            vec!["--recompute-modules", "layernorm"],
+            "add --recompute selective",
+        ),
+        (
+            vec![
+                "--recompute",
+                "selective",
+                "--recompute-modules",
+                "mla_up_proj",
+            ],
+            "mla_up_proj needs multi-latent attention",
+        ),
+        (
+            vec![
+                "--recompute",
+                "selective",
+                "--recompute-modules",
+                "everything",
+            ],
+            "unknown recompute module 'everything'",
+        ),
     ] {
         let o = sextant(&[&base[..base.len() - 1], &args[..]].concat());
         assert!(!o.status.success());
         let err = stderr(&o);
-        assert!(err.contains(msg) && err.trim().lines().count() == 1, "{err}");
+        assert!(
+            err.contains(msg) && err.trim().lines().count() == 1,
+            "{err}"
+        );
     }
 }
 
 #[test]
 fn megatron_pp_layout_and_mtp_layers() {
-    let base = ["estimate", "--model", "deepseek-v3", "--gpu", "b200", "--gpus", "256", "--pp", "8", "--ep", "32", "--global-batch", "512", "--precision", "mxfp8", "--recompute", "selective", "--recompute-modules", "mla_up_proj,mlp", "--bf16-moments", "--json"];
+    let base = [
+        "estimate",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "b200",
+        "--gpus",
+        "256",
+        "--pp",
+        "8",
+        "--ep",
+        "32",
+        "--global-batch",
+        "512",
+        "--precision",
+        "mxfp8",
+        "--recompute",
+        "selective",
+        "--recompute-modules",
+        "mla_up_proj,mlp",
+        "--bf16-moments",
+        "--json",
+    ];
     let stages = |extra: &[&str]| -> Vec<(u64, u64)> {
         let o = sextant(&[&base[..], extra].concat());
         assert!(o.status.success(), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         let p = &v["plans"][0];
         assert_eq!(p["config"]["vpp"], 2);
-        p["estimate"]["stages"].as_array().unwrap().iter().map(|s| (s["layers"].as_u64().unwrap(), s["mtp_layers"].as_u64().unwrap())).collect()
+        p["estimate"]["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["layers"].as_u64().unwrap(),
+                    s["mtp_layers"].as_u64().unwrap(),
+                )
+            })
+            .collect()
     };
     // Megatron-Bridge's DeepSeek-V3 layout: 4 layers a virtual stage, the last
     // holding one layer, the MTP layer and the loss; it implies vpp 2.
@@ -426,15 +1295,30 @@ fn megatron_pp_layout_and_mtp_layers() {
     let s = stages(&["--pp-layout", "Et*3|(t*4|)*14t*2L", "--mtp-layers", "0"]);
     assert_eq!(s[7], (6, 0));
     for (args, msg) in [
-        (vec!["--pp-layout", "Et*3|(t*4|)*14t*2L"], "places 0 MTP layers but deepseek-v3 has 1"),
-        (vec!["--pp-layout", "Et*4|(t*4|)*14tmL", "--vpp", "4"], "has 2 virtual stages per rank but --vpp is 4"),
-        (vec!["--pp-layout", "Et*4|(t*4|)*14tmX"], "'X' is not a pipeline layout character"),
-        (vec!["--pp-layout", "Et*4|(t*4|)*13tmL"], "not a multiple of pp = 8"),
+        (
+            vec!["--pp-layout", "Et*3|(t*4|)*14t*2L"],
+            "places 0 MTP layers but deepseek-v3 has 1",
+        ),
+        (
+            vec!["--pp-layout", "Et*4|(t*4|)*14tmL", "--vpp", "4"],
+            "has 2 virtual stages per rank but --vpp is 4",
+        ),
+        (
+            vec!["--pp-layout", "Et*4|(t*4|)*14tmX"],
+            "'X' is not a pipeline layout character",
+        ),
+        (
+            vec!["--pp-layout", "Et*4|(t*4|)*13tmL"],
+            "not a multiple of pp = 8",
+        ),
         (vec!["--mtp-layers", "99"], "at most 16"),
     ] {
         let o = sextant(&[&base[..base.len() - 1], &args[..]].concat());
         assert!(!o.status.success());
         let err = stderr(&o);
-        assert!(err.contains(msg) && err.trim().lines().count() == 1, "{err}");
+        assert!(
+            err.contains(msg) && err.trim().lines().count() == 1,
+            "{err}"
+        );
     }
 }

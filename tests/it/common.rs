@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 pub fn sextant(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sextant")).args(args).output().expect("binary runs")
+    Command::new(env!("CARGO_BIN_EXE_sextant"))
+        .args(args)
+        .output()
+        .expect("binary runs")
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -54,9 +57,20 @@ pub fn fails_with_one_line(args: &[&str], needle: &str) {
     HOSTILE.with(|c| c.set(c.get() + 1));
     let o = sextant(args);
     let err = stderr(&o);
-    assert!(!o.status.success(), "{args:?} succeeded; stdout: {}", stdout(&o));
+    assert!(
+        !o.status.success(),
+        "{args:?} succeeded; stdout: {}",
+        stdout(&o)
+    );
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{args:?} printed more than one line:\n{err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{args:?} printed more than one line:\n{err}"
+    );
     assert!(err.starts_with("error: "), "{args:?}: {err}");
-    assert!(err.contains(needle), "{args:?}: expected '{needle}' in: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected '{needle}' in: {err}"
+    );
 }

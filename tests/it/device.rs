@@ -12,11 +12,27 @@ use crate::exec::plan;
 
 /// A plan from `sextant estimate`, prepared at its real sizes with `layers` layers
 /// and `micro` micro-batches.
-fn setup(dir: &TempDir, name: &str, args: &[&str], layers: Option<u64>, micro: Option<u64>) -> (String, Setup, RankMap) {
+fn setup(
+    dir: &TempDir,
+    name: &str,
+    args: &[&str],
+    layers: Option<u64>,
+    micro: Option<u64>,
+) -> (String, Setup, RankMap) {
     let path = plan(dir, name, args);
     let text = std::fs::read_to_string(&path).unwrap();
-    let opts = Options { full_size: true, scale_layers: layers, micro_batches: micro, ..Options::default() };
-    let s = prepare(&PlanFile::from_json(&text).unwrap(), plan_hash(text.as_bytes()), &opts).unwrap();
+    let opts = Options {
+        full_size: true,
+        scale_layers: layers,
+        micro_batches: micro,
+        ..Options::default()
+    };
+    let s = prepare(
+        &PlanFile::from_json(&text).unwrap(),
+        plan_hash(text.as_bytes()),
+        &opts,
+    )
+    .unwrap();
     let map = s.rank_map().unwrap();
     (path, s, map)
 }
@@ -27,7 +43,11 @@ fn setup(dir: &TempDir, name: &str, args: &[&str], layers: Option<u64>, micro: O
 /// backward 2.5x that, a selective replay 1x more).
 fn model_flops(s: &Setup, replays: f64) -> f64 {
     let d = &s.dims;
-    let (h, q, kv) = (d.hidden as f64, (d.heads * d.head_dim) as f64, (d.kv_heads * d.head_dim) as f64);
+    let (h, q, kv) = (
+        d.hidden as f64,
+        (d.heads * d.head_dim) as f64,
+        (d.kv_heads * d.head_dim) as f64,
+    );
     let linear = h * (q + 2.0 * kv) + q * h + 2.0 * d.ffn as f64 * h;
     let attention = 4.0 * (d.seq / 2) as f64 * d.head_dim as f64 * d.heads as f64;
     let tokens = (d.seq * d.mbs) as f64 * (s.micro_batches * s.cfg.dp) as f64;
@@ -40,16 +60,140 @@ fn device_programs_pair_up_for_every_schedule_and_parallel_dimension() {
     let dense = ["--model", "8b", "--gpus", "8"];
     let moe = ["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8"];
     let cases: Vec<(&str, Vec<&str>)> = vec![
-        ("tp2pp2dp2", [&dense[..], &["--tp", "2", "--pp", "2", "--sp", "false"]].concat()),
-        ("cp2sp", [&dense[..], &["--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true", "--zero", "1"]].concat()),
-        ("vpp", [&dense[..], &["--tp", "2", "--pp", "4", "--vpp", "2", "--sp", "true", "--recompute", "selective"]].concat()),
-        ("zb", [&dense[..], &["--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "zb-h1"]].concat()),
-        ("gpipe", [&dense[..], &["--pp", "8", "--schedule", "gpipe", "--global-batch", "32", "--recompute", "full"]].concat()),
-        ("dualpipe", [&dense[..], &["--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "dualpipe", "--global-batch", "32"]].concat()),
-        ("zero3", [&dense[..], &["--tp", "2", "--pp", "2", "--vpp", "2", "--sp", "true", "--zero", "3"]].concat()),
-        ("ep", [&moe[..], &["--tp", "2", "--pp", "2", "--ep", "2", "--sp", "true", "--recompute", "full"]].concat()),
-        ("etp", [&moe[..], &["--tp", "2", "--ep", "2", "--etp", "2", "--sp", "true"]].concat()),
-        ("etp-zero3", [&moe[..], &["--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "false", "--zero", "3"]].concat()),
+        (
+            "tp2pp2dp2",
+            [&dense[..], &["--tp", "2", "--pp", "2", "--sp", "false"]].concat(),
+        ),
+        (
+            "cp2sp",
+            [
+                &dense[..],
+                &[
+                    "--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true", "--zero", "1",
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "vpp",
+            [
+                &dense[..],
+                &[
+                    "--tp",
+                    "2",
+                    "--pp",
+                    "4",
+                    "--vpp",
+                    "2",
+                    "--sp",
+                    "true",
+                    "--recompute",
+                    "selective",
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "zb",
+            [
+                &dense[..],
+                &[
+                    "--tp",
+                    "2",
+                    "--pp",
+                    "4",
+                    "--sp",
+                    "true",
+                    "--schedule",
+                    "zb-h1",
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "gpipe",
+            [
+                &dense[..],
+                &[
+                    "--pp",
+                    "8",
+                    "--schedule",
+                    "gpipe",
+                    "--global-batch",
+                    "32",
+                    "--recompute",
+                    "full",
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "dualpipe",
+            [
+                &dense[..],
+                &[
+                    "--tp",
+                    "2",
+                    "--pp",
+                    "4",
+                    "--sp",
+                    "true",
+                    "--schedule",
+                    "dualpipe",
+                    "--global-batch",
+                    "32",
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "zero3",
+            [
+                &dense[..],
+                &[
+                    "--tp", "2", "--pp", "2", "--vpp", "2", "--sp", "true", "--zero", "3",
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "ep",
+            [
+                &moe[..],
+                &[
+                    "--tp",
+                    "2",
+                    "--pp",
+                    "2",
+                    "--ep",
+                    "2",
+                    "--sp",
+                    "true",
+                    "--recompute",
+                    "full",
+                ],
+            ]
+            .concat(),
+        ),
+        (
+            "etp",
+            [
+                &moe[..],
+                &["--tp", "2", "--ep", "2", "--etp", "2", "--sp", "true"],
+            ]
+            .concat(),
+        ),
+        (
+            "etp-zero3",
+            [
+                &moe[..],
+                &[
+                    "--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "false", "--zero",
+                    "3",
+                ],
+            ]
+            .concat(),
+        ),
     ];
     for (name, args) in cases {
         let (_, s, map) = setup(&dir, &format!("{name}.json"), &args, None, Some(16));
@@ -58,16 +202,26 @@ fn device_programs_pair_up_for_every_schedule_and_parallel_dimension() {
         assert!(c.ops > 0 && c.total_flops > 0.0, "{name}: {c:?}");
         // Every rank starts the step together and holds no activations at its end.
         for (r, p) in progs.iter().enumerate() {
-            assert_eq!(p.iter().filter(|o| matches!(o, Op::Barrier)).count(), 1, "{name} rank {r}");
+            assert_eq!(
+                p.iter().filter(|o| matches!(o, Op::Barrier)).count(),
+                1,
+                "{name} rank {r}"
+            );
             let kept = p.iter().filter(|o| matches!(o, Op::Keep { .. })).count();
             let freed = p.iter().filter(|o| matches!(o, Op::Free { .. })).count();
-            assert_eq!(kept, freed, "{name} rank {r}: every kept activation is freed");
+            assert_eq!(
+                kept, freed,
+                "{name} rank {r}: every kept activation is freed"
+            );
         }
         if s.cfg.pp > 1 {
             assert!(c.p2p > 0, "{name}: a pipeline sends");
         }
         if s.cfg.tp > 1 || s.cfg.dp > 1 {
-            assert!(c.collectives > 0, "{name}: groups of more than one rank communicate");
+            assert!(
+                c.collectives > 0,
+                "{name}: groups of more than one rank communicate"
+            );
         }
     }
 }
@@ -76,41 +230,100 @@ fn device_programs_pair_up_for_every_schedule_and_parallel_dimension() {
 fn device_program_gemm_work_adds_up_to_the_model() {
     let dir = TempDir::new("device-flops");
     for (name, extra, replays) in [
-        ("plain", vec!["--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true", "--recompute", "none"], 0.0),
-        ("selective", vec!["--tp", "4", "--pp", "2", "--sp", "true", "--recompute", "selective"], 1.0),
+        (
+            "plain",
+            vec![
+                "--tp",
+                "2",
+                "--cp",
+                "2",
+                "--pp",
+                "2",
+                "--sp",
+                "true",
+                "--recompute",
+                "none",
+            ],
+            0.0,
+        ),
+        (
+            "selective",
+            vec![
+                "--tp",
+                "4",
+                "--pp",
+                "2",
+                "--sp",
+                "true",
+                "--recompute",
+                "selective",
+            ],
+            1.0,
+        ),
     ] {
         let args = [&["--model", "8b", "--gpus", "8"][..], &extra].concat();
         let (_, s, map) = setup(&dir, &format!("{name}.json"), &args, Some(8), Some(8));
         let c = check(&programs(&s, &map), &map).unwrap();
         let want = model_flops(&s, replays);
         let err = (c.total_flops - want).abs() / want;
-        assert!(err < 1e-9, "{name}: programs {:.6e} FLOP vs model {want:.6e}", c.total_flops);
+        assert!(
+            err < 1e-9,
+            "{name}: programs {:.6e} FLOP vs model {want:.6e}",
+            c.total_flops
+        );
         // Balanced ranks: every one does an equal share.
         let per = want / map.world_size as f64;
-        assert!((c.max_rank_flops - per).abs() / per < 1e-9, "{name}: busiest rank {:.6e} vs share {per:.6e}", c.max_rank_flops);
+        assert!(
+            (c.max_rank_flops - per).abs() / per < 1e-9,
+            "{name}: busiest rank {:.6e} vs share {per:.6e}",
+            c.max_rank_flops
+        );
     }
 }
 
 #[test]
 fn a_broken_device_program_is_caught_with_the_ranks_named() {
     let dir = TempDir::new("device-broken");
-    let (_, s, map) = setup(&dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "true"], Some(4), Some(4));
+    let (_, s, map) = setup(
+        &dir,
+        "p.json",
+        &[
+            "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "true",
+        ],
+        Some(4),
+        Some(4),
+    );
     let good = programs(&s, &map);
     // A pipeline receive that never happens: its sender waits forever.
     let mut lost = good.clone();
-    let i = lost[2].iter().position(|o| matches!(o, Op::P2p { recvs, .. } if !recvs.is_empty())).unwrap();
+    let i = lost[2]
+        .iter()
+        .position(|o| matches!(o, Op::P2p { recvs, .. } if !recvs.is_empty()))
+        .unwrap();
     lost[2].remove(i);
     let e = check(&lost, &map).unwrap_err();
     assert!(e.contains("would hang") && e.contains("rank 0"), "{e}");
     // Two TP collectives issued in the other order on one rank.
     let mut swapped = good.clone();
-    let tp: Vec<usize> = swapped[0].iter().enumerate().filter(|(_, o)| matches!(o, Op::Coll { .. })).map(|(i, _)| i).take(2).collect();
+    let tp: Vec<usize> = swapped[0]
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o, Op::Coll { .. }))
+        .map(|(i, _)| i)
+        .take(2)
+        .collect();
     swapped[0].swap(tp[0], tp[1]);
     let e = check(&swapped, &map).unwrap_err();
-    assert!(e.contains("different collectives") && e.contains("rank 0") && e.contains("rank 1"), "{e}");
+    assert!(
+        e.contains("different collectives") && e.contains("rank 0") && e.contains("rank 1"),
+        "{e}"
+    );
     // A transfer of the wrong size.
     let mut sized = good;
-    let j = sized[0].iter().position(|o| matches!(o, Op::P2p { sends, .. } if !sends.is_empty())).unwrap();
+    let j = sized[0]
+        .iter()
+        .position(|o| matches!(o, Op::P2p { sends, .. } if !sends.is_empty()))
+        .unwrap();
     if let Op::P2p { sends, .. } = &mut sized[0][j] {
         sends[0].1 += 2;
     }
@@ -121,13 +334,30 @@ fn a_broken_device_program_is_caught_with_the_ranks_named() {
 #[test]
 fn dry_run_prints_the_check_and_refuses_bad_input() {
     let dir = TempDir::new("device-dry");
-    let (path, _, _) = setup(&dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "4", "--vpp", "2", "--sp", "true"], None, None);
+    let (path, _, _) = setup(
+        &dir,
+        "p.json",
+        &[
+            "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "4", "--vpp", "2", "--sp", "true",
+        ],
+        None,
+        None,
+    );
     let o = sextant(&["exec", &path, "--dry-run", "--micro-batches", "8"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("pair up") && out.contains("no hang") && out.contains("Interleaved"), "{out}");
-    fails_with_one_line(&["exec", &path, "--dry-run", "--micro-batches", "6"], "multiple of pp");
-    fails_with_one_line(&["exec", &path, "--dry-run", "--scale-layers", "3"], "--scale-layers 3");
+    assert!(
+        out.contains("pair up") && out.contains("no hang") && out.contains("Interleaved"),
+        "{out}"
+    );
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--micro-batches", "6"],
+        "multiple of pp",
+    );
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--scale-layers", "3"],
+        "--scale-layers 3",
+    );
 }
 
 #[test]
@@ -136,28 +366,59 @@ fn device_program_state_and_activations_match_the_plan() {
     use sextant_planner::schedule::{simulate_schedule, PassCosts, Schedule};
     let dir = TempDir::new("device-state");
     for (name, extra) in [
-        ("1f1b", vec!["--tp", "2", "--pp", "2", "--sp", "true", "--zero", "1"]),
-        ("vpp", vec!["--tp", "2", "--pp", "4", "--vpp", "2", "--sp", "true", "--zero", "1"]),
+        (
+            "1f1b",
+            vec!["--tp", "2", "--pp", "2", "--sp", "true", "--zero", "1"],
+        ),
+        (
+            "vpp",
+            vec![
+                "--tp", "2", "--pp", "4", "--vpp", "2", "--sp", "true", "--zero", "1",
+            ],
+        ),
     ] {
         let args = [&["--model", "8b", "--gpus", "8"][..], &extra].concat();
         let (_, s, map) = setup(&dir, &format!("{name}.json"), &args, None, Some(16));
         let d = &s.dims;
-        let (h, q, kv) = (d.hidden as u64, (d.heads * d.head_dim) as u64, (d.kv_heads * d.head_dim) as u64);
+        let (h, q, kv) = (
+            d.hidden as u64,
+            (d.heads * d.head_dim) as u64,
+            (d.kv_heads * d.head_dim) as u64,
+        );
         let per_layer = (h * (q + 2 * kv) + q * h + 2 * d.ffn as u64 * h) / s.cfg.tp;
-        let v = if s.schedule == Schedule::Interleaved { s.cfg.vpp } else { 1 };
-        let costs = PassCosts { forward: vec![1.0; s.cfg.pp as usize], backward: vec![2.0; s.cfg.pp as usize], weight: vec![0.0; s.cfg.pp as usize] };
+        let v = if s.schedule == Schedule::Interleaved {
+            s.cfg.vpp
+        } else {
+            1
+        };
+        let costs = PassCosts {
+            forward: vec![1.0; s.cfg.pp as usize],
+            backward: vec![2.0; s.cfg.pp as usize],
+            weight: vec![0.0; s.cfg.pp as usize],
+        };
         let sim = simulate_schedule(s.schedule, s.cfg.pp, v, s.micro_batches, &costs, 0.0).unwrap();
         for r in 0..map.world_size {
             let e = &map.ranks[r as usize];
-            let layers: u64 = (0..s.stage_layers.len()).filter(|&vs| vs as u64 % s.cfg.pp == e.pp).map(|vs| s.stage_layers[vs] as u64).sum();
+            let layers: u64 = (0..s.stage_layers.len())
+                .filter(|&vs| vs as u64 % s.cfg.pp == e.pp)
+                .map(|vs| s.stage_layers[vs] as u64)
+                .sum();
             let params = layers * per_layer;
             let (w, g, o) = footprint(&s, &map, r);
             assert_eq!(w, 2 * params, "{name} rank {r}: BF16 weights");
             assert_eq!(g, 4 * params, "{name} rank {r}: FP32 gradients");
             // The distributed optimizer shards 12 bytes per parameter over dp x cp.
-            assert_eq!(o, 12 * params / (s.cfg.dp * s.cfg.cp), "{name} rank {r}: optimizer state");
+            assert_eq!(
+                o,
+                12 * params / (s.cfg.dp * s.cfg.cp),
+                "{name} rank {r}: optimizer state"
+            );
             let (live, bytes) = peaks(&programs(&s, &map)[r as usize]);
-            assert_eq!(live, (sim.peak_in_flight[e.pp as usize] * v as f64).round() as u64, "{name} rank {r}: chunks in flight");
+            assert_eq!(
+                live,
+                (sim.peak_in_flight[e.pp as usize] * v as f64).round() as u64,
+                "{name} rank {r}: chunks in flight"
+            );
             assert!(bytes > 0);
         }
     }
@@ -168,7 +429,26 @@ fn device_timings_are_booked_like_the_cpu_backend() {
     use sextant_executor::record::RankStats;
     use sextant_executor::trace::{book, Scratch};
     let dir = TempDir::new("device-book");
-    let (_, s, map) = setup(&dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "true", "--recompute", "full"], Some(4), Some(4));
+    let (_, s, map) = setup(
+        &dir,
+        "p.json",
+        &[
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--sp",
+            "true",
+            "--recompute",
+            "full",
+        ],
+        Some(4),
+        Some(4),
+    );
     let prog = &programs(&s, &map)[0];
     let size = |k: usize| map.group_of(0, k).len() as u64;
     let mut st = RankStats::default();
@@ -177,19 +457,63 @@ fn device_timings_are_booked_like_the_cpu_backend() {
     }
     let gemm_ops = prog.iter().filter(|o| matches!(o, Op::Gemm { .. })).count() as f64;
     let classes = ["attention_proj", "attention_core", "mlp"];
-    let booked: f64 = classes.iter().map(|c| st.components.get(*c).copied().unwrap_or(0.0)).sum();
-    assert!((booked - gemm_ops * 1e-3).abs() < 1e-9, "{booked} vs {gemm_ops} GEMM ops");
-    let replayed = prog.iter().filter(|o| matches!(o, Op::Gemm { recompute: true, .. } | Op::Memory { recompute: true, .. })).count() as f64;
+    let booked: f64 = classes
+        .iter()
+        .map(|c| st.components.get(*c).copied().unwrap_or(0.0))
+        .sum();
+    assert!(
+        (booked - gemm_ops * 1e-3).abs() < 1e-9,
+        "{booked} vs {gemm_ops} GEMM ops"
+    );
+    let replayed = prog
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Op::Gemm {
+                    recompute: true,
+                    ..
+                } | Op::Memory {
+                    recompute: true,
+                    ..
+                }
+            )
+        })
+        .count() as f64;
     assert!(replayed > 0.0 && (st.components["recompute"] - replayed * 1e-3).abs() < 1e-9);
-    let calls: u64 = prog.iter().map(|o| if let Op::Gemm { batch, count, .. } = o { batch * count } else { 0 }).sum();
+    let calls: u64 = prog
+        .iter()
+        .map(|o| {
+            if let Op::Gemm { batch, count, .. } = o {
+                batch * count
+            } else {
+                0
+            }
+        })
+        .sum();
     assert_eq!(st.gemms.values().map(|x| x.calls).sum::<u64>(), calls);
     // SP all-gathers of one micro-batch's rows over the 2 TP ranks: "kind op ranks bytes".
     let t = (s.dims.mbs * s.dims.seq) as u64;
-    assert!(st.comms.contains_key(&format!("tp all_gather 2 {}", t * s.dims.hidden as u64 * 2)), "{:?}", st.comms.keys().collect::<Vec<_>>());
+    assert!(
+        st.comms
+            .contains_key(&format!("tp all_gather 2 {}", t * s.dims.hidden as u64 * 2)),
+        "{:?}",
+        st.comms.keys().collect::<Vec<_>>()
+    );
     assert!(st.comms.keys().any(|k| k.starts_with("pp send_recv 2 ")));
     // Scratch holds the largest operand of each side.
     let sc = Scratch::of(prog, size);
-    let biggest_out = prog.iter().map(|o| if let Op::Gemm { m, n, batch, .. } = o { m * n * batch * 2 } else { 0 }).max().unwrap();
+    let biggest_out = prog
+        .iter()
+        .map(|o| {
+            if let Op::Gemm { m, n, batch, .. } = o {
+                m * n * batch * 2
+            } else {
+                0
+            }
+        })
+        .max()
+        .unwrap();
     assert_eq!(sc.c, biggest_out);
     assert!(sc.a >= t * s.dims.hidden as u64 && sc.b >= t * s.dims.hidden as u64 * 2);
 }

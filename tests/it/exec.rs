@@ -25,8 +25,21 @@ pub fn plan(dir: &TempDir, name: &str, args: &[&str]) -> String {
 
 /// Runs a plan on 8 local CPU ranks and returns the measured run.
 fn exec_ok(dir: &TempDir, plan: &str, extra: &[&str]) -> MeasuredRun {
-    let out = dir.path(&format!("{}-run.json", plan.rsplit('/').next().unwrap())).to_string_lossy().into_owned();
-    let mut a = vec!["exec", plan, "--ranks", "8", "--timeout", "60", "--out", &out, "--force"];
+    let out = dir
+        .path(&format!("{}-run.json", plan.rsplit('/').next().unwrap()))
+        .to_string_lossy()
+        .into_owned();
+    let mut a = vec![
+        "exec",
+        plan,
+        "--ranks",
+        "8",
+        "--timeout",
+        "60",
+        "--out",
+        &out,
+        "--force",
+    ];
     a.extend_from_slice(extra);
     let o = sextant(&a);
     assert!(o.status.success(), "{a:?} failed:\n{}", stderr(&o));
@@ -34,9 +47,16 @@ fn exec_ok(dir: &TempDir, plan: &str, extra: &[&str]) -> MeasuredRun {
     let run = MeasuredRun::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert!(run.complete && run.failure.is_none());
     let c = &run.checks;
-    assert_eq!(c.collectives, 8 * 8 * 4, "every rank checks its 8 groups with 4 collectives");
+    assert_eq!(
+        c.collectives,
+        8 * 8 * 4,
+        "every rank checks its 8 groups with 4 collectives"
+    );
     // ZeRO-3 replicas hold different shares: their gathers are checked instead.
-    assert!(c.activations > 0 && c.gradients > 0 && (c.replicas > 0 || c.param_gathers > 0), "{c:?}");
+    assert!(
+        c.activations > 0 && c.gradients > 0 && (c.replicas > 0 || c.param_gathers > 0),
+        "{c:?}"
+    );
     assert!(c.max_rel_error < 2e-3, "{c:?}");
     assert_eq!(run.step_secs.len() as u64, run.steps);
     run
@@ -45,46 +65,133 @@ fn exec_ok(dir: &TempDir, plan: &str, extra: &[&str]) -> MeasuredRun {
 /// The executor holds at most what the simulator says: 1F1B keeps p - r micro-batches
 /// in flight on rank r, interleaving more.
 fn assert_in_flight_matches_simulator(run: &MeasuredRun, schedule: Schedule) {
-    let (p, v) = (run.config.pp, if schedule == Schedule::Interleaved { run.config.vpp } else { 1 });
+    let (p, v) = (
+        run.config.pp,
+        if schedule == Schedule::Interleaved {
+            run.config.vpp
+        } else {
+            1
+        },
+    );
     let m = run.workload.global_batch / (run.config.dp * run.config.mbs);
-    let costs = PassCosts { forward: vec![1.0; p as usize], backward: vec![2.0; p as usize], weight: vec![0.0; p as usize] };
+    let costs = PassCosts {
+        forward: vec![1.0; p as usize],
+        backward: vec![2.0; p as usize],
+        weight: vec![0.0; p as usize],
+    };
     let t = simulate_schedule(schedule, p, v, m, &costs, 0.0).expect("schedule simulates");
-    let want: Vec<u64> = t.peak_in_flight.iter().map(|x| (x * v as f64).round() as u64).collect();
-    assert_eq!(run.peak_live_chunks, want, "executor vs simulator peak in-flight chunks");
+    let want: Vec<u64> = t
+        .peak_in_flight
+        .iter()
+        .map(|x| (x * v as f64).round() as u64)
+        .collect();
+    assert_eq!(
+        run.peak_live_chunks, want,
+        "executor vs simulator peak in-flight chunks"
+    );
 }
 
 #[test]
 fn cpu_backend_tp2_pp2_dp2() {
     let dir = TempDir::new("exec-tp2pp2dp2");
-    let p = plan(&dir, "tp2pp2dp2.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "false"]);
+    let p = plan(
+        &dir,
+        "tp2pp2dp2.json",
+        &[
+            "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--sp", "false",
+        ],
+    );
     let run = exec_ok(&dir, &p, &[]);
     assert_eq!((run.config.tp, run.config.pp, run.config.dp), (2, 2, 2));
     assert!(run.checks.p2p_messages > 0);
-    assert!(run.components["tp"] > 0.0 && run.components["pp"] > 0.0 && run.components["dp_grad"] > 0.0);
+    assert!(
+        run.components["tp"] > 0.0 && run.components["pp"] > 0.0 && run.components["dp_grad"] > 0.0
+    );
     assert_in_flight_matches_simulator(&run, Schedule::OneFOneB);
 }
 
 #[test]
 fn cpu_backend_cp2_with_sequence_parallelism() {
     let dir = TempDir::new("exec-cp2sp");
-    let p = plan(&dir, "cp2sp.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true", "--zero", "1"]);
+    let p = plan(
+        &dir,
+        "cp2sp.json",
+        &[
+            "--model", "8b", "--gpus", "8", "--tp", "2", "--cp", "2", "--pp", "2", "--sp", "true",
+            "--zero", "1",
+        ],
+    );
     let run = exec_ok(&dir, &p, &[]);
     assert_eq!((run.config.cp, run.config.sp), (2, true));
-    assert!(run.components["cp"] > 0.0 && run.components["dp_param"] > 0.0, "CP ring and DO all-gather ran: {:?}", run.components);
-    assert!(run.collectives.iter().any(|c| c.kind == "tp" && c.op == "reduce_scatter"), "SP reduce-scatters");
+    assert!(
+        run.components["cp"] > 0.0 && run.components["dp_param"] > 0.0,
+        "CP ring and DO all-gather ran: {:?}",
+        run.components
+    );
+    assert!(
+        run.collectives
+            .iter()
+            .any(|c| c.kind == "tp" && c.op == "reduce_scatter"),
+        "SP reduce-scatters"
+    );
 }
 
 #[test]
 fn cpu_backend_expert_parallelism() {
     let dir = TempDir::new("exec-ep");
     // TP2 x EP2 with SP, pipelined; then EP over all 8 ranks.
-    let p = plan(&dir, "ep2.json", &["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8", "--tp", "2", "--pp", "2", "--ep", "2", "--sp", "true", "--recompute", "full"]);
+    let p = plan(
+        &dir,
+        "ep2.json",
+        &[
+            "--model",
+            "30b-a3b",
+            "--gpu",
+            "b200",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--ep",
+            "2",
+            "--sp",
+            "true",
+            "--recompute",
+            "full",
+        ],
+    );
     let run = exec_ok(&dir, &p, &[]);
-    assert!(run.components["ep"] > 0.0 && run.components["edp_grad"] > 0.0, "{:?}", run.components);
+    assert!(
+        run.components["ep"] > 0.0 && run.components["edp_grad"] > 0.0,
+        "{:?}",
+        run.components
+    );
     assert!(run.components["recompute"] > 0.0);
-    let p = plan(&dir, "ep8.json", &["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8", "--ep", "8", "--zero", "1", "--recompute", "full"]);
+    let p = plan(
+        &dir,
+        "ep8.json",
+        &[
+            "--model",
+            "30b-a3b",
+            "--gpu",
+            "b200",
+            "--gpus",
+            "8",
+            "--ep",
+            "8",
+            "--zero",
+            "1",
+            "--recompute",
+            "full",
+        ],
+    );
     let run = exec_ok(&dir, &p, &[]);
-    assert!(run.collectives.iter().any(|c| c.kind == "ep" && c.op == "all_to_all" && c.ranks == 8));
+    assert!(run
+        .collectives
+        .iter()
+        .any(|c| c.kind == "ep" && c.op == "all_to_all" && c.ranks == 8));
 }
 
 /// ZeRO-3: each pass all-gathers its virtual stage's parameters from the replicas
@@ -94,26 +201,84 @@ fn cpu_backend_expert_parallelism() {
 #[test]
 fn cpu_backend_zero3_gathers_parameters_for_every_pass() {
     let dir = TempDir::new("exec-zero3");
-    let args = |zero: &'static str| vec!["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--vpp", "2", "--sp", "true", "--zero", zero];
+    let args = |zero: &'static str| {
+        vec![
+            "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--vpp", "2", "--sp", "true",
+            "--zero", zero,
+        ]
+    };
     let z3 = exec_ok(&dir, &plan(&dir, "z3.json", &args("3")), &[]);
     let z1 = exec_ok(&dir, &plan(&dir, "z1.json", &args("1")), &[]);
     // Two virtual stages per rank, a forward and a backward of each per
     // micro-batch, in every step (warm-up included): one gather each, all checked.
     let m = z3.workload.global_batch / (z3.config.dp * z3.config.mbs);
-    assert_eq!(z3.checks.param_gathers, 8 * (z3.warmup_steps + z3.steps) * 2 * 2 * m, "{:?}", z3.checks);
+    assert_eq!(
+        z3.checks.param_gathers,
+        8 * (z3.warmup_steps + z3.steps) * 2 * 2 * m,
+        "{:?}",
+        z3.checks
+    );
     assert_eq!(z1.checks.param_gathers, 0);
-    assert!(z3.collectives.iter().any(|c| c.kind == "dp_param" && c.op == "all_gather"), "{:?}", z3.collectives);
-    assert_eq!(z3.param_bytes * 2, z1.param_bytes, "ZeRO-3 keeps 1/dp of the parameters");
+    assert!(
+        z3.collectives
+            .iter()
+            .any(|c| c.kind == "dp_param" && c.op == "all_gather"),
+        "{:?}",
+        z3.collectives
+    );
+    assert_eq!(
+        z3.param_bytes * 2,
+        z1.param_bytes,
+        "ZeRO-3 keeps 1/dp of the parameters"
+    );
     // Experts are gathered over the expert-data-parallel group.
-    let moe = exec_ok(&dir, &plan(&dir, "z3moe.json", &["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8", "--tp", "2", "--pp", "2", "--ep", "2", "--sp", "true", "--zero", "3"]), &[]);
-    assert!(moe.collectives.iter().any(|c| c.kind == "edp_param" && c.op == "all_gather"), "{:?}", moe.collectives);
+    let moe = exec_ok(
+        &dir,
+        &plan(
+            &dir,
+            "z3moe.json",
+            &[
+                "--model", "30b-a3b", "--gpu", "b200", "--gpus", "8", "--tp", "2", "--pp", "2",
+                "--ep", "2", "--sp", "true", "--zero", "3",
+            ],
+        ),
+        &[],
+    );
+    assert!(
+        moe.collectives
+            .iter()
+            .any(|c| c.kind == "edp_param" && c.op == "all_gather"),
+        "{:?}",
+        moe.collectives
+    );
     assert!(moe.checks.param_gathers > 0);
 }
 
 #[test]
 fn cpu_backend_interleaved_schedule_with_uneven_layers() {
     let dir = TempDir::new("exec-vpp");
-    let p = plan(&dir, "vpp.json", &["--model", "8b", "--gpus", "8", "--pp", "4", "--vpp", "2", "--tp", "2", "--sp", "true", "--recompute", "selective", "--mbs", "2"]);
+    let p = plan(
+        &dir,
+        "vpp.json",
+        &[
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--pp",
+            "4",
+            "--vpp",
+            "2",
+            "--tp",
+            "2",
+            "--sp",
+            "true",
+            "--recompute",
+            "selective",
+            "--mbs",
+            "2",
+        ],
+    );
     let run = exec_ok(&dir, &p, &["--scale-layers", "11"]);
     assert_eq!(run.model.layers, 11);
     assert_in_flight_matches_simulator(&run, Schedule::Interleaved);
@@ -121,7 +286,11 @@ fn cpu_backend_interleaved_schedule_with_uneven_layers() {
 
 /// Fault cases below are run by the reliability summary, which counts them.
 fn temp_plan_8b(dir: &TempDir) -> String {
-    plan(dir, "p.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2"])
+    plan(
+        dir,
+        "p.json",
+        &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2"],
+    )
 }
 
 pub fn a_rank_killed_mid_step_ends_every_rank_within_the_timeout() {
@@ -129,20 +298,40 @@ pub fn a_rank_killed_mid_step_ends_every_rank_within_the_timeout() {
     let p = temp_plan_8b(&dir);
     let out = dir.path("run.json").to_string_lossy().into_owned();
     let t = Instant::now();
-    let o = sextant(&["exec", &p, "--ranks", "8", "--timeout", "20", "--out", &out, "--fault", "die:3:1"]);
+    let o = sextant(&[
+        "exec",
+        &p,
+        "--ranks",
+        "8",
+        "--timeout",
+        "20",
+        "--out",
+        &out,
+        "--fault",
+        "die:3:1",
+    ]);
     let took = t.elapsed();
     let err = stderr(&o);
     assert!(!o.status.success());
-    assert!(took < Duration::from_secs(20), "ranks took {took:?} to notice");
+    assert!(
+        took < Duration::from_secs(20),
+        "ranks took {took:?} to notice"
+    );
     assert!(!err.contains("panicked"), "{err}");
     // Every other rank names rank 3; the launcher reports all 8 failed.
     for r in [0, 1, 2, 4, 5, 6, 7] {
-        assert!(err.contains(&format!("rank {r}, step 1")), "rank {r} did not report:\n{err}");
+        assert!(
+            err.contains(&format!("rank {r}, step 1")),
+            "rank {r} did not report:\n{err}"
+        );
     }
     assert!(err.contains("8 of 8 local ranks failed"), "{err}");
     let run = MeasuredRun::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert!(!run.complete && run.step_secs.is_empty());
-    assert!(run.failure.unwrap().contains("rank 3"), "the incomplete run names the dead rank");
+    assert!(
+        run.failure.unwrap().contains("rank 3"),
+        "the incomplete run names the dead rank"
+    );
 }
 
 pub fn a_rank_that_never_arrives_is_named_after_the_timeout() {
@@ -150,22 +339,69 @@ pub fn a_rank_that_never_arrives_is_named_after_the_timeout() {
     let p = temp_plan_8b(&dir);
     let out = dir.path("run.json").to_string_lossy().into_owned();
     let t = Instant::now();
-    let o = sextant(&["exec", &p, "--ranks", "8", "--timeout", "3", "--out", &out, "--fault", "absent:5"]);
+    let o = sextant(&[
+        "exec",
+        &p,
+        "--ranks",
+        "8",
+        "--timeout",
+        "3",
+        "--out",
+        &out,
+        "--fault",
+        "absent:5",
+    ]);
     let err = stderr(&o);
     assert!(!o.status.success());
-    assert!(err.contains("rank 5 of world size 8 never arrived"), "{err}");
+    assert!(
+        err.contains("rank 5 of world size 8 never arrived"),
+        "{err}"
+    );
     // Rank 0 gives up after 3 s; the absent rank is killed by the launcher at 2 x 3 + 10 s.
-    assert!(t.elapsed() < Duration::from_secs(3 * 2 + 10 + 5), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(3 * 2 + 10 + 5),
+        "{:?}",
+        t.elapsed()
+    );
 }
 
 pub fn ranks_with_different_plan_files_are_refused_at_the_rendezvous() {
     let dir = TempDir::new("exec-mismatch");
-    let a = plan(&dir, "a.json", &["--model", "gpt-1.7b", "--gpus", "2", "--tp", "2"]);
-    let b = plan(&dir, "b.json", &["--model", "gpt-1.7b", "--gpus", "2", "--tp", "2", "--recompute", "full"]);
-    let port = TcpListener::bind(("127.0.0.1", 0)).unwrap().local_addr().unwrap().port().to_string();
+    let a = plan(
+        &dir,
+        "a.json",
+        &["--model", "gpt-1.7b", "--gpus", "2", "--tp", "2"],
+    );
+    let b = plan(
+        &dir,
+        "b.json",
+        &[
+            "--model",
+            "gpt-1.7b",
+            "--gpus",
+            "2",
+            "--tp",
+            "2",
+            "--recompute",
+            "full",
+        ],
+    );
+    let port = TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
     let spawn = |rank: &str, plan: &str| {
         Command::new(env!("CARGO_BIN_EXE_sextant"))
-            .args(["exec", plan, "--timeout", "10", "--out", &dir.path("r.json").to_string_lossy()])
+            .args([
+                "exec",
+                plan,
+                "--timeout",
+                "10",
+                "--out",
+                &dir.path("r.json").to_string_lossy(),
+            ])
             .env("RANK", rank)
             .env("WORLD_SIZE", "2")
             .env("MASTER_ADDR", "127.0.0.1")
@@ -177,10 +413,21 @@ pub fn ranks_with_different_plan_files_are_refused_at_the_rendezvous() {
     };
     let r0 = spawn("0", &a);
     let r1 = spawn("1", &b);
-    let (o0, o1) = (r0.wait_with_output().unwrap(), r1.wait_with_output().unwrap());
+    let (o0, o1) = (
+        r0.wait_with_output().unwrap(),
+        r1.wait_with_output().unwrap(),
+    );
     assert!(!o0.status.success() && !o1.status.success());
-    assert!(stderr(&o0).contains("rank 1 runs a different plan file"), "{}", stderr(&o0));
-    assert!(stderr(&o1).contains("rendezvous refused by rank 0"), "{}", stderr(&o1));
+    assert!(
+        stderr(&o0).contains("rank 1 runs a different plan file"),
+        "{}",
+        stderr(&o0)
+    );
+    assert!(
+        stderr(&o1).contains("rendezvous refused by rank 0"),
+        "{}",
+        stderr(&o1)
+    );
 }
 
 pub fn a_rendezvous_port_in_use_is_one_clear_line() {
@@ -189,7 +436,14 @@ pub fn a_rendezvous_port_in_use_is_one_clear_line() {
     let taken = TcpListener::bind(("127.0.0.1", 0)).unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
     let o = Command::new(env!("CARGO_BIN_EXE_sextant"))
-        .args(["exec", &p, "--timeout", "5", "--out", &dir.path("r.json").to_string_lossy()])
+        .args([
+            "exec",
+            &p,
+            "--timeout",
+            "5",
+            "--out",
+            &dir.path("r.json").to_string_lossy(),
+        ])
         .env("RANK", "0")
         .env("WORLD_SIZE", "1")
         .env("MASTER_ADDR", "127.0.0.1")
@@ -199,7 +453,10 @@ pub fn a_rendezvous_port_in_use_is_one_clear_line() {
     let err = stderr(&o);
     assert!(!o.status.success());
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.contains(&format!("MASTER_PORT {port} is already in use")), "{err}");
+    assert!(
+        err.contains(&format!("MASTER_PORT {port} is already in use")),
+        "{err}"
+    );
 }
 
 pub fn exec_refuses_bad_input_and_never_overwrites() {
@@ -208,7 +465,10 @@ pub fn exec_refuses_bad_input_and_never_overwrites() {
     let existing = dir.path("mine.json");
     std::fs::write(&existing, "keep me").unwrap();
     let e = existing.to_string_lossy().into_owned();
-    fails_with_one_line(&["exec", &p, "--ranks", "8", "--out", &e], "not overwriting");
+    fails_with_one_line(
+        &["exec", &p, "--ranks", "8", "--out", &e],
+        "not overwriting",
+    );
     assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me");
     fails_with_one_line(&["exec", &p, "--ranks", "0"], "--ranks 0 is out of range");
     fails_with_one_line(&["exec", &p, "--backend", "tpu"], "not one of cpu, cuda");
@@ -219,13 +479,24 @@ pub fn exec_refuses_bad_input_and_never_overwrites() {
     #[cfg(not(feature = "cuda"))]
     {
         let o = Command::new(env!("CARGO_BIN_EXE_sextant"))
-            .args(["exec", &p, "--backend", "cuda", "--out", &dir.path("c.json").to_string_lossy()])
+            .args([
+                "exec",
+                &p,
+                "--backend",
+                "cuda",
+                "--out",
+                &dir.path("c.json").to_string_lossy(),
+            ])
             .env("RANK", "0")
             .env("WORLD_SIZE", "8")
             .env("MASTER_ADDR", "127.0.0.1")
             .output()
             .unwrap();
-        assert!(stderr(&o).contains("built without CUDA support"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("built without CUDA support"),
+            "{}",
+            stderr(&o)
+        );
     }
 }
 
@@ -241,31 +512,116 @@ fn calibration_from_a_run_moves_the_prediction_toward_the_measurement() {
     let o = sextant(&["compare", &p, &run, "--calibration", &overlay, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let step = v["rows"].as_array().unwrap().iter().find(|r| r["component"] == "step").unwrap();
-    let (before, after, measured) = (step["predicted_secs"].as_f64().unwrap(), step["calibrated_secs"].as_f64().unwrap(), step["measured_secs"].as_f64().unwrap());
+    let step = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["component"] == "step")
+        .unwrap();
+    let (before, after, measured) = (
+        step["predicted_secs"].as_f64().unwrap(),
+        step["calibrated_secs"].as_f64().unwrap(),
+        step["measured_secs"].as_f64().unwrap(),
+    );
     let miss = |x: f64| (x / measured).ln().abs();
-    assert!(miss(after) < miss(before), "calibrated {after} is not closer to measured {measured} than {before}");
+    assert!(
+        miss(after) < miss(before),
+        "calibrated {after} is not closer to measured {measured} than {before}"
+    );
     // A CPU overlay describes this CPU, not the plan's GPUs: plan refuses it.
     let plan_file = PlanFile::from_json(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    fails_with_one_line(&["plan", "--model", "8b", "--gpus", "8", "--gpu", &plan_file.hardware.name, "--calibration", &overlay], "CPU test backend");
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--gpu",
+            &plan_file.hardware.name,
+            "--calibration",
+            &overlay,
+        ],
+        "CPU test backend",
+    );
 }
 
 #[test]
 fn cpu_backend_zero_bubble_gpipe_and_dualpipe_schedules() {
     let dir = TempDir::new("exec-zb");
-    let p = plan(&dir, "zb.json", &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "zb-h1"]);
+    let p = plan(
+        &dir,
+        "zb.json",
+        &[
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--sp",
+            "true",
+            "--schedule",
+            "zb-h1",
+        ],
+    );
     let run = exec_ok(&dir, &p, &[]);
     assert_eq!(run.schedule, "ZbH1");
-    let p = plan(&dir, "gpipe.json", &["--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "gpipe", "--global-batch", "32"]);
+    let p = plan(
+        &dir,
+        "gpipe.json",
+        &[
+            "--model",
+            "gpt-1.7b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--sp",
+            "true",
+            "--schedule",
+            "gpipe",
+            "--global-batch",
+            "32",
+        ],
+    );
     let run = exec_ok(&dir, &p, &[]);
     assert_in_flight_matches_simulator(&run, Schedule::Gpipe);
     // DualPipe: both directions, every stage held twice and the mirror copies'
     // gradients summed; p + 1 micro-batches live on every rank, as simulated.
-    let p = plan(&dir, "dual.json", &["--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "4", "--sp", "true", "--schedule", "dualpipe", "--global-batch", "32"]);
+    let p = plan(
+        &dir,
+        "dual.json",
+        &[
+            "--model",
+            "gpt-1.7b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--sp",
+            "true",
+            "--schedule",
+            "dualpipe",
+            "--global-batch",
+            "32",
+        ],
+    );
     let run = exec_ok(&dir, &p, &[]);
     assert_eq!(run.peak_live_chunks, vec![5; 4]);
     assert_in_flight_matches_simulator(&run, Schedule::DualPipe);
-    assert!(run.collectives.iter().any(|c| c.kind == "dp_grad" && c.ranks == 2), "mirror gradient sum");
+    assert!(
+        run.collectives
+            .iter()
+            .any(|c| c.kind == "dp_grad" && c.ranks == 2),
+        "mirror gradient sum"
+    );
 }
 
 /// Expert tensor parallelism: each expert's FFN columns split over the ETP group,
@@ -275,20 +631,45 @@ fn cpu_backend_zero_bubble_gpipe_and_dualpipe_schedules() {
 fn cpu_backend_expert_tensor_parallelism() {
     let dir = TempDir::new("exec-etp");
     for (name, args) in [
-        ("etp2.json", vec!["--tp", "2", "--ep", "2", "--etp", "2", "--sp", "true"]),
+        (
+            "etp2.json",
+            vec!["--tp", "2", "--ep", "2", "--etp", "2", "--sp", "true"],
+        ),
         // ETP wider than TP, across pipeline stages, without SP.
-        ("etp4.json", vec!["--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "false", "--zero", "3"]),
-        ("etp4ep.json", vec!["--ep", "2", "--etp", "4", "--zero", "1"]),
+        (
+            "etp4.json",
+            vec![
+                "--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "false", "--zero", "3",
+            ],
+        ),
+        (
+            "etp4ep.json",
+            vec!["--ep", "2", "--etp", "4", "--zero", "1"],
+        ),
     ] {
-        let mut a = vec!["--model", "30b-a3b", "--gpu", "b200", "--gpus", "8", "--recompute", "full"];
+        let mut a = vec![
+            "--model",
+            "30b-a3b",
+            "--gpu",
+            "b200",
+            "--gpus",
+            "8",
+            "--recompute",
+            "full",
+        ];
         a.extend_from_slice(&args);
         let p = plan(&dir, name, &a);
         let run = exec_ok(&dir, &p, &[]);
         let etp = run.config.etp;
         assert!(etp > 1);
         for op in ["all_gather", "reduce_scatter"] {
-            assert!(run.collectives.iter().any(|c| c.kind == "etp" && c.op == op && c.ranks == etp), "{name}: no etp {op} in {:?}", run.collectives);
+            assert!(
+                run.collectives
+                    .iter()
+                    .any(|c| c.kind == "etp" && c.op == op && c.ranks == etp),
+                "{name}: no etp {op} in {:?}",
+                run.collectives
+            );
         }
     }
 }
-

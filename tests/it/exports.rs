@@ -5,15 +5,36 @@
 use std::path::PathBuf;
 
 use sextant_exports::{export, LaunchOptions, Target, TARGETS};
-use sextant_planner::config::{Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero};
+use sextant_planner::config::{
+    Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero,
+};
 use sextant_planner::cost::{evaluate, Assumptions, LossKernel};
 use sextant_planner::hardware::{builtin_profile, Cluster};
 use sextant_planner::plan::PlanFile;
 use sextant_planner::presets::resolve;
 use sextant_planner::schedule::Schedule;
 
-fn plan(model: &str, gpus: u64, seq: u64, gbs: u64, precision: Precision, cfg: ParallelConfig) -> PlanFile {
-    priced(model, gpus, Workload { seq, global_batch: gbs, precision, moe_imbalance: 1.0, moe_capacity: None }, cfg, Assumptions::default())
+fn plan(
+    model: &str,
+    gpus: u64,
+    seq: u64,
+    gbs: u64,
+    precision: Precision,
+    cfg: ParallelConfig,
+) -> PlanFile {
+    priced(
+        model,
+        gpus,
+        Workload {
+            seq,
+            global_batch: gbs,
+            precision,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        },
+        cfg,
+        Assumptions::default(),
+    )
 }
 
 /// A plan file for one configuration, priced under `a`.
@@ -27,7 +48,26 @@ fn priced(model: &str, gpus: u64, w: Workload, cfg: ParallelConfig, a: Assumptio
 }
 
 fn cfg(tp: u64, pp: u64, vpp: u64, cp: u64, dp: u64) -> ParallelConfig {
-    ParallelConfig { tp, pp, vpp, cp, ep: 1, etp: 1, dp, sp: tp > 1, mbs: 1, zero: Zero::DistOpt, recompute: Recompute::None, layout: Layout::Even, overlap: Overlap::default(), bf16_grads: false, bf16_moments: false, recompute_modules: Default::default(), moe_dispatcher: Dispatcher::AllToAll, schedule: Schedule::default_for(vpp) }
+    ParallelConfig {
+        tp,
+        pp,
+        vpp,
+        cp,
+        ep: 1,
+        etp: 1,
+        dp,
+        sp: tp > 1,
+        mbs: 1,
+        zero: Zero::DistOpt,
+        recompute: Recompute::None,
+        layout: Layout::Even,
+        overlap: Overlap::default(),
+        bf16_grads: false,
+        bf16_moments: false,
+        recompute_modules: Default::default(),
+        moe_dispatcher: Dispatcher::AllToAll,
+        schedule: Schedule::default_for(vpp),
+    }
 }
 
 /// Llama 3 70B on 64 H100s, as NeMo's recipe runs it: TP4 PP4 VPP5 CP2, selective.
@@ -55,8 +95,20 @@ fn rl_ready(p: &PlanFile) -> PlanFile {
     let mut cfg = p.plans[0].config.clone();
     cfg.overlap.tp_comm = false;
     cfg.bf16_grads = false;
-    let w = Workload { precision: Precision::Bf16, ..p.workload.clone() };
-    priced(&p.model.name, p.gpus, w, cfg, Assumptions { loss: LossKernel::Unfused, ..Assumptions::default() })
+    let w = Workload {
+        precision: Precision::Bf16,
+        ..p.workload.clone()
+    };
+    priced(
+        &p.model.name,
+        p.gpus,
+        w,
+        cfg,
+        Assumptions {
+            loss: LossKernel::Unfused,
+            ..Assumptions::default()
+        },
+    )
 }
 
 fn golden_dir() -> PathBuf {
@@ -71,9 +123,18 @@ fn check(name: &str, got: &str) {
         std::fs::write(&path, got).unwrap();
         return;
     }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (run with SEXTANT_BLESS=1 to create it)", path.display()));
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with SEXTANT_BLESS=1 to create it)",
+            path.display()
+        )
+    });
     if want != got {
-        let line = want.lines().zip(got.lines()).position(|(a, b)| a != b).unwrap_or(want.lines().count().min(got.lines().count()));
+        let line = want
+            .lines()
+            .zip(got.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(want.lines().count().min(got.lines().count()));
         panic!(
             "{name} differs from the golden file at line {}:\n  want: {:?}\n  got:  {:?}\n(SEXTANT_BLESS=1 rewrites the golden files after a deliberate change)",
             line + 1,
@@ -85,10 +146,16 @@ fn check(name: &str, got: &str) {
 
 #[test]
 fn golden_exports_for_every_target() {
-    let opts = LaunchOptions { plan_path: "plan.json".into() };
+    let opts = LaunchOptions {
+        plan_path: "plan.json".into(),
+    };
     for (label, p) in [("dense", dense()), ("moe", moe())] {
         for (name, target) in TARGETS {
-            let p = if matches!(target, Target::Verl | Target::Rlinf) { rl_ready(&p) } else { p.clone() };
+            let p = if matches!(target, Target::Verl | Target::Rlinf) {
+                rl_ready(&p)
+            } else {
+                p.clone()
+            };
             let text = match export(&p, 1, *target, &opts) {
                 Ok(t) => t,
                 Err(e) => format!("error: {e}\n"),
@@ -175,14 +242,19 @@ fn every_megatron_flag_is_a_verified_argument() {
     c.zero = Zero::Zero3;
     variants.push(plan("llama3.1-405b", 64, 4096, 64, Precision::Mxfp8, c));
     let mut c = cfg(8, 4, 1, 1, 2);
-    c.layout = Layout::FirstLast { first: 30, last: 30 };
+    c.layout = Layout::FirstLast {
+        first: 30,
+        last: 30,
+    };
     c.overlap.p2p = false;
     c.zero = Zero::Zero2;
     let mut p = plan("llama3.1-405b", 64, 4096, 64, Precision::Fp16, c);
     p.rank_order = "tp-cp-ep-pp-dp".into();
     variants.push(p);
     let mut c = cfg(1, 2, 1, 1, 4);
-    c.layout = Layout::Explicit { layers: vec![15, 17] };
+    c.layout = Layout::Explicit {
+        layers: vec![15, 17],
+    };
     variants.push(plan("llama3-8b", 8, 4096, 64, Precision::Bf16, c));
     let mut c = cfg(1, 1, 1, 1, 16);
     c.ep = 16;
@@ -191,25 +263,42 @@ fn every_megatron_flag_is_a_verified_argument() {
     variants.push(deepseek_with_mtp());
     let mut seen = std::collections::BTreeSet::new();
     for p in &variants {
-        let text = export(p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", p.model.name));
-        let args = text.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join(" ");
+        let text = export(p, 1, Target::MegatronLm, &LaunchOptions::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", p.model.name));
+        let args = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join(" ");
         for word in args.split_whitespace().filter(|w| w.starts_with("--")) {
             let name = &word[2..];
-            assert!(MEGATRON_FLAGS.iter().any(|(f, _)| *f == name), "flag --{name} is not in the verified table");
+            assert!(
+                MEGATRON_FLAGS.iter().any(|(f, _)| *f == name),
+                "flag --{name} is not in the verified table"
+            );
             seen.insert(name.to_string());
         }
     }
     // The variants exercise most of the table.
-    assert!(seen.len() >= 40, "only {} distinct flags exercised: {seen:?}", seen.len());
+    assert!(
+        seen.len() >= 40,
+        "only {} distinct flags exercised: {seen:?}",
+        seen.len()
+    );
 }
 
 #[test]
 fn explicit_layout_uses_megatron_layout_syntax() {
     let mut c = cfg(1, 2, 1, 1, 4);
-    c.layout = Layout::Explicit { layers: vec![15, 17] };
+    c.layout = Layout::Explicit {
+        layers: vec![15, 17],
+    };
     let p = plan("llama3-8b", 8, 4096, 64, Precision::Bf16, c);
     let text = export(&p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap();
-    assert!(text.contains("--pipeline-model-parallel-layout \"Et*15|t*17L\""), "{text}");
+    assert!(
+        text.contains("--pipeline-model-parallel-layout \"Et*15|t*17L\""),
+        "{text}"
+    );
 }
 
 /// DeepSeek-V3 (one MTP layer) in Megatron-Bridge's layout for pp 8 x vpp 2.
@@ -228,15 +317,39 @@ fn mtp_layers_reach_every_megatron_target() {
     let lm = export(&p, 1, Target::MegatronLm, &opts).unwrap();
     assert!(lm.contains("--mtp-num-layers 1"), "{lm}");
     // The exported layout reads back as the plan's layout, MTP on the last stage.
-    let quoted = lm.split("--pipeline-model-parallel-layout \"").nth(1).and_then(|r| r.split('"').next()).unwrap();
+    let quoted = lm
+        .split("--pipeline-model-parallel-layout \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap();
     assert!(quoted.ends_with("|tmL"), "{quoted}");
     let back = Layout::from_megatron(quoted, 8).unwrap();
-    assert_eq!((back.layout, back.vpp, back.mtp_layers), (p.plans[0].config.layout.clone(), 2, 1));
-    assert!(lm.contains("--multi-latent-attention") && lm.contains("--q-lora-rank 1536") && lm.contains("--kv-lora-rank 512") && lm.contains("--qk-head-dim 128") && lm.contains("--qk-pos-emb-head-dim 64") && lm.contains("--v-head-dim 128"), "{lm}");
+    assert_eq!(
+        (back.layout, back.vpp, back.mtp_layers),
+        (p.plans[0].config.layout.clone(), 2, 1)
+    );
+    assert!(
+        lm.contains("--multi-latent-attention")
+            && lm.contains("--q-lora-rank 1536")
+            && lm.contains("--kv-lora-rank 512")
+            && lm.contains("--qk-head-dim 128")
+            && lm.contains("--qk-pos-emb-head-dim 64")
+            && lm.contains("--v-head-dim 128"),
+        "{lm}"
+    );
     let core = export(&p, 1, Target::MegatronCore, &opts).unwrap();
-    assert!(core.contains("mtp_num_layers=1,") && core.contains("config = MLATransformerConfig(") && core.contains("q_lora_rank=1536,"), "{core}");
-    assert!(export(&p, 1, Target::MegatronBridge, &opts).unwrap().contains("model.mtp_num_layers=1\n"));
-    assert!(export(&rl_ready(&p), 1, Target::Verl, &opts).unwrap().contains("mtp_num_layers: 1"));
+    assert!(
+        core.contains("mtp_num_layers=1,")
+            && core.contains("config = MLATransformerConfig(")
+            && core.contains("q_lora_rank=1536,"),
+        "{core}"
+    );
+    assert!(export(&p, 1, Target::MegatronBridge, &opts)
+        .unwrap()
+        .contains("model.mtp_num_layers=1\n"));
+    assert!(export(&rl_ready(&p), 1, Target::Verl, &opts)
+        .unwrap()
+        .contains("mtp_num_layers: 1"));
     for t in [Target::Rlinf, Target::Torchtitan] {
         let e = export(&p, 1, t, &opts).unwrap_err().to_string();
         assert!(e.contains("--mtp-layers 0"), "{e}");
@@ -244,14 +357,22 @@ fn mtp_layers_reach_every_megatron_target() {
     // A plan without MTP says so to Bridge, whose DeepSeek-V3 recipe turns it on.
     let mut m = p.clone();
     m.model.mtp_layers = 0;
-    assert!(export(&m, 1, Target::MegatronBridge, &opts).unwrap().contains("model.mtp_num_layers=null\n"));
-    assert!(!export(&m, 1, Target::MegatronLm, &opts).unwrap().contains("mtp"));
+    assert!(export(&m, 1, Target::MegatronBridge, &opts)
+        .unwrap()
+        .contains("model.mtp_num_layers=null\n"));
+    assert!(!export(&m, 1, Target::MegatronLm, &opts)
+        .unwrap()
+        .contains("mtp"));
 }
 
 #[test]
 fn inexpressible_plans_fail_with_the_reason() {
     let opts = LaunchOptions::default();
-    let err = |p: &PlanFile, t: Target| export(p, 1, t, &opts).expect_err("should refuse").to_string();
+    let err = |p: &PlanFile, t: Target| {
+        export(p, 1, t, &opts)
+            .expect_err("should refuse")
+            .to_string()
+    };
     // torchtitan has no ZeRO-1.
     assert!(err(&dense(), Target::Torchtitan).contains("optimizer-only sharding"));
     // RLinf states uneven pipelines only as first/last counts.
@@ -264,8 +385,14 @@ fn inexpressible_plans_fail_with_the_reason() {
     // A plan with MTP layers where the framework names no MTP setting.
     assert!(err(&deepseek_with_mtp(), Target::Torchtitan).contains("multi-token-prediction"));
     // Plan numbers are checked.
-    assert!(export(&dense(), 2, Target::MegatronLm, &opts).unwrap_err().to_string().contains("plan #2"));
-    assert!(Target::parse("deepspeed").unwrap_err().to_string().contains("unknown export target"));
+    assert!(export(&dense(), 2, Target::MegatronLm, &opts)
+        .unwrap_err()
+        .to_string()
+        .contains("plan #2"));
+    assert!(Target::parse("deepspeed")
+        .unwrap_err()
+        .to_string()
+        .contains("unknown export target"));
 }
 
 /// Megatron-LM and the frameworks on Megatron-Core run 1F1B and interleaved 1F1B
@@ -281,12 +408,30 @@ fn zero_bubble_and_dualpipe_plans_are_refused_where_no_flag_states_them() {
         c.schedule = s;
         c.zero = Zero::None;
         let p = plan("llama3-70b", 64, 4096, 64, Precision::Bf16, c);
-        for t in [Target::MegatronLm, Target::MegatronCore, Target::MegatronBridge, Target::Nemo, Target::Verl, Target::Rlinf, Target::Torchrun, Target::Slurm, Target::Torchtitan] {
+        for t in [
+            Target::MegatronLm,
+            Target::MegatronCore,
+            Target::MegatronBridge,
+            Target::Nemo,
+            Target::Verl,
+            Target::Rlinf,
+            Target::Torchrun,
+            Target::Slurm,
+            Target::Torchtitan,
+        ] {
             let e = export(&p, 1, t, &opts).expect_err("should refuse");
-            assert!(matches!(e, sextant_exports::ExportError::Inexpressible { .. }), "{t}: {e}");
+            assert!(
+                matches!(e, sextant_exports::ExportError::Inexpressible { .. }),
+                "{t}: {e}"
+            );
             assert!(e.to_string().contains(s.name()), "{t}: {e}");
         }
-        for t in [Target::TorchrunExec, Target::SlurmExec, Target::RankMap, Target::RankMapJson] {
+        for t in [
+            Target::TorchrunExec,
+            Target::SlurmExec,
+            Target::RankMap,
+            Target::RankMapJson,
+        ] {
             export(&p, 1, t, &opts).unwrap_or_else(|e| panic!("{t}: {e}"));
         }
     }
@@ -294,21 +439,34 @@ fn zero_bubble_and_dualpipe_plans_are_refused_where_no_flag_states_them() {
     let mut c = cfg(8, 4, 1, 1, 2);
     c.schedule = Schedule::Gpipe;
     let p = plan("llama3-70b", 64, 4096, 64, Precision::Bf16, c);
-    assert!(export(&p, 1, Target::MegatronLm, &opts).unwrap_err().to_string().contains("gpipe"));
+    assert!(export(&p, 1, Target::MegatronLm, &opts)
+        .unwrap_err()
+        .to_string()
+        .contains("gpipe"));
 }
 
 /// A plan file written before configurations carried a schedule reads as the
 /// schedule Megatron-LM runs for its vpp, and exports exactly as before.
 #[test]
 fn plan_files_without_a_schedule_still_load() {
-    for (p, want) in [(dense(), Schedule::Interleaved), (moe(), Schedule::OneFOneB)] {
+    for (p, want) in [
+        (dense(), Schedule::Interleaved),
+        (moe(), Schedule::OneFOneB),
+    ] {
         let mut v: serde_json::Value = serde_json::from_str(&p.to_json()).unwrap();
-        v["plans"][0]["config"].as_object_mut().unwrap().remove("schedule").expect("schedule is written");
+        v["plans"][0]["config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("schedule")
+            .expect("schedule is written");
         let old = PlanFile::from_json(&v.to_string()).unwrap();
         assert_eq!(old.plans[0].config.schedule, want);
         assert_eq!(old.plans[0].config, p.plans[0].config);
         let opts = LaunchOptions::default();
-        assert_eq!(export(&old, 1, Target::MegatronLm, &opts).unwrap(), export(&p, 1, Target::MegatronLm, &opts).unwrap());
+        assert_eq!(
+            export(&old, 1, Target::MegatronLm, &opts).unwrap(),
+            export(&p, 1, Target::MegatronLm, &opts).unwrap()
+        );
     }
 }
 
@@ -318,32 +476,65 @@ fn plan_files_without_a_schedule_still_load() {
 fn exports_follow_the_priced_loss_and_attention_kernels() {
     let opts = LaunchOptions::default();
     let lm = |p: &PlanFile| export(p, 1, Target::MegatronLm, &opts);
-    let (core, bridge) = (|p: &PlanFile| export(p, 1, Target::MegatronCore, &opts).unwrap(), |p: &PlanFile| export(p, 1, Target::MegatronBridge, &opts).unwrap());
+    let (core, bridge) = (
+        |p: &PlanFile| export(p, 1, Target::MegatronCore, &opts).unwrap(),
+        |p: &PlanFile| export(p, 1, Target::MegatronBridge, &opts).unwrap(),
+    );
     let native = dense();
-    assert!(lm(&native).unwrap().contains("--cross-entropy-loss-fusion") && lm(&native).unwrap().contains("--attention-backend flash"));
-    assert!(core(&native).contains("cross_entropy_loss_fusion=True,\n    cross_entropy_fusion_impl=\"native\","));
-    assert!(bridge(&native).contains("model.cross_entropy_loss_fusion=true\nmodel.cross_entropy_fusion_impl=native\n"));
+    assert!(
+        lm(&native).unwrap().contains("--cross-entropy-loss-fusion")
+            && lm(&native).unwrap().contains("--attention-backend flash")
+    );
+    assert!(core(&native)
+        .contains("cross_entropy_loss_fusion=True,\n    cross_entropy_fusion_impl=\"native\","));
+    assert!(bridge(&native).contains(
+        "model.cross_entropy_loss_fusion=true\nmodel.cross_entropy_fusion_impl=native\n"
+    ));
 
     let mut unfused = dense();
-    unfused.assumptions = Assumptions { flash_attention: false, loss: LossKernel::Unfused };
+    unfused.assumptions = Assumptions {
+        flash_attention: false,
+        loss: LossKernel::Unfused,
+    };
     let text = lm(&unfused).unwrap();
-    assert!(!text.contains("cross-entropy") && text.contains("--attention-backend unfused"), "{text}");
-    assert!(core(&unfused).contains("cross_entropy_loss_fusion=False,") && !core(&unfused).contains("cross_entropy_fusion_impl"));
-    assert!(bridge(&unfused).contains("model.cross_entropy_loss_fusion=false\n") && !bridge(&unfused).contains("fusion_impl"));
+    assert!(
+        !text.contains("cross-entropy") && text.contains("--attention-backend unfused"),
+        "{text}"
+    );
+    assert!(
+        core(&unfused).contains("cross_entropy_loss_fusion=False,")
+            && !core(&unfused).contains("cross_entropy_fusion_impl")
+    );
+    assert!(
+        bridge(&unfused).contains("model.cross_entropy_loss_fusion=false\n")
+            && !bridge(&unfused).contains("fusion_impl")
+    );
 
     // Megatron-LM's arguments reject TE's kernel; Megatron-Core and Bridge take it.
     let mut te = moe();
     te.assumptions.loss = LossKernel::Te;
     let err = lm(&te).unwrap_err().to_string();
-    assert!(err.contains("--loss te") && err.contains("--loss native") && !err.contains('\n'), "{err}");
+    assert!(
+        err.contains("--loss te") && err.contains("--loss native") && !err.contains('\n'),
+        "{err}"
+    );
     assert!(core(&te).contains("cross_entropy_fusion_impl=\"te\","));
     assert!(bridge(&te).contains("model.cross_entropy_fusion_impl=te\n"));
 
     // Round trip, and an old plan file without the field.
-    assert_eq!(PlanFile::from_json(&te.to_json()).unwrap().assumptions, te.assumptions);
+    assert_eq!(
+        PlanFile::from_json(&te.to_json()).unwrap().assumptions,
+        te.assumptions
+    );
     let mut v: serde_json::Value = serde_json::from_str(&te.to_json()).unwrap();
-    v.as_object_mut().unwrap().remove("assumptions").expect("assumptions are written");
-    assert_eq!(PlanFile::from_json(&v.to_string()).unwrap().assumptions, Assumptions::default());
+    v.as_object_mut()
+        .unwrap()
+        .remove("assumptions")
+        .expect("assumptions are written");
+    assert_eq!(
+        PlanFile::from_json(&v.to_string()).unwrap().assumptions,
+        Assumptions::default()
+    );
 }
 
 #[test]
@@ -352,17 +543,57 @@ fn cli_export_round_trip() {
     std::fs::create_dir_all(&dir).unwrap();
     let plan_path = dir.join("plan.json");
     let bin = env!("CARGO_BIN_EXE_sextant");
-    let o = std::process::Command::new(bin).args(["plan", "--model", "8x7b", "--gpus", "32", "--global-batch", "256", "--top", "3", "--out", plan_path.to_str().unwrap()]).output().unwrap();
+    let o = std::process::Command::new(bin)
+        .args([
+            "plan",
+            "--model",
+            "8x7b",
+            "--gpus",
+            "32",
+            "--global-batch",
+            "256",
+            "--top",
+            "3",
+            "--out",
+            plan_path.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for target in ["megatron-lm", "rank-map", "slurm-exec"] {
-        let o = std::process::Command::new(bin).args(["export", plan_path.to_str().unwrap(), "--to", target]).output().unwrap();
-        assert!(o.status.success(), "{target}: {}", String::from_utf8_lossy(&o.stderr));
+        let o = std::process::Command::new(bin)
+            .args(["export", plan_path.to_str().unwrap(), "--to", target])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{target}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         assert!(!o.stdout.is_empty());
     }
-    let o = std::process::Command::new(bin).args(["export", plan_path.to_str().unwrap(), "--to", "deepspeed"]).output().unwrap();
+    let o = std::process::Command::new(bin)
+        .args(["export", plan_path.to_str().unwrap(), "--to", "deepspeed"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown export target"));
-    let o = std::process::Command::new(bin).args(["plan", "--model", "8b", "--gpus", "8", "--top", "1", "--emit", "torchtitan", "--zero", "0,3"]).output().unwrap();
+    let o = std::process::Command::new(bin)
+        .args([
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--top",
+            "1",
+            "--emit",
+            "torchtitan",
+            "--zero",
+            "0,3",
+        ])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("[parallelism]"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -387,10 +618,27 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
     let base = || {
         let mut c = cfg(1, 1, 1, 1, 16);
         c.ep = 8;
-        let w = Workload { seq: 4096, global_batch: 64, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
-        (c, w, Assumptions { loss: LossKernel::Unfused, ..Assumptions::default() })
+        let w = Workload {
+            seq: 4096,
+            global_batch: 64,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
+        (
+            c,
+            w,
+            Assumptions {
+                loss: LossKernel::Unfused,
+                ..Assumptions::default()
+            },
+        )
     };
-    type Case = (&'static str, fn(&mut ParallelConfig, &mut Workload, &mut Assumptions), [Expect; 6]);
+    type Case = (
+        &'static str,
+        fn(&mut ParallelConfig, &mut Workload, &mut Assumptions),
+        [Expect; 6],
+    );
     let cases: Vec<Case> = vec![
         (
             "unfused loss, alltoall",
@@ -516,7 +764,14 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
             ],
         ),
     ];
-    let targets = [Target::MegatronLm, Target::MegatronCore, Target::MegatronBridge, Target::Nemo, Target::Verl, Target::Rlinf];
+    let targets = [
+        Target::MegatronLm,
+        Target::MegatronCore,
+        Target::MegatronBridge,
+        Target::Nemo,
+        Target::Verl,
+        Target::Rlinf,
+    ];
     let opts = LaunchOptions::default();
     for (name, change, expects) in &cases {
         let (mut c, mut w, mut a) = base();
@@ -528,17 +783,28 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
                 (Has(markers), Ok(text)) => {
                     for m in *markers {
                         match m.strip_prefix('!') {
-                            Some(absent) => assert!(!text.contains(absent), "{name}, {target:?}: must not contain {absent:?}:\n{text}"),
-                            None => assert!(text.contains(m), "{name}, {target:?}: missing {m:?}:\n{text}"),
+                            Some(absent) => assert!(
+                                !text.contains(absent),
+                                "{name}, {target:?}: must not contain {absent:?}:\n{text}"
+                            ),
+                            None => assert!(
+                                text.contains(m),
+                                "{name}, {target:?}: missing {m:?}:\n{text}"
+                            ),
                         }
                     }
                 }
                 (Refused(hint), Err(e)) => {
                     let e = e.to_string();
-                    assert!(e.contains(hint) && !e.contains('\n'), "{name}, {target:?}: refusal should be one line naming {hint}: {e}");
+                    assert!(
+                        e.contains(hint) && !e.contains('\n'),
+                        "{name}, {target:?}: refusal should be one line naming {hint}: {e}"
+                    );
                 }
                 (Has(_), Err(e)) => panic!("{name}, {target:?}: refused: {e}"),
-                (Refused(_), Ok(text)) => panic!("{name}, {target:?}: exported a run it cannot launch as priced:\n{text}"),
+                (Refused(_), Ok(text)) => {
+                    panic!("{name}, {target:?}: exported a run it cannot launch as priced:\n{text}")
+                }
             }
         }
     }

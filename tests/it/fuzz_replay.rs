@@ -14,8 +14,13 @@ pub fn replay_all() -> Vec<(&'static str, usize)> {
     for &target in sextant_planner::fuzzing::TARGETS {
         let mut files: Vec<PathBuf> = Vec::new();
         for kind in ["corpus", "regressions"] {
-            let Ok(dir) = std::fs::read_dir(root.join(kind).join(target)) else { continue };
-            files.extend(dir.map(|e| e.expect("readable fuzz directory").path()).filter(|p| p.is_file()));
+            let Ok(dir) = std::fs::read_dir(root.join(kind).join(target)) else {
+                continue;
+            };
+            files.extend(
+                dir.map(|e| e.expect("readable fuzz directory").path())
+                    .filter(|p| p.is_file()),
+            );
         }
         files.sort();
         for path in &files {
@@ -24,10 +29,19 @@ pub fn replay_all() -> Vec<(&'static str, usize)> {
                 panicked.push(path.display().to_string());
             }
         }
-        assert!(!files.is_empty(), "no committed fuzz inputs for target {target} under {}", root.display());
+        assert!(
+            !files.is_empty(),
+            "no committed fuzz inputs for target {target} under {}",
+            root.display()
+        );
         counts.push((target, files.len()));
     }
-    assert!(panicked.is_empty(), "{} fuzz input(s) panicked:\n{}", panicked.len(), panicked.join("\n"));
+    assert!(
+        panicked.is_empty(),
+        "{} fuzz input(s) panicked:\n{}",
+        panicked.len(),
+        panicked.join("\n")
+    );
     counts
 }
 
@@ -35,6 +49,9 @@ pub fn replay_all() -> Vec<(&'static str, usize)> {
 fn fuzz_corpus_and_regressions_replay_without_panic() {
     let counts = replay_all();
     let total: usize = counts.iter().map(|c| c.1).sum();
-    let each: Vec<String> = counts.iter().map(|(t, n)| format!("{t} {n} inputs")).collect();
+    let each: Vec<String> = counts
+        .iter()
+        .map(|(t, n)| format!("{t} {n} inputs"))
+        .collect();
     println!("fuzz replay: {}, total {total}", each.join(", "));
 }

@@ -1,12 +1,12 @@
 //! Sextant's integration tests: one test binary (see ARCHITECTURE.md, "Tests").
 
 mod cli;
+mod common;
+mod device;
+mod exec;
 mod exports;
 mod fuzz_replay;
-mod published;
-mod report;
-mod common;
-mod exec;
-mod device;
-mod reliability;
 mod properties;
+mod published;
+mod reliability;
+mod report;

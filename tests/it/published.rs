@@ -6,26 +6,44 @@ use sextant_planner::runs::{parse_runs_with, RunCase, Unrepresentable};
 use sextant_planner::uncertainty::{ErrorSample, Shares, ValidationSet};
 
 fn shared_csv() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/published_runs.csv");
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {path}: {e} (the shared data must sit beside the project root)"))
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/published_runs.csv"
+    );
+    std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!("cannot read {path}: {e} (the shared data must sit beside the project root)")
+    })
 }
 
 /// What the runs' columns leave out of their software configuration, read from
 /// each run's published recipe (tests/data/published_runs_stack.csv).
-const STACK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/published_runs_stack.csv");
+const STACK: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/published_runs_stack.csv"
+);
 
 fn parse_runs(csv: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
-    parse_runs_with(csv, Some(&std::fs::read_to_string(STACK).expect("stack file")))
+    parse_runs_with(
+        csv,
+        Some(&std::fs::read_to_string(STACK).expect("stack file")),
+    )
 }
 
 #[test]
 fn published_runs_median_error_within_5_percent() {
     let rows = parse_runs(&shared_csv()).expect("CSV parses");
-    assert!(rows.len() >= 30, "expected the full published set, got {} rows", rows.len());
+    assert!(
+        rows.len() >= 30,
+        "expected the full published set, got {} rows",
+        rows.len()
+    );
     let mut errors = Vec::new();
     let mut kind_max = [0.0f64; 2];
     let mut samples = Vec::new();
-    println!("{:<44} {:>5} {:>10} {:>10} {:>8}  breakdown", "run", "gpus", "measured", "predicted", "error");
+    println!(
+        "{:<44} {:>5} {:>10} {:>10} {:>8}  breakdown",
+        "run", "gpus", "measured", "predicted", "error"
+    );
     for row in &rows {
         let case = match row {
             Ok(c) => c,
@@ -41,20 +59,49 @@ fn published_runs_median_error_within_5_percent() {
         kind_max[usize::from(case.moe)] = kind_max[usize::from(case.moe)].max(err.abs());
         let sh = Shares::of(&est);
         let round = |x: f64| (x * 1e4).round() / 1e4;
-        let shares = Shares { compute: round(sh.compute), communication: round(sh.communication), bubble: round(sh.bubble), optimizer: round(sh.optimizer) };
-        samples.push(ErrorSample { id: case.id.clone(), profile: case.cluster.profile.name.clone(), moe: case.moe, rel_error: round(err), shares: Some(shares) });
+        let shares = Shares {
+            compute: round(sh.compute),
+            communication: round(sh.communication),
+            bubble: round(sh.bubble),
+            optimizer: round(sh.optimizer),
+        };
+        samples.push(ErrorSample {
+            id: case.id.clone(),
+            profile: case.cluster.profile.name.clone(),
+            moe: case.moe,
+            rel_error: round(err),
+            shares: Some(shares),
+        });
         println!(
             "{:<44} {:>5} {:>9.3}s {:>9.3}s {:>+7.1}%  bubble {:.0}% comm {:.0}% mfu {:.0}%",
-            case.id, case.cluster.gpus, measured, est.step_secs, 100.0 * err, 100.0 * est.bubble_fraction, 100.0 * est.exposed_comm_fraction, 100.0 * est.mfu
+            case.id,
+            case.cluster.gpus,
+            measured,
+            est.step_secs,
+            100.0 * err,
+            100.0 * est.bubble_fraction,
+            100.0 * est.exposed_comm_fraction,
+            100.0 * est.mfu
         );
     }
     errors.sort_by(f64::total_cmp);
     let median = errors[errors.len() / 2];
     let max = errors[errors.len() - 1];
-    println!("rows {}  median |error| {:.1}%  max |error| {:.1}% (dense {:.1}%, MoE {:.1}%)", errors.len(), 100.0 * median, 100.0 * max, 100.0 * kind_max[0], 100.0 * kind_max[1]);
+    println!(
+        "rows {}  median |error| {:.1}%  max |error| {:.1}% (dense {:.1}%, MoE {:.1}%)",
+        errors.len(),
+        100.0 * median,
+        100.0 * max,
+        100.0 * kind_max[0],
+        100.0 * kind_max[1]
+    );
     // Issue 3's bar on the median; its 15% bar on the maximum is not met yet (the
     // printed line above says by how much), so it is reported, not asserted.
-    assert!(median <= 0.05, "median absolute error {:.1}% exceeds 5%", 100.0 * median);
+    assert!(
+        median <= 0.05,
+        "median absolute error {:.1}% exceeds 5%",
+        100.0 * median
+    );
     check_validation_file(samples);
 }
 
@@ -70,7 +117,8 @@ fn check_validation_file(samples: Vec<ErrorSample>) {
         std::fs::write(path, serde_json::to_string_pretty(&fresh).unwrap() + "\n").unwrap();
         return;
     }
-    let committed: ValidationSet = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let committed: ValidationSet =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(committed.samples.len(), fresh.samples.len(), "hwprofiles/validation.json is stale: run SEXTANT_BLESS=1 cargo test --release --test it published");
     for (a, b) in committed.samples.iter().zip(&fresh.samples) {
         assert!(a.shares.is_some(), "hwprofiles/validation.json has no term shares for {}: run SEXTANT_BLESS=1 cargo test --release --test it published", a.id);
@@ -82,7 +130,11 @@ fn check_validation_file(samples: Vec<ErrorSample>) {
 /// only in recomputation, the faster run is predicted faster.
 #[test]
 fn recomputation_pairs_are_ordered() {
-    let cases: Vec<_> = parse_runs(&shared_csv()).unwrap().into_iter().filter_map(Result::ok).collect();
+    let cases: Vec<_> = parse_runs(&shared_csv())
+        .unwrap()
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
     let mut pairs = 0;
     for (i, a) in cases.iter().enumerate() {
         for b in &cases[i + 1..] {
@@ -90,60 +142,125 @@ fn recomputation_pairs_are_ordered() {
                 && a.gpu == b.gpu
                 && a.cluster.gpus == b.cluster.gpus
                 && a.workload == b.workload
-                && sextant_planner::config::ParallelConfig { recompute: b.config.recompute, sp: b.config.sp, ..a.config.clone() } == b.config
+                && sextant_planner::config::ParallelConfig {
+                    recompute: b.config.recompute,
+                    sp: b.config.sp,
+                    ..a.config.clone()
+                } == b.config
                 && a.config.recompute != b.config.recompute;
             if !same {
                 continue;
             }
             pairs += 1;
-            let (pa, pb) = (a.estimate().unwrap().step_secs, b.estimate().unwrap().step_secs);
+            let (pa, pb) = (
+                a.estimate().unwrap().step_secs,
+                b.estimate().unwrap().step_secs,
+            );
             let (ma, mb) = (a.measured_step_secs(), b.measured_step_secs());
-            println!("{} {:.2}s vs {} {:.2}s measured; predicted {:.2}s vs {:.2}s", a.id, ma, b.id, mb, pa, pb);
-            assert_eq!(ma < mb, pa < pb, "{} and {} are predicted in the wrong order", a.id, b.id);
+            println!(
+                "{} {:.2}s vs {} {:.2}s measured; predicted {:.2}s vs {:.2}s",
+                a.id, ma, b.id, mb, pa, pb
+            );
+            assert_eq!(
+                ma < mb,
+                pa < pb,
+                "{} and {} are predicted in the wrong order",
+                a.id,
+                b.id
+            );
         }
     }
-    assert!(pairs >= 4, "expected the full/selective pairs of Korthikanti et al., found {pairs}");
+    assert!(
+        pairs >= 4,
+        "expected the full/selective pairs of Korthikanti et al., found {pairs}"
+    );
 }
 
 #[test]
 fn validate_command_reports_rows_summaries_and_cross_validation() {
     let bin = env!("CARGO_BIN_EXE_sextant");
-    let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/published_runs.csv");
-    let o = std::process::Command::new(bin).args(["validate", csv, "--json", "--cross-validate", "--stack", STACK]).output().unwrap();
+    let csv = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/published_runs.csv"
+    );
+    let o = std::process::Command::new(bin)
+        .args([
+            "validate",
+            csv,
+            "--json",
+            "--cross-validate",
+            "--stack",
+            STACK,
+        ])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 39);
-    let loso = v["cross_validation"]["summary"]["all"]["median_abs"].as_f64().unwrap();
+    let loso = v["cross_validation"]["summary"]["all"]["median_abs"]
+        .as_f64()
+        .unwrap();
     println!("leave-one-source-out median |error| {:.1}%", 100.0 * loso);
-    assert!(loso <= 0.10, "leave-one-source-out median error {:.1}% exceeds 10%", 100.0 * loso);
+    assert!(
+        loso <= 0.10,
+        "leave-one-source-out median error {:.1}% exceeds 10%",
+        100.0 * loso
+    );
     // The error bands hold as often as they claim, judged on runs they were not
     // drawn from (each row left out; each source left out): no lower than the
     // claim by more than two binomial standard deviations.
-    for (what, bands) in [("row", &v["bands"]), ("source", &v["cross_validation"]["bands"])] {
+    for (what, bands) in [
+        ("row", &v["bands"]),
+        ("source", &v["cross_validation"]["bands"]),
+    ] {
         let all = &bands["coverage"][0];
-        let (n, inside, claim) = (all["rows"].as_u64().unwrap() as f64, all["inside"].as_u64().unwrap() as f64, all["nominal"].as_f64().unwrap());
+        let (n, inside, claim) = (
+            all["rows"].as_u64().unwrap() as f64,
+            all["inside"].as_u64().unwrap() as f64,
+            all["nominal"].as_f64().unwrap(),
+        );
         let floor = claim - 2.0 * (claim * (1.0 - claim) / n).sqrt();
         println!("bands drawn with the {what} left out: {inside} of {n} rows inside ({:.0}%, claimed {:.0}%, floor {:.0}%)", 100.0 * inside / n, 100.0 * claim, 100.0 * floor);
         assert_eq!(n, 39.0, "every row gets a held-out band");
-        assert!(inside / n >= floor, "bands drawn with the {what} left out hold for {inside} of {n} rows, below {:.0}%", 100.0 * floor);
+        assert!(
+            inside / n >= floor,
+            "bands drawn with the {what} left out hold for {inside} of {n} rows, below {:.0}%",
+            100.0 * floor
+        );
     }
-    let o = std::process::Command::new(bin).args(["validate", csv, "--markdown"]).output().unwrap();
+    let o = std::process::Command::new(bin)
+        .args(["validate", csv, "--markdown"])
+        .output()
+        .unwrap();
     let md = String::from_utf8_lossy(&o.stdout);
-    assert!(md.contains("| run |") && md.contains("| source: sc21 |"), "{md}");
+    assert!(
+        md.contains("| run |") && md.contains("| source: sc21 |"),
+        "{md}"
+    );
     assert!(md.contains("**Error bands (claiming 80% on average, each drawn with the row left out): measured inside for "), "{md}");
     // A row Sextant cannot represent is listed with its reason, not dropped.
     let dir = std::env::temp_dir().join(format!("sextant-validate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut text = std::fs::read_to_string(csv).unwrap();
     let last = text.lines().last().unwrap().to_string();
-    text.push_str(&last.replacen("bridge2604-gb200-deepseek-v3-256gpu,", "tpu-row,", 1).replace(",gb200,", ",tpu-v5p,"));
+    text.push_str(
+        &last
+            .replacen("bridge2604-gb200-deepseek-v3-256gpu,", "tpu-row,", 1)
+            .replace(",gb200,", ",tpu-v5p,"),
+    );
     text.push('\n');
     let bad = dir.join("runs.csv");
     std::fs::write(&bad, text).unwrap();
-    let o = std::process::Command::new(bin).args(["validate", bad.to_str().unwrap()]).output().unwrap();
+    let o = std::process::Command::new(bin)
+        .args(["validate", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("tpu-row: unknown hardware profile 'tpu-v5p'"), "{out}");
+    assert!(
+        out.contains("tpu-row: unknown hardware profile 'tpu-v5p'"),
+        "{out}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -155,8 +272,17 @@ fn validate_command_reports_rows_summaries_and_cross_validation() {
 fn heavy_output_layer_simulated_against_closed_form() {
     use sextant_planner::cost::CommKind;
     use sextant_planner::schedule::{makespan, simulate};
-    let cases: Vec<_> = parse_runs(&shared_csv()).unwrap().into_iter().filter_map(Result::ok).collect();
-    let case = cases.iter().find(|c| c.model.vocab >= 128_000 && c.config.pp > 1 && c.config.vpp > 1 && c.model.moe.is_none()).expect("a 128k-vocabulary pipelined dense run");
+    let cases: Vec<_> = parse_runs(&shared_csv())
+        .unwrap()
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    let case = cases
+        .iter()
+        .find(|c| {
+            c.model.vocab >= 128_000 && c.config.pp > 1 && c.config.vpp > 1 && c.model.moe.is_none()
+        })
+        .expect("a 128k-vocabulary pipelined dense run");
     let e = case.estimate().unwrap();
     let (p, v, m) = (case.config.pp, case.config.vpp, e.micro_batches);
     let secs: Vec<f64> = e.stages.iter().map(|s| s.secs_per_micro_batch).collect();
@@ -165,7 +291,12 @@ fn heavy_output_layer_simulated_against_closed_form() {
     let pipe_model = m as f64 * secs.iter().copied().fold(0.0, f64::max) + e.time.bubble;
     let rest = e.step_secs - pipe_model;
     let closed = rest + (m as f64 + (p - 1) as f64 / v as f64) * mean;
-    let p2p = e.comm.iter().find(|t| t.kind == CommKind::Pp).map(|t| t.total_secs / t.calls_per_step).unwrap_or(0.0);
+    let p2p = e
+        .comm
+        .iter()
+        .find(|t| t.kind == CommKind::Pp)
+        .map(|t| t.total_secs / t.calls_per_step)
+        .unwrap_or(0.0);
     let fwd: Vec<f64> = secs.iter().map(|s| s / 3.0 / v as f64).collect();
     let bwd: Vec<f64> = secs.iter().map(|s| 2.0 * s / 3.0 / v as f64).collect();
     let tasks = simulate(p, v, m, &fwd, &bwd, p2p).expect("schedule simulates");
@@ -183,6 +314,12 @@ fn heavy_output_layer_simulated_against_closed_form() {
         err(simulated),
         if (simulated - measured).abs() < (closed - measured).abs() { "the simulation" } else { "the closed form" }
     );
-    assert!(last_over_mean > 1.01, "the output layer should make the last stage heavier");
-    assert!((simulated - closed).abs() / closed > 0.001, "simulated {simulated} and closed form {closed} should differ");
+    assert!(
+        last_over_mean > 1.01,
+        "the output layer should make the last stage heavier"
+    );
+    assert!(
+        (simulated - closed).abs() / closed > 0.001,
+        "simulated {simulated} and closed form {closed} should differ"
+    );
 }

@@ -13,27 +13,67 @@ pub fn a_write_that_fails_leaves_the_old_file_and_says_so() {
     // A full disk, as the process sees it: RLIMIT_FSIZE of 1 KiB makes the write of
     // the (larger) plan file fail with EFBIG half-way.
     let o = Command::new("sh")
-        .args(["-c", "ulimit -f 1; exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_sextant"), "plan", "--model", "8b", "--gpus", "8", "--out", &k, "--force"])
+        .args([
+            "-c",
+            "ulimit -f 1; exec \"$0\" \"$@\"",
+            env!("CARGO_BIN_EXE_sextant"),
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--out",
+            &k,
+            "--force",
+        ])
         .output()
         .unwrap();
     let err = stderr(&o);
-    assert!(!o.status.success(), "the write succeeded under a 1 KiB file-size limit");
+    assert!(
+        !o.status.success(),
+        "the write succeeded under a 1 KiB file-size limit"
+    );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.contains("is unchanged") && err.contains("File too large"), "{err}");
+    assert!(
+        err.contains("is unchanged") && err.contains("File too large"),
+        "{err}"
+    );
     assert_eq!(std::fs::read_to_string(&keep).unwrap(), "old");
-    let leftovers: Vec<_> = std::fs::read_dir(&dir.0).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
     assert!(leftovers.is_empty(), "temporary file left behind");
 
     // A directory that cannot hold files: nothing is written, and the message says so.
     let not_dir = dir.path("file");
     std::fs::write(&not_dir, "x").unwrap();
     let target = not_dir.join("plan.json").to_string_lossy().into_owned();
-    let o = Command::new(env!("CARGO_BIN_EXE_sextant")).args(["plan", "--model", "8b", "--gpus", "8", "--out", &target]).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_sextant"))
+        .args(["plan", "--model", "8b", "--gpus", "8", "--out", &target])
+        .output()
+        .unwrap();
     let err = stderr(&o);
     assert!(!o.status.success());
     assert!(err.contains("nothing was written"), "{err}");
-    let o = Command::new(env!("CARGO_BIN_EXE_sextant")).args(["plan", "--model", "8b", "--gpus", "8", "--out", "/proc/self/plan.json"]).output().unwrap();
-    assert!(!o.status.success() && stderr(&o).contains("nothing was written"), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_sextant"))
+        .args([
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--out",
+            "/proc/self/plan.json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && stderr(&o).contains("nothing was written"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// Everything issue 8 asks to count, run in one place: hostile inputs (bad command
@@ -46,14 +86,32 @@ fn reliability_summary() {
     crate::cli::bad_input_gets_one_clear_line();
     crate::exec::exec_refuses_bad_input_and_never_overwrites();
     let cli = hostile_count() - before;
-    let corpus: u32 = crate::fuzz_replay::replay_all().iter().map(|(_, n)| *n as u32).sum();
+    let corpus: u32 = crate::fuzz_replay::replay_all()
+        .iter()
+        .map(|(_, n)| *n as u32)
+        .sum();
 
     let faults: [(&str, fn()); 5] = [
-        ("rank killed mid-step", crate::exec::a_rank_killed_mid_step_ends_every_rank_within_the_timeout),
-        ("rank never arrives", crate::exec::a_rank_that_never_arrives_is_named_after_the_timeout),
-        ("mismatched plan files", crate::exec::ranks_with_different_plan_files_are_refused_at_the_rendezvous),
-        ("rendezvous port in use", crate::exec::a_rendezvous_port_in_use_is_one_clear_line),
-        ("failing writes (3 kinds)", a_write_that_fails_leaves_the_old_file_and_says_so),
+        (
+            "rank killed mid-step",
+            crate::exec::a_rank_killed_mid_step_ends_every_rank_within_the_timeout,
+        ),
+        (
+            "rank never arrives",
+            crate::exec::a_rank_that_never_arrives_is_named_after_the_timeout,
+        ),
+        (
+            "mismatched plan files",
+            crate::exec::ranks_with_different_plan_files_are_refused_at_the_rendezvous,
+        ),
+        (
+            "rendezvous port in use",
+            crate::exec::a_rendezvous_port_in_use_is_one_clear_line,
+        ),
+        (
+            "failing writes (3 kinds)",
+            a_write_that_fails_leaves_the_old_file_and_says_so,
+        ),
     ];
     for (_, f) in &faults {
         f();
@@ -63,7 +121,10 @@ fn reliability_summary() {
     let (a, planned) = crate::properties::any_model_any_cluster(40);
     let (b, compared) = crate::properties::larger_batch_never_costs_more_than_the_bubble(24);
     // A property that never meets a plan checks nothing.
-    assert!(planned >= a / 4 && compared >= b, "too few cases reached a plan: {planned} of {a}, {compared} comparisons");
+    assert!(
+        planned >= a / 4 && compared >= b,
+        "too few cases reached a plan: {planned} of {a}, {compared} comparisons"
+    );
     println!(
         "reliability summary: {} hostile inputs ({cli} command lines and files, {corpus} fuzz-corpus inputs), {fault_cases} fault cases ({}), {} property cases ({a} random models on 1 to 1,000,000 GPUs, {planned} with plans; {b} batch-monotonicity cases, {compared} plans compared)",
         cli + corpus,

@@ -7,7 +7,10 @@ use std::process::Command;
 use sextant_reports::SECTIONS;
 
 fn sextant(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_sextant")).args(args).output().expect("binary runs")
+    Command::new(env!("CARGO_BIN_EXE_sextant"))
+        .args(args)
+        .output()
+        .expect("binary runs")
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -31,13 +34,19 @@ fn balanced(html: &str) -> Result<(), String> {
             continue;
         }
         if let Some(name) = tag.strip_prefix('/') {
-            let open = stack.pop().ok_or_else(|| format!("</{name}> closes nothing"))?;
+            let open = stack
+                .pop()
+                .ok_or_else(|| format!("</{name}> closes nothing"))?;
             if open != name.trim() {
                 return Err(format!("</{name}> closes <{open}>"));
             }
             continue;
         }
-        let name = tag.split(|c: char| c.is_whitespace() || c == '/').next().unwrap_or("").to_string();
+        let name = tag
+            .split(|c: char| c.is_whitespace() || c == '/')
+            .next()
+            .unwrap_or("")
+            .to_string();
         if tag.ends_with('/') || VOID.contains(&name.as_str()) {
             continue;
         }
@@ -54,18 +63,30 @@ fn check_structure(html: &str) {
     assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
     balanced(html).unwrap();
     for (id, title) in SECTIONS {
-        assert!(html.contains(&format!("<section id=\"{id}\">")), "section {id} missing");
+        assert!(
+            html.contains(&format!("<section id=\"{id}\">")),
+            "section {id} missing"
+        );
         assert!(html.contains(title), "heading {title} missing");
     }
     // Every chart has content: at least a handful of drawn shapes.
-    let svgs: Vec<&str> = html.split("<svg").skip(1).map(|s| &s[..s.find("</svg>").expect("closed svg")]).collect();
+    let svgs: Vec<&str> = html
+        .split("<svg")
+        .skip(1)
+        .map(|s| &s[..s.find("</svg>").expect("closed svg")])
+        .collect();
     assert!(svgs.len() >= 4, "expected 4 charts, found {}", svgs.len());
     for svg in &svgs {
-        let shapes = svg.matches("<rect").count() + svg.matches("<circle").count() + svg.matches("<polyline").count() + svg.matches("<path").count();
+        let shapes = svg.matches("<rect").count()
+            + svg.matches("<circle").count()
+            + svg.matches("<polyline").count()
+            + svg.matches("<path").count();
         assert!(shapes > 10, "a chart is (nearly) empty: {shapes} shapes");
     }
     // Self-contained: nothing fetched from anywhere.
-    for bad in ["http://", "https://", "<script", "src=", "href=", "url(", "@import"] {
+    for bad in [
+        "http://", "https://", "<script", "src=", "href=", "url(", "@import",
+    ] {
         assert!(!html.contains(bad), "report contains '{bad}'");
     }
 }
@@ -74,18 +95,36 @@ fn check_structure(html: &str) {
 fn dense_and_moe_reports_are_complete_and_self_contained() {
     for (label, args) in [
         ("dense", vec!["plan", "--model", "70b", "--gpus", "128"]),
-        ("moe", vec!["plan", "--model", "mixtral-8x22b", "--gpus", "256", "--global-batch", "512"]),
+        (
+            "moe",
+            vec![
+                "plan",
+                "--model",
+                "mixtral-8x22b",
+                "--gpus",
+                "256",
+                "--global-batch",
+                "512",
+            ],
+        ),
     ] {
         let path = tmp(&format!("{label}.html"));
         let _ = std::fs::remove_file(&path);
         let mut a = args.clone();
         a.extend(["--report", path.to_str().unwrap()]);
         let o = sextant(&a);
-        assert!(o.status.success(), "{label}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{label}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let html = std::fs::read_to_string(&path).unwrap();
         check_structure(&html);
         if label == "moe" {
-            assert!(html.contains("EP"), "MoE report shows no expert parallelism");
+            assert!(
+                html.contains("EP"),
+                "MoE report shows no expert parallelism"
+            );
         }
     }
 }
@@ -96,9 +135,22 @@ fn report_from_a_saved_plan_and_size_at_16384_gpus() {
     let out = tmp("405b.html");
     let _ = std::fs::remove_file(&plan);
     let _ = std::fs::remove_file(&out);
-    let o = sextant(&["plan", "--model", "405b", "--gpus", "16384", "--out", plan.to_str().unwrap()]);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "405b",
+        "--gpus",
+        "16384",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = sextant(&["report", plan.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let o = sextant(&[
+        "report",
+        plan.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let html = std::fs::read_to_string(&out).unwrap();
     check_structure(&html);
@@ -106,22 +158,52 @@ fn report_from_a_saved_plan_and_size_at_16384_gpus() {
     println!("405B on 16384 GPUs: report {size} bytes");
     assert!(size < 3 * 1024 * 1024, "report is {size} bytes, over 3 MB");
     // Existing output is not replaced without --force.
-    let o = sextant(&["report", plan.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let o = sextant(&[
+        "report",
+        plan.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert!(!o.status.success());
     // A single estimate also makes a report.
     let est = tmp("est.json");
     let _ = std::fs::remove_file(&est);
-    let o = sextant(&["estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--global-batch", "64", "--out", est.to_str().unwrap()]);
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--global-batch",
+        "64",
+        "--out",
+        est.to_str().unwrap(),
+    ]);
     assert!(o.status.success());
     let est_html = tmp("est.html");
     let _ = std::fs::remove_file(&est_html);
-    let o = sextant(&["report", est.to_str().unwrap(), "-o", est_html.to_str().unwrap(), "--force"]);
+    let o = sextant(&[
+        "report",
+        est.to_str().unwrap(),
+        "-o",
+        est_html.to_str().unwrap(),
+        "--force",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     check_structure(&std::fs::read_to_string(&est_html).unwrap());
 }
 
 fn chromium() -> Option<PathBuf> {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"].iter().map(PathBuf::from).find(|p| p.exists())
+    [
+        "/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+        "/usr/bin/google-chrome",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
 }
 
 /// Fraction of pixels that are not near-white in a PNG.
@@ -133,7 +215,10 @@ fn ink(png_path: &Path) -> f64 {
     let channels = info.color_type.samples();
     let px = &buf[..info.buffer_size()];
     let total = px.len() / channels;
-    let inked = px.chunks(channels).filter(|p| p.iter().take(3).any(|&c| c < 200)).count();
+    let inked = px
+        .chunks(channels)
+        .filter(|p| p.iter().take(3).any(|&c| c < 200))
+        .count();
     inked as f64 / total as f64
 }
 
@@ -148,7 +233,15 @@ fn report_renders_in_headless_chromium() {
     };
     let html = tmp("view.html");
     let _ = std::fs::remove_file(&html);
-    let o = sextant(&["plan", "--model", "70b", "--gpus", "128", "--report", html.to_str().unwrap()]);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "70b",
+        "--gpus",
+        "128",
+        "--report",
+        html.to_str().unwrap(),
+    ]);
     assert!(o.status.success());
     let shot = tmp("view.png");
     let _ = std::fs::remove_file(&shot);
@@ -171,8 +264,20 @@ fn report_renders_in_headless_chromium() {
         ])
         .output()
         .unwrap();
-    assert!(shot.exists(), "no screenshot: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        shot.exists(),
+        "no screenshot: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let ink = ink(&shot);
-    println!("screenshot {}: {:.1}% of pixels inked", shot.display(), 100.0 * ink);
-    assert!(ink > 0.03, "the rendered report looks blank ({:.2}% inked)", 100.0 * ink);
+    println!(
+        "screenshot {}: {:.1}% of pixels inked",
+        shot.display(),
+        100.0 * ink
+    );
+    assert!(
+        ink > 0.03,
+        "the rendered report looks blank ({:.2}% inked)",
+        100.0 * ink
+    );
 }
