@@ -125,7 +125,19 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
                 };
                 return factor * bytes / bw + phases * latency_steps(p.size) * nvl_alpha;
             }
-            // Flat ring over all n ranks: every NIC carries factor * S / k.
+            // Flat ring over all n ranks: every NIC carries factor * S / k. NCCL runs
+            // all-gather and reduce-scatter as a ring (n - 1 steps of latency), or
+            // with PAT's logarithmic steps where each node holds one rank of the
+            // group (NCCL 2.23 release notes: PAT for AllGather and ReduceScatter at
+            // one GPU per node); it has no tree for them.
+            if c != Collective::AllReduce {
+                let steps = if p.per_domain == 1 {
+                    latency_steps(p.size)
+                } else {
+                    (n - 1.0).max(1.0)
+                };
+                return factor * bytes / net + steps * net_alpha;
+            }
             let ring = factor * bytes / net + phases * latency_steps(p.size) * net_alpha;
             // Hierarchical (NCCL tree / NVLS-tree): reduce-scatter inside the domain,
             // collective across domains on S/k per member, all-gather inside the

@@ -821,7 +821,11 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         let block_passes = blocks * passes + tp_block_replays;
         let total = block_passes * per_block;
         lc.tp_calls = block_passes * if cfg.sp { 2.0 } else { 1.0 };
-        let exposed = if cfg.overlap.tp_comm {
+        // Transformer Engine's comm+GEMM overlap (Userbuffers) needs the TP group
+        // inside one NVLink domain: it relies on CUDA multicast / IPC over NVLink
+        // (TransformerEngine issue #1071, maintainer's answer; multi-node NVLink
+        // domains since PR #1470). Across domains the collectives run exposed.
+        let exposed = if cfg.overlap.tp_comm && g.domains == 1 {
             // Userbuffers split each collective into tp chunks pipelined with the
             // GEMM: the first chunk, and whatever outlasts the GEMMs, stays exposed.
             let hide = (lc.gemm * passes / 1.0).max(0.0);
@@ -1208,7 +1212,7 @@ pub fn stage_problem(
         classes: vec![crate::partition::GpuClass {
             name: hw.name.clone(),
             slowdown: 1.0,
-            capacity_bytes: hw.hbm_bytes(),
+            capacity_bytes: hw.capacity_bytes(),
             stages: p,
         }],
         allow_recompute: false,
@@ -1350,11 +1354,11 @@ pub fn estimate_unbanded(
     a: Assumptions,
 ) -> Result<Estimate, Rejection> {
     let e = evaluate(model, cluster, w, cfg, a)?;
-    if e.memory.total > e.hbm_bytes {
+    if e.memory.total > cluster.profile.capacity_bytes() {
         return Err(Rejection::OutOfMemory {
             stage: e.memory.stage,
             needed_gib: e.memory.total / GIB,
-            usable_gib: cluster.profile.usable_bytes() / GIB,
+            usable_gib: cluster.profile.capacity_bytes() / GIB,
             reserve_gib: cluster.profile.memory.reserve_gib,
         });
     }
@@ -1806,6 +1810,56 @@ pub fn evaluate(
                 // FSDP: gather before each forward and backward, reduce after each backward.
                 Zero::Zero3 => (Collective::ReduceScatter, mb, 2.0 * mb),
             };
+            if cfg.zero == Zero::Zero3 {
+                // ZeRO-3 / FSDP shards by layer: before each layer's forward and again
+                // before its backward (parameters are freed after the forward, the
+                // default of PyTorch FSDP2's reshard_after_forward and Megatron-FSDP)
+                // the layer's parameters are all-gathered, and after its backward its
+                // gradient is reduce-scattered, for every micro-batch. With one layer
+                // prefetched (FSDP2's default), a gather hides behind the previous
+                // layer's pass only; in the backward the gather and the reduce-scatter
+                // share the rank's links. The first gather of each pass and the last
+                // reduce-scatter wait in the open. Latency counts once per layer, so
+                // it grows with DP (see collective_secs).
+                let units = (s.layers + s.mtp_layers).max(1) as f64;
+                let ag = c.coll(Collective::AllGather, param_bytes / units, group);
+                let rs = c.coll(Collective::ReduceScatter, grad_bytes / units, group);
+                let (f_u, b_u) = (t_f / units, t_b / units);
+                let fwd = ag + (units - 1.0) * (ag - f_u).max(0.0);
+                let bwd = ag + (units - 1.0) * (ag + rs - b_u).max(0.0) + rs;
+                let gather_total = 2.0 * mb * units * ag;
+                let grad_total = mb * units * rs;
+                let busy = fwd + bwd;
+                // Split the exposed time between the two terms by their share of the traffic.
+                let share = gather_total / (gather_total + grad_total).max(f64::MIN_POSITIVE);
+                let gather_exposed = (mb * busy * share).min(gather_total);
+                let grad_exposed = (mb * busy * (1.0 - share)).min(grad_total);
+                exposed += grad_exposed + gather_exposed;
+                overlapped += grad_total - grad_exposed + gather_total - gather_exposed;
+                terms.push(CommTerm {
+                    kind: grad_kind,
+                    collective: grad_coll,
+                    group,
+                    tier: group.tier(),
+                    bytes_per_call: grad_bytes / units,
+                    calls_per_step: mb * units,
+                    total_secs: grad_total,
+                    exposed_secs: grad_exposed,
+                    overlapped_secs: grad_total - grad_exposed,
+                });
+                terms.push(CommTerm {
+                    kind: param_kind,
+                    collective: Collective::AllGather,
+                    group,
+                    tier: group.tier(),
+                    bytes_per_call: param_bytes / units,
+                    calls_per_step: 2.0 * mb * units,
+                    total_secs: gather_total,
+                    exposed_secs: gather_exposed,
+                    overlapped_secs: gather_total - gather_exposed,
+                });
+                continue;
+            }
             let buckets = (params_local / BUCKET_PARAMS).ceil().max(1.0);
             let grad_one = c.coll(grad_coll, grad_bytes / buckets, group) * buckets;
             let grad_total = grad_one * grad_calls;
