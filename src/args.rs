@@ -105,6 +105,11 @@ pub struct Common {
     /// Allow tensor parallelism to span NVLink domains (over the network).
     #[arg(long = "allow-tp-across-nodes")]
     pub allow_tp_across_nodes: bool,
+    /// Fraction of HBM kept free of every plan (allocator and memory-model
+    /// margin), from 0 to 0.5. Default: the profile's `memory.headroom` (0.05 in
+    /// the built-in profiles).
+    #[arg(long = "mem-headroom")]
+    pub mem_headroom: Option<f64>,
     /// Replace the profile's efficiency constants with those measured by
     /// `sextant calibrate` (an overlay for the same profile, from GPU runs).
     #[arg(long)]
@@ -200,6 +205,12 @@ impl Common {
             }
             profile = sextant_planner::calibration::apply(&profile, &overlay)
                 .map_err(|e| anyhow::anyhow!("--calibration '{path}': {e}"))?;
+        }
+        if let Some(h) = self.mem_headroom {
+            if !(h.is_finite() && (0.0..=0.5).contains(&h)) {
+                bail!("--mem-headroom {h} is not a fraction of HBM from 0 to 0.5 (e.g. 0.05 keeps 5% free)");
+            }
+            profile.memory.headroom = h;
         }
         let mut cluster = Cluster::new(profile, self.gpus)?;
         cluster.allow_tp_beyond_nvlink = self.allow_tp_across_nodes;

@@ -25,7 +25,7 @@ pub fn assumptions(inp: &Inputs) -> String {
     );
     let _ = writeln!(
         s,
-        "Cluster:   {} x {} ({}), {} nodes of {}, NVLink domain {} at {:.0} GB/s, network {:.0} GB/s per GPU, {:.1} GiB HBM",
+        "Cluster:   {} x {} ({}), {} nodes of {}, NVLink domain {} at {:.0} GB/s, network {:.0} GB/s per GPU, {:.1} GiB HBM of which plans use at most {:.1} (headroom {:.0}%, --mem-headroom)",
         inp.cluster.gpus,
         p.gpu.name,
         p.name,
@@ -34,7 +34,9 @@ pub fn assumptions(inp: &Inputs) -> String {
         p.node.nvlink_domain,
         p.node.nvlink_gbytes_per_s,
         p.network.nic_gbytes_per_s,
-        p.gpu.hbm_gib
+        p.gpu.hbm_gib,
+        p.capacity_bytes() / sextant_planner::hardware::GIB,
+        100.0 * p.memory.headroom
     );
     let _ = writeln!(
         s,
@@ -77,7 +79,7 @@ fn layout_note(cfg: &ParallelConfig) -> String {
 
 pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
     let mut s = String::new();
-    let cap = inp.cluster.profile.gpu.hbm_gib;
+    let cap = inp.cluster.profile.capacity_bytes() / sextant_planner::hardware::GIB;
     let _ = writeln!(
         s,
         "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>11} {:>9} {:>10} {:>5} {:>13} {:>6} {:>5}",

@@ -1277,7 +1277,7 @@ impl fmt::Display for Rejection {
             Rejection::RecomputeModules { detail } => write!(f, "recompute modules: {detail}"),
             Rejection::OutOfMemory { stage, needed_gib, usable_gib, reserve_gib } => write!(
                 f,
-                "pipeline stage {stage} needs {needed_gib:.1} GiB per GPU but only {usable_gib:.1} GiB is usable (HBM less a {reserve_gib:.1} GiB reserve)"
+                "pipeline stage {stage} needs {needed_gib:.1} GiB per GPU (a {reserve_gib:.1} GiB reserve included) but plans may use {usable_gib:.1} GiB (HBM less the allocator headroom, --mem-headroom)"
             ),
         }
     }

@@ -92,6 +92,19 @@ pub struct MemoryReserve {
     pub reserve_gib: f64,
     /// Allocator fragmentation, as a fraction of the bytes the model allocates.
     pub fragmentation: f64,
+    /// Fraction of HBM no plan may use: the margin against the memory model's
+    /// own error, so that no recommended plan sits at the edge of HBM. A
+    /// profile without it reads [`DEFAULT_HEADROOM`]; `--mem-headroom` overrides it.
+    #[serde(default = "default_headroom")]
+    pub headroom: f64,
+}
+
+/// The headroom of a profile that does not state one (see the built-in profiles'
+/// `memory.headroom` source).
+pub const DEFAULT_HEADROOM: f64 = 0.05;
+
+fn default_headroom() -> f64 {
+    DEFAULT_HEADROOM
 }
 
 /// A published bus-bandwidth measurement, kept beside the constants it supports.
@@ -449,6 +462,7 @@ pub const SOURCED_FIELDS: &[&str] = &[
     "efficiency.nvlink_busbw",
     "efficiency.network_busbw",
     "memory.reserve_gib",
+    "memory.headroom",
 ];
 
 impl HardwareProfile {
@@ -520,6 +534,15 @@ impl HardwareProfile {
                 format!(
                     "reserve {} GiB leaves nothing of {} GiB HBM",
                     self.memory.reserve_gib, self.gpu.hbm_gib
+                ),
+            );
+        }
+        if !(self.memory.headroom.is_finite() && (0.0..=0.5).contains(&self.memory.headroom)) {
+            return err(
+                "memory.headroom",
+                format!(
+                    "{} is not a fraction of HBM from 0 to 0.5",
+                    self.memory.headroom
                 ),
             );
         }
@@ -665,6 +688,12 @@ impl HardwareProfile {
 
     pub fn hbm_bytes(&self) -> f64 {
         self.gpu.hbm_gib * GIB
+    }
+
+    /// What a plan may use: HBM less the headroom (the reserve is inside it, in
+    /// each plan's own memory).
+    pub fn capacity_bytes(&self) -> f64 {
+        self.hbm_bytes() * (1.0 - self.memory.headroom)
     }
 
     /// Usable bytes for the model: HBM less the reserve.

@@ -97,7 +97,7 @@ pub fn plan_mixed(
         gpu_classes.push(GpuClass {
             name: profile.name.clone(),
             slowdown: 1.0,
-            capacity_bytes: profile.hbm_bytes(),
+            capacity_bytes: profile.capacity_bytes(),
             stages: (n / per_stage) as usize,
         });
         problems.push(prob);
