@@ -143,6 +143,13 @@ struct PlanArgs {
     /// Also print the best plan for this framework (see `sextant export --help`).
     #[arg(long)]
     emit: Option<String>,
+    /// The framework the plans must run on: megatron-lm (default; also torchrun
+    /// and slurm, which launch it), megatron-core, megatron-bridge, nemo, verl,
+    /// rlinf, torchtitan, or `any` for everything the cost model prices. Only plans
+    /// whose export to that framework succeeds are ranked. Default: --emit's
+    /// target when given, else megatron-lm.
+    #[arg(long)]
+    target: Option<String>,
     /// Also write the HTML cost report to this file (replaced only with --force).
     #[arg(long)]
     report: Option<String>,
@@ -277,6 +284,20 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             "--recompute-modules applies to selective recomputation: add selective to --recompute"
         );
     }
+    let target_name = a
+        .target
+        .clone()
+        .or_else(|| a.emit.clone())
+        .unwrap_or_else(|| "megatron-lm".into());
+    let target = if target_name.trim().eq_ignore_ascii_case("any") {
+        None
+    } else {
+        let t = Target::parse(&target_name)?;
+        if sextant_exports::expressible_schedules(t).is_none() {
+            bail!("--target {target_name} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan (or torchrun/slurm, which launch Megatron-LM), or any");
+        }
+        Some(t)
+    };
     let space = SearchSpace {
         tp: a.tp,
         pp: a.pp,
@@ -286,9 +307,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         etp: a.etp,
         sp: None,
         schedule: inp.schedules.clone().or_else(|| {
-            a.emit
-                .as_deref()
-                .and_then(|t| Target::parse(t).ok())
+            target
                 .and_then(sextant_exports::expressible_schedules)
                 .map(<[_]>::to_vec)
         }),
@@ -307,9 +326,52 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         assumptions: inp.assumptions,
     };
     let start = Instant::now();
-    let res = search(&inp.model, &inp.cluster, &inp.workload, &space, a.top);
+    // A target keeps only plans its export can state: search twice as deep, keep
+    // the first `top` that export.
+    let depth = if target.is_some() {
+        a.top.saturating_mul(2)
+    } else {
+        a.top
+    };
+    let mut res = search(&inp.model, &inp.cluster, &inp.workload, &space, depth);
+    let mut dropped: Vec<String> = Vec::new();
+    if let Some(t) = target {
+        res.top.retain(|c| {
+            let one = PlanFile::new(
+                inp.model.clone(),
+                inp.cluster.profile.clone(),
+                inp.cluster.gpus,
+                inp.workload.clone(),
+                inp.assumptions,
+                None,
+                vec![(c.config.clone(), c.estimate.clone())],
+            );
+            match export(
+                &one,
+                1,
+                t,
+                &LaunchOptions {
+                    plan_path: "plan.json".into(),
+                },
+            ) {
+                Ok(_) => true,
+                Err(e) => {
+                    dropped.push(e.to_string());
+                    false
+                }
+            }
+        });
+        res.top.truncate(a.top);
+        if res.top.is_empty() && !dropped.is_empty() {
+            bail!(
+                "none of the {depth} best plans runs on {}: {} (or pass --target any to see what the cost model would pick)",
+                target_name,
+                dropped[0]
+            );
+        }
+    }
     let millis = start.elapsed().as_secs_f64() * 1e3;
-    let plan = PlanFile::new(
+    let mut plan = PlanFile::new(
         inp.model.clone(),
         inp.cluster.profile.clone(),
         inp.cluster.gpus,
@@ -321,6 +383,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             .map(|c| (c.config.clone(), c.estimate.clone()))
             .collect(),
     );
+    plan.target = target.map(|_| target_name.clone());
     let mut text = render::assumptions(&inp);
     text.push('\n');
     if res.top.is_empty() {

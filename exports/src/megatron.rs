@@ -189,6 +189,9 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
                     "optim_grads_params"
                 },
             );
+            // validate_args asserts it for Megatron-FSDP (arguments.py, d98e8a6,
+            // "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format").
+            arg(&mut v, "ckpt-format", "fsdp_dtensor");
         }
     }
     if cfg.overlap.grad_reduce && cfg.dp * cfg.cp > 1 {

@@ -51,6 +51,11 @@ pub struct PlanFile {
     /// Present when the plans came from a search.
     #[serde(default)]
     pub search: Option<SearchSummary>,
+    /// The framework the search was restricted to (`plan --target`); absent when
+    /// it searched everything the cost model prices (`--target any`), for
+    /// `estimate`, and for files written before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     /// Best first; `plans[0]` is the chosen plan.
     pub plans: Vec<RankedPlan>,
 }
@@ -79,6 +84,7 @@ impl PlanFile {
                 valid: r.valid,
                 rejected: r.rejected.clone(),
             }),
+            target: None,
             plans: plans
                 .into_iter()
                 .enumerate()

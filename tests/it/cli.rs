@@ -330,6 +330,8 @@ fn schedule_flag_restricts_plan_and_sets_estimate() {
         "512",
         "--schedule",
         "dualpipe,zb-h1",
+        "--target",
+        "any",
         "--top",
         "5",
         "--json",
@@ -1321,4 +1323,117 @@ fn megatron_pp_layout_and_mtp_layers() {
             "{err}"
         );
     }
+}
+
+/// The default search ranks only what Megatron-LM runs, and `--target T` only
+/// what T's export states: every ranked plan exports to its target, and the
+/// default plan also to Megatron-Core. A schedule the target cannot run is a
+/// one-line refusal naming `--target any`.
+#[test]
+fn plans_run_on_their_target() {
+    let tmp = TempDir::new("targets");
+    for (target, model, gpus) in [
+        ("", "70b", "128"),
+        ("megatron-core", "8b", "64"),
+        ("megatron-bridge", "8b", "64"),
+        ("nemo", "8b", "64"),
+        ("verl", "8b", "64"),
+        ("rlinf", "8b", "64"),
+        ("torchtitan", "8b", "64"),
+    ] {
+        let out = tmp.path(&format!("plan-{model}-{target}.json"));
+        let mut args = vec![
+            "plan",
+            "--model",
+            model,
+            "--gpus",
+            gpus,
+            "--top",
+            "3",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        if !target.is_empty() {
+            args.extend(["--target", target]);
+        }
+        // verl and RLinf compute log-probabilities with the unfused loss.
+        if matches!(target, "verl" | "rlinf") {
+            args.extend(["--loss", "unfused"]);
+        }
+        let o = sextant(&args);
+        assert!(o.status.success(), "{target}: {}", stderr(&o));
+        let plan = PlanFile::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let want = if target.is_empty() {
+            "megatron-lm"
+        } else {
+            target
+        };
+        assert_eq!(plan.target.as_deref(), Some(want));
+        let targets: &[&str] = if target.is_empty() {
+            &["megatron-lm", "megatron-core"]
+        } else {
+            &[target]
+        };
+        for to in targets {
+            for which in 1..=plan.plans.len() {
+                let w = which.to_string();
+                let o = sextant(&["export", out.to_str().unwrap(), "--to", to, "--plan", &w]);
+                assert!(
+                    o.status.success(),
+                    "plan {which} for {want} does not export to {to}: {}",
+                    stderr(&o)
+                );
+            }
+        }
+    }
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "64",
+        "--schedule",
+        "dualpipe",
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("--target any") && e.lines().count() == 1, "{e}");
+}
+
+/// `--mem-headroom` keeps that fraction of HBM free of every plan; out of range
+/// is one line.
+#[test]
+fn mem_headroom_bounds_every_plan() {
+    for h in ["0", "0.2"] {
+        let o = sextant(&[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--mem-headroom",
+            h,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let plan = PlanFile::from_json(&stdout(&o)).unwrap();
+        let cap =
+            plan.hardware.gpu.hbm_gib * (1.0 - h.parse::<f64>().unwrap()) * (1u64 << 30) as f64;
+        assert!(plan.plans.iter().all(|p| p.estimate.memory.total <= cap));
+        assert_eq!(plan.hardware.memory.headroom, h.parse::<f64>().unwrap());
+    }
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--mem-headroom",
+        "0.9",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("from 0 to 0.5"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -192,6 +192,7 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("use-distributed-optimizer", "megatron/training/arguments.py _add_distributed_args"),
     ("use-megatron-fsdp", "megatron/training/config/common_config.py DistributedInitConfig"),
     ("data-parallel-sharding-strategy", "megatron/training/arguments.py _add_distributed_args"),
+    ("ckpt-format", "megatron/training/config/training_config.py CheckpointConfig"),
     ("overlap-grad-reduce", "megatron/training/arguments.py _add_distributed_args"),
     ("overlap-param-gather", "megatron/training/arguments.py _add_distributed_args"),
     ("tp-comm-overlap", "megatron/core/model_parallel_config.py ModelParallelConfig"),
