@@ -16,6 +16,9 @@ use crate::io::read_text;
 
 use sextant_planner::config::{MAX_GLOBAL_BATCH, MAX_SEQ};
 
+/// `--seq` when not given.
+pub const DEFAULT_SEQ: u64 = 4096;
+
 #[derive(Args, Debug, Clone)]
 pub struct Common {
     /// Model: a preset or alias (see `sextant models`), a Hugging Face config.json,
@@ -32,7 +35,7 @@ pub struct Common {
     #[arg(long)]
     pub cluster: Option<String>,
     /// Sequence length in tokens.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = DEFAULT_SEQ)]
     pub seq: u64,
     /// Global batch in sequences per optimizer step.
     #[arg(long = "global-batch", default_value_t = 1024)]

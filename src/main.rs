@@ -395,6 +395,12 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     text.push_str(&render::plan_table(&res, &inp));
     text.push('\n');
     text.push_str(&render::search_summary(&res, millis));
+    text.push_str(&render::notes(&sextant_planner::notes::sanity_notes(
+        &inp.workload,
+        inp.cluster.gpus,
+        args::DEFAULT_SEQ,
+        res.top.first().map(|c| &c.config),
+    )));
     if let Some(path) = &a.report {
         write_report(&plan, &res.points, &res.sensitivity, path, a.common.force)?;
     }
@@ -703,6 +709,12 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     let mut text = render::assumptions(&inp);
     text.push('\n');
     text.push_str(&render::breakdown(&cfg, &est, &inp.cluster.profile));
+    text.push_str(&render::notes(&sextant_planner::notes::sanity_notes(
+        &inp.workload,
+        inp.cluster.gpus,
+        args::DEFAULT_SEQ,
+        Some(&cfg),
+    )));
     emit(&a.common, &plan, text)
 }
 

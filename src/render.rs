@@ -567,3 +567,15 @@ pub fn cross_validation(
     summary_lines(&mut s, sum, md);
     s
 }
+
+/// Sanity notes, one line each, after a blank line (nothing when there are none).
+pub fn notes(list: &[String]) -> String {
+    let mut s = String::new();
+    if !list.is_empty() {
+        s.push('\n');
+    }
+    for n in list {
+        let _ = writeln!(s, "note: {n}");
+    }
+    s
+}

@@ -23,6 +23,7 @@ pub mod hf;
 pub mod memory;
 pub mod mixed;
 pub mod model;
+pub mod notes;
 pub mod partition;
 pub mod plan;
 pub mod presets;
