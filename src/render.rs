@@ -73,8 +73,54 @@ fn layout_note(cfg: &ParallelConfig) -> String {
         Layout::Even => String::new(),
         Layout::AccountEmbeddingLoss => " emb+loss as layers".into(),
         Layout::FirstLast { first, last } => format!(" first {first} last {last}"),
-        Layout::Explicit { layers } => format!(" layers {:?}", layers),
+        Layout::Explicit { layers } => format!(" --pp-layout \"{}\"", megatron_layout(layers)),
     }
+}
+
+/// An explicit layout (decoder layers per virtual stage, in pipeline order) in
+/// Megatron's layout syntax, which `estimate --pp-layout` reads back: `E` on the
+/// first chunk, `L` on the last, `|` between chunks, runs of equal middle chunks
+/// as `(…|)*k`.
+pub fn megatron_layout(layers: &[u64]) -> String {
+    let last = layers.len().saturating_sub(1);
+    let chunk = |i: usize, n: u64| {
+        let mut c = String::new();
+        if i == 0 {
+            c.push('E');
+        }
+        match n {
+            0 => {}
+            1 => c.push('t'),
+            n => {
+                let _ = write!(c, "t*{n}");
+            }
+        }
+        if i == last {
+            c.push('L');
+        }
+        c
+    };
+    let mut out = String::new();
+    let mut i = 0;
+    while i < layers.len() {
+        let mut j = i + 1;
+        if i > 0 {
+            while j < last && layers[j] == layers[i] {
+                j += 1;
+            }
+        }
+        let run = j - i;
+        if run > 1 {
+            let _ = write!(out, "({}|)*{run}", chunk(i, layers[i]));
+        } else {
+            out.push_str(&chunk(i, layers[i]));
+            if i < last {
+                out.push('|');
+            }
+        }
+        i = j;
+    }
+    out
 }
 
 pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
@@ -578,4 +624,32 @@ pub fn notes(list: &[String]) -> String {
         let _ = writeln!(s, "note: {n}");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::megatron_layout;
+    use sextant_planner::config::Layout;
+
+    /// The plan table's layout reads back through `--pp-layout` unchanged.
+    #[test]
+    fn explicit_layouts_round_trip_through_megatron_syntax() {
+        for (layers, pp) in [
+            (vec![0, 1, 1, 1, 1, 1, 1, 0], 4u64),
+            (vec![3, 4, 4, 4, 4, 4, 4, 3], 4),
+            (vec![0, 2, 2, 1], 2),
+            (vec![5, 5], 2),
+        ] {
+            let text = megatron_layout(&layers);
+            let back = Layout::from_megatron(&text, pp).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(
+                back.layout,
+                Layout::Explicit {
+                    layers: layers.clone()
+                },
+                "{text}"
+            );
+        }
+        assert_eq!(megatron_layout(&[0, 1, 1, 1, 1, 1, 1, 0]), "E|(t|)*6L");
+    }
 }

@@ -281,7 +281,6 @@ fn case(r: &Row) -> Result<RunCase, String> {
     }
     let gpus = req(r, "gpus")?;
     // The run was measured, so it fit: no planning headroom applies to it.
-    let mut profile = profile;
     profile.memory.headroom = 0.0;
     let cluster = Cluster::new(profile, gpus).map_err(|e| e.to_string())?;
     let mut model = model_for(r)?;
