@@ -323,3 +323,109 @@ fn heavy_output_layer_simulated_against_closed_form() {
         "simulated {simulated} and closed form {closed} should differ"
     );
 }
+
+/// Published sweeps (tests/data/published_sweeps.csv): one axis varied on one
+/// model and machine. Off the experts' path, this is where a search goes, so the
+/// test checks order, not absolute error: for every pair within a sweep whose
+/// measured throughputs per GPU differ by 5% or more, the predicted order must be
+/// right on at least 90% of pairs, and each sweep's predicted best/worst ratio is
+/// compared with the measured one (within 10% on at least 90% of the sweeps).
+#[test]
+fn published_sweeps_are_ordered() {
+    use std::collections::BTreeMap;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/published_sweeps.csv"
+    );
+    let text = std::fs::read_to_string(path).expect("sweeps CSV");
+    // Which sweep and axis each row belongs to.
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let headers = rdr.headers().unwrap().clone();
+    let col = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let (c_sweep, c_axis, c_id) = (col("sweep"), col("axis"), col("id"));
+    let mut member: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for rec in rdr.records() {
+        let rec = rec.unwrap();
+        member.insert(
+            rec[c_id].to_string(),
+            (rec[c_axis].to_string(), rec[c_sweep].to_string()),
+        );
+    }
+    // Throughput per GPU, measured and predicted, of every row the model can price.
+    let mut sweeps: BTreeMap<(String, String), Vec<(String, f64, f64)>> = BTreeMap::new();
+    let mut skipped = Vec::new();
+    for row in parse_runs_with(&text, None).expect("sweeps parse") {
+        let case = match row {
+            Ok(c) => c,
+            Err(u) => panic!("sweep row {} cannot be represented: {}", u.id, u.reason),
+        };
+        let tokens =
+            (case.workload.global_batch * case.workload.seq) as f64 / case.cluster.gpus as f64;
+        match case.estimate() {
+            Ok(e) => sweeps.entry(member[&case.id].clone()).or_default().push((
+                case.id.clone(),
+                tokens / case.measured_step_secs(),
+                tokens / e.step_secs,
+            )),
+            Err(r) => skipped.push(format!("{}: {r}", case.id)),
+        }
+    }
+    let (mut pairs, mut right) = (0usize, 0usize);
+    let (mut with_ratio, mut ratio_ok) = (0usize, 0usize);
+    let mut wrong = Vec::new();
+    println!(
+        "{:<10} {:<34} {:>3} {:>9} {:>9} {:>7}",
+        "axis", "sweep", "n", "measured", "predicted", "diff"
+    );
+    for ((axis, sweep), rows) in &sweeps {
+        for (i, a) in rows.iter().enumerate() {
+            for b in &rows[i + 1..] {
+                if (a.1 - b.1).abs() / a.1.min(b.1) < 0.05 {
+                    continue;
+                }
+                pairs += 1;
+                if (a.1 > b.1) == (a.2 > b.2) {
+                    right += 1;
+                } else {
+                    wrong.push(format!("{sweep}: {} vs {}", a.0, b.0));
+                }
+            }
+        }
+        if rows.len() < 2 {
+            continue;
+        }
+        let spread = |k: fn(&(String, f64, f64)) -> f64| {
+            let v: Vec<f64> = rows.iter().map(k).collect();
+            v.iter().copied().fold(0.0, f64::max) / v.iter().copied().fold(f64::INFINITY, f64::min)
+        };
+        let (m, p) = (spread(|r| r.1), spread(|r| r.2));
+        let diff = (p - m) / m;
+        with_ratio += 1;
+        ratio_ok += usize::from(diff.abs() <= 0.10);
+        println!(
+            "{axis:<10} {sweep:<34} {:>3} {m:>9.3} {p:>9.3} {:>+6.1}%{}",
+            rows.len(),
+            100.0 * diff,
+            if diff.abs() > 0.10 {
+                "  outside 10%"
+            } else {
+                ""
+            }
+        );
+    }
+    println!("ordered pairs (measured apart by >=5%): {right} of {pairs}; best/worst within 10%: {ratio_ok} of {with_ratio} sweeps");
+    for s in &skipped {
+        println!("not priced: {s}");
+    }
+    assert!(pairs >= 20, "too few distinguishable pairs: {pairs}");
+    assert!(
+        right as f64 >= 0.9 * pairs as f64,
+        "predicted order wrong on {} of {pairs} pairs: {wrong:?}",
+        pairs - right
+    );
+    assert!(
+        ratio_ok as f64 >= 0.9 * with_ratio as f64,
+        "best/worst ratio outside 10% on {} of {with_ratio} sweeps",
+        with_ratio - ratio_ok
+    );
+}
