@@ -352,7 +352,9 @@ fn published_sweeps_are_ordered() {
         );
     }
     // Throughput per GPU, measured and predicted, of every row the model can price.
-    let mut sweeps: BTreeMap<(String, String), Vec<(String, f64, f64)>> = BTreeMap::new();
+    // (axis, sweep) -> rows of (id, measured, predicted tokens/s/GPU).
+    type Sweeps = BTreeMap<(String, String), Vec<(String, f64, f64)>>;
+    let mut sweeps: Sweeps = BTreeMap::new();
     let mut skipped = Vec::new();
     for row in parse_runs_with(&text, None).expect("sweeps parse") {
         let case = match row {
