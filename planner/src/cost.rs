@@ -3046,7 +3046,8 @@ mod tests {
                 let profile = builtin_profile(gpu).unwrap();
                 let c = Cluster::new(profile, 8 << nodes_log).unwrap();
                 let w = Workload { seq: 1 << seq_log, global_batch: gbs, precision: Precision::Bf16, moe_imbalance: 1.0, moe_capacity: None };
-                let up = search(&m, &c, &w, &SearchSpace { rank_by: RankBy::Upper, ..SearchSpace::default() }, 1);
+                // As users run it: the CLI's default top 10.
+                let up = search(&m, &c, &w, &SearchSpace { rank_by: RankBy::Upper, ..SearchSpace::default() }, 10);
                 let pt = search(&m, &c, &w, &SearchSpace { rank_by: RankBy::Point, ..SearchSpace::default() }, 30);
                 if let Some(first) = up.top.first() {
                     let band = first.estimate.band.as_ref().expect("ranked plans carry a band");

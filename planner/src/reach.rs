@@ -15,8 +15,9 @@
 //!   per sweep, the change of log(predicted / measured) from the row nearest the
 //!   validated region, per doubling of the axis; the rate is the root mean square
 //!   over every row of every sweep of that axis. An axis no sweep measures gets
-//!   the largest measured rate: the model is assumed no better there than on the
-//!   worst axis the data shows.
+//!   the median of the measured axes' rates: a typical drift. (The largest would
+//!   let one axis with a known, mechanism-specific gap, such as TP groups across
+//!   nodes on AWS EFA, set the band of every unmeasured axis.)
 //! - [`Ranker::band`] widens a plan's band by those rates times its doublings
 //!   outside the region, added in quadrature (as independent errors) to the half
 //!   width of the band in log space, at the band's own coverage.
@@ -106,7 +107,7 @@ pub struct AxisRate {
     pub axis: String,
     /// Root mean square drift of log(predicted / measured) per doubling.
     pub per_doubling: f64,
-    /// Sweep rows it was measured on (0: taken from the largest measured rate).
+    /// Sweep rows it was measured on (0: the median of the measured axes' rates).
     pub rows: usize,
     pub basis: String,
 }
@@ -158,10 +159,16 @@ pub fn axis_rates(points: &[SweepPoint]) -> Vec<AxisRate> {
             measured.push((i, (sum_sq / n as f64).sqrt(), n, sweeps.len()));
         }
     }
-    let worst = measured
-        .iter()
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|&(i, r, _, _)| (AXES[i], r));
+    let typical: Option<f64> = {
+        let mut r: Vec<f64> = measured.iter().map(|m| m.1).collect();
+        r.sort_by(f64::total_cmp);
+        match r.len() {
+            0 => None,
+            n if n % 2 == 1 => Some(r[n / 2]),
+            n => Some(0.5 * (r[n / 2 - 1] + r[n / 2])),
+        }
+    };
+    let names: Vec<&str> = measured.iter().map(|m| AXES[m.0]).collect();
     AXES.iter()
         .enumerate()
         .map(|(i, axis)| match measured.iter().find(|m| m.0 == i) {
@@ -173,12 +180,13 @@ pub fn axis_rates(points: &[SweepPoint]) -> Vec<AxisRate> {
             },
             None => AxisRate {
                 axis: axis.to_string(),
-                per_doubling: worst.map_or(0.0, |w| w.1),
+                per_doubling: typical.unwrap_or(0.0),
                 rows: 0,
-                basis: match worst {
-                    Some((w, _)) => {
-                        format!("no published sweep varies it: the largest measured rate ({w})")
-                    }
+                basis: match typical {
+                    Some(_) => format!(
+                        "no published sweep varies it: the median of the measured rates ({})",
+                        names.join(", ")
+                    ),
                     None => "no published sweep measured any axis".into(),
                 },
             },
@@ -454,7 +462,7 @@ mod tests {
     }
 
     #[test]
-    fn rates_measure_drift_per_doubling_and_borrow_the_worst() {
+    fn rates_measure_drift_per_doubling_and_borrow_the_median() {
         // Virtual stages: the error goes from 0 at v=1 to ln(1.1) at v=4 (two
         // doublings) and -ln(1.1) at v=2 in another sweep.
         let d = 1.1f64.ln();
@@ -473,10 +481,31 @@ mod tests {
         let want = d * (1.5f64 / 3.0).sqrt();
         assert!((r[0].per_doubling - want).abs() < 1e-12, "{:?}", r[0]);
         assert_eq!(r[0].rows, 3);
-        // One row is too few for ZeRO-3's own rate: it takes the worst measured.
+        // One row is too few for ZeRO-3's own rate: it takes the median of the
+        // measured (here the only one).
         assert_eq!(r[1].rows, 0);
         assert!((r[1].per_doubling - want).abs() < 1e-12);
         assert!(r[5].basis.contains("virtual stages"), "{}", r[5].basis);
+        // Three measured axes: the unmeasured take the middle rate, not the largest.
+        let mut more = pts.clone();
+        more.extend([
+            pt("c", AXES[1], 32.0, 1.0, 1.0),
+            pt("c", AXES[1], 64.0, 1.0, 1.0),
+            pt("f", AXES[2], 1.0, 1.0, 1.0),
+            pt("f", AXES[2], 2.0, 2.0, 1.0),
+            pt("d", AXES[2], 1.0, 1.0, 1.0),
+            pt("d", AXES[2], 2.0, 2.0, 1.0),
+            pt("e", AXES[2], 1.0, 1.0, 1.0),
+            pt("e", AXES[2], 2.0, 2.0, 1.0),
+        ]);
+        let r = axis_rates(&more);
+        assert!(
+            r[1].rows >= MIN_RATE_ROWS && r[2].rows >= MIN_RATE_ROWS,
+            "{r:?}"
+        );
+        let mut measured = [r[0].per_doubling, r[1].per_doubling, r[2].per_doubling];
+        measured.sort_by(f64::total_cmp);
+        assert!((r[3].per_doubling - measured[1]).abs() < 1e-12, "{r:?}");
     }
 
     fn set(reaches: &[Reach], rate: f64) -> ValidationSet {

@@ -282,7 +282,10 @@ fn case(r: &Row) -> Result<RunCase, String> {
     let gpus = req(r, "gpus")?;
     // The run was measured, so it fit: no planning headroom applies to it.
     profile.memory.headroom = 0.0;
-    let cluster = Cluster::new(profile, gpus).map_err(|e| e.to_string())?;
+    let mut cluster = Cluster::new(profile, gpus).map_err(|e| e.to_string())?;
+    // A measured run whose TP group spans NVLink domains ran that way: price it so
+    // (the planner only proposes it with --allow-tp-across-nodes).
+    cluster.allow_tp_beyond_nvlink = req(r, "tp")? > cluster.profile.node.nvlink_domain;
     let mut model = model_for(r)?;
     if let Some(n) = num(r, "mtp_layers")? {
         model.mtp_layers = n;

@@ -10,6 +10,7 @@
 //! the leading ones are re-estimated in full.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -395,6 +396,32 @@ pub fn rescore_sensitivity(
     });
 }
 
+/// How far a running search has got, for a caller that shows progress (the
+/// planner itself never prints). Work is counted in units: one per parallel shape
+/// screened and one per leader simulated; `total` grows when the leaders are known.
+#[derive(Debug, Default)]
+pub struct Progress {
+    done: AtomicU64,
+    total: AtomicU64,
+}
+
+impl Progress {
+    /// Units finished so far.
+    pub fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+    /// Units known so far (never less than [`Progress::done`]).
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed).max(self.done())
+    }
+    fn plan(&self, units: usize) {
+        self.total.fetch_add(units as u64, Ordering::Relaxed);
+    }
+    fn tick(&self) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Runs the search and keeps the `top` best valid configurations, ranked by
 /// `space.rank_by`.
 pub fn search(
@@ -404,7 +431,20 @@ pub fn search(
     space: &SearchSpace,
     top: usize,
 ) -> SearchResult {
+    search_with_progress(model, cluster, w, space, top, &Progress::default())
+}
+
+/// [`search`], counting its work in `progress` as it goes (another thread may read it).
+pub fn search_with_progress(
+    model: &ModelSpec,
+    cluster: &Cluster,
+    w: &Workload,
+    space: &SearchSpace,
+    top: usize,
+    progress: &Progress,
+) -> SearchResult {
     let shapes = shapes(model, cluster, w, space);
+    progress.plan(shapes.len());
     let ranker = Ranker::builtin(&cluster.profile.name, model.moe.is_some(), space.rank_by);
     let module_sets: Vec<RecomputeModules> = match &space.recompute_modules {
         Some(v) => v.clone(),
@@ -506,7 +546,14 @@ pub fn search(
         }
         (enumerated, valid, rejected, kept)
     };
-    let results: Vec<_> = shapes.par_iter().map(per_shape).collect();
+    let results: Vec<_> = shapes
+        .par_iter()
+        .map(|s| {
+            let r = per_shape(s);
+            progress.tick();
+            r
+        })
+        .collect();
     let mut enumerated = 0;
     let mut valid = 0;
     let mut rejected: BTreeMap<RejectKind, u64> = BTreeMap::new();
@@ -532,34 +579,39 @@ pub fn search(
     // that an inside plan the re-partitioning and simulation would improve is
     // priced beside the outside plans it competes with.
     let depth = top.saturating_mul(3);
-    let mut picked: Vec<&(Point, ParallelConfig)> = all.iter().take(depth).collect();
+    let inside = |(p, cfg): &(Point, ParallelConfig)| {
+        ranker.is_inside(cluster, cfg, p.peak_gib * crate::hardware::GIB)
+    };
+    let mut picked: Vec<usize> = (0..all.len().min(depth)).collect();
     if space.rank_by == RankBy::Upper {
-        let inside = |(p, cfg): &&(Point, ParallelConfig)| {
-            ranker.is_inside(cluster, cfg, p.peak_gib * crate::hardware::GIB)
-        };
         // As many inside plans as there are outside leaders (none when every
         // leader is inside: the simulations are the search's largest cost).
-        let outside = picked.iter().filter(|c| !inside(c)).count();
-        picked.extend(all.iter().skip(depth).filter(|c| inside(c)).take(outside));
+        let outside = picked.iter().filter(|&&i| !inside(&all[i])).count();
+        picked.extend(
+            (depth..all.len())
+                .filter(|&i| inside(&all[i]))
+                .take(outside),
+        );
     }
-    let mut leaders: Vec<Candidate> = picked
-        .into_iter()
-        .map(|(_, cfg)| {
-            let estimate = estimate_with(model, cluster, w, cfg, space.assumptions)
-                .expect("configuration was valid a moment ago");
-            let repartitioned = if space.even_layers {
-                None
-            } else {
-                repartition(model, cluster, w, cfg, space.assumptions, &estimate)
-            };
-            let mut c = repartitioned.unwrap_or(Candidate {
-                config: cfg.clone(),
-                estimate,
-            });
-            crate::cost::apply_simulation(&mut c.estimate, &c.config);
-            c
-        })
-        .collect();
+    progress.plan(picked.len());
+    let price = |i: usize| -> Candidate {
+        let cfg = &all[i].1;
+        let estimate = estimate_with(model, cluster, w, cfg, space.assumptions)
+            .expect("configuration was valid a moment ago");
+        let repartitioned = if space.even_layers {
+            None
+        } else {
+            repartition(model, cluster, w, cfg, space.assumptions, &estimate)
+        };
+        let mut c = repartitioned.unwrap_or(Candidate {
+            config: cfg.clone(),
+            estimate,
+        });
+        crate::cost::apply_simulation(&mut c.estimate, &c.config);
+        progress.tick();
+        c
+    };
+    let mut leaders: Vec<Candidate> = picked.iter().map(|&i| price(i)).collect();
     let key = |c: &Candidate| {
         ranker.key(
             cluster,
@@ -568,11 +620,31 @@ pub fn search(
             c.estimate.memory.total,
         )
     };
-    leaders.sort_by(|a, b| {
-        key(a)
-            .total_cmp(&key(b))
-            .then(a.estimate.step_secs.total_cmp(&b.estimate.step_secs))
-    });
+    let rank = |leaders: &mut Vec<Candidate>| {
+        leaders.sort_by(|a, b| {
+            key(a)
+                .total_cmp(&key(b))
+                .then(a.estimate.step_secs.total_cmp(&b.estimate.step_secs))
+        })
+    };
+    rank(&mut leaders);
+    // An outside plan leads: before it wins, price more inside plans, since the
+    // screening's order among them is the closed form's and the simulation or
+    // the re-partitioning can lift one far down it. Only here does this cost
+    // anything: when every leader is inside, or no plan is, nothing is added.
+    let outside_leads = |l: &[Candidate]| {
+        l.first()
+            .is_some_and(|c| !ranker.is_inside(cluster, &c.config, c.estimate.memory.total))
+    };
+    if space.rank_by == RankBy::Upper && outside_leads(&leaders) {
+        let more: Vec<usize> = (0..all.len())
+            .filter(|i| !picked.contains(i) && inside(&all[*i]))
+            .take(depth.saturating_mul(3))
+            .collect();
+        progress.plan(more.len());
+        leaders.extend(more.into_iter().map(price));
+        rank(&mut leaders);
+    }
     leaders.truncate(top);
     let top = leaders;
     let sensitivity = sensitivity(&all);
@@ -607,6 +679,30 @@ mod tests {
         };
         let r = search(&m, &c, &w, &SearchSpace::default(), 10);
         (m, c, w, r)
+    }
+
+    #[test]
+    fn progress_counts_every_shape_and_leader() {
+        let m = resolve("llama3-8b").unwrap().spec;
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
+        let w = Workload {
+            seq: 4096,
+            global_batch: 64,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
+        let space = SearchSpace::default();
+        let p = Progress::default();
+        let r = search_with_progress(&m, &c, &w, &space, 5, &p);
+        let shapes = shapes(&m, &c, &w, &space).len() as u64;
+        // Every shape screened and at least the leaders kept were simulated.
+        assert!(
+            p.done() >= shapes + r.top.len() as u64,
+            "{} < {shapes}",
+            p.done()
+        );
+        assert_eq!(p.done(), p.total());
     }
 
     #[test]
