@@ -24,6 +24,7 @@ fn write_stdout(args: std::fmt::Arguments) {
 mod args;
 mod exec;
 mod io;
+mod progress;
 mod render;
 
 use std::path::Path;
@@ -37,7 +38,7 @@ use sextant_planner::config::{Layout, ParallelConfig, Recompute, Rejection, Zero
 use sextant_planner::cost::{estimate_with, evaluate};
 use sextant_planner::plan::PlanFile;
 use sextant_planner::reach::RankBy;
-use sextant_planner::search::{rescore_sensitivity, search, SearchSpace};
+use sextant_planner::search::{rescore_sensitivity, search_with_progress, SearchSpace};
 
 use args::Common;
 
@@ -415,7 +416,9 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     } else {
         a.top
     };
-    let mut res = search(&inp.model, &inp.cluster, &inp.workload, &space, depth);
+    let mut res = progress::searching("searching", |p| {
+        search_with_progress(&inp.model, &inp.cluster, &inp.workload, &space, depth, p)
+    });
     let mut dropped: Vec<String> = Vec::new();
     if let Some(t) = target {
         res.top.retain(|c| {
@@ -484,7 +487,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         print!("{text}");
         bail!("no valid plan for {} on {} GPUs: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, inp.cluster.gpus);
     }
-    text.push_str(&render::plan_table(&res, &inp));
+    text.push_str(&render::plan_table(&res, &inp, table_width()));
     text.push('\n');
     text.push_str(&render::search_summary(&res, millis));
     text.push_str(&render::notes(&sextant_planner::notes::sanity_notes(
@@ -571,7 +574,9 @@ fn cmd_report(a: ReportArgs) -> Result<()> {
             rank_by: plan.rank_by.unwrap_or_default(),
             ..SearchSpace::default()
         };
-        let mut res = search(&plan.model, &cluster, &plan.workload, &space, 1);
+        let mut res = progress::searching("re-running the search", |p| {
+            search_with_progress(&plan.model, &cluster, &plan.workload, &space, 1, p)
+        });
         rescore_sensitivity(&mut res, &plan.model, &cluster, &plan.workload, &space);
         (res.points, res.sensitivity)
     } else {
@@ -580,6 +585,21 @@ fn cmd_report(a: ReportArgs) -> Result<()> {
     write_report(&plan, &points, &sensitivity, &a.output, a.force)?;
     println!("Report written to {}", a.output);
     Ok(())
+}
+
+/// How wide the plan table may be: `COLUMNS` when set to a number (at least 40),
+/// else the terminal's width when stdout is one, else no limit (pipes and files get
+/// every column).
+fn table_width() -> Option<usize> {
+    if let Some(n) = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        return Some(n.max(40));
+    }
+    console::Term::stdout()
+        .size_checked()
+        .map(|(_, cols)| usize::from(cols).max(40))
 }
 
 fn cmd_validate(a: ValidateArgs) -> Result<()> {

@@ -123,62 +123,222 @@ pub fn megatron_layout(layers: &[u64]) -> String {
     out
 }
 
-pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
-    let mut s = String::new();
+/// One column of the plan table.
+struct Column {
+    header: &'static str,
+    /// Dropped first when the terminal is too narrow: higher goes first; 0 never.
+    drop_rank: u8,
+    /// When every plan has the same value, the column may move to an
+    /// "all plans:" line under the table to save width.
+    collapsible: bool,
+    cells: Vec<String>,
+}
+
+impl Column {
+    fn width(&self) -> usize {
+        self.cells
+            .iter()
+            .map(|c| c.chars().count())
+            .chain(std::iter::once(self.header.len()))
+            .max()
+            .unwrap_or(0)
+    }
+    fn constant(&self) -> Option<&str> {
+        let first = self.cells.first()?;
+        self.cells
+            .iter()
+            .all(|c| c == first)
+            .then_some(first.as_str())
+    }
+}
+
+/// The ranked plans as a table, fitted to `width` terminal columns when given
+/// (`None`: no limit, as when writing to a pipe or file). To fit, columns whose
+/// value is the same for every plan move to an "all plans:" line, then the least
+/// needed columns are hidden (named under the table), then layouts go on their own
+/// lines. A legend of the columns follows.
+pub fn plan_table(res: &SearchResult, inp: &Inputs, width: Option<usize>) -> String {
     let cap = inp.cluster.profile.capacity_bytes() / sextant_planner::hardware::GIB;
-    let _ = writeln!(
-        s,
-        "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>11} {:>9} {:>10} {:>10} {:>5} {:>13} {:>6} {:>5}",
-        "#", "TP", "PP", "VPP", "CP", "SP", "EP", "ETP", "DP", "MBS", "GA", "ZeRO", "RC", "schedule", "step(s)", "upper(s)", "tok/s/GPU", "MFU", "mem GiB/cap", "bubble", "comm"
-    );
     let mut outside_notes: Vec<String> = Vec::new();
+    let col = |header, drop_rank, collapsible| Column {
+        header,
+        drop_rank,
+        collapsible,
+        cells: Vec::new(),
+    };
+    let mut cols = vec![
+        col("#", 0, false),
+        col("TP", 0, false),
+        col("PP", 0, false),
+        col("VPP", 0, true),
+        col("CP", 0, true),
+        col("SP", 0, true),
+        col("EP", 0, true),
+        col("ETP", 0, true),
+        col("DP", 0, false),
+        col("MBS", 0, false),
+        col("GA", 4, true),
+        col("ZeRO", 0, true),
+        col("RC", 0, true),
+        col("schedule", 3, true),
+        col("step(s)", 0, false),
+        col("upper(s)", 0, false),
+        col("tok/s/GPU", 6, false),
+        col("MFU", 5, false),
+        col("mem GiB/cap", 1, false),
+        col("bubble", 2, false),
+        col("comm", 2, false),
+    ];
+    let mut layouts: Vec<String> = Vec::new();
     for (i, c) in res.top.iter().enumerate() {
         let cfg = &c.config;
         let e = &c.estimate;
-        let _ = writeln!(
-            s,
-            "{:>3} {:>3} {:>3} {:>3} {:>3} {:>2} {:>3} {:>3} {:>5} {:>3} {:>5} {:>4} {:>4} {:>11} {:>9.3} {:>10} {:>10.0} {:>4.1}% {:>6.1}/{:<6.1} {:>5.1}% {:>4.1}%{}",
-            i + 1,
-            cfg.tp,
-            cfg.pp,
-            cfg.vpp,
-            cfg.cp,
-            if cfg.sp { "y" } else { "n" },
-            cfg.ep,
-            cfg.etp,
-            cfg.dp,
-            cfg.mbs,
-            e.micro_batches,
+        let upper = match &e.band {
+            Some(b) if b.outside.is_empty() => format!("{:.3}", b.high_secs),
+            Some(b) => {
+                let n = outside_note(&b.outside);
+                let k = match outside_notes.iter().position(|x| *x == n) {
+                    Some(k) => k,
+                    None => {
+                        outside_notes.push(n);
+                        outside_notes.len() - 1
+                    }
+                };
+                format!("{:.3}{}", b.high_secs, "*".repeat(k + 1))
+            }
+            None => "-".into(),
+        };
+        let row = [
+            (i + 1).to_string(),
+            cfg.tp.to_string(),
+            cfg.pp.to_string(),
+            cfg.vpp.to_string(),
+            cfg.cp.to_string(),
+            if cfg.sp { "y" } else { "n" }.to_string(),
+            cfg.ep.to_string(),
+            cfg.etp.to_string(),
+            cfg.dp.to_string(),
+            cfg.mbs.to_string(),
+            e.micro_batches.to_string(),
             cfg.zero.to_string(),
             match cfg.recompute {
-                Recompute::Selective if cfg.recompute_modules != RecomputeModules::DEFAULT => "sel+".to_string(),
+                Recompute::Selective if cfg.recompute_modules != RecomputeModules::DEFAULT => {
+                    "sel+".to_string()
+                }
                 r => r.to_string(),
             },
-            cfg.schedule.name(),
-            e.step_secs,
-            match &e.band {
-                Some(b) if b.outside.is_empty() => format!("{:.3}", b.high_secs),
-                Some(b) => {
-                    let n = outside_note(&b.outside);
-                    let k = match outside_notes.iter().position(|x| *x == n) {
-                        Some(k) => k,
-                        None => {
-                            outside_notes.push(n);
-                            outside_notes.len() - 1
-                        }
-                    };
-                    format!("{:.3}{}", b.high_secs, "*".repeat(k + 1))
+            cfg.schedule.name().to_string(),
+            format!("{:.3}", e.step_secs),
+            upper,
+            format!("{:.0}", e.tokens_per_sec_per_gpu),
+            format!("{:.1}%", 100.0 * e.mfu),
+            format!("{:.1}/{:.1}", e.memory.total / GIB, cap),
+            format!("{:.1}%", 100.0 * e.bubble_fraction),
+            format!("{:.1}%", 100.0 * e.exposed_comm_fraction),
+        ];
+        for (c, v) in cols.iter_mut().zip(row) {
+            c.cells.push(v);
+        }
+        layouts.push(layout_note(cfg).trim_start().to_string());
+    }
+    let total = |cols: &[Column]| -> usize { cols.iter().map(|c| c.width() + 1).sum() };
+    let longest_layout = layouts.iter().map(|l| l.len()).max().unwrap_or(0);
+    let fits = |cols: &[Column], with_layout: bool| match width {
+        None => true,
+        Some(w) => {
+            total(cols)
+                + if with_layout && longest_layout > 0 {
+                    longest_layout + 1
+                } else {
+                    0
                 }
-                None => "-".into(),
-            },
-            e.tokens_per_sec_per_gpu,
-            100.0 * e.mfu,
-            e.memory.total / GIB,
-            cap,
-            100.0 * e.bubble_fraction,
-            100.0 * e.exposed_comm_fraction,
-            layout_note(cfg)
-        );
+                <= w
+        }
+    };
+    let mut common: Vec<String> = Vec::new();
+    let mut hidden: Vec<&'static str> = Vec::new();
+    let mut separate_layouts = false;
+    if !fits(&cols, true) && !res.top.is_empty() {
+        // Constant columns first: nothing is lost by stating them once.
+        let mut kept = Vec::new();
+        for c in cols {
+            match (c.collapsible, c.constant()) {
+                (true, Some(v)) => common.push(format!("{} {v}", c.header)),
+                _ => kept.push(c),
+            }
+        }
+        cols = kept;
+        if longest_layout > 0 && layouts.iter().all(|l| *l == layouts[0]) {
+            common.push(format!("layout {}", layouts[0]));
+            layouts.iter_mut().for_each(String::clear);
+        }
+        let longest_layout = layouts.iter().map(|l| l.len()).max().unwrap_or(0);
+        let fits = |cols: &[Column], with_layout: bool| match width {
+            None => true,
+            Some(w) => {
+                total(cols)
+                    + if with_layout && longest_layout > 0 {
+                        longest_layout + 1
+                    } else {
+                        0
+                    }
+                    <= w
+            }
+        };
+        while !fits(&cols, !separate_layouts) {
+            if !separate_layouts && longest_layout > 0 {
+                separate_layouts = true;
+                continue;
+            }
+            let Some((k, _)) = cols
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.drop_rank > 0)
+                .max_by_key(|(k, c)| (c.drop_rank, *k))
+            else {
+                break;
+            };
+            hidden.push(cols.remove(k).header);
+        }
+    }
+    let widths: Vec<usize> = cols.iter().map(Column::width).collect();
+    let mut s = String::new();
+    let line = |s: &mut String, cells: Vec<&str>, tail: &str| {
+        let mut l = String::new();
+        for (k, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if k > 0 {
+                l.push(' ');
+            }
+            let _ = write!(l, "{c:>w$}");
+        }
+        if !tail.is_empty() {
+            l.push(' ');
+            l.push_str(tail);
+        }
+        let _ = writeln!(s, "{}", l.trim_end());
+    };
+    line(&mut s, cols.iter().map(|c| c.header).collect(), "");
+    for (i, layout) in layouts.iter().enumerate() {
+        let cells = cols.iter().map(|c| c.cells[i].as_str()).collect();
+        if separate_layouts {
+            line(&mut s, cells, "");
+            if !layout.is_empty() {
+                let _ = writeln!(s, "      layout {layout}");
+            }
+        } else {
+            line(&mut s, cells, layout);
+        }
+    }
+    let mut foot: Vec<String> = Vec::new();
+    if !common.is_empty() {
+        foot.push(format!("  all plans: {}", common.join(", ")));
+    }
+    if !hidden.is_empty() {
+        foot.push(format!(
+            "  hidden to fit {} columns: {} (a wider terminal, COLUMNS=200 or --json shows them)",
+            width.unwrap_or(0),
+            hidden.join(", ")
+        ));
     }
     let mut fine: Vec<String> = res
         .top
@@ -191,24 +351,57 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs) -> String {
         .collect();
     fine.dedup();
     if let Some(b) = res.top.iter().find_map(|c| c.estimate.band.as_ref()) {
-        let _ = writeln!(
-            s,
-            "  upper: the {:.0}% band's upper end (--rank-by upper, the default, ranks by it; point ranks by step time)",
+        foot.push(format!(
+                        "  upper: the {:.0}% band's upper end (--rank-by upper, the default, ranks by it; point ranks by step time)",
             100.0 * b.coverage
-        );
+        ));
     }
     for (k, n) in outside_notes.iter().enumerate() {
-        let _ = writeln!(
-            s,
+        foot.push(format!(
             "  {}: band widened outside the validated runs: {n}",
             "*".repeat(k + 1)
-        );
+        ));
     }
     for m in fine {
-        let _ = writeln!(s, "  sel+: selective recomputation of {m} (Megatron --recompute-modules); sel: core attention (Megatron's default)");
+        foot.push(format!("  sel+: selective recomputation of {m} (Megatron --recompute-modules); sel: core attention (Megatron's default)"));
     }
+    for f in foot {
+        s.push_str(&wrap(&f, width));
+    }
+    s.push_str(&wrap(LEGEND, width));
     s
 }
+
+/// `text` as one paragraph wrapped at `width` (no limit: as written), its first
+/// line indented two spaces and the rest four.
+fn wrap(text: &str, width: Option<usize>) -> String {
+    let Some(width) = width else {
+        return format!("{}\n", text.trim_end());
+    };
+    let mut out = String::new();
+    let mut line = String::from(" ");
+    for word in text.split_whitespace() {
+        if line.len() + 1 + word.len() > width && !line.trim().is_empty() {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from("   ");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
+/// What the plan table's columns mean (printed under it).
+const LEGEND: &str = concat!(
+    "  columns: GA micro-batches per step; ZeRO 0 plain DP, 1/DO Megatron distributed optimizer,\n",
+    "    2 optimizer+gradients sharded (Megatron-FSDP optim_grads), 3 parameters too (Megatron-FSDP\n",
+    "    optim_grads_params, FSDP FULL_SHARD); RC recomputation none/sel(ective)/full;\n",
+    "    mem: peak per GPU (weights, gradients, optimizer, activations, buffers, reserve) / usable HBM;\n",
+    "    bubble: pipeline idle share of the step; comm: communication not hidden behind compute\n",
+);
 
 /// The axes a plan leaves the validated runs on, with by how much.
 pub fn outside_note(outside: &[sextant_planner::reach::Outside]) -> String {

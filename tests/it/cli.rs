@@ -1660,3 +1660,40 @@ fn review_findings_stay_fixed() {
     let mode = std::fs::metadata(&script).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "--force changed the mode to {mode:o}");
 }
+
+/// The plan table fits the terminal: with `COLUMNS=60` every table and footnote line
+/// fits in 60 characters, columns equal on every plan move to an "all plans:" line,
+/// and the hidden columns are named; without a width (a pipe) every column is there.
+#[test]
+fn plan_table_fits_the_terminal_width() {
+    let run = |columns: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_sextant"));
+        c.args(["plan", "--model", "70b", "--gpus", "128"]);
+        c.env_remove("COLUMNS");
+        if let Some(v) = columns {
+            c.env("COLUMNS", v);
+        }
+        let o = c.output().expect("binary runs");
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let narrow = run(Some("60"));
+    let table: Vec<&str> = narrow
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("# "))
+        .take_while(|l| !l.starts_with("Searched "))
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert!(table.len() > 10, "{narrow}");
+    for l in &table {
+        assert!(l.chars().count() <= 60, "line over 60 columns: {l:?}\n{narrow}");
+    }
+    assert!(narrow.contains("  all plans: "), "{narrow}");
+    assert!(narrow.contains("hidden to fit 60 columns: "), "{narrow}");
+    let wide = run(None);
+    assert!(!wide.contains("hidden to fit"), "{wide}");
+    for col in ["tok/s/GPU", "MFU", "mem GiB/cap", "bubble", "comm", "schedule"] {
+        assert!(wide.contains(col), "missing {col}:\n{wide}");
+    }
+    assert!(wide.contains("  columns: GA micro-batches per step"), "{wide}");
+}

@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 pub fn sextant(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sextant"))
         .args(args)
+        // The plan table fits itself to COLUMNS; tests read the full table.
+        .env_remove("COLUMNS")
         .output()
         .expect("binary runs")
 }
