@@ -36,6 +36,10 @@
 //!   256 B200 (EP 32 over 8-GPU nodes) and Qwen3-235B on 256 H100 (EP 32); off for
 //!   DeepSeek-V3 on GB200 (EP 64 inside the 72-GPU rack) and GPT-OSS-120B on H100
 //!   (EP 8 in a node);
+//! - Attention: a blank `attention` column is fused flash attention on the
+//!   Megatron-Core stack and unfused softmax on the 2021-22 stack; a row or its stack
+//!   may state `flash` or `unfused` (other frameworks' rows must: their era is not
+//!   their ZeRO stage);
 //! - Cross-entropy: a blank `cross_entropy` is Megatron's fused loss (`native`) on the
 //!   Megatron-Core stack and `unfused` on the 2021-22 stack, which had no other.
 //!   Megatron-LM's `--cross-entropy-loss-fusion` is off by default and Bridge's
@@ -378,6 +382,18 @@ fn case(r: &Row) -> Result<RunCase, String> {
     let ep_comm = flag("ep_comm_overlap")?
         .unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
     let tp_comm = flag("tp_comm_overlap")?.unwrap_or(modern);
+    // The attention kernel: stated by the row or its stack, else the stack's era
+    // (fused flash attention on the Megatron-Core stack, unfused softmax on 2021-22's).
+    let flash_attention = match get(r, "attention") {
+        "" => modern,
+        "flash" => true,
+        "unfused" => false,
+        other => {
+            return Err(format!(
+                "column 'attention' is '{other}', expected flash or unfused"
+            ))
+        }
+    };
     let loss = match get(r, "cross_entropy") {
         "" => {
             if modern {
@@ -481,7 +497,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         value,
         moe,
         assumptions: Assumptions {
-            flash_attention: modern,
+            flash_attention,
             loss,
             ..Assumptions::default()
         },
@@ -496,8 +512,9 @@ pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>
 }
 
 /// Optional columns a stack file may add to a run (see [`parse_runs_with`]).
-pub const STACK_COLUMNS: [&str; 9] = [
+pub const STACK_COLUMNS: [&str; 10] = [
     "recompute",
+    "attention",
     "recompute_modules",
     "optimizer_moments",
     "dispatcher",
