@@ -470,6 +470,12 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     );
     plan.target = target.map(|_| target_name.clone());
     plan.rank_by = Some(rank_by);
+    if let Some(summary) = plan.search.as_mut() {
+        summary.space = Some(sextant_planner::plan::SpaceRecord::of(
+            &space,
+            inp.cluster.allow_tp_beyond_nvlink,
+        ));
+    }
     let mut text = render::assumptions(&inp);
     text.push('\n');
     if res.top.is_empty() && res.enumerated == 0 {
@@ -558,21 +564,35 @@ fn read_plan_rederived(path: &str) -> Result<PlanFile> {
 fn cmd_report(a: ReportArgs) -> Result<()> {
     io::check_outputs(&[("--output", &a.output)], &[("plan", &a.plan)], a.force)?;
     let plan = read_plan_rederived(&a.plan)?;
-    // The plan file keeps the ranked plans, not every point: search again (the
-    // default space, with the chosen plan's overlap settings) for the charts.
-    let (points, sensitivity) = if plan.search.is_some() {
+    // The plan file keeps the ranked plans, not every point: search the space it
+    // records again for the charts (files from before it was recorded: the
+    // default space, with the chosen plan's overlap settings).
+    let (points, sensitivity) = if let Some(summary) = &plan.search {
         let first = &plan.plans[0].config;
         let mut cluster =
             sextant_planner::hardware::Cluster::new(plan.hardware.clone(), plan.gpus)?;
-        cluster.allow_tp_beyond_nvlink = plan
-            .plans
-            .iter()
-            .any(|p| p.config.tp > plan.hardware.node.nvlink_domain);
-        let space = SearchSpace {
-            overlap: first.overlap,
-            bf16_grads: first.bf16_grads,
-            rank_by: plan.rank_by.unwrap_or_default(),
-            ..SearchSpace::default()
+        let rank_by = plan.rank_by.unwrap_or_default();
+        let space = match &summary.space {
+            Some(record) => {
+                cluster.allow_tp_beyond_nvlink = record.allow_tp_across_nodes;
+                record.space(plan.assumptions, rank_by)
+            }
+            None => {
+                eprintln!(
+                    "note: '{}' does not record its search space (written before it was); the charts show the default space",
+                    a.plan
+                );
+                cluster.allow_tp_beyond_nvlink = plan
+                    .plans
+                    .iter()
+                    .any(|p| p.config.tp > plan.hardware.node.nvlink_domain);
+                SearchSpace {
+                    overlap: first.overlap,
+                    bf16_grads: first.bf16_grads,
+                    rank_by,
+                    ..SearchSpace::default()
+                }
+            }
         };
         let mut res = progress::searching("re-running the search", |p| {
             search_with_progress(&plan.model, &cluster, &plan.workload, &space, 1, p)

@@ -8,12 +8,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ParallelConfig, RejectKind, Workload};
+use crate::config::{
+    Dispatcher, Overlap, ParallelConfig, Recompute, RecomputeModules, RejectKind, Workload, Zero,
+};
 use crate::cost::{Assumptions, Estimate};
 use crate::error::InputError;
 use crate::hardware::HardwareProfile;
 use crate::model::ModelSpec;
-use crate::search::SearchResult;
+use crate::schedule::Schedule;
+use crate::search::{SearchResult, SearchSpace};
 
 pub const PLAN_SCHEMA_VERSION: u32 = 1;
 
@@ -23,6 +26,88 @@ pub struct SearchSummary {
     pub enumerated: u64,
     pub valid: u64,
     pub rejected: BTreeMap<RejectKind, u64>,
+    /// The space searched, so that a reader (`report`) searches the same one again;
+    /// absent in files written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space: Option<SpaceRecord>,
+}
+
+/// The values each knob of a search could take, as the plan file records them
+/// (`null`: every sensible value), and the search options that are policy rather
+/// than hardware.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpaceRecord {
+    pub tp: Option<Vec<u64>>,
+    pub pp: Option<Vec<u64>>,
+    pub vpp: Option<Vec<u64>>,
+    pub cp: Option<Vec<u64>>,
+    pub ep: Option<Vec<u64>>,
+    pub etp: Option<Vec<u64>>,
+    pub sp: Option<Vec<bool>>,
+    pub schedule: Option<Vec<Schedule>>,
+    pub mbs: Vec<u64>,
+    pub zero: Vec<Zero>,
+    pub recompute: Vec<Recompute>,
+    pub recompute_modules: Option<Vec<RecomputeModules>>,
+    pub overlap: Overlap,
+    pub bf16_grads: bool,
+    pub bf16_moments: bool,
+    pub moe_dispatcher: Dispatcher,
+    /// Only stages of equal layer counts (ScaleTorch).
+    pub even_layers: bool,
+    /// `--allow-tp-across-nodes`: TP groups could span NVLink domains.
+    pub allow_tp_across_nodes: bool,
+}
+
+impl SpaceRecord {
+    /// The record of `space`, searched with TP across nodes allowed or not.
+    pub fn of(space: &SearchSpace, allow_tp_across_nodes: bool) -> SpaceRecord {
+        SpaceRecord {
+            tp: space.tp.clone(),
+            pp: space.pp.clone(),
+            vpp: space.vpp.clone(),
+            cp: space.cp.clone(),
+            ep: space.ep.clone(),
+            etp: space.etp.clone(),
+            sp: space.sp.clone(),
+            schedule: space.schedule.clone(),
+            mbs: space.mbs.clone(),
+            zero: space.zero.clone(),
+            recompute: space.recompute.clone(),
+            recompute_modules: space.recompute_modules.clone(),
+            overlap: space.overlap,
+            bf16_grads: space.bf16_grads,
+            bf16_moments: space.bf16_moments,
+            moe_dispatcher: space.moe_dispatcher,
+            even_layers: space.even_layers,
+            allow_tp_across_nodes,
+        }
+    }
+
+    /// The search space again, priced with `assumptions` and ranked by `rank_by`.
+    pub fn space(&self, assumptions: Assumptions, rank_by: crate::reach::RankBy) -> SearchSpace {
+        SearchSpace {
+            tp: self.tp.clone(),
+            pp: self.pp.clone(),
+            vpp: self.vpp.clone(),
+            cp: self.cp.clone(),
+            ep: self.ep.clone(),
+            etp: self.etp.clone(),
+            sp: self.sp.clone(),
+            schedule: self.schedule.clone(),
+            mbs: self.mbs.clone(),
+            zero: self.zero.clone(),
+            recompute: self.recompute.clone(),
+            recompute_modules: self.recompute_modules.clone(),
+            overlap: self.overlap,
+            bf16_grads: self.bf16_grads,
+            bf16_moments: self.bf16_moments,
+            moe_dispatcher: self.moe_dispatcher,
+            assumptions,
+            rank_by,
+            even_layers: self.even_layers,
+        }
+    }
 }
 
 /// One ranked plan.
@@ -87,6 +172,7 @@ impl PlanFile {
                 enumerated: r.enumerated,
                 valid: r.valid,
                 rejected: r.rejected.clone(),
+                space: None,
             }),
             target: None,
             rank_by: None,

@@ -281,3 +281,52 @@ fn report_renders_in_headless_chromium() {
         100.0 * ink
     );
 }
+
+/// `report` of a saved plan searches the space the plan file records: a plan
+/// searched with `--tp 4,8 --recompute none` gets a sensitivity table of only those
+/// TP values and that recomputation (the default space would add TP 1 and 2 and
+/// selective and full recomputation).
+#[test]
+fn report_of_a_saved_plan_shows_the_space_it_searched() {
+    let plan = tmp("restricted-plan.json");
+    let html = tmp("restricted.html");
+    let _ = std::fs::remove_file(&plan);
+    let _ = std::fs::remove_file(&html);
+    let (p, h) = (plan.to_str().unwrap(), html.to_str().unwrap());
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "16",
+        "--tp",
+        "4,8",
+        "--recompute",
+        "none",
+        "--out",
+        p,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sextant(&["report", p, "-o", h]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&html).unwrap();
+    let held = &text[text.find("held at each value").expect("sensitivity table")..];
+    let held = &held[..held.find("</table>").unwrap()];
+    let values = |dim: &str| -> Vec<String> {
+        let cell = format!("<td class=\"l\">{dim}</td><td>");
+        held.match_indices(&cell)
+            .map(|(i, _)| {
+                let rest = &held[i + cell.len()..];
+                rest[..rest.find('<').unwrap()].to_string()
+            })
+            .collect()
+    };
+    let mut tp = values("TP");
+    tp.sort();
+    assert_eq!(tp, ["4", "8"], "{held}");
+    assert!(values("RC").iter().all(|v| v == "none"), "{held}");
+    assert!(
+        !held.contains("RC sel") && !held.contains("RC full"),
+        "{held}"
+    );
+}
