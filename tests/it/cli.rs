@@ -1686,14 +1686,27 @@ fn plan_table_fits_the_terminal_width() {
         .collect();
     assert!(table.len() > 10, "{narrow}");
     for l in &table {
-        assert!(l.chars().count() <= 60, "line over 60 columns: {l:?}\n{narrow}");
+        assert!(
+            l.chars().count() <= 60,
+            "line over 60 columns: {l:?}\n{narrow}"
+        );
     }
     assert!(narrow.contains("  all plans: "), "{narrow}");
     assert!(narrow.contains("hidden to fit 60 columns: "), "{narrow}");
     let wide = run(None);
     assert!(!wide.contains("hidden to fit"), "{wide}");
-    for col in ["tok/s/GPU", "MFU", "mem GiB/cap", "bubble", "comm", "schedule"] {
+    for col in [
+        "tok/s/GPU",
+        "MFU",
+        "mem GiB/cap",
+        "bubble",
+        "comm",
+        "schedule",
+    ] {
         assert!(wide.contains(col), "missing {col}:\n{wide}");
     }
-    assert!(wide.contains("  columns: GA micro-batches per step"), "{wide}");
+    assert!(
+        wide.contains("  columns: GA micro-batches per step"),
+        "{wide}"
+    );
 }
