@@ -41,10 +41,14 @@ pub struct RankStats {
     pub param_bytes: u64,
     pub optimizer_bytes: u64,
     pub checks: Checks,
+    /// Measured device memory (CUDA backend).
+    #[serde(default)]
+    pub device_memory: Option<DeviceMemory>,
 }
 
 /// What the checks counted: the measured-run format's own type.
 pub use sextant_planner::calibration::RunChecks as Checks;
+pub use sextant_planner::calibration::DeviceMemory;
 
 pub struct Recorder {
     enabled: bool,
