@@ -406,10 +406,7 @@ impl Drop for Blas {
 /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` and ends the group on every
 /// path out of it (an error, a panic caught by [`guarded`]): a communicator is then
 /// never aborted inside an open group. The first error wins.
-pub(crate) fn nccl_group(
-    what: &str,
-    f: impl FnOnce() -> Result<(), String>,
-) -> Result<(), String> {
+pub(crate) fn nccl_group(what: &str, f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
     /// Ends the group if `f` unwinds.
     struct Open(bool);
     impl Drop for Open {
@@ -441,7 +438,12 @@ pub(crate) fn keep_pool(
     if !ctx.has_async_alloc() {
         return Ok(None);
     }
-    let what = |e| format!("setting up the memory pool of CUDA device {ordinal}: {}", describe(e));
+    let what = |e| {
+        format!(
+            "setting up the memory pool of CUDA device {ordinal}: {}",
+            describe(e)
+        )
+    };
     // SAFETY: the device of a live context.
     let pool = unsafe { drv::device::get_mem_pool(ctx.cu_device()) }.map_err(what)?;
     let mut keep_all = u64::MAX;
@@ -572,25 +574,8 @@ pub(crate) fn bf16_gemm(
             )
         } else {
             blas::gemm_ex(
-                blas.0,
-                op,
-                op,
-                cm,
-                cn,
-                ck,
-                al,
-                pb,
-                bf16,
-                lda,
-                pa,
-                bf16,
-                ldb,
-                be,
-                pc,
-                bf16,
-                ldc,
-                compute,
-                algo,
+                blas.0, op, op, cm, cn, ck, al, pb, bf16, lda, pa, bf16, ldb, be, pc, bf16, ldc,
+                compute, algo,
             )
         }
     };

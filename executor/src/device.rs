@@ -370,7 +370,7 @@ fn check_gemms(
             }
             let got = f64::from(f32::from_bits(u32::from(g) << 16));
             let rel = (got - want).abs() / scale.max(f64::MIN_POSITIVE);
-            if !(rel <= GEMM_TOLERANCE) {
+            if rel.is_nan() || rel > GEMM_TOLERANCE {
                 return Err(format!("{shape}: C[{q}][{r}][{col}] is {got}, the host computes {want:.6} (relative error {rel:.2e}, more than {GEMM_TOLERANCE:.2e}): cuBLAS was called with arguments that do not describe the operands"));
             }
             checks.max_rel_error = checks.max_rel_error.max(rel);
@@ -474,9 +474,8 @@ impl Issue<'_> {
                 while left > 0 {
                     let n = left.min(COPY_PIECE);
                     // SAFETY: scratch A and B each hold at least one copy piece.
-                    unsafe { drv::memcpy_dtod_async(b, a, n as usize, cu) }.map_err(|e| {
-                        format!("element-wise copy of {n} bytes: {}", describe(e))
-                    })?;
+                    unsafe { drv::memcpy_dtod_async(b, a, n as usize, cu) }
+                        .map_err(|e| format!("element-wise copy of {n} bytes: {}", describe(e)))?;
                     left -= n;
                 }
             }
@@ -640,7 +639,13 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
     let _optimizer = alloc(ctx, stream, ordinal, ob, "the optimizer state")?;
     let sc = Scratch::of(job.program, group_size);
     let a = alloc(ctx, stream, ordinal, sc.a, "scratch A (GEMM inputs, sends)")?;
-    let b = alloc(ctx, stream, ordinal, sc.b, "scratch B (GEMM weights, receives)")?;
+    let b = alloc(
+        ctx,
+        stream,
+        ordinal,
+        sc.b,
+        "scratch B (GEMM weights, receives)",
+    )?;
     let c = alloc(ctx, stream, ordinal, sc.c, "scratch C (GEMM outputs)")?;
     // Small pseudo-random BF16 values in A and B: all-zero operands would run the
     // tensor cores at lower power than training does.
@@ -661,7 +666,13 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
 
     set(job.phase, "checking the communicators and the GEMMs".into());
     check_communicators(&gpu, job, &mut stats.checks)?;
-    check_gemms(&gpu, job.program, (a.ptr, b.ptr, c.ptr), &pattern16, &mut stats.checks)?;
+    check_gemms(
+        &gpu,
+        job.program,
+        (a.ptr, b.ptr, c.ptr),
+        &pattern16,
+        &mut stats.checks,
+    )?;
 
     let batches = gate_batches(job.program, &group_size, gpu.pool.is_some());
     let ends: Vec<CudaEvent> = (0..job.program.len())

@@ -46,9 +46,9 @@ pub struct RankStats {
     pub device_memory: Option<DeviceMemory>,
 }
 
+pub use sextant_planner::calibration::DeviceMemory;
 /// What the checks counted: the measured-run format's own type.
 pub use sextant_planner::calibration::RunChecks as Checks;
-pub use sextant_planner::calibration::DeviceMemory;
 
 pub struct Recorder {
     enabled: bool,

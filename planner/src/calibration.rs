@@ -575,6 +575,14 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
         .map(|(r, _)| r)
         .collect();
     for r in &runs {
+        // The device name the fake driver of tests/fakecuda reports.
+        if r.device.contains("sextant fake GPU") {
+            return Err(format!(
+                "run of plan {} ran on Sextant's fake CUDA libraries ({}): they check arguments and measure nothing; calibrate from a run on a GPU",
+                r.plan_hash,
+                r.device.escape_debug()
+            ));
+        }
         if !r.complete {
             return Err(format!(
                 "run of plan {} is marked incomplete ({}): calibrate only from complete runs",

@@ -95,6 +95,50 @@ fn cuda_libraries_are_found_in_a_python_environments_nvidia_wheels() {
     assert_eq!(find(Lib::Nccl, &env), Ok(p.nccl.clone()));
 }
 
+/// The fakes refuse what the real libraries refuse and report what was left behind:
+/// `fake_selftest.c` misuses each on purpose (a copy past its allocation, a GEMM whose
+/// leading dimension or operand extent is wrong, an unbalanced NCCL group, a double
+/// free, a leaked allocation, a group left open) and checks one product's values.
+#[test]
+fn fake_cuda_libraries_catch_misuse() {
+    let dir = TempDir::new("cudalibs-selftest");
+    let lib = dir.path("lib");
+    build_fake("cuda", &lib, "libcuda.so.1");
+    build_fake("cublas", &lib, "libcublas.so.13");
+    build_fake("nccl", &lib, "libnccl.so.2");
+    let exe = dir.path("selftest");
+    let o = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(fakes_src().join("fake_selftest.c"))
+        .arg(format!("-L{}", lib.display()))
+        .args(["-l:libcuda.so.1", "-l:libcublas.so.13", "-l:libnccl.so.2"])
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lpthread", "-ldl"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(&exe)
+        .env_remove("SEXTANT_FAKE_OOM_AT")
+        .output()
+        .unwrap();
+    let (out, err) = (crate::common::stdout(&o), crate::common::stderr(&o));
+    assert!(
+        o.status.success() && out.contains("selftest: 25 checks passed"),
+        "{out}{err}"
+    );
+    for want in [
+        "sextant fake libcuda.so.1 report at exit: 1 allocation(s) not freed (16 bytes)",
+        "; 4 argument error(s);",
+        "sextant fake libcublas.so.13 report at exit: 1 GEMM call(s) checked and computed; 2 argument error(s); 0 handle(s) not destroyed",
+        "the process exits with an NCCL group open",
+        "; 1 group(s) open; 0 communicator(s) not destroyed; 3 argument error(s)",
+        "cublasGemmEx: B: 14 bytes at offset 0 run past allocation #2 of 12 bytes",
+    ] {
+        assert!(err.contains(want), "'{want}' missing from:\n{err}");
+    }
+}
+
 #[test]
 fn cuda_library_trees_that_are_not_libraries() {
     hostile_library_trees();
@@ -330,7 +374,10 @@ fn exec_on(
     fakes: Option<&Fakes>,
     env: &[(&str, &str)],
     out: &str,
-) -> (std::process::Output, Option<sextant_planner::calibration::MeasuredRun>) {
+) -> (
+    std::process::Output,
+    Option<sextant_planner::calibration::MeasuredRun>,
+) {
     let out = dir.path(out);
     let mut c = Command::new(env!("CARGO_BIN_EXE_sextant"));
     c.args(["exec", plan, "--ranks", "1", "--force", "--timeout", "60"])
@@ -407,7 +454,10 @@ fn fakes_clean(err: &str, injected: u32) -> String {
     assert_eq!(reports, 3, "each fake reports once at the end:\n{err}");
     let faults: u32 = err
         .lines()
-        .filter_map(|l| l.split("; ").find_map(|f| f.strip_suffix(" injected fault(s)")))
+        .filter_map(|l| {
+            l.split("; ")
+                .find_map(|f| f.strip_suffix(" injected fault(s)"))
+        })
         .map(|n| n.parse::<u32>().unwrap())
         .sum();
     assert_eq!(faults, injected, "{err}");
@@ -439,7 +489,11 @@ fn cuda_matches_cpu(moe: bool) {
     let rest = fakes_clean(&err, 0);
     assert!(rest.trim().is_empty(), "{rest}");
     let (cpu, cuda): (MeasuredRun, MeasuredRun) = (cpu.unwrap(), cuda.unwrap());
-    assert!(cuda.complete && cuda.backend == "cuda", "{:?}", cuda.failure);
+    assert!(
+        cuda.complete && cuda.backend == "cuda",
+        "{:?}",
+        cuda.failure
+    );
     assert!(cuda.device.contains("sextant fake GPU"), "{}", cuda.device);
     assert_eq!(
         (&cuda.model, &cuda.workload, &cuda.config, &cuda.schedule),
@@ -465,7 +519,11 @@ fn cuda_matches_cpu(moe: bool) {
         let has = |r: &MeasuredRun| r.gemms.iter().any(|g| g.class == class);
         assert_eq!(has(&cuda), has(&cpu), "{class}");
     }
-    for g in cuda.gemms.iter().filter(|g| classes.contains(&g.class.as_str())) {
+    for g in cuda
+        .gemms
+        .iter()
+        .filter(|g| classes.contains(&g.class.as_str()))
+    {
         let charged = 2e-6 + 2.0 * (g.m * g.n * g.k) as f64 / 1e14;
         assert!(
             (g.median_secs - charged).abs() < 1e-3 * charged,
@@ -496,8 +554,22 @@ fn cuda_matches_cpu(moe: bool) {
     );
     assert!(m.pool_reserved_peak_bytes >= m.pool_used_peak_bytes);
     assert_eq!(m.pool_grown_in_timed_steps_bytes, 0, "{m:?}");
+    // Its times are the fake's: calibrate refuses them.
+    let overlay = dir.path("overlay.json");
+    crate::common::fails_with_one_line(
+        &[
+            "calibrate",
+            dir.path("cuda.json").to_str().unwrap(),
+            "--out",
+            overlay.to_str().unwrap(),
+        ],
+        "ran on Sextant's fake CUDA libraries",
+    );
     let said = crate::common::stdout(&o);
-    assert!(said.contains("Device memory on rank 0 (of 1.0 GiB): "), "{said}");
+    assert!(
+        said.contains("Device memory on rank 0 (of 1.0 GiB): "),
+        "{said}"
+    );
 }
 
 #[cfg(feature = "cuda")]
@@ -537,7 +609,10 @@ fn exec_backend_cuda_faults_on_the_fakes() {
             lines[0].ends_with("fault.json' is marked incomplete)"),
             "{rest}"
         );
-        assert!(lines[1].starts_with("error: 1 of 1 local ranks failed"), "{rest}");
+        assert!(
+            lines[1].starts_with("error: 1 of 1 local ranks failed"),
+            "{rest}"
+        );
         for n in needles {
             assert!(lines[0].contains(n), "'{n}' missing from: {}", lines[0]);
         }
