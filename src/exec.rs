@@ -437,6 +437,9 @@ fn run_cuda(
                     run.steps,
                     sextant_planner::calibration::median(&run.step_secs).unwrap_or(0.0)
                 );
+                if let Some(m) = run.device_memory.first() {
+                    print_device_memory(m, setup.predicted_bytes);
+                }
                 println!("Measured run written to {}", out.display());
             }
             Ok(())
@@ -461,6 +464,25 @@ fn run_cuda(
             Err(anyhow!(msg))
         }
     }
+}
+
+/// Rank 0's measured device memory, beside what the plan predicts per GPU.
+#[cfg(feature = "cuda")]
+fn print_device_memory(m: &sextant_planner::calibration::DeviceMemory, predicted_bytes: f64) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let used = |free: u64| gib(m.total_bytes.saturating_sub(free));
+    println!(
+        "Device memory on rank {} (of {:.1} GiB): {:.2} GiB used with the context, {:.2} GiB with NCCL and cuBLAS, {:.2} GiB after the timed steps; the pool's peak {:.2} GiB in use, {:.2} GiB reserved, {:.2} GiB more reserved during the timed steps (the plan predicts {:.2} GiB per GPU).",
+        m.rank,
+        gib(m.total_bytes),
+        used(m.free_with_context_bytes),
+        used(m.free_before_run_bytes),
+        used(m.free_after_steps_bytes),
+        gib(m.pool_used_peak_bytes),
+        gib(m.pool_reserved_peak_bytes),
+        gib(m.pool_grown_in_timed_steps_bytes),
+        predicted_bytes / (1u64 << 30) as f64
+    );
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use crate::culibs::Lib;
 use crate::cuload::{ensure, nccl};
-use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr,
     DriverError,
@@ -136,8 +136,7 @@ pub fn time_gemms(
                 describe(e)
             )
         })?;
-        let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| format!("creating a cuBLAS handle on device {ordinal}: {e:?}"))?;
+        let blas = Blas::new(&stream, ordinal)?;
         let mut out = Vec::with_capacity(shapes.len());
         for (class, m, n, k) in shapes {
             out.push(time_gemm(
@@ -381,6 +380,111 @@ pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm
     s
 }
 
+/// A cuBLAS handle bound to one stream. cudarc's `CudaBlas` unwraps
+/// `cublasDestroy` in its `Drop`: a failure there while a panic unwinds aborts the
+/// process past [`guarded`]. Dropping this ignores a failed destroy.
+pub(crate) struct Blas(blas_sys::cublasHandle_t);
+
+impl Blas {
+    pub(crate) fn new(stream: &CudaStream, ordinal: usize) -> Result<Blas, String> {
+        stream.context().bind_to_thread().map_err(describe)?;
+        let what = |e| format!("creating a cuBLAS handle on device {ordinal}: {e:?}");
+        let handle = Blas(blas::create_handle().map_err(what)?);
+        // SAFETY: a live handle and a live stream of the context current on this thread.
+        unsafe { blas::set_stream(handle.0, stream.cu_stream() as _) }.map_err(what)?;
+        Ok(handle)
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: made by `cublasCreate` in `new` and destroyed only here.
+        let _ = unsafe { blas::destroy_handle(self.0) };
+    }
+}
+
+/// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` and ends the group on every
+/// path out of it (an error, a panic caught by [`guarded`]): a communicator is then
+/// never aborted inside an open group. The first error wins.
+pub(crate) fn nccl_group(what: &str, f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    /// Ends the group if `f` unwinds.
+    struct Open(bool);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            if self.0 {
+                let _ = nccl::group_end();
+            }
+        }
+    }
+    nccl::group_start()
+        .map_err(|e| format!("{what}: ncclGroupStart failed: {}", nccl_describe(&e, None)))?;
+    let mut open = Open(true);
+    let inside = f();
+    open.0 = false;
+    let end = nccl::group_end()
+        .map(|_| ())
+        .map_err(|e| format!("{what}: ncclGroupEnd failed: {}", nccl_describe(&e, None)));
+    inside.and(end)
+}
+
+/// The memory pool `cuMemAllocAsync` takes the run's buffers from, set to keep what
+/// is freed across synchronisations (release threshold: no limit), so that a timed
+/// step does not map again the activation memory the step before it gave back.
+/// `None` where the device has no memory pools (allocations are then synchronous).
+pub(crate) fn keep_pool(
+    ctx: &CudaContext,
+    ordinal: usize,
+) -> Result<Option<drv_sys::CUmemoryPool>, String> {
+    if !ctx.has_async_alloc() {
+        return Ok(None);
+    }
+    let what = |e| {
+        format!(
+            "setting up the memory pool of CUDA device {ordinal}: {}",
+            describe(e)
+        )
+    };
+    // SAFETY: the device of a live context.
+    let pool = unsafe { drv::device::get_mem_pool(ctx.cu_device()) }.map_err(what)?;
+    let mut keep_all = u64::MAX;
+    // SAFETY: the release threshold is a cuuint64_t, written from `keep_all`.
+    unsafe {
+        drv::mem_pool::set_attribute(
+            pool,
+            drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep_all as *mut u64).cast(),
+        )
+    }
+    .map_err(what)?;
+    Ok(Some(pool))
+}
+
+/// A 64-bit attribute of `pool` (reserved / used bytes and their peaks).
+pub(crate) fn pool_bytes(
+    pool: drv_sys::CUmemoryPool,
+    attr: drv_sys::CUmemPool_attribute,
+) -> Result<u64, String> {
+    let mut v = 0u64;
+    // SAFETY: the byte-count attributes are cuuint64_t, written into `v`.
+    unsafe { drv::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }
+        .map_err(|e| format!("reading the memory pool's {attr:?}: {}", describe(e)))?;
+    Ok(v)
+}
+
+/// Resets the pool's peak of reserved bytes to what it holds now.
+pub(crate) fn reset_pool_peak(pool: drv_sys::CUmemoryPool) -> Result<(), String> {
+    let mut zero = 0u64;
+    // SAFETY: resetting a peak takes a cuuint64_t 0.
+    unsafe {
+        drv::mem_pool::set_attribute(
+            pool,
+            drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+            (&mut zero as *mut u64).cast(),
+        )
+    }
+    .map_err(|e| format!("resetting the memory pool's peak: {}", describe(e)))
+}
+
 /// Bytes of A, B and C for one BF16 GEMM, or None on overflow.
 fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
     let e = m
@@ -421,7 +525,7 @@ pub(crate) fn colmajor_args(
 /// stream, from raw device addresses `(a, b, c)`: `cublasGemmEx`, or for `batch > 1`
 /// `cublasGemmStridedBatchedEx` over contiguous operands.
 pub(crate) fn bf16_gemm(
-    blas: &CudaBlas,
+    blas: &Blas,
     (m, n, k): (u64, u64, u64),
     batch: u64,
     (a, b, c): (u64, u64, u64),
@@ -444,7 +548,7 @@ pub(crate) fn bf16_gemm(
     let r = unsafe {
         if batch > 1 {
             blas::gemm_strided_batched_ex(
-                *blas.handle(),
+                blas.0,
                 op,
                 op,
                 cm,
@@ -470,25 +574,8 @@ pub(crate) fn bf16_gemm(
             )
         } else {
             blas::gemm_ex(
-                *blas.handle(),
-                op,
-                op,
-                cm,
-                cn,
-                ck,
-                al,
-                pb,
-                bf16,
-                lda,
-                pa,
-                bf16,
-                ldb,
-                be,
-                pc,
-                bf16,
-                ldc,
-                compute,
-                algo,
+                blas.0, op, op, cm, cn, ck, al, pb, bf16, lda, pa, bf16, ldb, be, pc, bf16, ldc,
+                compute, algo,
             )
         }
     };
@@ -581,7 +668,7 @@ pub(crate) fn fill(
 /// Holds a stream at a host function until dropped: the work queued behind it then
 /// runs back to back. The host function only waits on a channel (no CUDA calls, as
 /// `cuLaunchHostFunc` requires), at most [`GATE_TIMEOUT`].
-struct Gate(#[allow(dead_code)] mpsc::Sender<()>);
+pub(crate) struct Gate(#[allow(dead_code)] mpsc::Sender<()>);
 
 unsafe extern "C" fn gate_wait(arg: *mut c_void) {
     // Owns the receiver from here; returns when the sender is dropped or on timeout.
@@ -590,7 +677,7 @@ unsafe extern "C" fn gate_wait(arg: *mut c_void) {
 }
 
 impl Gate {
-    fn close(stream: &CudaStream) -> Result<Gate, String> {
+    pub(crate) fn close(stream: &CudaStream) -> Result<Gate, String> {
         let (tx, rx) = mpsc::channel::<()>();
         let arg = Box::into_raw(Box::new(rx));
         match unsafe {
@@ -615,7 +702,7 @@ pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> 
 fn time_gemm(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
-    blas: &CudaBlas,
+    blas: &Blas,
     ordinal: usize,
     class: &str,
     m: u64,

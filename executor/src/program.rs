@@ -1243,6 +1243,7 @@ fn run_header(s: &Setup, o: &Options, backend: &str, device: &str, world: u64) -
         param_bytes: 0,
         optimizer_bytes: 0,
         checks: RunChecks::default(),
+        device_memory: vec![],
     }
 }
 
@@ -1367,6 +1368,7 @@ fn merge(
         .unwrap_or(0);
     run.param_bytes = all.iter().map(|r| r.param_bytes).max().unwrap_or(0);
     run.optimizer_bytes = all.iter().map(|r| r.optimizer_bytes).max().unwrap_or(0);
+    run.device_memory = all.iter().filter_map(|r| r.device_memory.clone()).collect();
     for r in all {
         let c = &r.checks;
         run.checks.activations += c.activations;
@@ -1375,6 +1377,7 @@ fn merge(
         run.checks.replicas += c.replicas;
         run.checks.p2p_messages += c.p2p_messages;
         run.checks.param_gathers += c.param_gathers;
+        run.checks.gemm_results += c.gemm_results;
         run.checks.max_rel_error = run.checks.max_rel_error.max(c.max_rel_error);
     }
     run

@@ -41,8 +41,12 @@ pub struct RankStats {
     pub param_bytes: u64,
     pub optimizer_bytes: u64,
     pub checks: Checks,
+    /// Measured device memory (CUDA backend).
+    #[serde(default)]
+    pub device_memory: Option<DeviceMemory>,
 }
 
+pub use sextant_planner::calibration::DeviceMemory;
 /// What the checks counted: the measured-run format's own type.
 pub use sextant_planner::calibration::RunChecks as Checks;
 

@@ -72,7 +72,34 @@ pub struct RunChecks {
     /// ZeRO-3 parameter all-gathers checked against the reference.
     #[serde(default)]
     pub param_gathers: u64,
+    /// CUDA backend: GEMM shapes whose sampled results were checked against the
+    /// same products computed on the host.
+    #[serde(default)]
+    pub gemm_results: u64,
     pub max_rel_error: f64,
+}
+
+/// Device memory one rank measured (CUDA backend): `cuMemGetInfo` at three points
+/// of the run, and the peaks of the stream-ordered allocator's pool that held every
+/// buffer the run allocated. Used bytes are `total_bytes` minus a free figure.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceMemory {
+    pub rank: u64,
+    pub total_bytes: u64,
+    /// Free once the context and the stream exist.
+    pub free_with_context_bytes: u64,
+    /// Free once the NCCL communicators and the cuBLAS handle exist too, before the
+    /// run allocated anything.
+    pub free_before_run_bytes: u64,
+    /// Free after the last timed step, the run's buffers still held by the pool.
+    pub free_after_steps_bytes: u64,
+    /// The pool's peak bytes handed out and reserved from the device
+    /// (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`, `RESERVED_MEM_HIGH`).
+    pub pool_used_peak_bytes: u64,
+    pub pool_reserved_peak_bytes: u64,
+    /// Bytes the pool reserved beyond what it held when the timed steps began: 0
+    /// when it kept what the warm-up steps freed (so no timed step mapped memory).
+    pub pool_grown_in_timed_steps_bytes: u64,
 }
 
 /// A measured run: what `sextant exec` writes on rank 0.
@@ -116,6 +143,9 @@ pub struct MeasuredRun {
     pub param_bytes: u64,
     pub optimizer_bytes: u64,
     pub checks: RunChecks,
+    /// Measured device memory per rank (CUDA backend; empty on the CPU backend).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_memory: Vec<DeviceMemory>,
 }
 
 impl MeasuredRun {
@@ -545,6 +575,14 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
         .map(|(r, _)| r)
         .collect();
     for r in &runs {
+        // The device name the fake driver of tests/fakecuda reports.
+        if r.device.contains("sextant fake GPU") {
+            return Err(format!(
+                "run of plan {} ran on Sextant's fake CUDA libraries ({}): they check arguments and measure nothing; calibrate from a run on a GPU",
+                r.plan_hash,
+                r.device.escape_debug()
+            ));
+        }
         if !r.complete {
             return Err(format!(
                 "run of plan {} is marked incomplete ({}): calibrate only from complete runs",
