@@ -442,9 +442,14 @@ fn estimate_json_is_versioned() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], 2);
     assert_eq!(v["plans"][0]["estimate"]["schema_version"], 1);
     assert_eq!(v["plans"][0]["config"]["ep"], 8);
+    // Enums are spelled as on the command line.
+    let cfg = &v["plans"][0]["config"];
+    assert_eq!(cfg["schedule"], "1f1b", "{cfg}");
+    assert_eq!(cfg["zero"], "1", "{cfg}");
+    assert_eq!(cfg["moe_dispatcher"], "alltoall", "{cfg}");
     let kinds: Vec<&str> = v["plans"][0]["estimate"]["comm"]
         .as_array()
         .unwrap()
@@ -1708,5 +1713,65 @@ fn plan_table_fits_the_terminal_width() {
     assert!(
         wide.contains("  columns: GA micro-batches per step"),
         "{wide}"
+    );
+}
+
+/// Plan files of schema version 1 (enums spelled `one_f_one_b`, `dist_opt`,
+/// `all_to_all`) are read and migrated; a version this build does not know is
+/// refused in one line naming it.
+#[test]
+fn plan_files_of_version_1_are_migrated_and_unknown_versions_refused() {
+    let dir = TempDir::new("plan-versions");
+    let path = dir.path("p.json");
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--global-batch",
+        "64",
+        "--json",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"schema_version\": 2"), "{text}");
+    let old = text
+        .replacen("\"schema_version\": 2", "\"schema_version\": 1", 1)
+        .replace("\"1f1b\"", "\"one_f_one_b\"")
+        .replace("\"zero\": \"1\"", "\"zero\": \"dist_opt\"")
+        .replace("\"zero\": \"0\"", "\"zero\": \"none\"")
+        .replace("\"alltoall\"", "\"all_to_all\"");
+    assert!(
+        old.contains("one_f_one_b") && old.contains("all_to_all"),
+        "{old}"
+    );
+    let v1 = dir.path("v1.json");
+    std::fs::write(&v1, &old).unwrap();
+    let out = dir.path("v1.sh");
+    let o = sextant(&[
+        "export",
+        v1.to_str().unwrap(),
+        "--to",
+        "megatron-lm",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v3 = dir.path("v3.json");
+    std::fs::write(
+        &v3,
+        text.replacen("\"schema_version\": 2", "\"schema_version\": 3", 1),
+    )
+    .unwrap();
+    fails_with_one_line(
+        &["export", v3.to_str().unwrap(), "--to", "megatron-lm"],
+        "schema_version 3",
     );
 }
