@@ -96,7 +96,7 @@ struct ValidateArgs {
     #[arg(long = "cross-validate")]
     cross_validate: bool,
     /// A CSV completing the runs' software configuration: `id`, `source`, and any of
-    /// recompute, recompute_modules, optimizer_moments (bf16/fp32), dispatcher
+    /// recompute, attention (flash/unfused), recompute_modules, optimizer_moments (bf16/fp32), dispatcher
     /// (alltoall/deepep/hybridep), ep_comm_overlap, tp_comm_overlap (true/false),
     /// pp_layout, mtp_layers, cross_entropy (te/native/unfused).
     /// Blank columns follow the default rules (see ARCHITECTURE.md).
