@@ -156,6 +156,11 @@ fn per_token_activations(
 
     // MLP block: LayerNorm input, MLP input, dropout mask.
     outside += 2.0 * h + norm_out + mask * h;
+    // Sandwich norms: the inputs of the norms after attention and after the MLP
+    // (the output projections' outputs); their outputs feed only a residual add.
+    if model.sandwich_norms {
+        outside += 2.0 * 2.0 * h;
+    }
     // First projection's output (both halves when gated) and the activation output
     // (the second projection's input); `act_dropped` for "moe_act".
     let mlp_inner = |ffn: f64, div: f64, act_dropped: bool| -> f64 {
@@ -423,6 +428,35 @@ mod tests {
     /// "mla_up_proj" Q, K and V, "moe_act" each routed copy's activation output
     /// (2 x expert ffn), "mlp" the dense MLP's inner tensors; BF16 moments cost 8
     /// optimizer bytes per parameter instead of 12.
+    /// Norms after attention and after the MLP keep their inputs (2 bytes x h
+    /// each per token, split by SP) and nothing else; full recomputation keeps
+    /// only the layer input either way.
+    #[test]
+    fn sandwich_norms_keep_their_inputs() {
+        let plain = gpt("gpt", "test", 24, 4096, 32);
+        let sandwich = ModelSpec {
+            sandwich_norms: true,
+            ..plain.clone()
+        };
+        for (tp, sp, rc) in [
+            (1, false, Recompute::None),
+            (8, true, Recompute::Selective),
+            (8, false, Recompute::Selective),
+            (8, true, Recompute::Full),
+        ] {
+            let c = cfg(tp, sp, rc);
+            let per_token = |m: &ModelSpec| {
+                layer_activations(m, &c, &w(4096), LayerKind::Dense, true).stored / 4096.0
+            };
+            let expect = match rc {
+                Recompute::Full => 0.0,
+                _ => 2.0 * 2.0 * 4096.0 / if sp { tp as f64 } else { 1.0 },
+            };
+            let got = per_token(&sandwich) - per_token(&plain);
+            assert!((got - expect).abs() < 1e-9, "tp{tp} sp{sp} {rc:?}: {got}");
+        }
+    }
+
     #[test]
     fn recompute_modules_drop_their_tensors() {
         use crate::presets::resolve;

@@ -794,6 +794,16 @@ fn model_files_of_every_supported_family_plan() {
         "qwen3-30b-a3b",
         "deepseek-v3",
         "gpt-oss-120b",
+        "gemma-7b",
+        "gemma-2-9b",
+        "gemma-3-27b",
+        "gemma-3-4b",
+        "phi-3-mini-4k-instruct",
+        "glm-4-9b-0414",
+        "glm-4-9b-chat",
+        "glm-4.5-air",
+        "olmo-2-1124-7b",
+        "granite-3.1-8b-base",
     ] {
         let gpus = if file == "deepseek-v3" { "1024" } else { "64" };
         let path = data(&format!("hf/{file}.json"));
@@ -806,7 +816,7 @@ fn model_files_of_every_supported_family_plan() {
         // num_nextn_predict_layers: DeepSeek-V3's one MTP layer, on the last stage.
         assert_eq!(
             plan.model.mtp_layers,
-            u64::from(file == "deepseek-v3"),
+            u64::from(file == "deepseek-v3" || file == "glm-4.5-air"),
             "{file}"
         );
         let stages = &plan.plans[0].estimate.stages;
@@ -818,6 +828,43 @@ fn model_files_of_every_supported_family_plan() {
         assert_eq!(
             stages.last().unwrap().mtp_layers,
             plan.model.mtp_layers,
+            "{file}"
+        );
+    }
+}
+
+/// A Hugging Face config missing a field the family needs is one line naming it
+/// (the MLP width once defaulted silently to 4 x hidden), and the families the
+/// model cannot represent say why.
+#[test]
+fn hf_configs_missing_a_field_or_unmodelled_say_so_in_one_line() {
+    let dir = TempDir::new("hf-missing");
+    let cases = [
+        (
+            "no-ffn.json",
+            r#"{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000}"#,
+            "required field 'intermediate_size' is missing for model_type 'llama' (a config.json saved by transformers always has it)",
+        ),
+        (
+            "no-text.json",
+            r#"{"model_type": "gemma3", "vision_config": {}}"#,
+            "model_type 'gemma3' keeps its text model in the object 'text_config', which is missing",
+        ),
+        (
+            "cohere.json",
+            r#"{"model_type": "cohere", "hidden_size": 8192}"#,
+            "model_type 'cohere' is not supported: its layers run attention and the MLP side by side from one norm (a parallel block), which Sextant does not model",
+        ),
+    ];
+    for (file, text, why) in cases {
+        let path = dir.path(file);
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap();
+        let o = sextant(&["plan", "--model", path, "--gpus", "8"]);
+        assert!(!o.status.success(), "{file}");
+        assert_eq!(
+            stderr(&o),
+            format!("error: '{path}': Hugging Face config: {why}\n"),
             "{file}"
         );
     }
