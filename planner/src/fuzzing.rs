@@ -23,6 +23,7 @@ pub const TARGETS: &[&str] = &[
     "runs_csv",
     "run_json",
     "overlay_json",
+    "bench_json",
 ];
 
 /// Runs the named target on `data`. Panics on an unknown name.
@@ -35,6 +36,7 @@ pub fn run(target: &str, data: &[u8]) {
         "runs_csv" => fuzz_runs_csv(data),
         "run_json" => fuzz_run_json(data),
         "overlay_json" => fuzz_overlay_json(data),
+        "bench_json" => fuzz_bench_json(data),
         other => panic!("unknown fuzz target '{other}'"),
     }
 }
@@ -211,5 +213,40 @@ pub fn fuzz_overlay_json(data: &[u8]) {
             &single(gpus),
             cost::Assumptions::default(),
         );
+    }
+}
+
+/// A parsed benchmark file (`sextant bench`), made into an overlay for a built-in
+/// profile (the H100's, and the one whose GPU name it may carry), applied, and used
+/// for one estimate.
+pub fn fuzz_bench_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(f) = crate::bench::BenchFile::from_json(text) else {
+        return;
+    };
+    let _ = f.summary();
+    for name in ["h100-sxm", "a100-80g"] {
+        let Ok(profile) = builtin_profile(name) else {
+            continue;
+        };
+        let Ok((o, _)) = crate::bench::overlay(std::slice::from_ref(&f), &profile) else {
+            continue;
+        };
+        let Ok(p) = crate::calibration::apply(&profile, &o) else {
+            continue;
+        };
+        let model = crate::presets::gpt("fuzz", "fuzz", 4, 1024, 16);
+        let gpus = p.node.gpus_per_node;
+        if let Ok(cluster) = Cluster::new(p, gpus) {
+            let _ = cost::evaluate(
+                &model,
+                &cluster,
+                &workload(2048, gpus),
+                &single(gpus),
+                cost::Assumptions::default(),
+            );
+        }
     }
 }
