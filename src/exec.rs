@@ -11,6 +11,7 @@ use sextant_executor::auth::{JobKey, SECRET_VAR};
 use sextant_executor::mesh::Mesh;
 use sextant_executor::program::{self, Options};
 use sextant_executor::rendezvous::{bind_root, launch_env, rendezvous, LaunchEnv};
+use sextant_planner::bench::{overlay as bench_overlay, BenchFile};
 use sextant_planner::calibration::{apply, calibrate, duplicates, MeasuredRun, Overlay};
 use sextant_planner::cost::{estimate_with, Assumptions, CommKind};
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile};
@@ -77,11 +78,19 @@ pub struct ExecArgs {
 #[derive(clap::Args, Debug)]
 pub struct CalibrateArgs {
     /// Measured runs (from `sextant exec`), all for the same hardware profile.
-    #[arg(required_unless_present = "logs", conflicts_with = "logs")]
+    #[arg(
+        required_unless_present_any = ["logs", "bench"],
+        conflicts_with_all = ["logs", "bench"]
+    )]
     runs: Vec<String>,
-    /// The profile the runs were planned for: a built-in name or a profile JSON
-    /// (default: the built-in profile the runs name). Not with --log: a plan
-    /// carries its profile.
+    /// Benchmark files from `sextant bench` instead of runs, at most one per
+    /// benchmark, of one GPU: the overlay takes the GEMM curve, the HBM bandwidth
+    /// and the NCCL bus bandwidth (needs --hardware).
+    #[arg(long, num_args = 1.., value_name = "FILE", conflicts_with = "logs")]
+    bench: Vec<String>,
+    /// The profile the runs were planned for, or the benchmarks' GPU's: a built-in
+    /// name or a profile JSON (default for runs: the built-in profile they name).
+    /// Not with --log: a plan carries its profile.
     #[arg(long, conflicts_with = "logs")]
     hardware: Option<String>,
     /// A training log of your own run (Megatron-LM, Megatron-Bridge or NeMo 2);
@@ -626,6 +635,9 @@ pub fn read_overlay(path: &str) -> Result<Overlay> {
 }
 
 pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
+    if !a.bench.is_empty() {
+        return calibrate_bench(&a);
+    }
     if !a.logs.is_empty() {
         return logs::calibrate(logs::CalibrateLogs {
             logs: &a.logs,
@@ -704,6 +716,93 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
     );
     if overlay.backend == "cpu" {
         println!("  (measured by the CPU test backend: it describes this CPU, and `sextant plan --calibration` refuses it)");
+    }
+    println!("Overlay written to {}", a.out);
+    Ok(())
+}
+
+/// `calibrate --bench`: an overlay from benchmark files (`sextant bench`).
+fn calibrate_bench(a: &CalibrateArgs) -> Result<()> {
+    let Some(hw) = &a.hardware else {
+        bail!("calibrate --bench needs --hardware PROFILE (e.g. h100-sxm, or a profile JSON): a benchmark file names its GPU, not the profile to calibrate");
+    };
+    let inputs: Vec<(&str, &str)> = a.bench.iter().map(|p| ("--bench", p.as_str())).collect();
+    crate::io::check_outputs(&[("--out", a.out.as_str())], &inputs, a.force)?;
+    let profile = load_hardware(hw)?;
+    let files = a
+        .bench
+        .iter()
+        .map(|p| {
+            let text = read_text(Path::new(p), "benchmark file")?;
+            BenchFile::from_json(&text).map_err(|e| anyhow!("'{p}': {e}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (overlay, fit) = bench_overlay(&files, &profile).map_err(|e| anyhow!(e))?;
+    write_new(
+        Path::new(&a.out),
+        &serde_json::to_string_pretty(&overlay).expect("overlay serialises"),
+        a.force,
+    )?;
+    let show = |x: Option<f64>| x.map_or("not measured".to_string(), |v| format!("{v:.3}"));
+    println!(
+        "Calibrated '{}' from {} benchmark file(s) on {}:",
+        profile.name,
+        files.len(),
+        overlay.device.escape_debug()
+    );
+    let e = &profile.efficiency;
+    match &overlay.gemm_curve {
+        Some(c) => println!(
+            "  GEMM: the measured BF16 curve ({} shapes) replaces the profile's; its best point, {:.1} TFLOP/s, is {} of the BF16 peak (profile: {})",
+            overlay.gemm_points.iter().filter(|g| g.class == "sweep").count(),
+            c.best_tflops(),
+            show(overlay.gemm_bf16),
+            e.gemm_bf16
+        ),
+        None => println!("  GEMM: not measured"),
+    }
+    if !fit.plan_shapes.is_empty() {
+        let err: Vec<f64> = fit
+            .plan_shapes
+            .iter()
+            .map(|(g, curve)| curve / g.tflops - 1.0)
+            .collect();
+        let worst = err
+            .iter()
+            .copied()
+            .fold(0.0f64, |a, x| if x.abs() > a.abs() { x } else { a });
+        println!(
+            "  the curve against the plan's {} measured GEMM shapes: median {:+.1}%, worst {:+.1}% (the curve prices a shape at its grid neighbours; a batched attention GEMM is priced by the attention curve, not this one)",
+            err.len(),
+            100.0 * sextant_planner::calibration::median(&err).unwrap_or(0.0),
+            100.0 * worst
+        );
+    }
+    match &fit.hbm_copy {
+        Some(c) => println!(
+            "  HBM: a {}-byte copy at {:.0} GB/s is {} of {} TB/s (profile: {})",
+            c.bytes,
+            c.gbytes_per_s,
+            show(overlay.hbm),
+            profile.gpu.hbm_tbytes_per_s,
+            e.hbm
+        ),
+        None => println!("  HBM: not measured"),
+    }
+    match overlay.nvlink_busbw {
+        Some(b) => println!(
+            "  intra-node bus bandwidth: {} of {} GB/s, {:.2} us per step, fitted to {} collective points over 2 or more GPUs (profile: {}, {} us)",
+            show(Some(b)),
+            profile.node.nvlink_gbytes_per_s,
+            overlay.nvlink_latency_us.unwrap_or(0.0),
+            fit.collectives_fitted,
+            e.nvlink_busbw,
+            e.nvlink_latency_us
+        ),
+        None => println!("  intra-node bus bandwidth: not measured (no collective over 2 or more GPUs)"),
+    }
+    for n in &fit.not_used {
+        println!("  not used: {n}");
     }
     println!("Overlay written to {}", a.out);
     Ok(())

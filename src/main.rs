@@ -22,6 +22,7 @@ fn write_stdout(args: std::fmt::Arguments) {
 }
 
 mod args;
+mod bench;
 mod exec;
 mod io;
 mod progress;
@@ -71,8 +72,11 @@ enum Command {
     Validate(ValidateArgs),
     /// Run a plan: one process per rank (torchrun/srun/mpirun, or --ranks N locally).
     Exec(exec::ExecArgs),
-    /// Fit a hardware-profile overlay from measured runs.
+    /// Fit a hardware-profile overlay from measured runs or benchmark files.
     Calibrate(exec::CalibrateArgs),
+    /// Microbenchmarks of this machine's GPUs: gemm, hbm, nccl, p2p (needs a build
+    /// with --features cuda).
+    Bench(bench::BenchArgs),
     /// Print predicted vs measured time per component for a run of a plan.
     Compare(exec::CompareArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -966,6 +970,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Exec(a) => exec::cmd_exec(a),
         Command::Calibrate(a) => exec::cmd_calibrate(a),
         Command::Compare(a) => exec::cmd_compare(a),
+        Command::Bench(a) => bench::cmd_bench(a),
     }
 }
 

@@ -1,5 +1,7 @@
-//! The CUDA backend's device layer: probing a GPU, its free memory, timing cuBLAS
-//! GEMMs and NCCL all-reduces. Built on cudarc with dynamic loading, so a build with
+//! The CUDA backend's device layer: probing a GPU and its free memory, and what the
+//! device program ([`crate::device`]) and the microbenchmarks ([`crate::bench`])
+//! share (loading, cuBLAS handles, NCCL groups and communicators, host gates,
+//! events). Built on cudarc with dynamic loading, so a build with
 //! `--features cuda` needs no CUDA toolkit and starts on machines without a GPU.
 //!
 //! # Missing libraries never panic
@@ -44,24 +46,20 @@ use crate::culibs::Lib;
 use crate::cuload::{ensure, nccl};
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{
-    result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr,
-    DriverError,
+    result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError,
 };
 use cudarc::nccl::sys as nccl_sys;
-use sextant_planner::calibration::{median, CommPoint, GemmPoint};
 
 /// The oldest driver the backend runs on, as `cuDriverGetVersion` says it: CUDA 12.8.
 pub const MIN_DRIVER: c_int = 12080;
-/// Warm-up calls before each timed GEMM or all-reduce series.
-pub const WARMUP_CALLS: u32 = 3;
-/// Timed GEMMs queued behind one host gate (see [`Gate`]); well under the driver's
+/// Timed calls queued behind one host gate (see [`Gate`]); well under the driver's
 /// launch-queue depth.
-const GATE_BATCH: u32 = 64;
+pub(crate) const GATE_BATCH: u32 = 64;
 /// How long a gate holds its stream at most, should the host never release it.
 const GATE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Elements of the host fill pattern (2 MiB of BF16).
-const FILL_ELEMS: usize = 1 << 20;
-const GIB: f64 = (1u64 << 30) as f64;
+pub(crate) const FILL_ELEMS: usize = 1 << 20;
+pub(crate) const GIB: f64 = (1u64 << 30) as f64;
 
 /// The device's name, memory and SM count, e.g.
 /// `"NVIDIA H100 80GB HBM3 (79.1 GiB, 132 SMs)"`. Creates no context.
@@ -102,51 +100,6 @@ pub fn free_memory(ordinal: usize) -> Result<(u64, u64), String> {
     })
 }
 
-/// Times one BF16 cuBLAS GEMM per shape `(class, m, n, k)`, row-major
-/// `C[m,n] = A[m,k] · B[k,n]`, FP32 accumulation (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`).
-///
-/// Per shape: [`WARMUP_CALLS`] untimed calls, then `iters` calls each bracketed by its
-/// own pair of CUDA events on the stream. `median_secs` is the **median of the
-/// per-call event times**. The timed calls are queued behind a host gate in batches
-/// of 64, so the GPU runs each batch back to back and a small GEMM's time is its
-/// kernel's, not the host's launch rate. `tflops` is `2·m·n·k / median_secs / 1e12`.
-///
-/// Allocation failure returns an `Err` naming the bytes requested and the device's
-/// free memory.
-pub fn time_gemms(
-    ordinal: usize,
-    shapes: &[(String, u64, u64, u64)],
-    iters: u32,
-) -> Result<Vec<GemmPoint>, String> {
-    if iters == 0 {
-        return Err("GEMM timing needs at least one timed call (iters = 0)".into());
-    }
-    for (class, m, n, k) in shapes {
-        colmajor_args(*m, *n, *k).map_err(|e| format!("GEMM '{class}' {m}x{n}x{k}: {e}"))?;
-        gemm_bytes(*m, *n, *k)
-            .ok_or_else(|| format!("GEMM '{class}' {m}x{n}x{k}: its buffers' size overflows"))?;
-    }
-    guarded(|| {
-        device(ordinal)?;
-        ensure(Lib::Cublas)?;
-        let ctx = context(ordinal)?;
-        let stream = ctx.new_stream().map_err(|e| {
-            format!(
-                "creating a CUDA stream on device {ordinal}: {}",
-                describe(e)
-            )
-        })?;
-        let blas = Blas::new(&stream, ordinal)?;
-        let mut out = Vec::with_capacity(shapes.len());
-        for (class, m, n, k) in shapes {
-            out.push(time_gemm(
-                &ctx, &stream, &blas, ordinal, class, *m, *n, *k, iters,
-            )?);
-        }
-        Ok(out)
-    })
-}
-
 /// A new NCCL unique id (128 bytes) for rank 0 to hand to the other ranks.
 pub fn nccl_unique_id() -> Result<Vec<u8>, String> {
     guarded(|| {
@@ -154,88 +107,6 @@ pub fn nccl_unique_id() -> Result<Vec<u8>, String> {
         let id = nccl::get_uniqueid()
             .map_err(|e| format!("ncclGetUniqueId failed: {}", nccl_describe(&e, None)))?;
         Ok(id.internal.iter().map(|&c| c as u8).collect())
-    })
-}
-
-/// Times NCCL all-reduce (sum, BF16, out of place) of each size on a communicator of
-/// `world` ranks made from `unique_id` ([`nccl_unique_id`] on one rank, passed to all).
-/// Every rank must call this with the same sizes and `iters`.
-///
-/// Per size: [`WARMUP_CALLS`] untimed calls, then `iters` calls timed as one batch
-/// between two CUDA events (the nccl-tests way: a per-call time would include the
-/// other ranks' arrival skew); `median_secs` is **batch time / iters**. No host
-/// synchronisation separates the warm-up from the timed batch, so the last warm-up
-/// call lines the ranks up on the GPU. `busbw_gbytes_per_s` is
-/// `bytes · 2(n−1)/n / secs / 1e9`; `tier` is "nvlink" (the caller knows better).
-pub fn time_all_reduce(
-    ordinal: usize,
-    unique_id: &[u8],
-    rank: usize,
-    world: usize,
-    sizes_bytes: &[u64],
-    iters: u32,
-) -> Result<Vec<CommPoint>, String> {
-    if unique_id.len() != 128 {
-        return Err(format!(
-            "an NCCL unique id is 128 bytes, got {}",
-            unique_id.len()
-        ));
-    }
-    if world == 0 || world > i32::MAX as usize || rank >= world {
-        return Err(format!("rank {rank} is not in a world of {world} ranks"));
-    }
-    if iters == 0 {
-        return Err("all-reduce timing needs at least one timed call (iters = 0)".into());
-    }
-    for &b in sizes_bytes {
-        if b < 2 || b % 2 != 0 || usize::try_from(b).is_err() {
-            return Err(format!(
-                "all-reduce size {b} bytes is not a positive whole number of BF16 elements"
-            ));
-        }
-    }
-    let mut internal = [0 as std::ffi::c_char; 128];
-    for (d, &s) in internal.iter_mut().zip(unique_id) {
-        *d = s as std::ffi::c_char;
-    }
-    guarded(|| {
-        device(ordinal)?;
-        nccl_loaded()?;
-        let ctx = context(ordinal)?;
-        let stream = ctx.new_stream().map_err(|e| {
-            format!(
-                "creating a CUDA stream on device {ordinal}: {}",
-                describe(e)
-            )
-        })?;
-        ctx.bind_to_thread().map_err(describe)?;
-        let mut raw: nccl_sys::ncclComm_t = std::ptr::null_mut();
-        unsafe {
-            nccl::comm_init_rank(
-                &mut raw,
-                world as c_int,
-                nccl_sys::ncclUniqueId { internal },
-                rank as c_int,
-            )
-        }
-        .map_err(|e| {
-            format!(
-                "ncclCommInitRank (rank {rank} of {world}) failed: {}",
-                nccl_describe(&e, None)
-            )
-        })?;
-        let mut comm = Comm {
-            raw,
-            finished: false,
-        };
-        let mut out = Vec::with_capacity(sizes_bytes.len());
-        for &bytes in sizes_bytes {
-            out.push(time_one_all_reduce(
-                &ctx, &stream, &comm, ordinal, world, bytes, iters,
-            )?);
-        }
-        comm.finish(&stream)?;
-        Ok(out)
     })
 }
 
@@ -394,6 +265,17 @@ impl Blas {
         unsafe { blas::set_stream(handle.0, stream.cu_stream() as _) }.map_err(what)?;
         Ok(handle)
     }
+
+    /// The library's version code (`cublasGetVersion`: major x 10000 + minor x 100 +
+    /// patch).
+    pub(crate) fn version(&self) -> Result<c_int, String> {
+        let mut v: c_int = 0;
+        // SAFETY: a live handle; the version is written into `v`.
+        unsafe { blas_sys::cublasGetVersion_v2(self.0, &mut v) }
+            .result()
+            .map_err(|e| format!("cublasGetVersion failed: {e:?}"))?;
+        Ok(v)
+    }
 }
 
 impl Drop for Blas {
@@ -483,17 +365,6 @@ pub(crate) fn reset_pool_peak(pool: drv_sys::CUmemoryPool) -> Result<(), String>
         )
     }
     .map_err(|e| format!("resetting the memory pool's peak: {}", describe(e)))
-}
-
-/// Bytes of A, B and C for one BF16 GEMM, or None on overflow.
-fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
-    let e = m
-        .checked_mul(k)?
-        .checked_add(k.checked_mul(n)?)?
-        .checked_add(m.checked_mul(n)?)?;
-    let b = e.checked_mul(2)?;
-    usize::try_from(b).ok()?;
-    Some(b)
 }
 
 /// Column-major cuBLAS arguments for row-major `C[m,n] = A[m,k] · B[k,n]`.
@@ -636,7 +507,7 @@ pub(crate) fn out_of_memory(
 }
 
 /// A BF16 buffer of `elems` (as u16 bits) on `stream`.
-fn alloc_bf16(
+pub(crate) fn alloc_bf16(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
     ordinal: usize,
@@ -698,108 +569,6 @@ pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> 
         .map_err(|e| format!("creating a CUDA event: {}", describe(e)))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn time_gemm(
-    ctx: &Arc<CudaContext>,
-    stream: &Arc<CudaStream>,
-    blas: &Blas,
-    ordinal: usize,
-    class: &str,
-    m: u64,
-    n: u64,
-    k: u64,
-    iters: u32,
-) -> Result<GemmPoint, String> {
-    colmajor_args(m, n, k)?;
-    let shape = format!("the {class} GEMM {m}x{n}x{k} (BF16)");
-    let total =
-        gemm_bytes(m, n, k).ok_or_else(|| format!("{shape}: its buffers' size overflows"))?;
-    let (free, _) = mem_info(ctx, ordinal)?;
-    if total > free {
-        return Err(out_of_memory(ctx, ordinal, &shape, total));
-    }
-    let pattern = fill_pattern(FILL_ELEMS.min(((m * k).max(k * n)) as usize));
-    let mut a = alloc_bf16(
-        ctx,
-        stream,
-        ordinal,
-        (m * k) as usize,
-        &format!("A of {shape}"),
-    )?;
-    let mut b = alloc_bf16(
-        ctx,
-        stream,
-        ordinal,
-        (k * n) as usize,
-        &format!("B of {shape}"),
-    )?;
-    let c = alloc_bf16(
-        ctx,
-        stream,
-        ordinal,
-        (m * n) as usize,
-        &format!("C of {shape}"),
-    )?;
-    fill(stream, &mut a, &pattern)?;
-    fill(stream, &mut b, &pattern)?;
-    // Raw pointers, taken once: the buffers live to the end of this function and all
-    // use is on `stream`, which is synchronised before they drop.
-    let (pa, pb, pc) = {
-        let (pa, _ra) = a.device_ptr(stream);
-        let (pb, _rb) = b.device_ptr(stream);
-        let (pc, _rc) = c.device_ptr(stream);
-        (pa, pb, pc)
-    };
-    let gemm = || bf16_gemm(blas, (m, n, k), 1, (pa, pb, pc)).map_err(|e| format!("{shape}: {e}"));
-    ctx.bind_to_thread().map_err(describe)?;
-    for _ in 0..WARMUP_CALLS {
-        gemm()?;
-    }
-    stream
-        .synchronize()
-        .map_err(|e| format!("{shape}: {}", describe(e)))?;
-    let mut starts = Vec::with_capacity(iters as usize);
-    let mut ends = Vec::with_capacity(iters as usize);
-    for _ in 0..iters {
-        starts.push(timing_event(ctx)?);
-        ends.push(timing_event(ctx)?);
-    }
-    let mut i = 0usize;
-    while i < iters as usize {
-        let gate = Gate::close(stream)?;
-        let stop = (i + GATE_BATCH as usize).min(iters as usize);
-        while i < stop {
-            starts[i].record(stream).map_err(describe)?;
-            gemm()?;
-            ends[i].record(stream).map_err(describe)?;
-            i += 1;
-        }
-        drop(gate);
-    }
-    stream
-        .synchronize()
-        .map_err(|e| format!("{shape}: {}", describe(e)))?;
-    let mut secs = Vec::with_capacity(iters as usize);
-    for (s, e) in starts.iter().zip(&ends) {
-        secs.push(s.elapsed_ms(e).map_err(describe)? as f64 / 1e3);
-    }
-    let med = median(&secs).unwrap_or(0.0);
-    Ok(GemmPoint {
-        class: class.to_string(),
-        m,
-        n,
-        k,
-        dtype: "bf16".into(),
-        calls: iters as u64,
-        median_secs: med,
-        tflops: if med > 0.0 {
-            2.0 * m as f64 * n as f64 * k as f64 / med / 1e12
-        } else {
-            0.0
-        },
-    })
-}
-
 /// An NCCL communicator: destroyed after a clean run, aborted on any early exit
 /// (`ncclCommDestroy` may wait for peers; `ncclCommAbort` never does).
 pub(crate) struct Comm {
@@ -823,88 +592,6 @@ impl Drop for Comm {
             let _ = unsafe { nccl::comm_abort(self.raw) };
         }
     }
-}
-
-/// nccl-tests' bus bandwidth factor for all-reduce: 2(n−1)/n.
-fn all_reduce_factor(world: usize) -> f64 {
-    let n = world as f64;
-    2.0 * (n - 1.0) / n
-}
-
-#[allow(clippy::too_many_arguments)]
-fn time_one_all_reduce(
-    ctx: &Arc<CudaContext>,
-    stream: &Arc<CudaStream>,
-    comm: &Comm,
-    ordinal: usize,
-    world: usize,
-    bytes: u64,
-    iters: u32,
-) -> Result<CommPoint, String> {
-    let what = format!("the all-reduce buffers of {bytes} bytes (send and receive)");
-    let both = bytes.saturating_mul(2);
-    let (free, _) = mem_info(ctx, ordinal)?;
-    if both > free {
-        return Err(out_of_memory(ctx, ordinal, &what, both));
-    }
-    let elems = (bytes / 2) as usize;
-    let send = stream
-        .alloc_zeros::<u16>(elems)
-        .map_err(|e| oom_or(e, ctx, ordinal, &what, both))?;
-    let recv = stream
-        .alloc_zeros::<u16>(elems)
-        .map_err(|e| oom_or(e, ctx, ordinal, &what, both))?;
-    let (ps, pr) = {
-        let (ps, _rs) = send.device_ptr(stream);
-        let (pr, _rr) = recv.device_ptr(stream);
-        (ps, pr)
-    };
-    let call = || unsafe {
-        nccl::all_reduce(
-            ps as *const c_void,
-            pr as *mut c_void,
-            elems,
-            nccl_sys::ncclDataType_t::ncclBfloat16,
-            nccl_sys::ncclRedOp_t::ncclSum,
-            comm.raw,
-            stream.cu_stream() as _,
-        )
-        .map(|_| ())
-        .map_err(|e| {
-            format!(
-                "ncclAllReduce of {bytes} bytes failed: {}",
-                nccl_describe(&e, Some(comm.raw))
-            )
-        })
-    };
-    ctx.bind_to_thread().map_err(describe)?;
-    let (start, end) = (timing_event(ctx)?, timing_event(ctx)?);
-    for _ in 0..WARMUP_CALLS {
-        call()?;
-    }
-    start.record(stream).map_err(describe)?;
-    for _ in 0..iters {
-        call()?;
-    }
-    end.record(stream).map_err(describe)?;
-    stream
-        .synchronize()
-        .map_err(|e| format!("all-reduce of {bytes} bytes: {}", describe(e)))?;
-    let secs = start.elapsed_ms(&end).map_err(describe)? as f64 / 1e3 / iters as f64;
-    Ok(CommPoint {
-        kind: "world".into(),
-        op: "all_reduce".into(),
-        ranks: world as u64,
-        bytes: bytes as f64,
-        tier: "nvlink".into(),
-        calls: iters as u64,
-        median_secs: secs,
-        busbw_gbytes_per_s: if secs > 0.0 {
-            bytes as f64 * all_reduce_factor(world) / secs / 1e9
-        } else {
-            0.0
-        },
-    })
 }
 
 #[cfg(test)]
@@ -952,51 +639,12 @@ pub(crate) mod tests {
     #[test]
     fn cuda_calls_without_driver_do_not_panic() {
         let fm = catch_unwind(|| free_memory(0)).expect("free_memory must not panic");
-        let tg = catch_unwind(|| time_gemms(0, &[("mlp".into(), 64, 64, 64)], 2))
-            .expect("time_gemms must not panic");
         let id = catch_unwind(nccl_unique_id).expect("nccl_unique_id must not panic");
-        let ar = catch_unwind(|| time_all_reduce(0, &[0u8; 128], 0, 1, &[1024], 2))
-            .expect("time_all_reduce must not panic");
         if !driver_present() {
-            for e in [fm.err(), tg.err(), id.err(), ar.err()] {
+            for e in [fm.err(), id.err()] {
                 assert!(e.is_some_and(|e| no_driver::<()>(&Err(e))));
             }
         }
-    }
-
-    #[test]
-    fn cuda_bad_arguments_are_errors_before_any_library_call() {
-        assert!(time_gemms(0, &[("mlp".into(), 8, 8, 8)], 0)
-            .unwrap_err()
-            .contains("iters = 0"));
-        assert!(time_gemms(0, &[("mlp".into(), 0, 8, 8)], 1)
-            .unwrap_err()
-            .contains("outside cuBLAS's range"));
-        assert!(time_gemms(0, &[("mlp".into(), 1 << 32, 8, 8)], 1)
-            .unwrap_err()
-            .contains("outside cuBLAS's range"));
-        assert!(time_gemms(
-            0,
-            &[("mlp".into(), 2_000_000_000, 2_000_000_000, 2_000_000_000)],
-            1
-        )
-        .unwrap_err()
-        .contains("overflows"));
-        assert!(time_all_reduce(0, &[0u8; 16], 0, 2, &[1024], 1)
-            .unwrap_err()
-            .contains("128 bytes"));
-        assert!(time_all_reduce(0, &[0u8; 128], 2, 2, &[1024], 1)
-            .unwrap_err()
-            .contains("not in a world"));
-        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[1023], 1)
-            .unwrap_err()
-            .contains("BF16 elements"));
-        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[0], 1)
-            .unwrap_err()
-            .contains("BF16 elements"));
-        assert!(time_all_reduce(0, &[0u8; 128], 0, 2, &[1024], 0)
-            .unwrap_err()
-            .contains("iters = 0"));
     }
 
     #[test]
@@ -1054,9 +702,5 @@ pub(crate) mod tests {
             .iter()
             .all(|v| v.is_finite() && (-1.0..=1.0).contains(v)));
         assert!(vals.iter().filter(|v| **v != 0.0).count() > 4000);
-        assert_eq!(gemm_bytes(2, 3, 4), Some(2 * (8 + 12 + 6)));
-        assert_eq!(gemm_bytes(u64::MAX, 2, 2), None);
-        assert_eq!(all_reduce_factor(1), 0.0);
-        assert_eq!(all_reduce_factor(8), 1.75);
     }
 }

@@ -7,6 +7,8 @@
 //! and schedule are consistent. The CUDA backend (feature `cuda`) is in the `cuda` module.
 
 pub mod auth;
+#[cfg(feature = "cuda")]
+pub mod bench;
 pub mod comm;
 #[cfg(feature = "cuda")]
 pub mod cuda;

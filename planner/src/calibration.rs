@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ParallelConfig, Workload};
 use crate::error::InputError;
-use crate::hardware::{ranges, show, HardwareProfile, Range, MAX_GPUS};
+use crate::hardware::{ranges, show, GemmCurve, GemmDtype, HardwareProfile, Range, MAX_GPUS};
 use crate::model::ModelSpec;
 
 pub const RUN_SCHEMA_VERSION: u32 = 1;
@@ -278,6 +278,18 @@ pub struct Overlay {
     /// The same across nodes.
     #[serde(default)]
     pub network_latency_us: Option<f64>,
+    /// Achieved fraction of the profile's HBM bandwidth by a large device-to-device
+    /// copy (`sextant bench hbm`).
+    #[serde(default)]
+    pub hbm: Option<f64>,
+    /// A measured BF16 GEMM curve (`sextant bench gemm`): it replaces the profile's
+    /// BF16 curve, and `gemm_bf16` is its best point over the BF16 peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_curve: Option<GemmCurve>,
+    /// The benchmark files it was built from (`calibrate --bench`), one line each:
+    /// benchmark, device, date, driver and library versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub benchmarks: Vec<String>,
     pub gemm_points: Vec<GemmPoint>,
     pub collective_points: Vec<CommPoint>,
     /// From training logs: multiplier on the profile's GEMM efficiencies (BF16 and
@@ -395,15 +407,23 @@ impl Overlay {
                 )));
             }
         }
+        if let Some(c) = &self.gemm_curve {
+            if c.dtype != GemmDtype::Bf16 || self.gemm_bf16.is_none() {
+                return Err(InputError::Workload(
+                    "calibration overlay: gemm_curve must be a BF16 curve, given with gemm_bf16 (the efficiency at its best point)".into(),
+                ));
+            }
+        }
         Ok(())
     }
 
     /// The fitted numbers by name (`None`: not measured).
-    fn values(&self) -> [(&'static str, Option<f64>); 10] {
+    pub(crate) fn values(&self) -> [(&'static str, Option<f64>); 11] {
         [
             ("gemm_scale", self.gemm_scale),
             ("attention_scale", self.attention_scale),
             ("comm_scale", self.comm_scale),
+            ("hbm", self.hbm),
             ("gemm_bf16", self.gemm_bf16),
             ("attention", self.attention),
             ("nvlink_busbw", self.nvlink_busbw),
@@ -425,10 +445,10 @@ pub struct OverlayRanges {
 }
 
 impl OverlayRanges {
-    fn of(&self, name: &str) -> Range {
+    pub(crate) fn of(&self, name: &str) -> Range {
         match name {
             "gemm_scale" | "attention_scale" | "comm_scale" => SCALE,
-            "gemm_bf16" | "attention" => self.efficiency,
+            "gemm_bf16" | "attention" | "hbm" => self.efficiency,
             "nvlink_busbw" => self.nvlink_busbw,
             "network_busbw" => self.network_busbw,
             "gemm_overhead_us" => self.gemm_overhead_us,
@@ -534,7 +554,7 @@ fn fit_gemms(points: &[&GemmPoint], peak_flops: f64) -> Option<(f64, f64)> {
 
 /// Collective fit in the cost model's form: time = factor * bytes / (link * frac)
 /// + steps * latency. Returns (fraction of `link_bytes_per_s`, latency_us).
-fn fit_collectives(points: &[&CommPoint], link_bytes_per_s: f64) -> Option<(f64, f64)> {
+pub(crate) fn fit_collectives(points: &[&CommPoint], link_bytes_per_s: f64) -> Option<(f64, f64)> {
     let rows: Vec<(f64, f64, f64, f64)> = points
         .iter()
         .map(|c| {
@@ -587,6 +607,12 @@ pub fn duplicates(runs: &[MeasuredRun]) -> Vec<Option<usize>> {
     (0..runs.len())
         .map(|i| (0..i).find(|&j| same_measurement(&runs[i], &runs[j])))
         .collect()
+}
+
+/// Whether a device line names the fake driver of `tests/fakecuda` (its device name),
+/// whose times are a made-up model: calibration refuses them.
+pub fn on_fake_libraries(device: &str) -> bool {
+    device.contains("sextant fake GPU")
 }
 
 /// FLOPs of one GEMM call (in f64: dimensions up to 1e7 cannot overflow it).
@@ -676,8 +702,7 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
         .map(|(r, _)| r)
         .collect();
     for r in &runs {
-        // The device name the fake driver of tests/fakecuda reports.
-        if r.device.contains("sextant fake GPU") {
+        if on_fake_libraries(&r.device) {
             return Err(format!(
                 "run of plan {} ran on Sextant's fake CUDA libraries ({}): they check arguments and measure nothing; calibrate from a run on a GPU",
                 r.plan_hash,
@@ -752,6 +777,9 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
         gemm_overhead_us: gemm.map(|g| g.1),
         nvlink_latency_us: nvl.map(|c| c.1),
         network_latency_us: net.map(|c| c.1),
+        hbm: None,
+        gemm_curve: None,
+        benchmarks: Vec::new(),
         gemm_points: gemms,
         collective_points: colls,
         gemm_scale: None,
@@ -782,10 +810,14 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     }
     o.validate().map_err(|e| e.to_string())?;
     let mut p = profile.clone();
-    let note = format!(
-        "measured: sextant calibrate on {} ({})",
-        o.device, o.backend
-    );
+    let note = if o.benchmarks.is_empty() {
+        format!(
+            "measured: sextant calibrate on {} ({})",
+            o.device, o.backend
+        )
+    } else {
+        format!("measured: sextant bench: {}", o.benchmarks.join("; "))
+    };
     if let Some(x) = o.gemm_overhead_us {
         p.efficiency.gemm_overhead_us = x;
     }
@@ -802,6 +834,15 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
         p.efficiency.gemm_bf16 = x;
         p.sources
             .insert("efficiency.gemm_bf16".into(), note.clone());
+    }
+    if let Some(c) = &o.gemm_curve {
+        // A measured curve: the shape dependence again, at the measured level.
+        p.gemm_curves.retain(|d| d.dtype != c.dtype);
+        p.gemm_curves.push(c.clone());
+    }
+    if let Some(x) = o.hbm {
+        p.efficiency.hbm = x;
+        p.sources.insert("efficiency.hbm".into(), note.clone());
     }
     if let Some(x) = o.attention {
         // A measured level at the executed shapes replaces the public curve too.
@@ -902,6 +943,9 @@ mod tests {
             gemm_overhead_us: None,
             nvlink_latency_us: None,
             network_latency_us: None,
+            hbm: None,
+            gemm_curve: None,
+            benchmarks: vec![],
             gemm_points: vec![],
             collective_points: vec![],
             gemm_scale: None,
@@ -944,6 +988,9 @@ mod tests {
             gemm_overhead_us: None,
             nvlink_latency_us: None,
             network_latency_us: None,
+            hbm: None,
+            gemm_curve: None,
+            benchmarks: vec![],
             gemm_points: vec![],
             collective_points: vec![],
             gemm_scale: None,

@@ -25,6 +25,7 @@ pub const TARGETS: &[&str] = &[
     "overlay_json",
     "training_log",
     "kineto_trace",
+    "bench_json",
 ];
 
 /// Runs the named target on `data`. Panics on an unknown name.
@@ -39,6 +40,7 @@ pub fn run(target: &str, data: &[u8]) {
         "overlay_json" => fuzz_overlay_json(data),
         "training_log" => fuzz_training_log(data),
         "kineto_trace" => fuzz_kineto_trace(data),
+        "bench_json" => fuzz_bench_json(data),
         other => panic!("unknown fuzz target '{other}'"),
     }
 }
@@ -241,5 +243,40 @@ pub fn fuzz_kineto_trace(data: &[u8]) {
     };
     if let Ok(k) = crate::kineto::KernelTimes::from_json(text) {
         assert!(k.total_secs().is_finite() && k.steps > 0);
+    }
+}
+
+/// A parsed benchmark file (`sextant bench`), made into an overlay for a built-in
+/// profile (the H100's, and the one whose GPU name it may carry), applied, and used
+/// for one estimate.
+pub fn fuzz_bench_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(f) = crate::bench::BenchFile::from_json(text) else {
+        return;
+    };
+    let _ = f.summary();
+    for name in ["h100-sxm", "a100-80g"] {
+        let Ok(profile) = builtin_profile(name) else {
+            continue;
+        };
+        let Ok((o, _)) = crate::bench::overlay(std::slice::from_ref(&f), &profile) else {
+            continue;
+        };
+        let Ok(p) = crate::calibration::apply(&profile, &o) else {
+            continue;
+        };
+        let model = crate::presets::gpt("fuzz", "fuzz", 4, 1024, 16);
+        let gpus = p.node.gpus_per_node;
+        if let Ok(cluster) = Cluster::new(p, gpus) {
+            let _ = cost::evaluate(
+                &model,
+                &cluster,
+                &workload(2048, gpus),
+                &single(gpus),
+                cost::Assumptions::default(),
+            );
+        }
     }
 }

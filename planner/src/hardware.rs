@@ -390,6 +390,25 @@ fn locate(axis: &[f64], x: f64) -> (usize, usize, f64, f64) {
 }
 
 impl GemmCurve {
+    /// A curve from `[m, n, k, tflops]` points on a full grid (the file's form),
+    /// checked as a profile's curve is.
+    pub fn from_points(
+        dtype: GemmDtype,
+        source: String,
+        points: Vec<[f64; 4]>,
+    ) -> Result<GemmCurve, String> {
+        GemmCurve::try_from(GemmCurveFile {
+            dtype,
+            source,
+            points,
+        })
+    }
+
+    /// The curve's highest throughput, TFLOP/s.
+    pub fn best_tflops(&self) -> f64 {
+        self.best_tflops
+    }
+
     /// Throughput of an `m x k` by `k x n` GEMM over the curve's best point, in (0, 1].
     /// Log-linear interpolation inside the grid; above it the edge value (a larger
     /// GEMM is at least as efficient); below it, proportionally less.

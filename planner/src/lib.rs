@@ -11,6 +11,7 @@
 //! [`cost::estimate`] -> rank. A configuration that fails a rule is a
 //! [`config::Rejection`] (data, counted by the search), not an error.
 
+pub mod bench;
 pub mod calibration;
 pub mod comm;
 pub mod config;

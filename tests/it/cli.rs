@@ -1822,3 +1822,33 @@ fn plan_files_of_version_1_are_migrated_and_unknown_versions_refused() {
         "schema_version 3",
     );
 }
+
+/// `sextant bench --help` lists the four benchmarks, with or without the CUDA
+/// feature (without it, running one is one line: tests/it/bench.rs).
+#[test]
+fn bench_help_lists_the_four_benchmarks() {
+    let o = sextant(&["bench", "--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for (name, what) in [
+        ("gemm", "BF16 GEMM TFLOP/s (cuBLAS) over a grid of shapes"),
+        ("hbm", "HBM bandwidth: device-to-device copies and memsets"),
+        (
+            "nccl",
+            "NCCL all-reduce, all-gather and reduce-scatter bus bandwidth",
+        ),
+        ("p2p", "Copy bandwidth between two GPUs"),
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.trim_start().starts_with(name) && l.contains(what)),
+            "{name}: '{what}' missing from:\n{out}"
+        );
+    }
+    let top = stdout(&sextant(&["--help"]));
+    assert!(
+        top.lines()
+            .any(|l| l.trim_start().starts_with("bench") && l.contains("gemm, hbm, nccl, p2p")),
+        "{top}"
+    );
+}

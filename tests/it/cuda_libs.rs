@@ -19,13 +19,13 @@ use sextant_executor::culibs::{find, Lib, SearchEnv};
 use crate::common::{count_hostile, TempDir};
 
 /// Where `fakecuda/*.c` live.
-fn fakes_src() -> PathBuf {
+pub fn fakes_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakecuda")
 }
 
 /// Compiles `fake_<stem>.c` into `dir/soname` with that soname (what glibc matches
 /// when cudarc later opens the library by name).
-fn build_fake(stem: &str, dir: &Path, soname: &str) -> PathBuf {
+pub fn build_fake(stem: &str, dir: &Path, soname: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let out = dir.join(soname);
     let src = fakes_src().join(format!("fake_{stem}.c"));
@@ -48,13 +48,13 @@ fn build_fake(stem: &str, dir: &Path, soname: &str) -> PathBuf {
 }
 
 /// A throwaway Python prefix with the fakes where NVIDIA's wheels put cuBLAS and NCCL.
-struct Prefix {
-    root: PathBuf,
+pub struct Prefix {
+    pub root: PathBuf,
     cublas: PathBuf,
     nccl: PathBuf,
 }
 
-fn prefix(dir: &TempDir) -> Prefix {
+pub fn prefix(dir: &TempDir) -> Prefix {
     let root = dir.path("venv");
     let site = root.join("lib/python3.12/site-packages/nvidia");
     let cublas = build_fake("cublas", &site.join("cublas/lib"), "libcublas.so.13");
@@ -307,13 +307,30 @@ fn exec_backend_cuda_opens_the_libraries_from_the_wheel_tree() {
 
 /// The three fakes, built into a wheel tree (cuBLAS, NCCL) and a driver directory.
 #[cfg(feature = "cuda")]
-struct Fakes {
-    prefix: Prefix,
-    driver_dir: PathBuf,
+pub struct Fakes {
+    pub prefix: Prefix,
+    pub driver_dir: PathBuf,
 }
 
 #[cfg(feature = "cuda")]
-fn fakes(dir: &TempDir) -> Fakes {
+impl Fakes {
+    /// Sets `c`'s environment so that the binary finds the fakes (cuBLAS and NCCL
+    /// in the wheel tree, the driver on LD_LIBRARY_PATH) and nothing else, with no
+    /// fault injected.
+    pub fn env<'a>(&self, c: &'a mut Command) -> &'a mut Command {
+        c.env("VIRTUAL_ENV", &self.prefix.root)
+            .env("LD_LIBRARY_PATH", &self.driver_dir)
+            .env_remove("CONDA_PREFIX")
+            .env_remove("CUDA_HOME")
+            .env_remove("CUDA_PATH")
+            .env_remove("SEXTANT_FAKE_OOM_AT")
+            .env_remove("SEXTANT_FAKE_NCCL_FAIL_AT")
+            .env_remove("SEXTANT_FAKE_DEVICE_BYTES")
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub fn fakes(dir: &TempDir) -> Fakes {
     let prefix = prefix(dir);
     let driver_dir = dir.path("driver");
     build_fake("cuda", &driver_dir, "libcuda.so.1");
@@ -323,7 +340,7 @@ fn fakes(dir: &TempDir) -> Fakes {
 /// Whether this machine's loader has real CUDA libraries, which the fakes could not
 /// be told apart from: the end-to-end cases are then skipped, saying so.
 #[cfg(feature = "cuda")]
-fn real_cuda_here() -> bool {
+pub fn real_cuda_here() -> bool {
     let real = ["libcuda.so", "libcuda.so.1", "libcublas.so", "libnccl.so"]
         .iter()
         .any(|n| system_has(n));
@@ -335,7 +352,7 @@ fn real_cuda_here() -> bool {
 
 /// A small model (a Sextant model JSON) and a one-GPU plan of it, returning the plan.
 #[cfg(feature = "cuda")]
-fn small_plan(dir: &TempDir, name: &str, moe: bool) -> String {
+pub fn small_plan(dir: &TempDir, name: &str, moe: bool) -> String {
     let model = dir.path(&format!("{name}-model.json"));
     let moe = if moe {
         r#","moe":{"experts":4,"top_k":2,"expert_ffn_hidden":32}"#
@@ -415,6 +432,12 @@ fn exec_on(
 /// them.
 #[cfg(feature = "cuda")]
 fn fakes_clean(err: &str, injected: u32) -> String {
+    fakes_reported(err, injected, 3)
+}
+
+/// [`fakes_clean`] for a process that loaded `libraries` of the three fakes.
+#[cfg(feature = "cuda")]
+pub fn fakes_reported(err: &str, injected: u32, libraries: usize) -> String {
     let mut rest = String::new();
     let mut reports = 0;
     for line in err.lines() {
@@ -451,7 +474,10 @@ fn fakes_clean(err: &str, injected: u32) -> String {
             );
         }
     }
-    assert_eq!(reports, 3, "each fake reports once at the end:\n{err}");
+    assert_eq!(
+        reports, libraries,
+        "each fake loaded reports once at the end:\n{err}"
+    );
     let faults: u32 = err
         .lines()
         .filter_map(|l| {
