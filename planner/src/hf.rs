@@ -120,6 +120,7 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
         mlp: MlpKind::Gated,
         dropout: false,
         bias,
+        norm: None,
         mla: None,
         moe: None,
         sliding_window: None,
