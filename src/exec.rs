@@ -19,6 +19,7 @@ use sextant_planner::plan::PlanFile;
 use crate::io::{read_text, write_new};
 
 mod launch;
+mod logs;
 mod output;
 
 #[derive(clap::Args, Debug)]
@@ -76,14 +77,32 @@ pub struct ExecArgs {
 #[derive(clap::Args, Debug)]
 pub struct CalibrateArgs {
     /// Measured runs (from `sextant exec`), all for the same hardware profile.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "logs", conflicts_with = "logs")]
     runs: Vec<String>,
     /// The profile the runs were planned for: a built-in name or a profile JSON
-    /// (default: the built-in profile the runs name).
-    #[arg(long)]
+    /// (default: the built-in profile the runs name). Not with --log: a plan
+    /// carries its profile.
+    #[arg(long, conflicts_with = "logs")]
     hardware: Option<String>,
-    #[arg(long, default_value = "sextant-overlay.json")]
+    /// A training log of your own run (Megatron-LM, Megatron-Bridge or NeMo 2);
+    /// repeat for runs of other configurations on the same GPUs.
+    #[arg(long = "log", value_name = "FILE")]
+    logs: Vec<String>,
+    /// The plan file of the configuration each --log ran, in the same order (its
+    /// first plan), or one for all of them.
+    #[arg(long = "plan", value_name = "FILE", requires = "logs")]
+    plans: Vec<String>,
+    /// A PyTorch profiler (Kineto) trace of a few steps of each --log's run, in
+    /// the same order: splits GEMM, attention and NCCL time.
+    #[arg(long = "trace", value_name = "FILE", requires = "logs")]
+    traces: Vec<String>,
+    /// Iterations at the start of each log that are not measured (start-up,
+    /// warm-up); the step is the median of the lines after them.
+    #[arg(long = "warmup-iters", default_value_t = sextant_planner::trainlog::DEFAULT_WARMUP_ITERS)]
+    warmup_iters: u64,
+    #[arg(long, short = 'o', default_value = "sextant-overlay.json")]
     out: String,
+    /// Replace an existing overlay file.
     #[arg(long)]
     force: bool,
 }
@@ -92,8 +111,18 @@ pub struct CalibrateArgs {
 pub struct CompareArgs {
     /// The plan file that was run.
     plan: String,
-    /// The measured run.
-    run: String,
+    /// The measured run (from `sextant exec`).
+    #[arg(required_unless_present = "log", conflicts_with = "log")]
+    run: Option<String>,
+    /// A training log of the plan's run instead (Megatron-LM, Megatron-Bridge, NeMo 2).
+    #[arg(long, value_name = "FILE")]
+    log: Option<String>,
+    /// A PyTorch profiler (Kineto) trace of the --log's run: adds kernel-time rows.
+    #[arg(long, value_name = "FILE", requires = "log")]
+    trace: Option<String>,
+    /// Iterations at the start of the log that are not measured.
+    #[arg(long = "warmup-iters", default_value_t = sextant_planner::trainlog::DEFAULT_WARMUP_ITERS)]
+    warmup_iters: u64,
     /// Also predict with this calibration overlay applied.
     #[arg(long)]
     calibration: Option<String>,
@@ -597,6 +626,16 @@ pub fn read_overlay(path: &str) -> Result<Overlay> {
 }
 
 pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
+    if !a.logs.is_empty() {
+        return logs::calibrate(logs::CalibrateLogs {
+            logs: &a.logs,
+            plans: &a.plans,
+            traces: &a.traces,
+            warmup_iters: a.warmup_iters,
+            out: &a.out,
+            force: a.force,
+        });
+    }
     let runs: Vec<MeasuredRun> = a.runs.iter().map(|p| read_run(p)).collect::<Result<_>>()?;
     let profile = load_hardware(a.hardware.as_deref().unwrap_or(&runs[0].profile))?;
     let overlay = calibrate(&runs, &profile).map_err(|e| anyhow!(e))?;
@@ -720,14 +759,28 @@ fn predicted_components(
 }
 
 pub fn cmd_compare(a: CompareArgs) -> Result<()> {
+    let run_path = match (&a.run, &a.log) {
+        (_, Some(log)) => {
+            return logs::compare(logs::CompareLog {
+                plan: &a.plan,
+                log,
+                trace: a.trace.as_deref(),
+                warmup_iters: a.warmup_iters,
+                calibration: a.calibration.as_deref(),
+                json: a.json,
+            })
+        }
+        (Some(r), None) => r.clone(),
+        (None, None) => bail!("compare needs a measured run or --log FILE"),
+    };
     let text = read_text(Path::new(&a.plan), "plan")?;
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
-    let run = read_run(&a.run)?;
+    let run = read_run(&run_path)?;
     let hash = format!("{:016x}", program::plan_hash(text.as_bytes()));
     if hash != run.plan_hash {
         bail!(
             "'{}' was measured on a different plan (hash {}) from '{}' ({hash})",
-            a.run,
+            run_path,
             run.plan_hash,
             a.plan
         );
@@ -735,7 +788,7 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
     if !run.complete {
         bail!(
             "'{}' is marked incomplete: {}",
-            a.run,
+            run_path,
             run.failure.as_deref().unwrap_or("no reason recorded")
         );
     }

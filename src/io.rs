@@ -17,6 +17,17 @@ const MAX_INPUT_BYTES: u64 = 256 * 1024 * 1024;
 /// about 16 times their size in memory, so the cap bounds that too.
 pub const MAX_CSV_BYTES: u64 = 8 * 1024 * 1024;
 
+/// Largest training log `calibrate --log` reads. It is read a line at a time, so
+/// this bounds the time, not the memory.
+pub const MAX_LOG_BYTES: u64 = 16 * 1024 * 1024 * 1024;
+
+/// Longest log line kept; the rest of a longer line is skipped, and the line is
+/// handed on as cut off.
+pub const MAX_LOG_LINE_BYTES: usize = 1024 * 1024;
+
+/// Largest Kineto trace read (its text is held while its events are folded).
+pub const MAX_TRACE_BYTES: u64 = 1024 * 1024 * 1024;
+
 /// What a file type is, for a message.
 fn kind(t: &FileType) -> &'static str {
     #[cfg(unix)]
@@ -64,6 +75,97 @@ pub fn read_text(path: &Path, what: &str) -> Result<String> {
 /// waits for a writer, and `/dev/zero` has no length to check.
 pub fn read_text_capped(path: &Path, what: &str, max_bytes: u64) -> Result<String> {
     let cannot = || format!("cannot read {what} '{}'", path.display());
+    let (file, len) = open_regular(path, what)?;
+    let too_big = |n: u64| {
+        anyhow!(
+            "{what} '{}' is {n} bytes; at most {max_bytes} is accepted",
+            path.display()
+        )
+    };
+    if len > max_bytes {
+        return Err(too_big(len));
+    }
+    // The length may change while reading: read at most one byte past the cap.
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max_bytes + 1)
+        .read_to_end(&mut bytes)
+        .with_context(cannot)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_big(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|_| anyhow!("{what} '{}' is not UTF-8 text", path.display()))
+}
+
+/// Hands each line of a regular file to `f`, without its newline (and a `\r`
+/// before it), with `true` when the line ended with a newline. At most
+/// `max_bytes` are read (more is an error) and at most `max_line` bytes of a line
+/// are kept: a longer line is handed on cut, as not ended. Bytes that are not
+/// UTF-8 are replaced (a log may hold a progress bar's control bytes).
+pub fn for_each_line(
+    path: &Path,
+    what: &str,
+    max_bytes: u64,
+    max_line: usize,
+    mut f: impl FnMut(&str, bool),
+) -> Result<()> {
+    use std::io::BufRead;
+    let cannot = || format!("cannot read {what} '{}'", path.display());
+    let (file, len) = open_regular(path, what)?;
+    let too_big = |n: u64| {
+        anyhow!(
+            "{what} '{}' is {n} bytes; at most {max_bytes} is accepted",
+            path.display()
+        )
+    };
+    if len > max_bytes {
+        return Err(too_big(len));
+    }
+    let mut r = std::io::BufReader::with_capacity(1 << 16, file.take(max_bytes + 1));
+    let mut line: Vec<u8> = Vec::new();
+    let (mut total, mut overlong) = (0u64, false);
+    let emit = |line: &mut Vec<u8>, ended: bool, f: &mut dyn FnMut(&str, bool)| {
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        f(&String::from_utf8_lossy(line), ended);
+        line.clear();
+    };
+    loop {
+        let buf = r.fill_buf().with_context(cannot)?;
+        if buf.is_empty() {
+            break;
+        }
+        let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], true),
+            None => (buf, false),
+        };
+        let room = max_line.saturating_sub(line.len());
+        if chunk.len() > room {
+            overlong = true;
+        }
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let used = chunk.len() + usize::from(newline);
+        r.consume(used);
+        total += used as u64;
+        if total > max_bytes {
+            return Err(too_big(total));
+        }
+        if newline {
+            emit(&mut line, !overlong, &mut f);
+            overlong = false;
+        }
+    }
+    if !line.is_empty() || overlong {
+        emit(&mut line, false, &mut f);
+    }
+    Ok(())
+}
+
+/// Opens a regular file (links followed) for reading and returns it with its
+/// length. Devices, FIFOs and sockets are refused before they are opened: opening
+/// a FIFO waits for a writer, and `/dev/zero` has no length to check.
+fn open_regular(path: &Path, what: &str) -> Result<(fs::File, u64)> {
+    let cannot = || format!("cannot read {what} '{}'", path.display());
     regular(&fs::metadata(path).with_context(cannot)?, path, what)?;
     let mut opts = OpenOptions::new();
     opts.read(true);
@@ -78,24 +180,7 @@ pub fn read_text_capped(path: &Path, what: &str, max_bytes: u64) -> Result<Strin
     let file = opts.open(path).with_context(cannot)?;
     let meta = file.metadata().with_context(cannot)?;
     regular(&meta, path, what)?;
-    let too_big = |n: u64| {
-        anyhow!(
-            "{what} '{}' is {n} bytes; at most {max_bytes} is accepted",
-            path.display()
-        )
-    };
-    if meta.len() > max_bytes {
-        return Err(too_big(meta.len()));
-    }
-    // The length may change while reading: read at most one byte past the cap.
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(max_bytes + 1)
-        .read_to_end(&mut bytes)
-        .with_context(cannot)?;
-    if bytes.len() as u64 > max_bytes {
-        return Err(too_big(bytes.len() as u64));
-    }
-    String::from_utf8(bytes).map_err(|_| anyhow!("{what} '{}' is not UTF-8 text", path.display()))
+    Ok((file, meta.len()))
 }
 
 /// Refuses a target that exists and is not a regular file (a device, a FIFO, a

@@ -96,7 +96,7 @@ struct ValidateArgs {
     #[arg(long = "cross-validate")]
     cross_validate: bool,
     /// A CSV completing the runs' software configuration: `id`, `source`, and any of
-    /// recompute, recompute_modules, optimizer_moments (bf16/fp32), dispatcher
+    /// recompute, attention (flash/unfused), recompute_modules, optimizer_moments (bf16/fp32), dispatcher
     /// (alltoall/deepep/hybridep), ep_comm_overlap, tp_comm_overlap (true/false),
     /// pp_layout, mtp_layers, cross_entropy (te/native/unfused).
     /// Blank columns follow the default rules (see ARCHITECTURE.md).
@@ -624,8 +624,7 @@ fn table_width() -> Option<usize> {
 
 fn cmd_validate(a: ValidateArgs) -> Result<()> {
     use sextant_planner::validate::{
-        band_checks, coverage, cross_validate, memory, memory_summary, summarize, validate,
-        HoldOut,
+        band_checks, coverage, cross_validate, memory, memory_summary, summarize, validate, HoldOut,
     };
     let text = io::read_text_capped(Path::new(&a.csv), "runs CSV", io::MAX_CSV_BYTES)?;
     let stack = match &a.stack {

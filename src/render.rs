@@ -650,25 +650,30 @@ pub fn models_list() -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<16} {:<36} {:>9} {:>9}  source",
-        "name", "aliases", "params", "active"
+        "{:<16} {:<36} {:>9} {:>9} {:>9}  source",
+        "name", "aliases", "params", "active", "w/o emb"
     );
     for p in sextant_planner::presets::PRESETS {
         let m: ModelSpec = (p.spec)();
         let c = m.params();
         let _ = writeln!(
             s,
-            "{:<16} {:<36} {:>8.1}B {:>8.1}B  {}",
+            "{:<16} {:<36} {:>8.1}B {:>8.1}B {:>8.1}B  {}",
             p.name,
             p.aliases.join(", "),
             c.total as f64 / 1e9,
             c.active as f64 / 1e9,
+            c.active_without_embedding as f64 / 1e9,
             m.source
         );
     }
     let _ = writeln!(
         s,
-        "\n--model also takes a Hugging Face config.json ({}) or a Sextant model JSON file.",
+        "\nactive: parameters one token touches, the input embedding included (as Mistral's, Qwen's and DeepSeek's model cards count); w/o emb: the same without the input embedding (as OpenAI's gpt-oss card counts)."
+    );
+    let _ = writeln!(
+        s,
+        "--model also takes a Hugging Face config.json ({}) or a Sextant model JSON file.",
         sextant_planner::hf::SUPPORTED_TYPES.join(", ")
     );
     s
@@ -816,7 +821,13 @@ pub fn memory_validation(rows: &[sextant_planner::validate::MemoryRow], md: bool
         return s;
     }
     let head = [
-        "run", "framework", "kind", "stage", "measured", "predicted", "error",
+        "run",
+        "framework",
+        "kind",
+        "stage",
+        "measured",
+        "predicted",
+        "error",
     ];
     if md {
         let _ = writeln!(s, "\n## Predicted against measured peak memory\n");

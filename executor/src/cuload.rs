@@ -47,7 +47,10 @@ fn one_line(e: impl std::error::Error) -> String {
 /// Whether cudarc's own loader opens `lib` by its candidate names.
 fn cudarc_finds(lib: Lib) -> bool {
     match lib {
+        // SAFETY: cudarc's probe only tries to dlopen its candidate file names and
+        // returns whether one opened; it calls nothing inside the library.
         Lib::Driver => unsafe { cudarc::driver::sys::is_culib_present() },
+        // SAFETY: as above, for cuBLAS.
         Lib::Cublas => unsafe { cudarc::cublas::sys::is_culib_present() },
         // NCCL is bound here, not through cudarc.
         Lib::Nccl => true,
@@ -55,6 +58,9 @@ fn cudarc_finds(lib: Lib) -> bool {
 }
 
 fn open_global(file: &std::ffi::OsStr) -> Result<Library, String> {
+    // SAFETY: opening runs the library's initialisers; the files opened here are the
+    // CUDA, cuBLAS and NCCL libraries (or the test fakes) that the process is about to
+    // use anyway, found by name in the directories `culibs` searched.
     unsafe { Library::open(Some(file), RTLD_NOW | RTLD_GLOBAL) }.map_err(one_line)
 }
 
@@ -215,6 +221,9 @@ pub mod nccl {
 
     /// The function `name` in `lib` (opened from `from`), or one line saying it is missing.
     fn sym<T: Copy>(lib: &super::Library, from: &str, name: &str) -> Result<T, String> {
+        // SAFETY: `T` is the function-pointer type NCCL's header (nccl.h, 2.18+) gives
+        // `name`; `Api` declares each one, and the pointer is used only while `lib`,
+        // kept open in `OPENED` for the life of the process, is loaded.
         let f = unsafe { lib.get::<T>(format!("{name}\0").as_bytes()) }.map_err(|e| {
             format!(
                 "{from} is not a usable NCCL 2.18 or later: it has no {name} ({})",
@@ -253,6 +262,8 @@ pub mod nccl {
                 group_start: sym(lib, &from, "ncclGroupStart")?,
                 group_end: sym(lib, &from, "ncclGroupEnd")?,
                 get_error_string: sym(lib, &from, "ncclGetErrorString")?,
+                // SAFETY: as in `sym`: `ncclGetLastError(ncclComm_t) -> const char*`
+                // (NCCL 2.13+), absent in older libraries.
                 get_last_error: unsafe { lib.get(b"ncclGetLastError\0") }.ok().map(|s| *s),
             })
         })
@@ -272,12 +283,14 @@ pub mod nccl {
 
     pub fn get_nccl_version() -> Result<c_int, NcclError> {
         let mut v = 0;
+        // SAFETY: ncclGetVersion writes one int through a valid pointer.
         res(unsafe { (api()?.get_version)(&mut v) })?;
         Ok(v)
     }
 
     pub fn get_uniqueid() -> Result<ncclUniqueId, NcclError> {
         let mut id = ncclUniqueId { internal: [0; 128] };
+        // SAFETY: ncclGetUniqueId fills the 128-byte id it is given.
         res(unsafe { (api()?.get_unique_id)(&mut id) })?;
         Ok(id)
     }
@@ -387,16 +400,21 @@ pub mod nccl {
     }
 
     pub fn group_start() -> Result<NcclStatus, NcclError> {
+        // SAFETY: no arguments; NCCL tracks the group per thread.
         res(unsafe { (api()?.group_start)() })
     }
 
     pub fn group_end() -> Result<NcclStatus, NcclError> {
+        // SAFETY: no arguments; ends the calling thread's group (NCCL reports an
+        // unbalanced end as an error, which `res` returns).
         res(unsafe { (api()?.group_end)() })
     }
 
     /// NCCL's text for `r` (empty when unknown or NCCL is not bound).
     pub fn error_string(r: ncclResult_t) -> *const c_char {
         match api() {
+            // SAFETY: ncclGetErrorString takes any result code and returns a static
+            // string (or null), which the caller reads only if non-null.
             Ok(a) => unsafe { (a.get_error_string)(r) },
             Err(_) => std::ptr::null(),
         }

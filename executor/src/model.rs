@@ -54,6 +54,8 @@ impl Dims {
         m.ffn_hidden = self.ffn as u64;
         m.mla = None;
         m.sliding_window = None;
+        // The executed layers have no norms, so none after each block either.
+        m.sandwich_norms = false;
         // Nor does a multi-token-prediction layer.
         m.mtp_layers = 0;
         m.mlp = sextant_planner::model::MlpKind::Plain;

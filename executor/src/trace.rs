@@ -551,9 +551,14 @@ impl Builder<'_> {
                     } else {
                         LayerKind::Dense
                     };
-                    kept +=
-                        memory::layer_activations(&s.model, cfg, &s.workload, kind, Assumptions::default())
-                            .stored;
+                    kept += memory::layer_activations(
+                        &s.model,
+                        cfg,
+                        &s.workload,
+                        kind,
+                        Assumptions::default(),
+                    )
+                    .stored;
                 }
                 self.ops.push(Op::Keep {
                     key: (c, mb),

@@ -24,6 +24,21 @@ use crate::{ExportError, Target};
 pub const TORCHTITAN_VERSION: &str =
     "torchtitan v0.2.2 (2026-02-20, commit 73a0e6979dd1), the last release configured by TOML";
 
+/// A stage layout in words, for refusals: `Layout`'s own form is Rust syntax.
+fn describe_layout(plan: &PlanFile, cfg: &ParallelConfig) -> String {
+    match &cfg.layout {
+        Layout::Even => "equal stages".into(),
+        Layout::AccountEmbeddingLoss => "stages that count the embedding and loss as layers".into(),
+        Layout::FirstLast { first, last } => {
+            format!("{first} layers on the first stage and {last} on the last")
+        }
+        Layout::Explicit { .. } => match pipeline_layout(plan, cfg) {
+            Ok(l) => format!("the explicit layout \"{l}\""),
+            Err(_) => "an explicit per-stage layout".into(),
+        },
+    }
+}
+
 fn cannot(target: Target, reason: impl Into<String>) -> ExportError {
     ExportError::Inexpressible {
         target,
@@ -482,7 +497,7 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
             kv(&mut s, "decoder_first_pipeline_num_layers", first.to_string());
             kv(&mut s, "decoder_last_pipeline_num_layers", last.to_string());
         }
-        other => return Err(cannot(t, format!("RLinf states uneven pipelines only as first/last stage layer counts; this plan uses {other:?}"))),
+        _ => return Err(cannot(t, format!("RLinf states uneven pipelines only as first/last stage layer counts; this plan uses {}", describe_layout(plan, cfg)))),
     }
     for (k, v) in recompute_fields(cfg) {
         kv(&mut s, k, v);
@@ -562,7 +577,7 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     let layers = plan.model.layers;
     let per_stage = match &cfg.layout {
         Layout::Even => layers / (cfg.pp * cfg.vpp),
-        other => return Err(cannot(t, format!("torchtitan splits stages evenly by pipeline_parallel_layers_per_stage; this plan uses {other:?}"))),
+        _ => return Err(cannot(t, format!("torchtitan splits stages evenly by pipeline_parallel_layers_per_stage; this plan uses {}", describe_layout(plan, cfg)))),
     };
     let mut s = String::new();
     let _ = writeln!(
@@ -706,7 +721,7 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         Layout::AccountEmbeddingLoss => {
             let _ = writeln!(s, "{st}.account_for_embedding_in_pipeline_split = True\n{st}.account_for_loss_in_pipeline_split = True");
         }
-        other => return Err(cannot(t, format!("NeMo 2.0's strategy states uneven pipelines only by counting embedding and loss as layers; this plan uses {other:?}"))),
+        _ => return Err(cannot(t, format!("NeMo 2.0's strategy states uneven pipelines only by counting embedding and loss as layers; this plan uses {}", describe_layout(plan, cfg)))),
     }
     match cfg.zero {
         Zero::None | Zero::DistOpt => {

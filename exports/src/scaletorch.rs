@@ -88,7 +88,7 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<(Vec<String>, Env), ExportE
         };
     if w.precision != Precision::Bf16 {
         return Err(cannot(format!(
-            "{:?} precision: ScaleTorch trains in BF16",
+            "{} precision: ScaleTorch trains in BF16",
             w.precision
         )));
     }

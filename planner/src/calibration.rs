@@ -6,6 +6,11 @@
 //! and tier. Calibration turns the GEMMs into achieved fractions of the profile's
 //! peak (FLOP-weighted, by operation class) and the collectives into bus-bandwidth
 //! fractions of the tier's link, which is what the cost model's constants are.
+//!
+//! An overlay fitted from the user's own training logs ([`crate::logfit`]) holds
+//! multipliers on the profile's efficiencies instead ([`Scales`]): a log measures a
+//! whole step, not a kernel, so it scales the profile's constants (and keeps its
+//! shape curves) rather than replacing them.
 
 use std::collections::BTreeMap;
 
@@ -27,7 +32,10 @@ const MAX_GEMM_DIM: u64 = 10_000_000;
 const MAX_CALLS: u64 = 1_000_000_000;
 /// One collective's buffer: 1 PB.
 const MAX_COLLECTIVE_BYTES: f64 = 1e15;
-pub const OVERLAY_SCHEMA_VERSION: u32 = 1;
+/// Version 2 added the log fit's scales and points; version 1 files still read.
+pub const OVERLAY_SCHEMA_VERSION: u32 = 2;
+/// The backend an overlay fitted from training logs names.
+pub const LOG_BACKEND: &str = "training-log";
 
 /// One GEMM shape as measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -272,12 +280,76 @@ pub struct Overlay {
     pub network_latency_us: Option<f64>,
     pub gemm_points: Vec<GemmPoint>,
     pub collective_points: Vec<CommPoint>,
+    /// From training logs: multiplier on the profile's GEMM efficiencies (BF16 and
+    /// FP8); its GEMM shape curve is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_scale: Option<f64>,
+    /// From training logs: multiplier on the attention efficiencies (forward and
+    /// backward); the attention curve is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_scale: Option<f64>,
+    /// From training logs: multiplier on the bus-bandwidth efficiencies (NVLink,
+    /// NVLS, network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_scale: Option<f64>,
+    /// The training logs the scales were fitted on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_points: Vec<LogPoint>,
+}
+
+/// One training log a log overlay was fitted on: its step as measured, as the
+/// profile predicted it, and as the calibrated profile predicts it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogPoint {
+    pub log: String,
+    pub plan: String,
+    pub gpus: u64,
+    pub global_batch: u64,
+    /// A Kineto trace split its kernel time.
+    pub traced: bool,
+    pub measured_step_secs: f64,
+    pub predicted_step_secs: f64,
+    pub calibrated_step_secs: f64,
+}
+
+/// Multipliers on a profile's efficiencies (1: as the profile says).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scales {
+    /// `gemm_bf16` and `gemm_fp8`.
+    pub gemm: f64,
+    /// `attention_fwd` and `attention_bwd`.
+    pub attention: f64,
+    /// `nvlink_busbw`, `nvls_busbw` and `network_busbw`.
+    pub comm: f64,
+}
+
+impl Scales {
+    pub const ONE: Scales = Scales {
+        gemm: 1.0,
+        attention: 1.0,
+        comm: 1.0,
+    };
+}
+
+/// The profile with its efficiencies multiplied by `s`; curves are kept (they are
+/// ratios to their best point). Not validated: the caller checks the ranges.
+pub fn scale_efficiencies(profile: &HardwareProfile, s: &Scales) -> HardwareProfile {
+    let mut p = profile.clone();
+    let e = &mut p.efficiency;
+    e.gemm_bf16 *= s.gemm;
+    e.gemm_fp8 *= s.gemm;
+    e.attention_fwd *= s.attention;
+    e.attention_bwd *= s.attention;
+    e.nvlink_busbw *= s.comm;
+    e.nvls_busbw *= s.comm;
+    e.network_busbw *= s.comm;
+    p
 }
 
 impl Overlay {
     pub fn from_json(text: &str) -> Result<Overlay, InputError> {
         let o: Overlay = crate::json::from_str(text, "calibration overlay")?;
-        if o.schema_version != OVERLAY_SCHEMA_VERSION {
+        if !(1..=OVERLAY_SCHEMA_VERSION).contains(&o.schema_version) {
             return Err(InputError::SchemaVersion {
                 what: "calibration overlay".into(),
                 found: o.schema_version,
@@ -307,12 +379,31 @@ impl Overlay {
                 })?;
             }
         }
+        let time_ok = |x: f64| (SAMPLE_SECS.0..=SAMPLE_SECS.1).contains(&x);
+        for l in &self.log_points {
+            let times = [
+                l.measured_step_secs,
+                l.predicted_step_secs,
+                l.calibrated_step_secs,
+            ];
+            if !times.iter().all(|&x| time_ok(x)) || !(1..=MAX_GPUS).contains(&l.gpus) {
+                return Err(InputError::Workload(format!(
+                    "calibration overlay: log point '{}' needs step times of {} to {} s and 1 to {MAX_GPUS} GPUs",
+                    l.log.escape_debug(),
+                    show(SAMPLE_SECS.0),
+                    show(SAMPLE_SECS.1)
+                )));
+            }
+        }
         Ok(())
     }
 
     /// The fitted numbers by name (`None`: not measured).
-    fn values(&self) -> [(&'static str, Option<f64>); 7] {
+    fn values(&self) -> [(&'static str, Option<f64>); 10] {
         [
+            ("gemm_scale", self.gemm_scale),
+            ("attention_scale", self.attention_scale),
+            ("comm_scale", self.comm_scale),
             ("gemm_bf16", self.gemm_bf16),
             ("attention", self.attention),
             ("nvlink_busbw", self.nvlink_busbw),
@@ -336,6 +427,7 @@ pub struct OverlayRanges {
 impl OverlayRanges {
     fn of(&self, name: &str) -> Range {
         match name {
+            "gemm_scale" | "attention_scale" | "comm_scale" => SCALE,
             "gemm_bf16" | "attention" => self.efficiency,
             "nvlink_busbw" => self.nvlink_busbw,
             "network_busbw" => self.network_busbw,
@@ -344,6 +436,15 @@ impl OverlayRanges {
         }
     }
 }
+
+/// A multiplier on a profile's efficiency; what it makes of the profile must still
+/// lie in the profile's ranges, which [`apply`] checks.
+const SCALE: Range = Range {
+    lo: 0.01,
+    hi: 100.0,
+    zero_ok: false,
+    why: "a multiplier on the profile's own efficiency",
+};
 
 /// A GPU overlay replaces profile constants, so its numbers take the profile's own
 /// physical ranges: what `apply` makes of it is a profile that validates. The CPU
@@ -366,7 +467,7 @@ pub fn overlay_ranges(backend: &str) -> Option<OverlayRanges> {
         why: "microseconds on the CPU test backend",
     };
     match backend {
-        "cuda" => Some(OverlayRanges {
+        "cuda" | LOG_BACKEND => Some(OverlayRanges {
             efficiency: ranges::EFFICIENCY,
             nvlink_busbw: ranges::NVLINK_BUSBW,
             network_busbw: ranges::NETWORK_BUSBW,
@@ -653,6 +754,10 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
         network_latency_us: net.map(|c| c.1),
         gemm_points: gemms,
         collective_points: colls,
+        gemm_scale: None,
+        attention_scale: None,
+        comm_scale: None,
+        log_points: vec![],
     };
     for (name, v) in overlay.values() {
         if let Some(x) = v {
@@ -715,7 +820,28 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     }
     if let Some(x) = o.network_busbw {
         p.efficiency.network_busbw = x;
-        p.sources.insert("efficiency.network_busbw".into(), note);
+        p.sources
+            .insert("efficiency.network_busbw".into(), note.clone());
+    }
+    // A log fit's multipliers, on top of the profile's own constants.
+    let s = Scales {
+        gemm: o.gemm_scale.unwrap_or(1.0),
+        attention: o.attention_scale.unwrap_or(1.0),
+        comm: o.comm_scale.unwrap_or(1.0),
+    };
+    if s != Scales::ONE {
+        p = scale_efficiencies(&p, &s);
+        for (field, k) in [
+            ("efficiency.gemm_bf16", o.gemm_scale),
+            ("efficiency.attention_fwd", o.attention_scale),
+            ("efficiency.nvlink_busbw", o.comm_scale),
+        ] {
+            if let Some(k) = k {
+                let old = p.sources.get(field).cloned().unwrap_or_default();
+                p.sources
+                    .insert(field.into(), format!("{old}; x{k:.4} from {note}"));
+            }
+        }
     }
     // A GPU overlay's numbers are in the profile's ranges, so this holds; it keeps
     // a plan made with the overlay one that `export` reads back. A CPU overlay's are
@@ -778,6 +904,10 @@ mod tests {
             network_latency_us: None,
             gemm_points: vec![],
             collective_points: vec![],
+            gemm_scale: None,
+            attention_scale: None,
+            comm_scale: None,
+            log_points: vec![],
         };
         assert_eq!(apply(&h100, &o).unwrap().gemm_curves, h100.gemm_curves);
         o.gemm_bf16 = Some(0.7);
@@ -816,6 +946,10 @@ mod tests {
             network_latency_us: None,
             gemm_points: vec![],
             collective_points: vec![],
+            gemm_scale: None,
+            attention_scale: None,
+            comm_scale: None,
+            log_points: vec![],
         };
         // A CPU's GEMM efficiency against a GPU's peak, labelled as a GPU overlay.
         let e = apply(&h100, &o).unwrap_err();

@@ -67,17 +67,22 @@ fn one_f64() -> f64 {
     1.0
 }
 
-/// Sharding of model state across the data-parallel group.
+/// Sharding of model state across the data-parallel group. Spelled in files as on
+/// the command line (`--zero 0|1|2|3`); schema-1 plan files' `none`, `dist_opt`,
+/// `zero2`, `zero3` are still read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
 pub enum Zero {
     /// Plain data parallelism: every rank holds all optimizer state.
+    #[serde(rename = "0", alias = "none")]
     None,
     /// Megatron's distributed optimizer (= ZeRO-1): optimizer state sharded.
+    #[serde(rename = "1", alias = "dist_opt")]
     DistOpt,
     /// ZeRO-2: optimizer state and gradients sharded.
+    #[serde(rename = "2", alias = "zero2")]
     Zero2,
     /// ZeRO-3 / FSDP: parameters too, gathered before use.
+    #[serde(rename = "3", alias = "zero3")]
     Zero3,
 }
 
@@ -593,16 +598,18 @@ impl From<ParallelConfigFile> for ParallelConfig {
     }
 }
 
-/// How MoE tokens reach their experts.
+/// How MoE tokens reach their experts. Spelled in files as on the command line
+/// (`alltoall`, `dedup`); schema-1 files' `all_to_all`, `deduplicated` are still read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
 pub enum Dispatcher {
     /// Megatron's all-to-all token dispatcher: every (token, expert) copy is sent to
     /// the expert's rank.
     #[default]
+    #[serde(rename = "alltoall", alias = "all_to_all")]
     AllToAll,
     /// DeepEP / HybridEP (Megatron's "flex" dispatcher): a token crosses the network
     /// once per destination node and fans out to that node's experts over NVLink.
+    #[serde(rename = "dedup", alias = "deduplicated")]
     Deduplicated,
 }
 

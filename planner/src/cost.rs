@@ -722,13 +722,14 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     fwd.moe_experts = experts.fwd;
     fwd.router = router.fwd;
 
-    // Element-wise traffic, bytes per token: norms (read 2h, write 2h) and residual
-    // adds (read 4h, write 2h, +1 mask byte with dropout), twice per layer, split by
-    // SP; activation function (gated: read 2f, write f); rotary on Q and K; FP8 casts
-    // of GEMM inputs (read 2, write 1).
+    // Element-wise traffic, bytes per token: norms (read 2h, write 2h; two per layer,
+    // four with sandwich norms) and residual adds (read 4h, write 2h, +1 mask byte
+    // with dropout), twice per layer, split by SP; activation function (gated: read
+    // 2f, write f); rotary on Q and K; FP8 casts of GEMM inputs (read 2, write 1).
     let sp_div = if cfg.sp { t } else { 1.0 };
     let mask = if m.dropout { 1.0 } else { 0.0 };
-    let outside = 2.0 * (4.0 * h + 6.0 * h + mask * h) / sp_div;
+    let norms = if m.sandwich_norms { 4.0 } else { 2.0 };
+    let outside = (norms * 4.0 * h + 2.0 * (6.0 * h + mask * h)) / sp_div;
     let act = |ffn: f64, div: f64| (2.0 * (first_mats + 1.0) * ffn) / div;
     let inner = match kind {
         LayerKind::Moe => {
@@ -1315,8 +1316,8 @@ pub fn stage_problem(
             * frag;
     extra_secs[p - 1] += pc.output_secs + 2.0 * pc.out_tp;
     let out_params = if pc.tied_single { 0.0 } else { pc.embed_params } + h;
-    extra_bytes[p - 1] += state(out_params, 0.0)
-        + c.tokens * pc.vocab_rank * memory::logit_bytes(a.framework) * frag;
+    extra_bytes[p - 1] +=
+        state(out_params, 0.0) + c.tokens * pc.vocab_rank * memory::logit_bytes(a.framework) * frag;
     // Multi-token prediction on the last stage: its layers (of the last layer's
     // kind), projections, second output pass and embedding copy.
     let mtp = model.mtp_layers as f64;
@@ -2510,6 +2511,46 @@ mod tests {
         ));
     }
 
+    /// Sandwich norms (Gemma 2 and 3, GLM-4-0414) add two norm passes per layer
+    /// (read 2h, write 2h per token, split by SP), forward and, twice over,
+    /// backward; nothing else moves.
+    #[test]
+    fn sandwich_norms_add_two_norm_passes() {
+        let plain = resolve("llama3-8b").unwrap().spec;
+        let sandwich = ModelSpec {
+            sandwich_norms: true,
+            ..plain.clone()
+        };
+        let h100 = builtin_profile("h100-sxm").unwrap();
+        let w = wl(4096, 64);
+        let k = ParallelConfig {
+            sp: true,
+            ..cfg(4, 1, 1, 2)
+        };
+        let ctx = |model| Ctx {
+            model,
+            hw: &h100,
+            w: &w,
+            cfg: &k,
+            a: Assumptions::default(),
+            tokens: 4096.0,
+            fp8: false,
+            domain: 8,
+        };
+        let (a, b) = (
+            layer_cost(&ctx(&sandwich), LayerKind::Dense),
+            layer_cost(&ctx(&plain), LayerKind::Dense),
+        );
+        let two_norms = ctx(&plain).mem(4096.0 * 2.0 * 4.0 * plain.hidden as f64 / 4.0);
+        assert!(close(a.fwd.elementwise - b.fwd.elementwise, two_norms));
+        assert!(close(
+            a.bwd.elementwise - b.bwd.elementwise,
+            2.0 * two_norms
+        ));
+        assert_eq!(a.fwd.mlp, b.fwd.mlp);
+        assert_eq!(a.fwd.attention_proj, b.fwd.attention_proj);
+    }
+
     /// FP8 casts every GEMM input: in an MoE layer the routed experts' inputs over
     /// their routed rows (h into FC1, the expert FFN width into FC2), not a dense
     /// MLP's.
@@ -3081,6 +3122,7 @@ mod tests {
                         mla: None,
                         moe,
                         sliding_window: None,
+                        sandwich_norms: false,
                         mtp_layers: 0,
                     }
                 })

@@ -23,6 +23,8 @@ pub const TARGETS: &[&str] = &[
     "runs_csv",
     "run_json",
     "overlay_json",
+    "training_log",
+    "kineto_trace",
 ];
 
 /// Runs the named target on `data`. Panics on an unknown name.
@@ -35,6 +37,8 @@ pub fn run(target: &str, data: &[u8]) {
         "runs_csv" => fuzz_runs_csv(data),
         "run_json" => fuzz_run_json(data),
         "overlay_json" => fuzz_overlay_json(data),
+        "training_log" => fuzz_training_log(data),
+        "kineto_trace" => fuzz_kineto_trace(data),
         other => panic!("unknown fuzz target '{other}'"),
     }
 }
@@ -211,5 +215,31 @@ pub fn fuzz_overlay_json(data: &[u8]) {
             &single(gpus),
             cost::Assumptions::default(),
         );
+    }
+}
+
+/// A training log (bytes that are not UTF-8 replaced, as the CLI reads logs): read,
+/// summarised with and without the warm-up rule, memory peaks taken.
+pub fn fuzz_training_log(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let Ok(log) = crate::trainlog::parse(&text) else {
+        return;
+    };
+    for warmup in [0, crate::trainlog::DEFAULT_WARMUP_ITERS, u64::MAX] {
+        if let Ok(s) = log.summary(warmup) {
+            assert!(s.step_secs.is_finite() && s.step_secs > 0.0);
+        }
+    }
+    let _ = log.peak_memory_bytes();
+    let _ = log.stated.stated();
+}
+
+/// A Kineto trace: kernel time per step by class.
+pub fn fuzz_kineto_trace(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(k) = crate::kineto::KernelTimes::from_json(text) {
+        assert!(k.total_secs().is_finite() && k.steps > 0);
     }
 }

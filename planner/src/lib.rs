@@ -21,6 +21,8 @@ pub mod fuzzing;
 pub mod hardware;
 pub mod hf;
 pub mod json;
+pub mod kineto;
+pub mod logfit;
 pub mod memory;
 pub mod mixed;
 pub mod model;
@@ -34,6 +36,7 @@ pub mod routing;
 pub mod runs;
 pub mod schedule;
 pub mod search;
+pub mod trainlog;
 pub mod uncertainty;
 pub mod validate;
 

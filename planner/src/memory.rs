@@ -107,8 +107,7 @@ impl MemKind {
     /// reserved peak. The reserve (CUDA context, NCCL, library workspaces outside
     /// the allocator) is in no PyTorch statistic.
     pub fn comparable_bytes(self, m: &StageMemory) -> f64 {
-        let tensors =
-            m.weights + m.gradients + m.optimizer + m.activations + m.logits + m.buffers;
+        let tensors = m.weights + m.gradients + m.optimizer + m.activations + m.logits + m.buffers;
         match self {
             MemKind::PeakAllocated | MemKind::PeakActive => tensors,
             MemKind::PeakReserved => tensors + m.fragmentation,
@@ -278,14 +277,18 @@ fn per_token_activations(
 
     // MLP block: LayerNorm input, MLP input, dropout mask.
     outside += 2.0 * h + norm_out + mask * h;
+    // Sandwich norms: the inputs of the norms after attention and after the MLP
+    // (the output projections' outputs); their outputs feed only a residual add.
+    if model.sandwich_norms {
+        outside += 2.0 * 2.0 * h;
+    }
     // First projection's output (both halves when gated) and the activation output
     // (the second projection's input); `act_dropped` for "moe_act". Megatron-Core's
     // fused SwiGLU (`bias_swiglu_impl`) keeps only its input and recomputes the
     // activation; a GLU run as separate ops (nanotron's `GLUActivation`,
     // torchtitan's `w2(silu(w1(x)) * w3(x))`) also keeps the activation's output
     // for the product's backward.
-    let separate_glu =
-        model.mlp == MlpKind::Gated && a.framework != Framework::MegatronCore;
+    let separate_glu = model.mlp == MlpKind::Gated && a.framework != Framework::MegatronCore;
     let mlp_inner = |ffn: f64, div: f64, act_dropped: bool| -> f64 {
         let first = model.mlp.matrices() as f64 - 1.0;
         let act_out = if separate_glu && !act_dropped {
@@ -606,9 +609,14 @@ mod tests {
             (8, false, Recompute::Full, false, 2.0 * sbh),
         ];
         for (tp, sp, rc, flash, expect) in cases {
-            let got =
-                layer_activations(&m, &cfg(tp, sp, rc), &w(2048), LayerKind::Dense, assume(flash))
-                    .stored;
+            let got = layer_activations(
+                &m,
+                &cfg(tp, sp, rc),
+                &w(2048),
+                LayerKind::Dense,
+                assume(flash),
+            )
+            .stored;
             // The flash-attention statistics (4 bytes per head per token) are
             // counted for selective and are below 0.1% of the total.
             let err = (got - expect).abs() / expect;
@@ -659,6 +667,35 @@ mod tests {
     /// "mla_up_proj" Q, K and V, "moe_act" each routed copy's activation output
     /// (2 x expert ffn), "mlp" the dense MLP's inner tensors; BF16 moments cost 8
     /// optimizer bytes per parameter instead of 12.
+    /// Norms after attention and after the MLP keep their inputs (2 bytes x h
+    /// each per token, split by SP) and nothing else; full recomputation keeps
+    /// only the layer input either way.
+    #[test]
+    fn sandwich_norms_keep_their_inputs() {
+        let plain = gpt("gpt", "test", 24, 4096, 32);
+        let sandwich = ModelSpec {
+            sandwich_norms: true,
+            ..plain.clone()
+        };
+        for (tp, sp, rc) in [
+            (1, false, Recompute::None),
+            (8, true, Recompute::Selective),
+            (8, false, Recompute::Selective),
+            (8, true, Recompute::Full),
+        ] {
+            let c = cfg(tp, sp, rc);
+            let per_token = |m: &ModelSpec| {
+                layer_activations(m, &c, &w(4096), LayerKind::Dense, true).stored / 4096.0
+            };
+            let expect = match rc {
+                Recompute::Full => 0.0,
+                _ => 2.0 * 2.0 * 4096.0 / if sp { tp as f64 } else { 1.0 },
+            };
+            let got = per_token(&sandwich) - per_token(&plain);
+            assert!((got - expect).abs() < 1e-9, "tp{tp} sp{sp} {rc:?}: {got}");
+        }
+    }
+
     #[test]
     fn recompute_modules_drop_their_tensors() {
         use crate::presets::resolve;
@@ -727,7 +764,13 @@ mod tests {
         };
         assert_eq!(model_state(&adam, 1.0, 0.0, Framework::MegatronCore).2, 8.0);
         assert_eq!(
-            model_state(&cfg(1, false, Recompute::None), 1.0, 0.0, Framework::MegatronCore).2,
+            model_state(
+                &cfg(1, false, Recompute::None),
+                1.0,
+                0.0,
+                Framework::MegatronCore
+            )
+            .2,
             12.0
         );
     }
@@ -749,7 +792,13 @@ mod tests {
         let c1 = cfg(1, false, Recompute::Selective);
         let by_hand = 2.0 * h + 2.0 * h + 2.0 * 1024.0 + 2.0 * f + 2.0 * h + 2.0 * h + 4.0 * 32.0;
         assert_eq!(op_sac_per_token(&m, &c1), by_hand);
-        let sac = layer_activations(&m, &c1, &w(8192), LayerKind::Dense, fw(Framework::Torchtitan));
+        let sac = layer_activations(
+            &m,
+            &c1,
+            &w(8192),
+            LayerKind::Dense,
+            fw(Framework::Torchtitan),
+        );
         assert_eq!(sac.stored, by_hand * 8192.0);
         // At TP 8 with SP: the sharded outputs, w2's full-width partial sum, and
         // both reduce-scatters' outputs.
@@ -769,7 +818,10 @@ mod tests {
         let act = |framework| {
             layer_activations(&m, &none, &w(4096), LayerKind::Dense, fw(framework)).stored / 4096.0
         };
-        assert_eq!(act(Framework::Nanotron) - act(Framework::MegatronCore), 2.0 * f);
+        assert_eq!(
+            act(Framework::Nanotron) - act(Framework::MegatronCore),
+            2.0 * f
+        );
         assert_eq!(act(Framework::Torchtitan), act(Framework::Nanotron));
         // Loss buffers per logit.
         assert_eq!(
@@ -798,13 +850,19 @@ mod tests {
         assert_eq!(framework_buffers(Framework::Nanotron, &ddp, held, 4), 0.0);
         ddp.dp = 2;
         assert_eq!(framework_buffers(Framework::Nanotron, &ddp, held, 4), 200.0);
-        assert_eq!(framework_buffers(Framework::MegatronCore, &ddp, held, 4), 0.0);
+        assert_eq!(
+            framework_buffers(Framework::MegatronCore, &ddp, held, 4),
+            0.0
+        );
         assert_eq!(
             framework_buffers(Framework::Torchtitan, &z3, held, 4),
             40.0 + 60.0 + 10.0
         );
         z3.pp = 4;
-        assert_eq!(framework_buffers(Framework::Torchtitan, &z3, held, 4), 600.0);
+        assert_eq!(
+            framework_buffers(Framework::Torchtitan, &z3, held, 4),
+            600.0
+        );
         assert_eq!(
             framework_buffers(Framework::Torchtitan, &z3, held, 1),
             200.0 + 60.0

@@ -141,6 +141,12 @@ pub struct ModelSpec {
     pub moe: Option<Moe>,
     #[serde(default)]
     pub sliding_window: Option<SlidingWindow>,
+    /// Each block's output is normed again before the residual add ("sandwich"
+    /// norms: Gemma 2 and 3, GLM-4): four norms per layer instead of two. Adds
+    /// their weights, two more element-wise norm passes per layer and the two
+    /// norms' inputs kept for the backward.
+    #[serde(default)]
+    pub sandwich_norms: bool,
     /// Multi-token-prediction layers (DeepSeek-V3's MTP; Megatron's
     /// `--mtp-num-layers`, Hugging Face `num_nextn_predict_layers`). Each is one
     /// more transformer layer of the last layer's kind, with its own embedding
@@ -170,8 +176,14 @@ pub struct ParamCounts {
     /// Output projection (0 if tied).
     pub output: u64,
     pub total: u64,
-    /// Parameters one token touches (MoE: top-k experts only).
+    /// Parameters one token touches (MoE: top-k experts only), the input
+    /// embedding included, as Mistral's, Qwen's and DeepSeek's model cards count
+    /// (Mixtral 8x7B: 12.9B).
     pub active: u64,
+    /// [`ParamCounts::active`] less the input embedding, which a token only looks
+    /// up, as OpenAI's gpt-oss model card counts (gpt-oss-120b: 5.1B active). With
+    /// tied embeddings the shared matrix stays: the output layer multiplies by it.
+    pub active_without_embedding: u64,
 }
 
 impl ModelSpec {
@@ -323,6 +335,11 @@ impl ModelSpec {
         let [attention, dense_mlp, routed_experts, moe_non_expert, embedding, output, total, active] =
             self.params_wide()
                 .map(|n| u64::try_from(n).unwrap_or(u64::MAX));
+        let active_without_embedding = if self.tied_embeddings {
+            active
+        } else {
+            active.saturating_sub(embedding)
+        };
         ParamCounts {
             attention,
             dense_mlp,
@@ -332,6 +349,7 @@ impl ModelSpec {
             output,
             total,
             active,
+            active_without_embedding,
         }
     }
 
@@ -341,8 +359,10 @@ impl ModelSpec {
         let w = u128::from;
         let h = w(self.hidden);
         let norm = self.norm_params();
-        let attention = self.attention_projection_params() + norm;
-        let dense_mlp = self.mlp_params(self.ffn_hidden) + norm;
+        // The norm before each block, and with sandwich norms the one after it.
+        let block_norms = if self.sandwich_norms { 2 * norm } else { norm };
+        let attention = self.attention_projection_params() + block_norms;
+        let dense_mlp = self.mlp_params(self.ffn_hidden) + block_norms;
         let (routed_experts, moe_non_expert, active_expert) = match &self.moe {
             Some(m) => {
                 let one_expert = self.mlp_params(m.expert_ffn_hidden);
@@ -354,7 +374,7 @@ impl ModelSpec {
                 let router = h * w(m.experts);
                 (
                     w(m.experts) * one_expert,
-                    shared + router + norm,
+                    shared + router + block_norms,
                     w(m.top_k) * one_expert,
                 )
             }
@@ -536,7 +556,8 @@ impl ModelSpec {
         Ok(spec)
     }
 
-    /// One line: "80 layers, hidden 8192, 64 heads (8 KV), 70.6B params".
+    /// One line: "80 layers, hidden 8192, 64 heads (8 KV), 70.6B params", then what
+    /// sets the model apart (MoE, MLA, head dim, sliding window, sandwich norms).
     pub fn summary(&self) -> String {
         let p = self.params();
         let mut s = format!(
@@ -551,8 +572,9 @@ impl ModelSpec {
         );
         if let Some(m) = &self.moe {
             s.push_str(&format!(
-                " ({:.1}B active; {} experts top-{}, expert ffn {}",
+                " ({:.1}B active, {:.1}B without the input embedding; {} experts top-{}, expert ffn {}",
                 p.active as f64 / 1e9,
+                p.active_without_embedding as f64 / 1e9,
                 m.experts,
                 m.top_k,
                 m.expert_ffn_hidden
@@ -567,6 +589,17 @@ impl ModelSpec {
         }
         if self.mla.is_some() {
             s.push_str(", MLA");
+        } else if self.head_dim * self.heads != self.hidden {
+            s.push_str(&format!(", head dim {}", self.head_dim));
+        }
+        if let Some(w) = &self.sliding_window {
+            s.push_str(&format!(
+                ", window {} on {} of {} layers",
+                w.window, w.layers, self.layers
+            ));
+        }
+        if self.sandwich_norms {
+            s.push_str(", norms after each block");
         }
         s
     }

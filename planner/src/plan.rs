@@ -18,7 +18,13 @@ use crate::model::ModelSpec;
 use crate::schedule::Schedule;
 use crate::search::{SearchResult, SearchSpace};
 
-pub const PLAN_SCHEMA_VERSION: u32 = 1;
+/// Version 2 spells the schedule, ZeRO stage and MoE dispatcher as the command line
+/// does (`1f1b`, `"1"`, `alltoall`); version 1 files (`one_f_one_b`, `dist_opt`,
+/// `all_to_all`) are read and migrated.
+pub const PLAN_SCHEMA_VERSION: u32 = 2;
+
+/// Plan-file versions this build reads.
+const READS: [u32; 2] = [1, 2];
 
 /// Counts from the search that produced the plans.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -190,14 +196,23 @@ impl PlanFile {
 
     /// Reads a plan file, checking its version and that its plans are coherent.
     pub fn from_json(text: &str) -> Result<PlanFile, InputError> {
-        let p: PlanFile = crate::json::from_str(text, "plan")?;
-        if p.schema_version != PLAN_SCHEMA_VERSION {
+        // The version first, so a file from another version is refused by its
+        // number rather than by whichever field changed.
+        #[derive(Deserialize)]
+        struct Version {
+            schema_version: u32,
+        }
+        let v: Version = crate::json::from_str(text, "plan")?;
+        if !READS.contains(&v.schema_version) {
             return Err(InputError::SchemaVersion {
                 what: "plan".into(),
-                found: p.schema_version,
+                found: v.schema_version,
                 supported: PLAN_SCHEMA_VERSION,
             });
         }
+        let mut p: PlanFile = crate::json::from_str(text, "plan")?;
+        // Version 1 differs only in enum spellings, which the readers accept.
+        p.schema_version = PLAN_SCHEMA_VERSION;
         p.model.validate()?;
         p.hardware.validate()?;
         if p.plans.is_empty() {

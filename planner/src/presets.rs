@@ -45,6 +45,7 @@ fn dense(
         mla: None,
         moe: None,
         sliding_window: None,
+        sandwich_norms: false,
         mtp_layers: 0,
     }
 }

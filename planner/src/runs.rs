@@ -205,10 +205,7 @@ impl RunCase {
     ) -> Result<(ParallelConfig, crate::cost::Estimate), crate::config::Rejection> {
         match self.estimate_config() {
             Err(crate::config::Rejection::OutOfMemory { .. }) => {
-                let cfg = self
-                    .attempts()
-                    .pop()
-                    .expect("at least one attempt is made");
+                let cfg = self.attempts().pop().expect("at least one attempt is made");
                 crate::cost::evaluate(
                     &self.model,
                     &self.cluster,
@@ -276,7 +273,10 @@ fn measured_memory(r: &Row) -> Result<Option<MeasuredMemory>, String> {
     let stage = get(r, "mem_stage");
     let Some(gib) = gib else {
         if !kind.is_empty() || !stage.is_empty() {
-            return Err("columns 'mem_kind' and 'mem_stage' describe 'measured_mem_gib', which is empty".into());
+            return Err(
+                "columns 'mem_kind' and 'mem_stage' describe 'measured_mem_gib', which is empty"
+                    .into(),
+            );
         }
         return Ok(None);
     };
@@ -345,7 +345,11 @@ fn mlp_kind(r: &Row) -> Result<Option<MlpKind>, String> {
             "column 'gated' is '{}' but activation '{}' is {}",
             get(r, "gated"),
             get(r, "activation"),
-            if a == MlpKind::Gated { "a gated MLP" } else { "a plain MLP" }
+            if a == MlpKind::Gated {
+                "a gated MLP"
+            } else {
+                "a plain MLP"
+            }
         )),
         (g, a) => Ok(g.or(a)),
     }
@@ -353,13 +357,25 @@ fn mlp_kind(r: &Row) -> Result<Option<MlpKind>, String> {
 
 /// The shape columns a row needs when its model is not a built-in preset (nor a
 /// `gpt*` shape), beyond the always required layers, hidden and heads.
-pub const SHAPE_COLUMNS: [&str; 5] = ["ffn_hidden", "kv_heads", "vocab", "gated", "tied_embeddings"];
+pub const SHAPE_COLUMNS: [&str; 5] = [
+    "ffn_hidden",
+    "kv_heads",
+    "vocab",
+    "gated",
+    "tied_embeddings",
+];
 
 /// A model built from the row's columns alone: no preset supplies what they leave
 /// out, so every column that changes the cost must be stated (`gated` may be
 /// given as `activation`); `norm`, `bias` and `dropout` default to Llama's
 /// (RMSNorm, no biases, no dropout).
-fn shape_model(r: &Row, name: &str, layers: u64, hidden: u64, heads: u64) -> Result<ModelSpec, String> {
+fn shape_model(
+    r: &Row,
+    name: &str,
+    layers: u64,
+    hidden: u64,
+    heads: u64,
+) -> Result<ModelSpec, String> {
     let missing = |col: &str| {
         format!(
             "model '{name}' is not a built-in preset (see `sextant models`), so its shape comes from the columns, and column '{col}' is empty"
@@ -398,6 +414,7 @@ fn shape_model(r: &Row, name: &str, layers: u64, hidden: u64, heads: u64) -> Res
         mla: None,
         moe: None,
         sliding_window: None,
+        sandwich_norms: false,
         mtp_layers: 0,
     })
 }
@@ -1038,9 +1055,17 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
     /// a row leaving out a column the shape needs is refused, naming the column.
     #[test]
     fn unknown_models_are_built_from_shape_columns() {
-        let c = parse_runs(&csv(&nemotron_row())).unwrap().remove(0).unwrap();
+        let c = parse_runs(&csv(&nemotron_row()))
+            .unwrap()
+            .remove(0)
+            .unwrap();
         assert_eq!(
-            (c.model.mlp, c.model.tied_embeddings, c.model.norm, c.model.head_dim),
+            (
+                c.model.mlp,
+                c.model.tied_embeddings,
+                c.model.norm,
+                c.model.head_dim
+            ),
             (MlpKind::Plain, false, Some(Norm::LayerNorm), 128)
         );
         // 12.5B in the layers and 3.1B in the two embeddings, as the paper counts.
@@ -1054,7 +1079,8 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
                 .collect();
             let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();
             assert!(
-                err.reason.contains("'nemotron-4-15b' is not a built-in preset")
+                err.reason
+                    .contains("'nemotron-4-15b' is not a built-in preset")
                     && err.reason.contains(&format!("column '{col}' is empty")),
                 "{col}: {}",
                 err.reason
@@ -1066,7 +1092,11 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
             .filter(|(k, _)| *k != "activation")
             .collect();
         let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();
-        assert!(err.reason.contains("column 'gated' is empty"), "{}", err.reason);
+        assert!(
+            err.reason.contains("column 'gated' is empty"),
+            "{}",
+            err.reason
+        );
         let mut row = nemotron_row();
         row.push(("gated", "true"));
         let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();

@@ -48,19 +48,24 @@ pub enum Pass {
     Weight,
 }
 
+/// Spelled in files as on the command line (`1f1b`, `zb-h1`, `dualpipe`); plan files
+/// of schema version 1 spelled them `one_f_one_b`, `zb_h1`, `dual_pipe`, still read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
 pub enum Schedule {
+    #[serde(rename = "gpipe")]
     Gpipe,
+    #[serde(rename = "1f1b", alias = "one_f_one_b")]
     OneFOneB,
     /// Megatron's interleaved 1F1B (needs v > 1 and m a multiple of p).
+    #[serde(rename = "interleaved")]
     Interleaved,
     /// Zero-bubble ZB-H1: bubble (p-1)(T_F + T_B - T_W) at 1F1B's peak memory.
+    #[serde(rename = "zb-h1", alias = "zb_h1")]
     ZbH1,
     /// DeepSeek-V3's bidirectional DualPipe: bubble (p/2-1)(T_F&B + T_B,full - 3 T_W),
     /// two copies of every stage's parameters, p+1 stages' worth of activations
     /// (DeepSeek-V3 report, Table 2). Needs even p and an even m >= 2p.
-    #[serde(alias = "dualpipe")]
+    #[serde(rename = "dualpipe", alias = "dual_pipe")]
     DualPipe,
 }
 

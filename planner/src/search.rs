@@ -474,7 +474,14 @@ pub fn search_with_progress(
         }
         let schedules = schedules_for(s.pp, s.vpp, &space.schedule);
         // With nobody to shard with, every ZeRO stage is the same plan: keep one.
-        let unsharded = s.dp * s.cp == 1 && (s.tp * s.cp * s.dp) / (s.ep * s.etp).max(1) <= 1;
+        // Dense state shards over DP x CP; an MoE model's expert state also over the
+        // expert-data-parallel group, (TP x CP x DP) / (EP x ETP).
+        let expert_dp = if model.moe.is_some() {
+            (s.tp * s.cp * s.dp) / (s.ep * s.etp).max(1)
+        } else {
+            1
+        };
+        let unsharded = s.dp * s.cp == 1 && expert_dp <= 1;
         let zeros: &[Zero] = if unsharded {
             &space.zero[..space.zero.len().min(1)]
         } else {
@@ -703,6 +710,39 @@ mod tests {
             p.done()
         );
         assert_eq!(p.done(), p.total());
+    }
+
+    #[test]
+    fn zero_stages_are_one_plan_when_nothing_shards() {
+        // Llama 3 8B at TP 8 on 8 GPUs: DP 1, so ZeRO 0, 1, 2 and 3 price the same;
+        // the ranked list must not repeat that plan once per stage.
+        let m = resolve("llama3-8b").unwrap().spec;
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 8).unwrap();
+        let w = Workload {
+            seq: 4096,
+            global_batch: 64,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
+        let space = SearchSpace {
+            tp: Some(vec![8]),
+            pp: Some(vec![1]),
+            cp: Some(vec![1]),
+            ..SearchSpace::default()
+        };
+        let r = search(&m, &c, &w, &space, 10);
+        assert!(!r.top.is_empty());
+        let mut seen = std::collections::HashSet::new();
+        for cand in &r.top {
+            let mut k = cand.config.clone();
+            k.zero = Zero::None;
+            assert!(
+                seen.insert(format!("{k:?}")),
+                "{:?} repeated with another ZeRO stage",
+                cand.config
+            );
+        }
     }
 
     #[test]

@@ -132,11 +132,11 @@ pub fn memory(cases: &[RunCase]) -> (Vec<MemoryRow>, Vec<Unrepresentable>) {
             }
         };
         let stage = match m.stage {
-            MemStage::Max => e
-                .stages
-                .iter()
-                .map(|s| s.memory)
-                .max_by(|a, b| m.kind.comparable_bytes(a).total_cmp(&m.kind.comparable_bytes(b))),
+            MemStage::Max => e.stages.iter().map(|s| s.memory).max_by(|a, b| {
+                m.kind
+                    .comparable_bytes(a)
+                    .total_cmp(&m.kind.comparable_bytes(b))
+            }),
             MemStage::Stage(i) => e.stages.get(i as usize).map(|s| s.memory),
         };
         let Some(memory) = stage else {

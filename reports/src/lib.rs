@@ -132,9 +132,10 @@ pub fn render(input: &ReportInput) -> String {
         &mut b,
         "parameters",
         format!(
-            "{:.2}B total, {:.2}B active per token",
+            "{:.2}B total, {:.2}B active per token ({:.2}B without the input embedding)",
             p.total as f64 / 1e9,
-            p.active as f64 / 1e9
+            p.active as f64 / 1e9,
+            p.active_without_embedding as f64 / 1e9
         ),
     );
     row(

@@ -442,9 +442,14 @@ fn estimate_json_is_versioned() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], 2);
     assert_eq!(v["plans"][0]["estimate"]["schema_version"], 1);
     assert_eq!(v["plans"][0]["config"]["ep"], 8);
+    // Enums are spelled as on the command line.
+    let cfg = &v["plans"][0]["config"];
+    assert_eq!(cfg["schedule"], "1f1b", "{cfg}");
+    assert_eq!(cfg["zero"], "1", "{cfg}");
+    assert_eq!(cfg["moe_dispatcher"], "alltoall", "{cfg}");
     let kinds: Vec<&str> = v["plans"][0]["estimate"]["comm"]
         .as_array()
         .unwrap()
@@ -789,6 +794,16 @@ fn model_files_of_every_supported_family_plan() {
         "qwen3-30b-a3b",
         "deepseek-v3",
         "gpt-oss-120b",
+        "gemma-7b",
+        "gemma-2-9b",
+        "gemma-3-27b",
+        "gemma-3-4b",
+        "phi-3-mini-4k-instruct",
+        "glm-4-9b-0414",
+        "glm-4-9b-chat",
+        "glm-4.5-air",
+        "olmo-2-1124-7b",
+        "granite-3.1-8b-base",
     ] {
         let gpus = if file == "deepseek-v3" { "1024" } else { "64" };
         let path = data(&format!("hf/{file}.json"));
@@ -801,7 +816,7 @@ fn model_files_of_every_supported_family_plan() {
         // num_nextn_predict_layers: DeepSeek-V3's one MTP layer, on the last stage.
         assert_eq!(
             plan.model.mtp_layers,
-            u64::from(file == "deepseek-v3"),
+            u64::from(file == "deepseek-v3" || file == "glm-4.5-air"),
             "{file}"
         );
         let stages = &plan.plans[0].estimate.stages;
@@ -813,6 +828,43 @@ fn model_files_of_every_supported_family_plan() {
         assert_eq!(
             stages.last().unwrap().mtp_layers,
             plan.model.mtp_layers,
+            "{file}"
+        );
+    }
+}
+
+/// A Hugging Face config missing a field the family needs is one line naming it
+/// (the MLP width once defaulted silently to 4 x hidden), and the families the
+/// model cannot represent say why.
+#[test]
+fn hf_configs_missing_a_field_or_unmodelled_say_so_in_one_line() {
+    let dir = TempDir::new("hf-missing");
+    let cases = [
+        (
+            "no-ffn.json",
+            r#"{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000}"#,
+            "required field 'intermediate_size' is missing for model_type 'llama' (a config.json saved by transformers always has it)",
+        ),
+        (
+            "no-text.json",
+            r#"{"model_type": "gemma3", "vision_config": {}}"#,
+            "model_type 'gemma3' keeps its text model in the object 'text_config', which is missing",
+        ),
+        (
+            "cohere.json",
+            r#"{"model_type": "cohere", "hidden_size": 8192}"#,
+            "model_type 'cohere' is not supported: its layers run attention and the MLP side by side from one norm (a parallel block), which Sextant does not model",
+        ),
+    ];
+    for (file, text, why) in cases {
+        let path = dir.path(file);
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap();
+        let o = sextant(&["plan", "--model", path, "--gpus", "8"]);
+        assert!(!o.status.success(), "{file}");
+        assert_eq!(
+            stderr(&o),
+            format!("error: '{path}': Hugging Face config: {why}\n"),
             "{file}"
         );
     }
@@ -1708,5 +1760,65 @@ fn plan_table_fits_the_terminal_width() {
     assert!(
         wide.contains("  columns: GA micro-batches per step"),
         "{wide}"
+    );
+}
+
+/// Plan files of schema version 1 (enums spelled `one_f_one_b`, `dist_opt`,
+/// `all_to_all`) are read and migrated; a version this build does not know is
+/// refused in one line naming it.
+#[test]
+fn plan_files_of_version_1_are_migrated_and_unknown_versions_refused() {
+    let dir = TempDir::new("plan-versions");
+    let path = dir.path("p.json");
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--global-batch",
+        "64",
+        "--json",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"schema_version\": 2"), "{text}");
+    let old = text
+        .replacen("\"schema_version\": 2", "\"schema_version\": 1", 1)
+        .replace("\"1f1b\"", "\"one_f_one_b\"")
+        .replace("\"zero\": \"1\"", "\"zero\": \"dist_opt\"")
+        .replace("\"zero\": \"0\"", "\"zero\": \"none\"")
+        .replace("\"alltoall\"", "\"all_to_all\"");
+    assert!(
+        old.contains("one_f_one_b") && old.contains("all_to_all"),
+        "{old}"
+    );
+    let v1 = dir.path("v1.json");
+    std::fs::write(&v1, &old).unwrap();
+    let out = dir.path("v1.sh");
+    let o = sextant(&[
+        "export",
+        v1.to_str().unwrap(),
+        "--to",
+        "megatron-lm",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v3 = dir.path("v3.json");
+    std::fs::write(
+        &v3,
+        text.replacen("\"schema_version\": 2", "\"schema_version\": 3", 1),
+    )
+    .unwrap();
+    fails_with_one_line(
+        &["export", v3.to_str().unwrap(), "--to", "megatron-lm"],
+        "schema_version 3",
     );
 }

@@ -1140,3 +1140,38 @@ fn megatron_launchers_set_cuda_device_max_connections() {
         );
     }
 }
+
+/// A target that cannot state the plan's stage layout says which layout in words or
+/// Megatron's layout syntax, never in Rust's debug form.
+#[test]
+fn layout_refusals_name_the_layout_in_the_users_terms() {
+    let dir = TempDir::new("layout-refusal");
+    let p = dir.path("explicit.json");
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--zero",
+        "3",
+        "--pp-layout",
+        "Et*15|t*17L",
+        "--global-batch",
+        "64",
+        "--json",
+        "--out",
+        p.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for target in ["torchtitan", "nemo"] {
+        fails_with_one_line(
+            &["export", p.to_str().unwrap(), "--to", target],
+            "this plan uses the explicit layout \"Et*15|t*17L\"",
+        );
+    }
+}

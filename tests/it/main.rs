@@ -1,5 +1,6 @@
 //! Sextant's integration tests: one test binary (see ARCHITECTURE.md, "Tests").
 
+mod calibrate_log;
 mod cli;
 mod common;
 mod cuda_libs;

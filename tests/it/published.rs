@@ -572,7 +572,10 @@ fn published_memory_matches_measured() {
         cases.extend(rows.into_iter().map(|r| r.expect("row parses")));
     }
     let (rows, bad) = memory(&cases);
-    assert!(bad.is_empty(), "rows with measured memory not priced: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "rows with measured memory not priced: {bad:?}"
+    );
     const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
     println!(
         "{:<36} {:<14} {:>5} {:>8} {:>8} {:>7}  weights grads optim  act logits bufs frag (GiB)",
@@ -599,7 +602,11 @@ fn published_memory_matches_measured() {
             m.buffers / GIB,
             m.fragmentation / GIB,
         );
-        assert!(r.predicted_gib.is_finite() && r.predicted_gib > 0.0, "{}", r.id);
+        assert!(
+            r.predicted_gib.is_finite() && r.predicted_gib > 0.0,
+            "{}",
+            r.id
+        );
     }
     let groups = memory_summary(&rows);
     for g in &groups {
@@ -613,7 +620,11 @@ fn published_memory_matches_measured() {
         );
     }
     let all = &groups[0];
-    assert!(all.rows >= 10, "only {} rows state a measured memory", all.rows);
+    assert!(
+        all.rows >= 10,
+        "only {} rows state a measured memory",
+        all.rows
+    );
     // A run that ran fits: the model refuses none of them on its row's HBM.
     for c in cases.iter().filter(|c| c.measured_memory.is_some()) {
         if let Err(r) = c.estimate() {
@@ -657,5 +668,8 @@ fn validate_builds_models_from_shape_columns() {
         .lines()
         .find(|l| l.starts_with("nemotron-15b") && l.contains("peak_allocated"))
         .unwrap_or_else(|| panic!("no memory row: {out}"));
-    assert!(mem.contains("megatron-core") && mem.contains("40.0Gi"), "{mem}");
+    assert!(
+        mem.contains("megatron-core") && mem.contains("40.0Gi"),
+        "{mem}"
+    );
 }

@@ -1,0 +1,7 @@
+//! cargo +nightly fuzz run kineto_trace (see README.md, "Fuzzing"); the body is shared with
+//! the replay test through sextant_planner::fuzzing.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| sextant_planner::fuzzing::fuzz_kineto_trace(data));
