@@ -628,7 +628,7 @@ fn table_width() -> Option<usize> {
 
 fn cmd_validate(a: ValidateArgs) -> Result<()> {
     use sextant_planner::validate::{
-        band_checks, coverage, cross_validate, summarize, validate, HoldOut,
+        band_checks, coverage, cross_validate, memory, memory_summary, summarize, validate, HoldOut,
     };
     let text = io::read_text_capped(Path::new(&a.csv), "runs CSV", io::MAX_CSV_BYTES)?;
     let stack = match &a.stack {
@@ -685,6 +685,9 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
         );
     }
     let summary = summarize(&rows);
+    // Rows stating a measured peak memory: predicted like with like. A row the
+    // model rejects outright is already listed above.
+    let (mem_rows, _) = memory(&cases);
     let bands = band_checks(&rows, HoldOut::Row);
     let cv = if a.cross_validate {
         Some(cross_validate(&cases))
@@ -701,6 +704,7 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
             "summary": summary,
             "bands": bands_json(&bands),
             "unrepresentable": unrepresentable,
+            "memory": serde_json::json!({"rows": mem_rows, "summary": memory_summary(&mem_rows)}),
             "cross_validation": cv.as_ref().map(|(r, scales)| serde_json::json!({
                 "rows": r,
                 "summary": cv_summary,
@@ -719,6 +723,7 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
         "{}",
         render::band_coverage(&bands, "the row left out", a.markdown)
     );
+    print!("{}", render::memory_validation(&mem_rows, a.markdown));
     if let (Some((cv_rows, scales)), Some(cs), Some(cb)) = (&cv, &cv_summary, &cv_bands) {
         println!();
         print!(

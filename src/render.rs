@@ -608,6 +608,7 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         ("optimizer states", m.optimizer),
         ("activations", m.activations),
         ("logits", m.logits),
+        ("framework buffers", m.buffers),
         ("fragmentation", m.fragmentation),
         ("runtime reserve", m.reserve),
     ] {
@@ -808,6 +809,84 @@ pub fn validation(
         for u in unrepresentable {
             let _ = writeln!(s, "{}{}: {}", if md { "- " } else { "  " }, u.id, u.reason);
         }
+    }
+    s
+}
+
+/// Predicted against measured peak memory, like with like, for the rows that
+/// state one (`validate`).
+pub fn memory_validation(rows: &[sextant_planner::validate::MemoryRow], md: bool) -> String {
+    let mut s = String::new();
+    if rows.is_empty() {
+        return s;
+    }
+    let head = [
+        "run",
+        "framework",
+        "kind",
+        "stage",
+        "measured",
+        "predicted",
+        "error",
+    ];
+    if md {
+        let _ = writeln!(s, "\n## Predicted against measured peak memory\n");
+        let _ = writeln!(s, "| {} |", head.join(" | "));
+        let _ = writeln!(s, "|{}", "---|".repeat(head.len()));
+    } else {
+        let _ = writeln!(
+            s,
+            "\nPeak memory, predicted like with like (reserved: tensors and fragmentation; allocated, active: tensors; neither the runtime reserve):"
+        );
+        let _ = writeln!(
+            s,
+            "{:<44} {:<13} {:<14} {:>5} {:>9} {:>10} {:>8}",
+            head[0], head[1], head[2], head[3], head[4], head[5], head[6]
+        );
+    }
+    for r in rows {
+        let stage = match r.stage {
+            sextant_planner::runs::MemStage::Max => "max".to_string(),
+            sextant_planner::runs::MemStage::Stage(i) => i.to_string(),
+        };
+        if md {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.1} GiB | {:.1} GiB | {:+.1}% |",
+                r.id,
+                r.framework,
+                r.kind.name(),
+                stage,
+                r.measured_gib,
+                r.predicted_gib,
+                100.0 * r.error
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "{:<44} {:<13} {:<14} {:>5} {:>7.1}Gi {:>8.1}Gi {:>+7.1}%",
+                r.id,
+                r.framework,
+                r.kind.name(),
+                stage,
+                r.measured_gib,
+                r.predicted_gib,
+                100.0 * r.error
+            );
+        }
+    }
+    let _ = writeln!(s);
+    for g in sextant_planner::validate::memory_summary(rows) {
+        let _ = writeln!(
+            s,
+            "{}{:<26} {:>4} rows  median |error| {:>5.1}%  max {:>5.1}%  mean signed {:>+6.1}%",
+            if md { "- " } else { "" },
+            g.group,
+            g.rows,
+            100.0 * g.median_abs,
+            100.0 * g.max_abs,
+            100.0 * g.mean_signed
+        );
     }
     s
 }

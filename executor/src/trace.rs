@@ -41,7 +41,7 @@
 use std::collections::HashMap;
 
 use sextant_planner::config::{Recompute, RecomputeModules, Zero};
-use sextant_planner::cost::BUCKET_PARAMS;
+use sextant_planner::cost::{Assumptions, BUCKET_PARAMS};
 use sextant_planner::memory::{self, LayerKind};
 use sextant_planner::ranks::{group_kind, RankMap, GROUP_KINDS};
 use sextant_planner::schedule::{locate, rank_order, virtual_stage, Pass, Schedule};
@@ -551,8 +551,14 @@ impl Builder<'_> {
                     } else {
                         LayerKind::Dense
                     };
-                    kept +=
-                        memory::layer_activations(&s.model, cfg, &s.workload, kind, true).stored;
+                    kept += memory::layer_activations(
+                        &s.model,
+                        cfg,
+                        &s.workload,
+                        kind,
+                        Assumptions::default(),
+                    )
+                    .stored;
                 }
                 self.ops.push(Op::Keep {
                     key: (c, mb),
@@ -749,7 +755,12 @@ pub fn program(s: &Setup, map: &RankMap, rank: u64) -> Vec<Op> {
 pub fn footprint(s: &Setup, map: &RankMap, rank: u64) -> (u64, u64, u64) {
     let b = builder(s, map, rank);
     let (dense, expert) = b.units().iter().fold((0, 0), |a, u| (a.0 + u.0, a.1 + u.1));
-    let (w, g, o) = memory::model_state(&s.cfg, dense as f64, expert as f64);
+    let (w, g, o) = memory::model_state(
+        &s.cfg,
+        dense as f64,
+        expert as f64,
+        sextant_planner::cost::Framework::MegatronCore,
+    );
     (w as u64, g as u64, o as u64)
 }
 

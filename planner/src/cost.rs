@@ -244,6 +244,10 @@ pub struct Assumptions {
     /// NVLink domain.
     #[serde(default)]
     pub rank_order: RankOrder,
+    /// The framework whose memory layout the estimate follows (Megatron-Core unless
+    /// a measured run says otherwise).
+    #[serde(default, skip_serializing_if = "Framework::is_megatron_core")]
+    pub framework: Framework,
 }
 
 impl Default for Assumptions {
@@ -252,7 +256,61 @@ impl Default for Assumptions {
             flash_attention: true,
             loss: LossKernel::default(),
             rank_order: RankOrder::default(),
+            framework: Framework::default(),
         }
+    }
+}
+
+/// The training framework whose memory layout an estimate follows. The cost model
+/// is Megatron-Core's; measured runs of other frameworks differ in what they keep
+/// in memory, and [`crate::memory`] prices each as its code does (see
+/// [`Framework::MegatronCore`] and the other variants for what differs and where it
+/// is read from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Framework {
+    /// Megatron-Core (Megatron-LM, NeMo, Megatron-Bridge): gradients live in the
+    /// DDP buffer (no second copy), the SwiGLU is fused (it keeps its input and
+    /// recomputes the activation), the loss keeps the BF16 logits and an FP32 copy,
+    /// selective recomputation is by module (`--recompute-modules`).
+    #[default]
+    MegatronCore,
+    /// Hugging Face nanotron (the Ultra-Scale Playbook's benchmark runs, at
+    /// e24d2483): PyTorch DDP keeps its own BF16 gradient buckets beside the FP32
+    /// accumulator, the GLU runs as separate ops (`GLUActivation`: the activation's
+    /// output is kept beside the product), and the loss (`sharded_cross_entropy`)
+    /// holds an FP32 copy of the logits and a shifted FP32 copy.
+    Nanotron,
+    /// PyTorch torchtitan (FSDP2, torch.distributed.pipelining): sharded FP32
+    /// parameters, gradients and Adam moments; FSDP2's unsharded buffers; selective
+    /// recomputation is op-level ("op" SAC: every other matmul's output is saved);
+    /// the loss is `cross_entropy` over an FP32 copy of the logits.
+    Torchtitan,
+}
+
+impl Framework {
+    pub const NAMES: &'static str = "megatron-core, nanotron, torchtitan";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::MegatronCore => "megatron-core",
+            Framework::Nanotron => "nanotron",
+            Framework::Torchtitan => "torchtitan",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Framework> {
+        [
+            Framework::MegatronCore,
+            Framework::Nanotron,
+            Framework::Torchtitan,
+        ]
+        .into_iter()
+        .find(|f| f.name() == s)
+    }
+
+    pub fn is_megatron_core(&self) -> bool {
+        *self == Framework::MegatronCore
     }
 }
 
@@ -748,8 +806,28 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         }
         _ => {}
     }
+    // torchtitan's op-level policy (`memory::op_sac_per_token`) replays every op of
+    // the block it did not save: the even-numbered matmuls and every element-wise
+    // pass; the attention kernel's output is saved.
+    let op_sac = cfg.recompute == Recompute::Selective && memory::op_sac_applies(m, kind, c.a);
+    let op_sac_mms: Vec<(f64, f64)> = if op_sac {
+        memory::torchtitan_mms(m, cfg.tp)
+            .into_iter()
+            .skip(1)
+            .step_by(2)
+            .collect()
+    } else {
+        Vec::new()
+    };
     lc.recompute = match cfg.recompute {
         Recompute::None => 0.0,
+        Recompute::Selective if op_sac => {
+            op_sac_mms
+                .iter()
+                .map(|&(out, inp)| c.gemm(tokens, out, inp, true))
+                .sum::<f64>()
+                + fwd.elementwise
+        }
         Recompute::Selective => sel_secs,
         Recompute::Full => fwd.total(),
     };
@@ -809,6 +887,10 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     }
     lc.recompute_flops = match cfg.recompute {
         Recompute::None => 0.0,
+        Recompute::Selective if op_sac => op_sac_mms
+            .iter()
+            .map(|&(out, inp)| 2.0 * tokens * out * inp)
+            .sum(),
         Recompute::Selective => sel_flops,
         Recompute::Full => fwd_flops_seq / (t * cfg.cp as f64),
     };
@@ -830,6 +912,16 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     let has_shared = shared_ffn > 0.0;
     let tp_block_replays = match kind {
         _ if cfg.recompute == Recompute::Full => 0.0,
+        // torchtitan's op-level policy saves the reduce-scatters' outputs but not
+        // the all-gathers': it replays the attention's and the MLP's all-gather
+        // (about one block's AG + RS).
+        LayerKind::Dense if op_sac => {
+            if cfg.sp {
+                1.0
+            } else {
+                0.0
+            }
+        }
         LayerKind::Dense => {
             if sel(RecomputeModules::MLP) {
                 1.0
@@ -1115,8 +1207,8 @@ fn pieces(c: &Ctx) -> Pieces {
     let embed_params = (model.vocab * model.hidden) as f64 / t;
     let tied_single = model.tied_embeddings && p == 1;
 
-    let act_dense = memory::layer_activations(model, cfg, w, LayerKind::Dense, a.flash_attention);
-    let act_moe = memory::layer_activations(model, cfg, w, LayerKind::Moe, a.flash_attention);
+    let act_dense = memory::layer_activations(model, cfg, w, LayerKind::Dense, a);
+    let act_moe = memory::layer_activations(model, cfg, w, LayerKind::Moe, a);
 
     // Multi-token prediction (Megatron's MultiTokenPredictionLayer): the shifted
     // tokens' embedding and the previous hidden state are each normed, concatenated
@@ -1202,8 +1294,10 @@ pub fn stage_problem(
     } else {
         (pc.dense, pc.act_dense, pc.dense_layer_params, 0.0)
     };
+    // The partition prices Megatron-Core's own buffers only (none beyond the
+    // model state); the search partitions no other framework's plans.
     let state = |d: f64, e: f64| {
-        let (wt, g, o) = memory::model_state(cfg, d, e);
+        let (wt, g, o) = memory::model_state(cfg, d, e, a.framework);
         wt + g + o
     };
     let working = if cfg.recompute == Recompute::Full {
@@ -1222,7 +1316,8 @@ pub fn stage_problem(
             * frag;
     extra_secs[p - 1] += pc.output_secs + 2.0 * pc.out_tp;
     let out_params = if pc.tied_single { 0.0 } else { pc.embed_params } + h;
-    extra_bytes[p - 1] += state(out_params, 0.0) + c.tokens * pc.vocab_rank * 6.0 * frag;
+    extra_bytes[p - 1] +=
+        state(out_params, 0.0) + c.tokens * pc.vocab_rank * memory::logit_bytes(a.framework) * frag;
     // Multi-token prediction on the last stage: its layers (of the last layer's
     // kind), projections, second output pass and embedding copy.
     let mtp = model.mtp_layers as f64;
@@ -1539,16 +1634,21 @@ pub fn evaluate(
             n_dense * act_dense.stored + n_moe * act_moe.stored + extra_mtp * mtp_cost.stored;
         let held = n_dense + n_moe;
         let per_layer_stored = if held > 0.0 { stored / held } else { 0.0 };
-        // Working set: with full recomputation, one layer is rebuilt in full for the
-        // micro-batch being back-propagated.
-        let working = match cfg.recompute {
-            Recompute::Full => {
-                act_dense
-                    .full
-                    .max(if n_moe > 0.0 { act_moe.full } else { 0.0 })
-                    - per_layer_stored
-            }
-            _ => 0.0,
+        // Working set: with full recomputation (and torchtitan's op-level selective
+        // one, which replays the rest of the block from what it saved), one layer
+        // is rebuilt in full for the micro-batch being back-propagated.
+        let rebuilt = match cfg.recompute {
+            Recompute::Full => true,
+            Recompute::Selective => memory::op_sac_applies(model, LayerKind::Dense, a),
+            Recompute::None => false,
+        };
+        let working = if rebuilt {
+            act_dense
+                .full
+                .max(if n_moe > 0.0 { act_moe.full } else { 0.0 })
+                - per_layer_stored
+        } else {
+            0.0
         };
         // MoE token dispatch: send and receive buffers of the layer in flight
         // (routed tokens x h in BF16, each way).
@@ -1592,7 +1692,8 @@ pub fn evaluate(
         // in-flight count of its stages' micro-batches.
         let dense_p: f64 = here.iter().map(|&(s, _)| costs[s as usize].dense_p).sum();
         let expert_p: f64 = here.iter().map(|&(s, _)| costs[s as usize].expert_p).sum();
-        let (weights, gradients, optimizer) = memory::model_state(cfg, dense_p, expert_p);
+        let (weights, gradients, optimizer) =
+            memory::model_state(cfg, dense_p, expert_p, a.framework);
         let flight = memory::in_flight(cfg, m, i);
         let stored: f64 = here
             .iter()
@@ -1612,16 +1713,39 @@ pub fn evaluate(
             activations += k * flight * tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 })
                 / if cfg.sp { t } else { 1.0 };
         }
-        // Logits in BF16 and FP32, once for the loss and once per MTP layer.
+        // The loss's logits buffers (`memory::logit_bytes`), once for the loss and
+        // once per MTP layer.
         let logits = if here.iter().any(|&(s, _)| s == p - 1) {
-            (1.0 + mtp) * tokens * vocab_rank * (2.0 + 4.0)
+            (1.0 + mtp) * tokens * vocab_rank * memory::logit_bytes(a.framework)
         } else {
             0.0
         };
-        let fragmentation = hw.memory.fragmentation * (activations + logits);
+        let holds = |s: u64| here.iter().any(|&(x, _)| x == s);
+        let held = memory::HeldParams {
+            all: dense_p + expert_p,
+            layer: dense_layer_params.max(if model.moe.is_some() {
+                moe_dense_params + moe_expert_params
+            } else {
+                0.0
+            }),
+            root: if holds(0) { embed_params } else { 0.0 }
+                + if holds(p - 1) && !tied_single {
+                    embed_params
+                } else {
+                    0.0
+                },
+        };
+        let buffers = memory::framework_buffers(a.framework, cfg, held, m);
+        let fragmentation = hw.memory.fragmentation * (activations + logits + buffers);
         let reserve = hw.memory.reserve_gib * GIB;
-        let total =
-            weights + gradients + optimizer + activations + logits + fragmentation + reserve;
+        let total = weights
+            + gradients
+            + optimizer
+            + activations
+            + logits
+            + buffers
+            + fragmentation
+            + reserve;
         let mem = StageMemory {
             stage: i,
             params: dense_p + expert_p,
@@ -1630,6 +1754,7 @@ pub fn evaluate(
             optimizer,
             activations,
             logits,
+            buffers,
             fragmentation,
             reserve,
             total,
@@ -2006,7 +2131,8 @@ pub fn evaluate(
         // variance, reads the FP32 gradient and writes the BF16 weight (~30 bytes
         // per parameter), plus the gradient-norm pass (4 bytes): on the shard this
         // rank owns. BF16 moments move 8 bytes fewer.
-        let (_, _, opt_bytes) = memory::model_state(cfg, dense_p, expert_p);
+        let (_, _, opt_bytes) =
+            memory::model_state(cfg, dense_p, expert_p, Framework::MegatronCore);
         let owned = opt_bytes / memory::optimizer_bytes(cfg);
         let per_param = if cfg.bf16_moments { 26.0 } else { 34.0 };
         optimizer_secs = optimizer_secs.max(c.mem(owned * per_param));
@@ -2992,6 +3118,7 @@ mod tests {
                         },
                         dropout: false,
                         bias: false,
+                        norm: None,
                         mla: None,
                         moe,
                         sliding_window: None,

@@ -345,6 +345,7 @@ fn build(c: &Cfg, display: String) -> Result<ModelSpec, InputError> {
         },
         dropout: false,
         bias,
+        norm: None,
         mla,
         moe,
         sliding_window: sliding_window(c, layers)?,

@@ -19,7 +19,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ParallelConfig, Recompute, RecomputeModules, Workload, Zero};
-use crate::model::ModelSpec;
+use crate::cost::{Assumptions, Framework};
+use crate::model::{MlpKind, ModelSpec};
 use crate::schedule::Schedule;
 
 /// Bytes per parameter kept for training (Megatron mixed precision with Adam).
@@ -44,13 +45,74 @@ pub struct StageMemory {
     pub activations: f64,
     /// Logits and loss buffers on the last stage.
     pub logits: f64,
-    /// Allocator fragmentation on top of the above.
+    /// A framework's buffers beside the model state ([`framework_buffers`]):
+    /// PyTorch DDP's gradient buckets, FSDP2's unsharded parameters and gradients.
+    #[serde(default)]
+    pub buffers: f64,
+    /// Allocator fragmentation on top of the activations, logits and buffers.
     pub fragmentation: f64,
     /// CUDA context, NCCL and library workspaces.
     pub reserve: f64,
     pub total: f64,
     /// Micro-batches whose activations are stored at the peak.
     pub in_flight: f64,
+}
+
+/// What a measured peak memory counts, as its source states it. Sources read one of
+/// PyTorch's caching-allocator statistics (`torch.cuda.memory_stats()`):
+/// `allocated_bytes.all.peak` (`max_memory_allocated`), `reserved_bytes.all.peak`
+/// (`max_memory_reserved`) or `active_bytes.all.peak`. None of them sees the CUDA
+/// context, NCCL's own buffers or anything else allocated outside PyTorch's
+/// allocator, which is what [`StageMemory::reserve`] stands for; only the reserved
+/// peak sees the cached but unused blocks that [`StageMemory::fragmentation`]
+/// stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemKind {
+    /// Peak of the bytes in allocated blocks (live tensors, each rounded up to the
+    /// allocator's 512-byte granule).
+    PeakAllocated,
+    /// Peak of the bytes the allocator holds from CUDA: live tensors, the blocks
+    /// cached for reuse and the rounding of every block.
+    PeakReserved,
+    /// Peak of the bytes in active blocks: the allocated ones, and blocks freed
+    /// while another stream may still use them.
+    PeakActive,
+}
+
+impl MemKind {
+    pub const NAMES: &'static str = "peak_allocated, peak_reserved, peak_active";
+
+    pub fn parse(s: &str) -> Option<MemKind> {
+        match s {
+            "peak_allocated" => Some(MemKind::PeakAllocated),
+            "peak_reserved" => Some(MemKind::PeakReserved),
+            "peak_active" => Some(MemKind::PeakActive),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MemKind::PeakAllocated => "peak_allocated",
+            MemKind::PeakReserved => "peak_reserved",
+            MemKind::PeakActive => "peak_active",
+        }
+    }
+
+    /// The part of a stage's predicted memory that a measurement of this kind
+    /// counts: the tensors (weights, gradients, optimizer state, activations,
+    /// logits, framework buffers) for the allocated and active peaks, plus the
+    /// fragmentation for the
+    /// reserved peak. The reserve (CUDA context, NCCL, library workspaces outside
+    /// the allocator) is in no PyTorch statistic.
+    pub fn comparable_bytes(self, m: &StageMemory) -> f64 {
+        let tensors = m.weights + m.gradients + m.optimizer + m.activations + m.logits + m.buffers;
+        match self {
+            MemKind::PeakAllocated | MemKind::PeakActive => tensors,
+            MemKind::PeakReserved => tensors + m.fragmentation,
+        }
+    }
 }
 
 /// Activation bytes of one layer for one micro-batch on one GPU, and the bytes of
@@ -72,27 +134,85 @@ pub enum LayerKind {
 ///
 /// `tokens` is the micro-batch's tokens on this CP rank (mbs * seq / cp), before
 /// sequence-parallel sharding. Selective recomputation drops the tensors of the
-/// modules it replays ([`RecomputeModules`]); `full` is the same layer with nothing
-/// dropped (the working set while a recomputed layer is back-propagated).
+/// modules it replays ([`RecomputeModules`]), or under torchtitan keeps what its
+/// op-level policy saves ([`op_sac_per_token`]); `full` is the same layer with
+/// nothing dropped (the working set while a recomputed layer is back-propagated).
 pub fn layer_activations(
     model: &ModelSpec,
     cfg: &ParallelConfig,
     w: &Workload,
     kind: LayerKind,
-    flash: bool,
+    a: Assumptions,
 ) -> LayerActivations {
     let tokens = (cfg.mbs * w.seq / cfg.cp) as f64;
-    let full = per_token_activations(model, cfg, w, kind, flash, |_| false) * tokens;
+    let full = per_token_activations(model, cfg, w, kind, a, |_| false) * tokens;
     let stored = match cfg.recompute {
         Recompute::Full => {
             2.0 * model.hidden as f64 / if cfg.sp { cfg.tp as f64 } else { 1.0 } * tokens
         }
         Recompute::None => full,
+        Recompute::Selective if op_sac_applies(model, kind, a) => {
+            op_sac_per_token(model, cfg) * tokens
+        }
         Recompute::Selective => {
-            per_token_activations(model, cfg, w, kind, flash, |m| cfg.recomputes(m)) * tokens
+            per_token_activations(model, cfg, w, kind, a, |m| cfg.recomputes(m)) * tokens
         }
     };
     LayerActivations { stored, full }
+}
+
+/// Whether a layer's selective recomputation is torchtitan's op-level policy
+/// ([`op_sac_per_token`]): torchtitan's dense layers without MLA. Its MoE and MLA
+/// layers are priced as Megatron's module-level recomputation (no published run
+/// measures them).
+pub fn op_sac_applies(model: &ModelSpec, kind: LayerKind, a: Assumptions) -> bool {
+    a.framework == Framework::Torchtitan && kind == LayerKind::Dense && model.mla.is_none()
+}
+
+/// The matrix multiplications of a dense layer's forward in the order torchtitan's
+/// Llama runs them (torchtitan/models/llama/model.py: `wq`, `wk`, `wv`, `wo`, then
+/// `w1`, `w3`, `w2` for a gated MLP or `w1`, `w2` for a plain one), each as the
+/// width of its output on one GPU and its input width. The row-parallel `wo` and
+/// `w2` produce full-width partial sums that TP then reduce-scatters.
+pub fn torchtitan_mms(model: &ModelSpec, tp: u64) -> Vec<(f64, f64)> {
+    let t = tp as f64;
+    let h = model.hidden as f64;
+    let f = model.ffn_hidden as f64 / t;
+    let kv = kv_dim_per_rank(model, tp) as f64;
+    let mut mms = vec![
+        (model.q_dim() as f64 / t, h),
+        (kv, h),
+        (kv, h),
+        (h, model.attn_out_dim() as f64 / t),
+    ];
+    match model.mlp {
+        MlpKind::Gated => mms.extend([(f, h), (f, h), (h, f)]),
+        MlpKind::Plain => mms.extend([(f, h), (h, f)]),
+    }
+    mms
+}
+
+/// Stored bytes per token of one dense layer under torchtitan's op-level
+/// selective activation checkpointing (`selective_ac_option = "op"`,
+/// torchtitan/parallelisms/parallelize_llama.py at 9dec370, `_save_list` and
+/// `_custom_policy`): the checkpointed block's input; the outputs of the odd-numbered
+/// `aten.mm` calls of the block's forward (the policy saves every mm but every
+/// second one, [`torchtitan_mms`]); the attention kernel's output and log-sum-exp;
+/// and with TP the reduce-scatters' outputs (after `wo` and `w2`). Everything else
+/// is recomputed in the backward. Float8 linears run `_scaled_mm`, which the list
+/// does not name; they are priced as `mm` (no published run isolates them).
+pub fn op_sac_per_token(model: &ModelSpec, cfg: &ParallelConfig) -> f64 {
+    let t = cfg.tp as f64;
+    let h = model.hidden as f64;
+    let sp_div = if cfg.sp { t } else { 1.0 };
+    let saved_mms: f64 = torchtitan_mms(model, cfg.tp)
+        .iter()
+        .step_by(2)
+        .map(|&(out, _)| 2.0 * out)
+        .sum();
+    let attention = 2.0 * model.attn_out_dim() as f64 / t + 4.0 * model.heads as f64 / t;
+    let reduce_scatters = if cfg.tp > 1 { 2.0 * 2.0 * h / t } else { 0.0 };
+    2.0 * h / sp_div + saved_mms + attention + reduce_scatters
 }
 
 /// Stored bytes per token of one layer; `dropped(m)` says whether module `m`'s
@@ -102,9 +222,10 @@ fn per_token_activations(
     cfg: &ParallelConfig,
     w: &Workload,
     kind: LayerKind,
-    flash: bool,
+    a: Assumptions,
     dropped: impl Fn(RecomputeModules) -> bool,
 ) -> f64 {
+    let flash = a.flash_attention;
     let t = cfg.tp as f64;
     let h = model.hidden as f64;
     // Tensors outside the TP region are split by SP, replicated without it.
@@ -162,10 +283,20 @@ fn per_token_activations(
         outside += 2.0 * 2.0 * h;
     }
     // First projection's output (both halves when gated) and the activation output
-    // (the second projection's input); `act_dropped` for "moe_act".
+    // (the second projection's input); `act_dropped` for "moe_act". Megatron-Core's
+    // fused SwiGLU (`bias_swiglu_impl`) keeps only its input and recomputes the
+    // activation; a GLU run as separate ops (nanotron's `GLUActivation`,
+    // torchtitan's `w2(silu(w1(x)) * w3(x))`) also keeps the activation's output
+    // for the product's backward.
+    let separate_glu = model.mlp == MlpKind::Gated && a.framework != Framework::MegatronCore;
     let mlp_inner = |ffn: f64, div: f64, act_dropped: bool| -> f64 {
         let first = model.mlp.matrices() as f64 - 1.0;
-        (2.0 * first * ffn + if act_dropped { 0.0 } else { gemm_in * ffn }) / div
+        let act_out = if separate_glu && !act_dropped {
+            2.0 * ffn
+        } else {
+            0.0
+        };
+        (2.0 * first * ffn + if act_dropped { 0.0 } else { gemm_in * ffn } + act_out) / div
     };
     let moe_load = model
         .moe
@@ -274,9 +405,25 @@ pub fn optimizer_bytes(cfg: &ParallelConfig) -> f64 {
 
 /// Model state bytes (weights, gradients, optimizer) for `dense` and `expert`
 /// parameters held by one GPU.
-pub fn model_state(cfg: &ParallelConfig, dense: f64, expert: f64) -> (f64, f64, f64) {
+///
+/// torchtitan's FSDP2 (`fully_shard` with `MixedPrecisionPolicy(param_dtype=bf16,
+/// reduce_dtype=fp32)`, parallelize_llama.py) keeps the sharded parameter in FP32
+/// as the optimizer's own, the sharded gradient in FP32 and Adam's two FP32
+/// moments: 4 + 4 + 8 bytes per parameter over the shard group, with no BF16 copy
+/// at rest (its all-gathered BF16 copies are [`framework_buffers`]).
+pub fn model_state(
+    cfg: &ParallelConfig,
+    dense: f64,
+    expert: f64,
+    framework: Framework,
+) -> (f64, f64, f64) {
     let dp_dense = (cfg.dp * cfg.cp) as f64;
     let dp_expert = cfg.edp() as f64;
+    if framework == Framework::Torchtitan && cfg.zero == Zero::Zero3 {
+        let sharded = dense / dp_dense + expert / dp_expert;
+        let moments = if cfg.bf16_moments { 4.0 } else { 8.0 };
+        return (4.0 * sharded, 4.0 * sharded, moments * sharded);
+    }
     let shard = |params: f64, dp: f64, sharded: bool| if sharded { params / dp } else { params };
     let (w_shard, g_shard, o_shard) = match cfg.zero {
         Zero::None => (false, false, false),
@@ -293,6 +440,85 @@ pub fn model_state(cfg: &ParallelConfig, dense: f64, expert: f64) -> (f64, f64, 
     let optim = optimizer_bytes(cfg)
         * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
     (weights, grads, optim)
+}
+
+/// Bytes per logit (one token, one vocabulary entry on this rank) the loss holds
+/// at its peak. Megatron-Core keeps the BF16 logits and an FP32 copy (its unfused
+/// loss subtracts the maximum in place). nanotron returns the FP32 cast from the
+/// model (the BF16 logits die with the forward) and `sharded_cross_entropy`
+/// subtracts the maximum into a second FP32 tensor (nanotron/parallel/
+/// tensor_parallel/functional.py): 8. torchtitan's `cross_entropy(pred.float())`
+/// keeps the FP32 log-softmax for its backward; after `del pred` that backward
+/// holds it with the incoming and the outgoing FP32 gradient (train.py at 9dec370):
+/// 12.
+pub fn logit_bytes(framework: Framework) -> f64 {
+    match framework {
+        Framework::MegatronCore => 2.0 + 4.0,
+        Framework::Nanotron => 4.0 + 4.0,
+        Framework::Torchtitan => 4.0 + 4.0 + 4.0,
+    }
+}
+
+/// What a stage holds of its parameters, for [`framework_buffers`] (counts per
+/// GPU, before data-parallel sharding).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HeldParams {
+    /// Every parameter of the rank's stages.
+    pub all: f64,
+    /// The largest transformer layer.
+    pub layer: f64,
+    /// The embedding and output layer (FSDP2's root module).
+    pub root: f64,
+}
+
+/// A framework's buffers beside the model state, bytes.
+///
+/// - nanotron wraps the model in PyTorch's `DistributedDataParallel` (trainer.py),
+///   whose reducer keeps gradient buckets the size of the gradients in the
+///   parameters' BF16 unless `gradient_as_bucket_view` is set (PyTorch DDP
+///   documentation), which nanotron does not: 2 bytes per parameter with
+///   data parallelism.
+/// - torchtitan's FSDP2 all-gathers BF16 parameters. Without pipelining each
+///   transformer block is its own unit: the block at work and the one prefetched
+///   (2 x 2 bytes per block parameter), the block's unsharded gradient in BF16
+///   and its FP32 upcast for the reduce-scatter (2 + 4), and the root module's
+///   embedding and output layer, gathered again for the backward (2). With
+///   pipelining torchtitan does not reshard after the forward
+///   (`reshard_after_forward=False`), and torch.distributed.pipelining turns
+///   gradient reduction off for all but the last micro-batch's backward
+///   (`set_requires_gradient_sync(False)`), so FSDP2 accumulates unsharded
+///   gradients in the FP32 reduce dtype: the stage's BF16 parameters (2) and,
+///   with more than one micro-batch, its FP32 gradients (4).
+pub fn framework_buffers(
+    framework: Framework,
+    cfg: &ParallelConfig,
+    held: HeldParams,
+    micro_batches: u64,
+) -> f64 {
+    match framework {
+        Framework::MegatronCore => 0.0,
+        Framework::Nanotron => {
+            if cfg.dp * cfg.cp > 1 && matches!(cfg.zero, Zero::None | Zero::DistOpt) {
+                2.0 * held.all
+            } else {
+                0.0
+            }
+        }
+        Framework::Torchtitan if cfg.zero == Zero::Zero3 => {
+            let block_grads = (2.0 + 4.0) * held.layer;
+            if cfg.pp > 1 {
+                2.0 * held.all
+                    + if micro_batches > 1 {
+                        4.0 * held.all
+                    } else {
+                        block_grads
+                    }
+            } else {
+                2.0 * 2.0 * held.layer + block_grads + 2.0 * held.root
+            }
+        }
+        Framework::Torchtitan => 0.0,
+    }
 }
 
 #[cfg(test)]
@@ -321,6 +547,13 @@ mod tests {
             recompute_modules: Default::default(),
             moe_dispatcher: Dispatcher::AllToAll,
             schedule: Schedule::OneFOneB,
+        }
+    }
+
+    fn assume(flash: bool) -> Assumptions {
+        Assumptions {
+            flash_attention: flash,
+            ..Assumptions::default()
         }
     }
 
@@ -376,8 +609,14 @@ mod tests {
             (8, false, Recompute::Full, false, 2.0 * sbh),
         ];
         for (tp, sp, rc, flash, expect) in cases {
-            let got =
-                layer_activations(&m, &cfg(tp, sp, rc), &w(2048), LayerKind::Dense, flash).stored;
+            let got = layer_activations(
+                &m,
+                &cfg(tp, sp, rc),
+                &w(2048),
+                LayerKind::Dense,
+                assume(flash),
+            )
+            .stored;
             // The flash-attention statistics (4 bytes per head per token) are
             // counted for selective and are below 0.1% of the total.
             let err = (got - expect).abs() / expect;
@@ -413,13 +652,13 @@ mod tests {
     fn model_state_bytes_per_parameter() {
         let mut c = cfg(1, false, Recompute::None);
         c.dp = 8;
-        let (wt, g, o) = model_state(&c, 1.0, 0.0);
+        let (wt, g, o) = model_state(&c, 1.0, 0.0, Framework::MegatronCore);
         assert_eq!(wt + g + o, 18.0);
         c.zero = Zero::DistOpt;
-        let (wt, g, o) = model_state(&c, 1.0, 0.0);
+        let (wt, g, o) = model_state(&c, 1.0, 0.0, Framework::MegatronCore);
         assert_eq!(wt + g + o, 6.0 + 12.0 / 8.0);
         c.zero = Zero::Zero3;
-        let (wt, g, o) = model_state(&c, 1.0, 0.0);
+        let (wt, g, o) = model_state(&c, 1.0, 0.0, Framework::MegatronCore);
         assert_eq!(wt + g + o, 18.0 / 8.0);
     }
 
@@ -446,7 +685,7 @@ mod tests {
         ] {
             let c = cfg(tp, sp, rc);
             let per_token = |m: &ModelSpec| {
-                layer_activations(m, &c, &w(4096), LayerKind::Dense, true).stored / 4096.0
+                layer_activations(m, &c, &w(4096), LayerKind::Dense, assume(true)).stored / 4096.0
             };
             let expect = match rc {
                 Recompute::Full => 0.0,
@@ -461,7 +700,7 @@ mod tests {
     fn recompute_modules_drop_their_tensors() {
         use crate::presets::resolve;
         let bytes = |model: &ModelSpec, c: &ParallelConfig, kind| {
-            layer_activations(model, c, &w(4096), kind, true).stored / 4096.0
+            layer_activations(model, c, &w(4096), kind, assume(true)).stored / 4096.0
         };
         let sel = |base: &ParallelConfig, m: &str| ParallelConfig {
             recompute: Recompute::Selective,
@@ -513,7 +752,7 @@ mod tests {
                 &sel(&mla, "moe,mla_up_proj"),
                 &w(4096),
                 LayerKind::Moe,
-                true
+                assume(true)
             )
             .full,
             none * 4096.0
@@ -523,10 +762,110 @@ mod tests {
             bf16_moments: true,
             ..cfg(1, false, Recompute::None)
         };
-        assert_eq!(model_state(&adam, 1.0, 0.0).2, 8.0);
+        assert_eq!(model_state(&adam, 1.0, 0.0, Framework::MegatronCore).2, 8.0);
         assert_eq!(
-            model_state(&cfg(1, false, Recompute::None), 1.0, 0.0).2,
+            model_state(
+                &cfg(1, false, Recompute::None),
+                1.0,
+                0.0,
+                Framework::MegatronCore
+            )
+            .2,
             12.0
+        );
+    }
+
+    /// The frameworks' memory layouts, by hand for Llama 3 8B (h 4096, FFN 14336,
+    /// 32 heads, 8 KV heads of 128).
+    #[test]
+    fn framework_layouts_by_hand() {
+        use crate::presets::resolve;
+        let m = resolve("llama3-8b").unwrap().spec;
+        let (h, f) = (4096.0, 14336.0);
+        let fw = |framework| Assumptions {
+            framework,
+            ..Assumptions::default()
+        };
+        // torchtitan's op-level SAC at TP 1: the block input, wq's and wv's outputs
+        // (mms 1 and 3), w1's and w2's (mms 5 and 7), the attention output and its
+        // log-sum-exp.
+        let c1 = cfg(1, false, Recompute::Selective);
+        let by_hand = 2.0 * h + 2.0 * h + 2.0 * 1024.0 + 2.0 * f + 2.0 * h + 2.0 * h + 4.0 * 32.0;
+        assert_eq!(op_sac_per_token(&m, &c1), by_hand);
+        let sac = layer_activations(
+            &m,
+            &c1,
+            &w(8192),
+            LayerKind::Dense,
+            fw(Framework::Torchtitan),
+        );
+        assert_eq!(sac.stored, by_hand * 8192.0);
+        // At TP 8 with SP: the sharded outputs, w2's full-width partial sum, and
+        // both reduce-scatters' outputs.
+        let c8 = cfg(8, true, Recompute::Selective);
+        let by_hand8 = 2.0 * h / 8.0
+            + 2.0 * h / 8.0
+            + 2.0 * 128.0
+            + 2.0 * f / 8.0
+            + 2.0 * h
+            + 2.0 * h / 8.0
+            + 4.0 * 32.0 / 8.0
+            + 2.0 * 2.0 * h / 8.0;
+        assert_eq!(op_sac_per_token(&m, &c8), by_hand8);
+        // A GLU run as separate ops keeps the activation's output (2 bytes x FFN per
+        // token) beside what Megatron-Core's fused SwiGLU keeps.
+        let none = cfg(1, false, Recompute::None);
+        let act = |framework| {
+            layer_activations(&m, &none, &w(4096), LayerKind::Dense, fw(framework)).stored / 4096.0
+        };
+        assert_eq!(
+            act(Framework::Nanotron) - act(Framework::MegatronCore),
+            2.0 * f
+        );
+        assert_eq!(act(Framework::Torchtitan), act(Framework::Nanotron));
+        // Loss buffers per logit.
+        assert_eq!(
+            [
+                logit_bytes(Framework::MegatronCore),
+                logit_bytes(Framework::Nanotron),
+                logit_bytes(Framework::Torchtitan)
+            ],
+            [6.0, 8.0, 12.0]
+        );
+        // FSDP2's sharded state: FP32 parameter, gradient and two moments.
+        let mut z3 = cfg(1, false, Recompute::None);
+        z3.zero = Zero::Zero3;
+        z3.dp = 8;
+        let (wt, g, o) = model_state(&z3, 8.0, 0.0, Framework::Torchtitan);
+        assert_eq!((wt, g, o), (4.0, 4.0, 8.0));
+        // Buffers: DDP buckets with DP only; FSDP2 per block (two gathered, one
+        // block's BF16 and FP32 gradients) and the root, or with PP the stage's
+        // BF16 parameters and FP32 gradients.
+        let held = HeldParams {
+            all: 100.0,
+            layer: 10.0,
+            root: 5.0,
+        };
+        let mut ddp = cfg(1, false, Recompute::None);
+        assert_eq!(framework_buffers(Framework::Nanotron, &ddp, held, 4), 0.0);
+        ddp.dp = 2;
+        assert_eq!(framework_buffers(Framework::Nanotron, &ddp, held, 4), 200.0);
+        assert_eq!(
+            framework_buffers(Framework::MegatronCore, &ddp, held, 4),
+            0.0
+        );
+        assert_eq!(
+            framework_buffers(Framework::Torchtitan, &z3, held, 4),
+            40.0 + 60.0 + 10.0
+        );
+        z3.pp = 4;
+        assert_eq!(
+            framework_buffers(Framework::Torchtitan, &z3, held, 4),
+            600.0
+        );
+        assert_eq!(
+            framework_buffers(Framework::Torchtitan, &z3, held, 1),
+            200.0 + 60.0
         );
     }
 }

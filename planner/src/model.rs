@@ -36,6 +36,15 @@ impl MlpKind {
     }
 }
 
+/// Normalisation layer type. Only its parameters differ in cost: LayerNorm has a
+/// weight and a bias per channel, RMSNorm a weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Norm {
+    LayerNorm,
+    RmsNorm,
+}
+
 /// Multi-head latent attention (DeepSeek-V2/V3) dimensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mla {
@@ -122,6 +131,10 @@ pub struct ModelSpec {
     /// Linear layers carry biases (GPT-3) or not (Llama).
     #[serde(default)]
     pub bias: bool,
+    /// The normalisation layers; absent: LayerNorm when the linear layers carry
+    /// biases (GPT-3, BLOOM), RMSNorm otherwise (Llama and its kin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm: Option<Norm>,
     #[serde(default)]
     pub mla: Option<Mla>,
     #[serde(default)]
@@ -214,6 +227,17 @@ impl ModelSpec {
         }
     }
 
+    /// Parameters of one normalisation layer.
+    fn norm_params(&self) -> u128 {
+        let h = u128::from(self.hidden);
+        match self.norm {
+            Some(Norm::LayerNorm) => 2 * h,
+            Some(Norm::RmsNorm) => h,
+            None if self.bias => 2 * h,
+            None => h,
+        }
+    }
+
     /// Whether layer `index` (0-based) has an MoE feed-forward block.
     pub fn is_moe_layer(&self, index: u64) -> bool {
         match &self.moe {
@@ -259,7 +283,7 @@ impl ModelSpec {
         }
         let [attention, dense_mlp, routed, non_expert, ..] = self.params_wide();
         let h = u128::from(self.hidden);
-        let norm = if self.bias { 2 * h } else { h };
+        let norm = self.norm_params();
         let block = attention
             + if self.mtp_is_moe() {
                 routed + non_expert
@@ -334,7 +358,7 @@ impl ModelSpec {
     fn params_wide(&self) -> [u128; 8] {
         let w = u128::from;
         let h = w(self.hidden);
-        let norm = if self.bias { 2 * h } else { h };
+        let norm = self.norm_params();
         // The norm before each block, and with sandwich norms the one after it.
         let block_norms = if self.sandwich_norms { 2 * norm } else { norm };
         let attention = self.attention_projection_params() + block_norms;

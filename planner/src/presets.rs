@@ -41,6 +41,7 @@ fn dense(
         mlp,
         dropout: false,
         bias: false,
+        norm: None,
         mla: None,
         moe: None,
         sliding_window: None,

@@ -57,9 +57,10 @@ use crate::config::{
     Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload,
     Zero,
 };
-use crate::cost::{Assumptions, LossKernel};
+use crate::cost::{Assumptions, Framework, LossKernel};
 use crate::hardware::{builtin_profile, Cluster};
-use crate::model::{MlpKind, ModelSpec, Moe};
+use crate::memory::MemKind;
+use crate::model::{MlpKind, ModelSpec, Moe, Norm};
 use crate::presets::{gpt, resolve};
 use crate::schedule::Schedule;
 
@@ -92,6 +93,31 @@ pub struct RunCase {
     /// Whether the row states the optimizer's moment precision (otherwise FP32,
     /// or BF16 where only that fits).
     pub moments_stated: bool,
+    /// The peak memory the source states for the run, if it does.
+    pub measured_memory: Option<MeasuredMemory>,
+}
+
+/// A peak memory a source states for a run (columns `measured_mem_gib`,
+/// `mem_kind` and `mem_stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MeasuredMemory {
+    pub gib: f64,
+    /// What the number counts ([`MemKind::comparable_bytes`] says which of the
+    /// model's components that is).
+    pub kind: MemKind,
+    /// Whose memory: the maximum over every GPU, or one pipeline stage's (a
+    /// source that logs rank 0 only reports the first stage).
+    pub stage: MemStage,
+}
+
+/// Which GPUs a measured peak describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemStage {
+    /// The largest over all GPUs (the model's worst stage).
+    Max,
+    /// The GPUs of one pipeline stage.
+    Stage(u64),
 }
 
 impl RunCase {
@@ -124,6 +150,21 @@ impl RunCase {
         // memory saving under which it fits, recomputation first (none, Megatron's
         // default selective set, the model's fine-grained set, full), then BF16
         // Adam moments at each level (they cost no time).
+        let mut last = None;
+        for cfg in self.attempts() {
+            match run(&cfg) {
+                Ok(e) => return Ok((cfg, e)),
+                Err(r @ crate::config::Rejection::OutOfMemory { .. }) => last = Some(r),
+                Err(r) => return Err(r),
+            }
+        }
+        Err(last.expect("at least one attempt made"))
+    }
+
+    /// The configurations [`RunCase::estimate_config`] tries, in order: the row's
+    /// own, with what it leaves out (recomputation, then the optimizer moments'
+    /// precision) from the least memory saving to the most.
+    fn attempts(&self) -> Vec<ParallelConfig> {
         let recomputes: Vec<(Recompute, RecomputeModules)> = if self.recompute_stated {
             vec![(self.config.recompute, self.config.recompute_modules)]
         } else {
@@ -141,23 +182,41 @@ impl RunCase {
         } else {
             &[false, true]
         };
-        let mut last = None;
+        let mut out = Vec::new();
         for &(recompute, recompute_modules) in &recomputes {
             for &bf16_moments in moments {
-                let cfg = ParallelConfig {
+                out.push(ParallelConfig {
                     recompute,
                     recompute_modules,
                     bf16_moments,
                     ..self.config.clone()
-                };
-                match run(&cfg) {
-                    Ok(e) => return Ok((cfg, e)),
-                    Err(r @ crate::config::Rejection::OutOfMemory { .. }) => last = Some(r),
-                    Err(r) => return Err(r),
-                }
+                });
             }
         }
-        Err(last.expect("at least one attempt made"))
+        out
+    }
+
+    /// The predicted memory of the configuration the row ran, fitting or not: the
+    /// configuration [`RunCase::estimate_config`] settles on, or, when none fits
+    /// the profile's HBM, the most memory-saving one it tried (the prediction is
+    /// then above HBM, which is what a memory check wants to see).
+    pub fn memory_estimate(
+        &self,
+    ) -> Result<(ParallelConfig, crate::cost::Estimate), crate::config::Rejection> {
+        match self.estimate_config() {
+            Err(crate::config::Rejection::OutOfMemory { .. }) => {
+                let cfg = self.attempts().pop().expect("at least one attempt is made");
+                crate::cost::evaluate(
+                    &self.model,
+                    &self.cluster,
+                    &self.workload,
+                    &cfg,
+                    self.assumptions,
+                )
+                .map(|e| (cfg, e))
+            }
+            other => other,
+        }
     }
 
     /// The measured step time, seconds (converted from tokens/s/GPU when needed).
@@ -195,6 +254,52 @@ fn num(r: &Row, k: &str) -> Result<Option<u64>, String> {
         .map_err(|_| format!("column '{k}' is '{s}', expected a whole number"))
 }
 
+/// A positive finite number, or nothing when the cell is blank.
+fn positive(r: &Row, k: &str) -> Result<Option<f64>, String> {
+    let s = get(r, k);
+    if s.is_empty() {
+        return Ok(None);
+    }
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
+        _ => Err(format!("column '{k}' is '{s}', expected a positive number")),
+    }
+}
+
+/// The measured peak memory of a row, when it states one.
+fn measured_memory(r: &Row) -> Result<Option<MeasuredMemory>, String> {
+    let gib = positive(r, "measured_mem_gib")?;
+    let kind = get(r, "mem_kind");
+    let stage = get(r, "mem_stage");
+    let Some(gib) = gib else {
+        if !kind.is_empty() || !stage.is_empty() {
+            return Err(
+                "columns 'mem_kind' and 'mem_stage' describe 'measured_mem_gib', which is empty"
+                    .into(),
+            );
+        }
+        return Ok(None);
+    };
+    if gib > 1e6 {
+        return Err(format!(
+            "column 'measured_mem_gib' is {gib}, more than any GPU holds (at most 1000000 GiB)"
+        ));
+    }
+    let kind = MemKind::parse(kind).ok_or_else(|| {
+        format!(
+            "column 'mem_kind' is '{kind}', expected {} (what the source's number counts)",
+            MemKind::NAMES
+        )
+    })?;
+    let stage = match stage {
+        "" | "max" => MemStage::Max,
+        s => MemStage::Stage(s.parse::<u64>().map_err(|_| {
+            format!("column 'mem_stage' is '{s}', expected max or a pipeline stage number")
+        })?),
+    };
+    Ok(Some(MeasuredMemory { gib, kind, stage }))
+}
+
 fn req(r: &Row, k: &str) -> Result<u64, String> {
     num(r, k)?.ok_or_else(|| format!("column '{k}' is empty"))
 }
@@ -209,6 +314,109 @@ fn profile_for(gpu: &str) -> Result<crate::hardware::HardwareProfile, String> {
         other => other,
     };
     builtin_profile(key).map_err(|e| e.to_string())
+}
+
+/// A true/false column, or nothing when blank.
+fn flag(r: &Row, k: &str) -> Result<Option<bool>, String> {
+    match get(r, k) {
+        "" => Ok(None),
+        "true" => Ok(Some(true)),
+        "false" => Ok(Some(false)),
+        other => Err(format!("column '{k}' is '{other}', expected true or false")),
+    }
+}
+
+/// The MLP type from the `gated` and `activation` columns (which must agree when
+/// both are given), or nothing when both are blank.
+fn mlp_kind(r: &Row) -> Result<Option<MlpKind>, String> {
+    let from_activation = match get(r, "activation") {
+        "" => None,
+        "swiglu" | "geglu" | "reglu" => Some(MlpKind::Gated),
+        "gelu" | "relu" | "squared_relu" => Some(MlpKind::Plain),
+        other => {
+            return Err(format!(
+                "column 'activation' is '{other}', expected swiglu, geglu, reglu (gated MLPs) or gelu, relu, squared_relu (plain)"
+            ))
+        }
+    };
+    let from_gated = flag(r, "gated")?.map(|g| if g { MlpKind::Gated } else { MlpKind::Plain });
+    match (from_gated, from_activation) {
+        (Some(g), Some(a)) if g != a => Err(format!(
+            "column 'gated' is '{}' but activation '{}' is {}",
+            get(r, "gated"),
+            get(r, "activation"),
+            if a == MlpKind::Gated {
+                "a gated MLP"
+            } else {
+                "a plain MLP"
+            }
+        )),
+        (g, a) => Ok(g.or(a)),
+    }
+}
+
+/// The shape columns a row needs when its model is not a built-in preset (nor a
+/// `gpt*` shape), beyond the always required layers, hidden and heads.
+pub const SHAPE_COLUMNS: [&str; 5] = [
+    "ffn_hidden",
+    "kv_heads",
+    "vocab",
+    "gated",
+    "tied_embeddings",
+];
+
+/// A model built from the row's columns alone: no preset supplies what they leave
+/// out, so every column that changes the cost must be stated (`gated` may be
+/// given as `activation`); `norm`, `bias` and `dropout` default to Llama's
+/// (RMSNorm, no biases, no dropout).
+fn shape_model(
+    r: &Row,
+    name: &str,
+    layers: u64,
+    hidden: u64,
+    heads: u64,
+) -> Result<ModelSpec, String> {
+    let missing = |col: &str| {
+        format!(
+            "model '{name}' is not a built-in preset (see `sextant models`), so its shape comes from the columns, and column '{col}' is empty"
+        )
+    };
+    for col in SHAPE_COLUMNS {
+        let blank = match col {
+            "gated" => get(r, "gated").is_empty() && get(r, "activation").is_empty(),
+            c => get(r, c).is_empty(),
+        };
+        if blank {
+            return Err(missing(col));
+        }
+    }
+    if !hidden.is_multiple_of(heads) {
+        return Err(format!(
+            "column 'heads': {heads} heads do not divide hidden {hidden}, so the head width is not whole"
+        ));
+    }
+    Ok(ModelSpec {
+        schema_version: crate::model::MODEL_SCHEMA_VERSION,
+        name: name.to_string(),
+        source: "the run's shape columns".into(),
+        layers,
+        hidden,
+        ffn_hidden: req(r, "ffn_hidden")?,
+        heads,
+        kv_heads: req(r, "kv_heads")?,
+        head_dim: hidden / heads,
+        vocab: req(r, "vocab")?,
+        tied_embeddings: false,
+        mlp: MlpKind::Gated,
+        dropout: false,
+        bias: false,
+        norm: Some(Norm::RmsNorm),
+        mla: None,
+        moe: None,
+        sliding_window: None,
+        sandwich_norms: false,
+        mtp_layers: 0,
+    })
 }
 
 fn model_for(r: &Row) -> Result<ModelSpec, String> {
@@ -228,11 +436,7 @@ fn model_for(r: &Row) -> Result<ModelSpec, String> {
             hidden,
             heads,
         ),
-        Err(_) => {
-            return Err(format!(
-                "model '{name}' is neither a built-in preset nor a GPT shape"
-            ))
-        }
+        Err(_) => shape_model(r, name, layers, hidden, heads)?,
     };
     let mut m = base.clone();
     m.name = name.to_string();
@@ -250,6 +454,31 @@ fn model_for(r: &Row) -> Result<ModelSpec, String> {
     if base.hidden != hidden || base.heads != heads {
         m.head_dim = hidden / heads;
     }
+    // Architecture columns replace the preset's (a row may name a preset only as
+    // the base of a model that differs from it).
+    let mlp = mlp_kind(r)?;
+    if let Some(kind) = mlp {
+        m.mlp = kind;
+    }
+    if let Some(t) = flag(r, "tied_embeddings")? {
+        m.tied_embeddings = t;
+    }
+    if let Some(b) = flag(r, "bias")? {
+        m.bias = b;
+    }
+    if let Some(d) = flag(r, "dropout")? {
+        m.dropout = d;
+    }
+    match get(r, "norm") {
+        "" => {}
+        "layernorm" => m.norm = Some(Norm::LayerNorm),
+        "rmsnorm" => m.norm = Some(Norm::RmsNorm),
+        other => {
+            return Err(format!(
+                "column 'norm' is '{other}', expected layernorm or rmsnorm"
+            ))
+        }
+    }
     if let Some(experts) = num(r, "moe_experts")? {
         let prev = base.moe;
         m.moe = Some(Moe {
@@ -262,7 +491,7 @@ fn model_for(r: &Row) -> Result<ModelSpec, String> {
             layer_freq: prev.map(|p| p.layer_freq).unwrap_or(1),
             balancing: prev.map(|p| p.balancing).unwrap_or_default(),
         });
-        if m.mlp != MlpKind::Gated && prev.is_none() {
+        if m.mlp != MlpKind::Gated && prev.is_none() && mlp.is_none() {
             m.mlp = MlpKind::Gated;
         }
     }
@@ -282,6 +511,14 @@ fn case(r: &Row) -> Result<RunCase, String> {
         }
         profile.node.gpus_per_node = per_node;
         profile.validate().map_err(|e| e.to_string())?;
+    }
+    // The HBM of the GPUs the run used, when it differs from the profile's (a
+    // part with more memory than the profile's model).
+    if let Some(hbm) = positive(r, "hbm_gib")? {
+        profile.gpu.hbm_gib = hbm;
+        profile
+            .validate()
+            .map_err(|e| format!("column 'hbm_gib': {e}"))?;
     }
     let gpus = req(r, "gpus")?;
     // The run was measured, so it fit: no planning headroom applies to it.
@@ -367,21 +604,13 @@ fn case(r: &Row) -> Result<RunCase, String> {
             ))
         }
     };
-    let flag = |k: &str| -> Result<Option<bool>, String> {
-        match get(r, k) {
-            "" => Ok(None),
-            "true" => Ok(Some(true)),
-            "false" => Ok(Some(false)),
-            other => Err(format!("column '{k}' is '{other}', expected true or false")),
-        }
-    };
     let modern = zero != Zero::None;
     let ep: u64 = num(r, "ep")?.unwrap_or(1);
     // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
     // NVLink domain (see the module notes).
-    let ep_comm = flag("ep_comm_overlap")?
+    let ep_comm = flag(r, "ep_comm_overlap")?
         .unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
-    let tp_comm = flag("tp_comm_overlap")?.unwrap_or(modern);
+    let tp_comm = flag(r, "tp_comm_overlap")?.unwrap_or(modern);
     // The attention kernel: stated by the row or its stack, else the stack's era
     // (fused flash attention on the Megatron-Core stack, unfused softmax on 2021-22's).
     let flash_attention = match get(r, "attention") {
@@ -406,6 +635,15 @@ fn case(r: &Row) -> Result<RunCase, String> {
             format!(
                 "column 'cross_entropy' is '{name}', expected {}",
                 LossKernel::NAMES
+            )
+        })?,
+    };
+    let framework = match get(r, "framework") {
+        "" => Framework::MegatronCore,
+        name => Framework::parse(name).ok_or_else(|| {
+            format!(
+                "column 'framework' is '{name}', expected {}",
+                Framework::NAMES
             )
         })?,
     };
@@ -461,7 +699,10 @@ fn case(r: &Row) -> Result<RunCase, String> {
             p2p: true,
             ep_comm,
         },
-        bf16_grads: modern,
+        // Megatron-Core's recipes reduce BF16 gradients; nanotron accumulates FP32
+        // ones (`accumulate_grad_in_fp32`, set by the Playbook's scaling script)
+        // and torchtitan's FSDP2 reduces in FP32 (`mixed_precision_reduce`).
+        bf16_grads: modern && framework == Framework::MegatronCore,
         bf16_moments: bf16_moments.unwrap_or(false),
         recompute_modules: recompute_modules.unwrap_or_default(),
         moe_dispatcher,
@@ -485,6 +726,19 @@ fn case(r: &Row) -> Result<RunCase, String> {
     }
     let moe = model.moe.is_some();
     let moments_stated = bf16_moments.is_some();
+    let measured_memory = measured_memory(r)?;
+    if let Some(MeasuredMemory {
+        stage: MemStage::Stage(s),
+        ..
+    }) = measured_memory
+    {
+        if s >= config.pp {
+            return Err(format!(
+                "column 'mem_stage' is {s}, but the run has {} pipeline stages (numbered from 0)",
+                config.pp
+            ));
+        }
+    }
     Ok(RunCase {
         id,
         source: get(r, "source").to_string(),
@@ -499,10 +753,12 @@ fn case(r: &Row) -> Result<RunCase, String> {
         assumptions: Assumptions {
             flash_attention,
             loss,
+            framework,
             ..Assumptions::default()
         },
         recompute_stated,
         moments_stated,
+        measured_memory,
     })
 }
 
@@ -512,7 +768,8 @@ pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>
 }
 
 /// Optional columns a stack file may add to a run (see [`parse_runs_with`]).
-pub const STACK_COLUMNS: [&str; 10] = [
+pub const STACK_COLUMNS: [&str; 11] = [
+    "framework",
     "recompute",
     "attention",
     "recompute_modules",
@@ -754,6 +1011,183 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
                 Err(u) => u.reason,
             };
             assert!(reason.contains(why), "{stack}: {reason}");
+        }
+    }
+
+    /// One row from (column, value) pairs.
+    fn csv(cols: &[(&str, &str)]) -> String {
+        let (h, v): (Vec<&str>, Vec<&str>) = cols.iter().copied().unzip();
+        format!("{}\n{}\n", h.join(","), v.join(","))
+    }
+
+    /// Nemotron-4 15B (arXiv 2402.16819: 32 layers, hidden 6144, 48 heads, 8 KV
+    /// heads, squared-ReLU MLP of 24576, vocabulary 256000, untied, LayerNorm, no
+    /// biases), which is no preset.
+    fn nemotron_row() -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("id", "n15"),
+            ("gpu", "h100-sxm"),
+            ("gpus_per_node", "8"),
+            ("gpus", "64"),
+            ("model", "nemotron-4-15b"),
+            ("layers", "32"),
+            ("hidden", "6144"),
+            ("ffn_hidden", "24576"),
+            ("heads", "48"),
+            ("kv_heads", "8"),
+            ("vocab", "256000"),
+            ("seq", "4096"),
+            ("tp", "4"),
+            ("pp", "1"),
+            ("dp", "16"),
+            ("gbs", "256"),
+            ("zero", "distributed optimizer"),
+            ("precision", "bf16"),
+            ("metric", "iter_s"),
+            ("value", "5"),
+            ("activation", "squared_relu"),
+            ("tied_embeddings", "false"),
+            ("norm", "layernorm"),
+        ]
+    }
+
+    /// A model that is no preset comes from the row's shape columns and is priced;
+    /// a row leaving out a column the shape needs is refused, naming the column.
+    #[test]
+    fn unknown_models_are_built_from_shape_columns() {
+        let c = parse_runs(&csv(&nemotron_row()))
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert_eq!(
+            (
+                c.model.mlp,
+                c.model.tied_embeddings,
+                c.model.norm,
+                c.model.head_dim
+            ),
+            (MlpKind::Plain, false, Some(Norm::LayerNorm), 128)
+        );
+        // 12.5B in the layers and 3.1B in the two embeddings, as the paper counts.
+        let total = c.model.params().total as f64;
+        assert!((total / 15.6e9 - 1.0).abs() < 0.01, "{total}");
+        assert!(c.estimate().is_ok());
+        for col in ["ffn_hidden", "kv_heads", "vocab", "tied_embeddings"] {
+            let row: Vec<_> = nemotron_row()
+                .into_iter()
+                .map(|(k, v)| (k, if k == col { "" } else { v }))
+                .collect();
+            let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();
+            assert!(
+                err.reason
+                    .contains("'nemotron-4-15b' is not a built-in preset")
+                    && err.reason.contains(&format!("column '{col}' is empty")),
+                "{col}: {}",
+                err.reason
+            );
+        }
+        // The MLP type: `gated` or `activation`, which must agree.
+        let row: Vec<_> = nemotron_row()
+            .into_iter()
+            .filter(|(k, _)| *k != "activation")
+            .collect();
+        let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();
+        assert!(
+            err.reason.contains("column 'gated' is empty"),
+            "{}",
+            err.reason
+        );
+        let mut row = nemotron_row();
+        row.push(("gated", "true"));
+        let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();
+        assert!(
+            err.reason
+                .contains("column 'gated' is 'true' but activation 'squared_relu' is a plain MLP"),
+            "{}",
+            err.reason
+        );
+        // The same columns change a preset-based row: Llama 3 8B with tied
+        // embeddings has one vocabulary-sized matrix fewer.
+        let mut llama = nemotron_row();
+        for (k, v) in llama.iter_mut() {
+            match *k {
+                "model" => *v = "llama3-8b",
+                "hidden" => *v = "4096",
+                "ffn_hidden" => *v = "14336",
+                "heads" => *v = "32",
+                "vocab" => *v = "128256",
+                "activation" => *v = "swiglu",
+                _ => {}
+            }
+        }
+        let untied = parse_runs(&csv(&llama)).unwrap().remove(0).unwrap();
+        for (k, v) in llama.iter_mut() {
+            if *k == "tied_embeddings" {
+                *v = "true";
+            }
+        }
+        let tied = parse_runs(&csv(&llama)).unwrap().remove(0).unwrap();
+        assert_eq!(
+            untied.model.params().total - tied.model.params().total,
+            128256 * 4096
+        );
+    }
+
+    /// The measured-memory columns: a number, what it counts and whose it is; an
+    /// `hbm_gib` column sets the GPUs' memory.
+    #[test]
+    fn measured_memory_columns() {
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut row = nemotron_row();
+            row.extend_from_slice(extra);
+            parse_runs(&csv(&row)).unwrap().remove(0)
+        };
+        let c = with(&[
+            ("measured_mem_gib", "61.5"),
+            ("mem_kind", "peak_reserved"),
+            ("mem_stage", "0"),
+            ("hbm_gib", "94"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.measured_memory,
+            Some(MeasuredMemory {
+                gib: 61.5,
+                kind: MemKind::PeakReserved,
+                stage: MemStage::Stage(0)
+            })
+        );
+        assert_eq!(c.cluster.profile.gpu.hbm_gib, 94.0);
+        assert_eq!(with(&[]).unwrap().measured_memory, None);
+        for (extra, why) in [
+            (
+                vec![("measured_mem_gib", "61.5")],
+                "column 'mem_kind' is '', expected peak_allocated, peak_reserved, peak_active",
+            ),
+            (
+                vec![("measured_mem_gib", "61.5"), ("mem_kind", "nvidia-smi")],
+                "column 'mem_kind' is 'nvidia-smi'",
+            ),
+            (
+                vec![("mem_kind", "peak_reserved")],
+                "describe 'measured_mem_gib', which is empty",
+            ),
+            (
+                vec![("measured_mem_gib", "-3"), ("mem_kind", "peak_reserved")],
+                "column 'measured_mem_gib' is '-3', expected a positive number",
+            ),
+            (
+                vec![
+                    ("measured_mem_gib", "61.5"),
+                    ("mem_kind", "peak_reserved"),
+                    ("mem_stage", "1"),
+                ],
+                "column 'mem_stage' is 1, but the run has 1 pipeline stages",
+            ),
+            (vec![("hbm_gib", "1e9")], "column 'hbm_gib'"),
+        ] {
+            let err = with(&extra).unwrap_err();
+            assert!(err.reason.contains(why), "{extra:?}: {}", err.reason);
         }
     }
 }

@@ -8,8 +8,9 @@
 
 use serde::Serialize;
 
-use crate::hardware::HardwareProfile;
-use crate::runs::{RunCase, Unrepresentable};
+use crate::hardware::{HardwareProfile, GIB};
+use crate::memory::{MemKind, StageMemory};
+use crate::runs::{MemStage, RunCase, Unrepresentable};
 
 /// One row's outcome.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -88,6 +89,105 @@ pub fn validate(cases: &[RunCase]) -> (Vec<RowResult>, Vec<Unrepresentable>) {
         }
     }
     (ok, bad)
+}
+
+/// One row's predicted against measured peak memory, like with like.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryRow {
+    pub id: String,
+    pub source: String,
+    pub profile: String,
+    /// The framework whose memory layout the prediction follows.
+    pub framework: String,
+    /// What the measurement counts.
+    pub kind: MemKind,
+    pub stage: MemStage,
+    pub measured_gib: f64,
+    /// The predicted bytes a measurement of `kind` counts
+    /// ([`MemKind::comparable_bytes`]), GiB.
+    pub predicted_gib: f64,
+    /// predicted / measured - 1.
+    pub error: f64,
+    /// The predicted stage the measurement is compared with (for `max`, the
+    /// stage with the most of what `kind` counts), every component.
+    pub memory: StageMemory,
+}
+
+/// Predicted against measured peak memory on every case that states one. The
+/// prediction is for the configuration the row ran (as [`RunCase::memory_estimate`]
+/// settles it), whether or not it fits the profile's HBM.
+pub fn memory(cases: &[RunCase]) -> (Vec<MemoryRow>, Vec<Unrepresentable>) {
+    let mut ok = Vec::new();
+    let mut bad = Vec::new();
+    for c in cases {
+        let Some(m) = c.measured_memory else { continue };
+        let e = match c.memory_estimate() {
+            Ok((_, e)) => e,
+            Err(r) => {
+                bad.push(Unrepresentable {
+                    id: c.id.clone(),
+                    reason: format!("configuration rejected: {r}"),
+                });
+                continue;
+            }
+        };
+        let stage = match m.stage {
+            MemStage::Max => e.stages.iter().map(|s| s.memory).max_by(|a, b| {
+                m.kind
+                    .comparable_bytes(a)
+                    .total_cmp(&m.kind.comparable_bytes(b))
+            }),
+            MemStage::Stage(i) => e.stages.get(i as usize).map(|s| s.memory),
+        };
+        let Some(memory) = stage else {
+            bad.push(Unrepresentable {
+                id: c.id.clone(),
+                reason: "the estimate has no such pipeline stage".into(),
+            });
+            continue;
+        };
+        let predicted_gib = m.kind.comparable_bytes(&memory) / GIB;
+        ok.push(MemoryRow {
+            id: c.id.clone(),
+            source: source_key(&c.id),
+            profile: c.cluster.profile.name.clone(),
+            framework: c.assumptions.framework.name().to_string(),
+            kind: m.kind,
+            stage: m.stage,
+            measured_gib: m.gib,
+            predicted_gib,
+            error: predicted_gib / m.gib - 1.0,
+            memory,
+        });
+    }
+    (ok, bad)
+}
+
+/// Median and maximum absolute memory error, overall, per source and per
+/// framework (in that order; the first group is "all").
+pub fn memory_summary(rows: &[MemoryRow]) -> Vec<GroupSummary> {
+    let as_rows: Vec<RowResult> = rows
+        .iter()
+        .map(|r| RowResult {
+            id: r.id.clone(),
+            source: r.source.clone(),
+            profile: r.framework.clone(),
+            gpus: 0,
+            moe: false,
+            measured_secs: r.measured_gib,
+            predicted_secs: r.predicted_gib,
+            error: r.error,
+        })
+        .collect();
+    let mut out = vec![group("all", &as_rows.iter().collect::<Vec<_>>())];
+    out.extend(grouped(&as_rows, |r| format!("source: {}", r.source)));
+    out.extend(grouped(&as_rows, |r| format!("framework: {}", r.profile)));
+    out
+}
+
+/// Median absolute error of a set of errors (NaN for none).
+pub fn median_abs(errors: impl IntoIterator<Item = f64>) -> f64 {
+    median(errors.into_iter().map(f64::abs).collect())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -302,8 +302,8 @@ pub fn stage_memory(e: &Estimate, capacity_gib: f64) -> String {
             ("optimizer", m.optimizer, RGBColor(230, 140, 40)),
             ("activations", m.activations, RGBColor(200, 90, 160)),
             (
-                "other (logits, fragmentation, reserve)",
-                m.logits + m.fragmentation + m.reserve,
+                "other (logits, buffers, fragmentation, reserve)",
+                m.logits + m.buffers + m.fragmentation + m.reserve,
                 RGBColor(150, 150, 150),
             ),
         ]

@@ -531,3 +531,145 @@ fn published_sweeps_are_ordered() {
         with_ratio - ratio_ok
     );
 }
+
+/// Every row of the published data that states a measured peak memory (67 rows:
+/// torchtitan's benchmark tables and the Ultra-Scale Playbook's nanotron runs, all
+/// of them PyTorch's peak *reserved* memory), predicted like with like
+/// (`MemKind::comparable_bytes`: the tensors and the allocator's fragmentation,
+/// not the runtime reserve), printed per row with every component, then summarised
+/// per source and per framework.
+///
+/// The bar (median |error| <= 5% on at least 10 rows) is not met: the
+/// median is 16.1%, and the assertion is a regression guard at that level. The gap
+/// is the nanotron rows (57 of 67), predicted 3-54% low. Their model state is
+/// right: nanotron's own "Mem Alloc" column for these jobs (peak allocated after
+/// the forward and backward, a third-party copy of the benchmark CSV in
+/// eyao600/Rapid-LLM) is 20.0 bytes per parameter for the 1B model at ZeRO-0, what
+/// the model holds (weights 2, FP32 gradients 4, FP32 master and Adam 12, PyTorch
+/// DDP's buckets 2). What is missing grows with the micro-batch's tokens and the
+/// hidden size, about 130 x hidden bytes per token whatever the TP degree or the
+/// depth (1B, 3B and 8B alike), which no tensor of nanotron's code that we found
+/// accounts for; and the reserved peak of identical configurations differs by up to
+/// 17% between runs that differ only in DP (1B TP8 mbs16: 40.2 GiB at DP 2, 34.2 at
+/// DP 16), so part of it is the caching allocator's history, which no closed form
+/// follows. The torchtitan rows without a compiled loss are within 6% (8B FSDP)
+/// and 19% (405B, whose FSDP float8 all-gather the model does not price); the
+/// Trainy rows (torchtitan e7c0cae) are 38% high because that version compiles the
+/// loss (`build_cross_entropy_loss`), which the model prices as the uncompiled one.
+#[test]
+fn published_memory_matches_measured() {
+    use sextant_planner::validate::{memory, memory_summary};
+    let sweeps_path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/published_sweeps.csv"
+    );
+    let mut cases: Vec<RunCase> = Vec::new();
+    for rows in [
+        parse_runs(&published_csv()).expect("runs parse"),
+        parse_runs_with(&std::fs::read_to_string(sweeps_path).unwrap(), None)
+            .expect("sweeps parse"),
+    ] {
+        cases.extend(rows.into_iter().map(|r| r.expect("row parses")));
+    }
+    let (rows, bad) = memory(&cases);
+    assert!(
+        bad.is_empty(),
+        "rows with measured memory not priced: {bad:?}"
+    );
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    println!(
+        "{:<36} {:<14} {:>5} {:>8} {:>8} {:>7}  weights grads optim  act logits bufs frag (GiB)",
+        "run", "kind", "stage", "measured", "predict", "error"
+    );
+    for r in &rows {
+        let m = &r.memory;
+        println!(
+            "{:<36} {:<14} {:>5} {:>8.1} {:>8.1} {:>+6.1}%  {:>7.1} {:>5.1} {:>5.1} {:>4.1} {:>6.1} {:>4.1} {:>4.1}",
+            r.id,
+            r.kind.name(),
+            match r.stage {
+                sextant_planner::runs::MemStage::Max => "max".to_string(),
+                sextant_planner::runs::MemStage::Stage(s) => s.to_string(),
+            },
+            r.measured_gib,
+            r.predicted_gib,
+            100.0 * r.error,
+            m.weights / GIB,
+            m.gradients / GIB,
+            m.optimizer / GIB,
+            m.activations / GIB,
+            m.logits / GIB,
+            m.buffers / GIB,
+            m.fragmentation / GIB,
+        );
+        assert!(
+            r.predicted_gib.is_finite() && r.predicted_gib > 0.0,
+            "{}",
+            r.id
+        );
+    }
+    let groups = memory_summary(&rows);
+    for g in &groups {
+        println!(
+            "{:<26} {:>3} rows  median |error| {:>5.1}%  max {:>5.1}%  mean signed {:>+6.1}%",
+            g.group,
+            g.rows,
+            100.0 * g.median_abs,
+            100.0 * g.max_abs,
+            100.0 * g.mean_signed
+        );
+    }
+    let all = &groups[0];
+    assert!(
+        all.rows >= 10,
+        "only {} rows state a measured memory",
+        all.rows
+    );
+    // A run that ran fits: the model refuses none of them on its row's HBM.
+    for c in cases.iter().filter(|c| c.measured_memory.is_some()) {
+        if let Err(r) = c.estimate() {
+            panic!("{} ran, but the model refuses it: {r}", c.id);
+        }
+    }
+    // Regression guard at today's level (see the doc comment): the bar is 5%.
+    assert!(
+        all.median_abs <= 0.17,
+        "median |memory error| {:.1}% exceeds the 17% guard",
+        100.0 * all.median_abs
+    );
+}
+
+/// `validate` prices a model that is no preset from the row's shape columns,
+/// refuses a row that leaves one out with a line naming the column, and compares
+/// a stated peak memory like with like.
+#[test]
+fn validate_builds_models_from_shape_columns() {
+    use crate::common::{sextant, stdout, TempDir};
+    let dir = TempDir::new("shape-columns");
+    let header = "id,source,gpu,gpus_per_node,gpus,model,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq,tp,pp,dp,mbs,gbs,recompute,zero,precision,metric,value,activation,tied_embeddings,norm,measured_mem_gib,mem_kind,mem_stage";
+    let good = "nemotron-15b,Nemotron-4 15B shape (arXiv 2402.16819),h100-sxm,8,64,nemotron-4-15b,32,6144,24576,48,8,256000,4096,4,1,16,1,256,none,distributed optimizer,bf16,iter_s,5,squared_relu,false,layernorm,40,peak_allocated,max";
+    let bad = good
+        .replacen("nemotron-15b,", "no-tie,", 1)
+        .replace(",squared_relu,false,", ",squared_relu,,");
+    let csv = dir.path("runs.csv");
+    std::fs::write(&csv, format!("{header}\n{good}\n{bad}\n")).unwrap();
+    let o = sextant(&["validate", csv.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("nemotron-15b ")),
+        "the shape-built row is priced: {out}"
+    );
+    assert!(
+        out.contains("no-tie: model 'nemotron-4-15b' is not a built-in preset (see `sextant models`), so its shape comes from the columns, and column 'tied_embeddings' is empty"),
+        "{out}"
+    );
+    let mem = out
+        .lines()
+        .find(|l| l.starts_with("nemotron-15b") && l.contains("peak_allocated"))
+        .unwrap_or_else(|| panic!("no memory row: {out}"));
+    assert!(
+        mem.contains("megatron-core") && mem.contains("40.0Gi"),
+        "{mem}"
+    );
+}
