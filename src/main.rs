@@ -372,6 +372,20 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         }
         Some(t)
     };
+    // The default target (no --target, no --emit) cannot build every model: rank
+    // for any framework then, and say why, rather than refuse to plan.
+    let target = match target {
+        Some(t) if a.target.is_none() && a.emit.is_none() => {
+            match sextant_exports::model_refusal(&inp.model, t) {
+                Some(why) => {
+                    eprintln!("note: no plan is ranked for {target_name}, the default target: {why}; pass --target for the framework you will run");
+                    None
+                }
+                None => Some(t),
+            }
+        }
+        other => other,
+    };
     if target == Some(Target::ScaleTorch) {
         // Priced as ScaleTorch runs: its rank grid and its unfused loss.
         inp.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;

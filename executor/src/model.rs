@@ -60,6 +60,7 @@ impl Dims {
         m.mtp_layers = 0;
         m.mlp = sextant_planner::model::MlpKind::Plain;
         m.bias = false;
+        m.qkv_bias = false;
         // No embedding or output layer runs: a one-token vocabulary makes them vanish
         // from the prediction too.
         m.vocab = 1;

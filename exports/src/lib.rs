@@ -140,6 +140,15 @@ pub fn expressible_schedules(target: Target) -> Option<&'static [Schedule]> {
     }
 }
 
+/// Why `target` cannot run `model` at all, whatever the plan (the targets that
+/// launch Megatron-LM: its arguments cannot build the model); `None` when it may.
+pub fn model_refusal(model: &sextant_planner::model::ModelSpec, target: Target) -> Option<String> {
+    match target {
+        Target::MegatronLm | Target::Torchrun | Target::Slurm => megatron::model_refusal(model),
+        _ => None,
+    }
+}
+
 /// Renders plan number `rank` (1-based, as printed) of `plan` for `target`.
 pub fn export(
     plan: &PlanFile,

@@ -164,6 +164,14 @@ fn arg(v: &mut Vec<String>, name: &str, value: impl ToString) {
 }
 
 /// The arguments, one flag (with its value) per entry.
+/// Why Megatron-LM's arguments cannot build `m` at all, whatever the plan.
+pub fn model_refusal(m: &sextant_planner::model::ModelSpec) -> Option<String> {
+    m.sandwich_norms.then(|| format!(
+        "{} normalises after each attention and MLP block as well as before it (Gemma 2 and 3, GLM-4), which no Megatron-LM argument builds; use the framework's own model definition (e.g. Megatron-Bridge's) with the parallel sizes of `--to rank-map`",
+        m.name
+    ))
+}
+
 pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     let t = Target::MegatronLm;
     let cannot = |reason: String| ExportError::Inexpressible { target: t, reason };
@@ -358,11 +366,8 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     if m.mlp == MlpKind::Gated {
         flag(&mut v, "swiglu");
     }
-    if m.sandwich_norms {
-        return Err(cannot(format!(
-            "{} normalises after each attention and MLP block as well as before it (Gemma 2 and 3, GLM-4), which no Megatron-LM argument builds; use the framework's own model definition (e.g. Megatron-Bridge's) with the parallel sizes of `--to rank-map`",
-            m.name
-        )));
+    if let Some(why) = model_refusal(m) {
+        return Err(cannot(why));
     }
     // Sliding-window attention: --window-size (left, right) counts the tokens
     // before the current one (a window of W tokens is W - 1, 0), and
@@ -400,6 +405,9 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     }
     if !m.bias {
         flag(&mut v, "disable-bias-linear");
+        if m.qkv_bias {
+            flag(&mut v, "add-qkv-bias");
+        }
     }
     if let Some(moe) = &m.moe {
         // _add_moe_args.

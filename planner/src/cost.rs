@@ -3118,6 +3118,7 @@ mod tests {
                         },
                         dropout: false,
                         bias: false,
+                        qkv_bias: false,
                         norm: None,
                         mla: None,
                         moe,

@@ -29,7 +29,9 @@
 //! query/key norms (Qwen3, Gemma 3, OLMo 2, GLM-4.5), partial rotary embeddings
 //! (GLM, Phi-4-mini; rotary is priced over the whole head), Granite's scalar
 //! multipliers. Biases on the query, key and value projections only (Qwen2, GLM) are
-//! counted as biases on every linear layer and norm (under 0.1% of the parameters).
+//! `qkv_bias` (Megatron's --add-qkv-bias); Llama-style `attention_bias` (Q, K, V and
+//! the output projection) is counted as biases on every linear layer and norm
+//! (under 0.1% of the parameters).
 
 use serde_json::Value;
 
@@ -292,15 +294,21 @@ fn build(c: &Cfg, display: String) -> Result<ModelSpec, InputError> {
         .unwrap_or(hidden / heads);
     let ffn = c.opt(key("intermediate_size", "ffn_hidden_size"))?;
     let tied = c.flag("tie_word_embeddings", ties_by_default(mt))?;
-    let bias = match mt {
+    // (biases on every linear layer, on the query/key/value projections only).
+    let (bias, qkv_bias) = match mt {
         // Starcoder2Config.use_bias: every linear layer and LayerNorm.
-        "starcoder2" => c.flag("use_bias", true)?,
-        "chatglm" => c.flag("add_qkv_bias", false)? || c.flag("add_bias_linear", false)?,
-        // Qwen2's attention hard-codes Q, K and V biases.
-        "qwen2" => c.flag("attention_bias", true)?,
+        "starcoder2" => (c.flag("use_bias", true)?, false),
+        "chatglm" => (
+            c.flag("add_bias_linear", false)?,
+            c.flag("add_qkv_bias", false)?,
+        ),
+        // Qwen2's attention hard-codes Q, K and V biases (o_proj has none).
+        "qwen2" => (false, c.flag("attention_bias", true)?),
         // GlmConfig and Glm4Config default to Q, K and V biases.
-        "glm" | "glm4" => c.flag("attention_bias", true)?,
-        _ => c.flag("attention_bias", false)?,
+        "glm" | "glm4" => (false, c.flag("attention_bias", true)?),
+        // Llama-style attention_bias: Q, K, V and the output projection, counted
+        // as biases on every linear layer.
+        _ => (c.flag("attention_bias", false)?, false),
     };
     let moe = moe(c)?;
     // The dense MLP's width, needed by every layer without experts.
@@ -345,6 +353,7 @@ fn build(c: &Cfg, display: String) -> Result<ModelSpec, InputError> {
         },
         dropout: false,
         bias,
+        qkv_bias,
         norm: None,
         mla,
         moe,
@@ -562,7 +571,7 @@ mod tests {
         assert!((x.params().total as f64 / 1e9 - 46.7).abs() < 0.1);
 
         let q2 = load("qwen2-7b.json");
-        assert!(q2.bias && q2.sliding_window.is_none());
+        assert!(q2.qkv_bias && !q2.bias && q2.sliding_window.is_none());
         assert!((q2.params().total as f64 / 1e9 - 7.62).abs() < 0.02);
 
         let q3 = load("qwen3-8b.json");
@@ -675,7 +684,7 @@ mod tests {
         // zai-org/GLM-4-9B-0414: 9.4B parameters on its Hugging Face page (from
         // its safetensors); the glm4 layout adds norms after attention and MLP.
         let glm4 = load("glm-4-9b-0414.json");
-        assert!(glm4.sandwich_norms && glm4.bias && glm4.kv_heads == 2);
+        assert!(glm4.sandwich_norms && glm4.qkv_bias && !glm4.bias && glm4.kv_heads == 2);
         assert!(off(&glm4, 9.4) < 0.01);
         // THUDM/glm-4-9b-chat in THUDM's own code (model_type chatglm): the same
         // shape under Megatron-style names, two norms per layer: 9.4B too.
@@ -691,8 +700,10 @@ mod tests {
             (40, 13696, 2, 128, 151_552)
         );
         assert!(!chat.sandwich_norms && off(&chat, 9.4) < 0.01);
-        // The four norms of a GLM-4-0414 layer against the two of GLM-4.
-        assert_eq!(glm4.params().total - chat.params().total, 40 * 2 * 2 * 4096);
+        // The four norms of a GLM-4-0414 layer against the two of GLM-4: RMSNorms
+        // of `hidden` weights each (the Q, K, V biases no longer make them count
+        // as LayerNorms).
+        assert_eq!(glm4.params().total - chat.params().total, 40 * 2 * 4096);
 
         // zai-org/GLM-4.5-Air's model card: 106B total parameters. Its MTP layer is
         // read (num_nextn_predict_layers) but, as model cards do, not counted.

@@ -131,6 +131,10 @@ pub struct ModelSpec {
     /// Linear layers carry biases (GPT-3) or not (Llama).
     #[serde(default)]
     pub bias: bool,
+    /// Only the query, key and value projections carry biases (Qwen2, GLM;
+    /// Megatron's --add-qkv-bias); `bias` puts them on every linear layer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qkv_bias: bool,
     /// The normalisation layers; absent: LayerNorm when the linear layers carry
     /// biases (GPT-3, BLOOM), RMSNorm otherwise (Llama and its kin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -315,6 +319,8 @@ impl ModelSpec {
         };
         let bias = if self.bias {
             w(self.q_dim()) + 2 * w(self.kv_dim()) + h
+        } else if self.qkv_bias {
+            w(self.q_dim()) + 2 * w(self.kv_dim())
         } else {
             0
         };

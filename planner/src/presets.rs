@@ -41,6 +41,7 @@ fn dense(
         mlp,
         dropout: false,
         bias: false,
+        qkv_bias: false,
         norm: None,
         mla: None,
         moe: None,
@@ -57,6 +58,7 @@ pub fn gpt(name: &str, source: &str, layers: u64, hidden: u64, heads: u64) -> Mo
         tied_embeddings: true,
         dropout: true,
         bias: true,
+        qkv_bias: false,
         ..dense(
             name,
             source,

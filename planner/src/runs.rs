@@ -410,6 +410,7 @@ fn shape_model(
         mlp: MlpKind::Gated,
         dropout: false,
         bias: false,
+        qkv_bias: false,
         norm: Some(Norm::RmsNorm),
         mla: None,
         moe: None,

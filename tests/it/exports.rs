@@ -252,6 +252,7 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("num-query-groups", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("kv-channels", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("swiglu", "megatron/training/arguments.py _add_network_size_args"),
+    ("add-qkv-bias", "megatron/training/arguments.py (store_true, dest add_qkv_bias, beside --disable-bias-linear: biases on the QKV projection only)"),
     ("window-size", "megatron/training/arguments.py _add_network_size_args (tuple_type: left,right)"),
     ("window-attn-skip-freq", "megatron/training/arguments.py _add_network_size_args (N: one full-attention layer after N-1 windowed ones)"),
     ("untie-embeddings-and-output-weights", "megatron/training/arguments.py _add_network_size_args"),
@@ -1221,5 +1222,30 @@ fn layout_refusals_name_the_layout_in_the_users_terms() {
             &["export", p.to_str().unwrap(), "--to", target],
             "this plan uses the explicit layout \"Et*15|t*17L\"",
         );
+    }
+}
+
+/// Qwen2's biases sit on the query, key and value projections only: the
+/// Megatron-LM export disables the others and adds those (--disable-bias-linear
+/// --add-qkv-bias), as Megatron's own Qwen2 recipes do; Llama has none.
+#[test]
+fn qwen2_exports_qkv_biases_only() {
+    let qwen2 = crate::common::data("hf/qwen2-7b.json");
+    for (model, qkv) in [(qwen2.as_str(), true), ("llama3-8b", false)] {
+        let o = sextant(&[
+            "plan",
+            "--model",
+            model,
+            "--gpus",
+            "8",
+            "--global-batch",
+            "64",
+            "--emit",
+            "megatron-lm",
+        ]);
+        assert!(o.status.success(), "{model}: {}", stderr(&o));
+        let out = crate::common::stdout(&o);
+        assert!(out.contains("--disable-bias-linear"), "{model}: {out}");
+        assert_eq!(out.contains("--add-qkv-bias"), qkv, "{model}: {out}");
     }
 }
