@@ -194,14 +194,16 @@ impl Browser {
     }
 
     fn call(&mut self, method: &str, params: Value) -> Value {
-        self.try_call(method, params).unwrap_or_else(|e| panic!("{e}"))
+        self.try_call(method, params)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Waits for an event of the page session named `method`, among those received
     /// from index `since` on.
     fn wait_event(&mut self, method: &str, since: usize) -> Value {
         let mine = |m: &Value, session: &Option<String>| {
-            m["method"] == method && m.get("sessionId").and_then(Value::as_str) == session.as_deref()
+            m["method"] == method
+                && m.get("sessionId").and_then(Value::as_str) == session.as_deref()
         };
         if let Some(m) = self.events[since..].iter().find(|m| mine(m, &self.session)) {
             return m.clone();
@@ -244,10 +246,7 @@ impl Browser {
         );
         let since = self.events.len();
         let nav = self.call("Page.navigate", json!({"url": url}));
-        assert!(
-            nav.get("errorText").is_none(),
-            "navigating to {url}: {nav}"
-        );
+        assert!(nav.get("errorText").is_none(), "navigating to {url}: {nav}");
         self.wait_event("Page.loadEventFired", since);
         // The load event of about:blank could in principle be the one seen: wait (with
         // a deadline) until the page is the one asked for, fully loaded.
@@ -355,7 +354,11 @@ impl Browser {
 
     fn assert_no_errors(&self, context: &str) {
         let e = self.errors();
-        assert!(e.is_empty(), "{context}: the page reported errors:\n{}", e.join("\n"));
+        assert!(
+            e.is_empty(),
+            "{context}: the page reported errors:\n{}",
+            e.join("\n")
+        );
     }
 }
 
@@ -485,7 +488,11 @@ fn click(b: &mut Browser, sel: &str) {
 fn check_sorting(b: &mut Browser, table: &str, rank: &str, key: &str, context: &str) {
     let keys = [rank, key];
     let before = rows(b, table, &keys);
-    assert!(before.len() >= 2, "{context}: {table} has {} rows", before.len());
+    assert!(
+        before.len() >= 2,
+        "{context}: {table} has {} rows",
+        before.len()
+    );
     let values = column(b, table, key);
     assert!(
         values.iter().any(|&v| v != values[0]),
@@ -595,7 +602,10 @@ fn check_tip(b: &mut Browser, find: &str, context: &str) {
            const e = document.elementFromPoint(x, y); \
            if (!e || (!e.closest('[data-tip]') && !e.closest('#tip'))) return [x, y]; } return null; })()",
     );
-    assert!(off.is_array(), "{what}: every corner of the window carries a tip");
+    assert!(
+        off.is_array(),
+        "{what}: every corner of the window carries a tip"
+    );
     b.mouse_to(off[0].as_f64().unwrap(), off[1].as_f64().unwrap());
     b.wait_for(
         &format!("{what}: the tip to hide when the mouse leaves"),
@@ -635,7 +645,12 @@ fn check_no_overflow(b: &mut Browser, context: &str) {
     b.wait_for(
         &format!("{context}: the page to fit the window's width"),
         "(() => { const d = document.documentElement; \
-           if (d.scrollWidth > innerWidth + 1) return 'page is ' + d.scrollWidth + ' px wide in a ' + innerWidth + ' px window'; \
+           if (d.scrollWidth > innerWidth + 1) { \
+             const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + (e.classList.length ? '.' + [...e.classList].join('.') : ''); \
+             const out = e => e.getBoundingClientRect().right > innerWidth + 1; \
+             const culprits = [...document.body.querySelectorAll('*')].filter(e => out(e) && !out(e.parentElement)) \
+               .slice(0, 4).map(e => name(e) + ' in ' + name(e.parentElement) + ' to ' + Math.round(e.getBoundingClientRect().right) + ' px'); \
+             return 'page is ' + d.scrollWidth + ' px wide in a ' + innerWidth + ' px window: ' + culprits.join('; '); } \
            const t = document.querySelector('table#ranked'); if (!t) return 'no table#ranked'; \
            if (t.getBoundingClientRect().right <= innerWidth + 1) return true; \
            for (let e = t.parentElement; e && e !== document.body; e = e.parentElement) { \
@@ -650,7 +665,8 @@ fn check_filter(b: &mut Browser, context: &str) {
     let exists = b.eval("!!document.querySelector('input#ranked-filter')");
     assert_eq!(exists, json!(true), "{context}: no input#ranked-filter");
     // Visible rows, row 1's cells, and which rows contain each of them.
-    const STATE: &str = "(() => { const rows = [...document.querySelectorAll('table#ranked tbody tr')]; \
+    const STATE: &str =
+        "(() => { const rows = [...document.querySelectorAll('table#ranked tbody tr')]; \
         const shown = r => !r.hidden && r.getClientRects().length > 0; \
         return rows.map(r => shown(r)); })()";
     let all = b.eval(STATE);
@@ -671,7 +687,9 @@ fn check_filter(b: &mut Browser, context: &str) {
     set(b, "no plan has this text");
     b.wait_for(
         &format!("{context}: a filter that matches nothing to hide every row"),
-        &format!("(() => {{ const v = {STATE}; return v.every(x => !x) || JSON.stringify(v); }})()"),
+        &format!(
+            "(() => {{ const v = {STATE}; return v.every(x => !x) || JSON.stringify(v); }})()"
+        ),
     );
     // The cell text of the first-ranked row that the fewest rows contain.
     let pick = b.eval(
@@ -727,7 +745,10 @@ fn check_scatter(b: &mut Browser, context: &str) {
         .iter()
         .map(|r| r.as_str().unwrap().to_string())
         .collect();
-    assert!(!ranks.is_empty(), "{context}: no circle.plan[data-rank] in svg#scatter-zoom");
+    assert!(
+        !ranks.is_empty(),
+        "{context}: no circle.plan[data-rank] in svg#scatter-zoom"
+    );
     let labels = v["labels"].as_array().unwrap();
     assert!(
         labels.len() >= ranks.len().min(5),
@@ -739,7 +760,10 @@ fn check_scatter(b: &mut Browser, context: &str) {
     let svg = bx(&v["svg"]);
     let boxes: Vec<[f64; 4]> = labels.iter().map(|l| bx(&l["box"])).collect();
     for (l, r) in labels.iter().zip(&boxes) {
-        assert!(l["rect"] == json!(true), "{context}: label without a rect: {l}");
+        assert!(
+            l["rect"] == json!(true),
+            "{context}: label without a rect: {l}"
+        );
         let rank = l["text"].as_str().unwrap().trim_start_matches('#');
         assert!(
             ranks.iter().any(|x| x == rank),
@@ -751,7 +775,10 @@ fn check_scatter(b: &mut Browser, context: &str) {
             "{context}: label without a box: {l}"
         );
         assert!(
-            r[0] >= svg[0] - 0.5 && r[1] >= svg[1] - 0.5 && r[2] <= svg[2] + 0.5 && r[3] <= svg[3] + 0.5,
+            r[0] >= svg[0] - 0.5
+                && r[1] >= svg[1] - 0.5
+                && r[2] <= svg[2] + 0.5
+                && r[3] <= svg[3] + 0.5,
             "{context}: label {l} sticks out of the plot {svg:?}"
         );
     }
@@ -778,9 +805,18 @@ fn check_timeline(b: &mut Browser, context: &str) {
                    !!document.querySelector('#tl-zoom-in'), !!document.querySelector('#tl-zoom-out')]; })()",
     );
     assert!(v.is_array(), "{context}: {v}");
-    assert!(v[0].as_u64().unwrap() >= 1, "{context}: no rect[data-tip] in svg#timeline");
-    assert!(v[1].as_u64().unwrap() >= 1, "{context}: no text.mb micro-batch label in svg#timeline");
-    assert!(v[2] == json!(true) && v[3] == json!(true), "{context}: no #tl-zoom-in / #tl-zoom-out: {v}");
+    assert!(
+        v[0].as_u64().unwrap() >= 1,
+        "{context}: no rect[data-tip] in svg#timeline"
+    );
+    assert!(
+        v[1].as_u64().unwrap() >= 1,
+        "{context}: no text.mb micro-batch label in svg#timeline"
+    );
+    assert!(
+        v[2] == json!(true) && v[3] == json!(true),
+        "{context}: no #tl-zoom-in / #tl-zoom-out: {v}"
+    );
     let width = |b: &mut Browser| {
         b.eval("document.querySelector('svg#timeline').getBoundingClientRect().width")
             .as_f64()
@@ -807,7 +843,11 @@ fn check_report_page(b: &mut Browser, context: &str) {
     check_sorting(b, "table#ranked", "rank", "mem", context);
     check_filter(b, context);
     check_scatter(b, context);
-    check_tip(b, "document.querySelector('svg#scatter-zoom circle.plan')", context);
+    check_tip(
+        b,
+        "document.querySelector('svg#scatter-zoom circle.plan')",
+        context,
+    );
     check_tip(b, &largest_tip("svg#bars", "rect"), context);
     check_tip(b, &largest_tip("svg#timeline", "rect"), context);
     check_timeline(b, context);
@@ -815,12 +855,23 @@ fn check_report_page(b: &mut Browser, context: &str) {
         "[...document.querySelectorAll('#sensitivity svg.sens')].map(s => { const r = s.getBoundingClientRect(); return r.width > 0 && r.height > 0; })",
     );
     let sens = sens.as_array().unwrap();
-    assert!(sens.len() >= 2, "{context}: {} #sensitivity svg.sens", sens.len());
-    assert!(sens.iter().all(|s| s == &json!(true)), "{context}: a sensitivity chart has no box");
+    assert!(
+        sens.len() >= 2,
+        "{context}: {} #sensitivity svg.sens",
+        sens.len()
+    );
+    assert!(
+        sens.iter().all(|s| s == &json!(true)),
+        "{context}: a sensitivity chart has no box"
+    );
     let sources = b.eval(
         "(() => { const d = document.querySelector('details#sources'); return d ? d.open : 'no details#sources'; })()",
     );
-    assert_eq!(sources, json!(false), "{context}: details#sources should start collapsed");
+    assert_eq!(
+        sources,
+        json!(false),
+        "{context}: details#sources should start collapsed"
+    );
     b.assert_no_errors(context);
 }
 
@@ -838,7 +889,10 @@ fn report_test(test: &str, args: &[&str]) {
         let t = Instant::now();
         b.open(&url, width, 1200);
         check_report_page(&mut b, &format!("{test} at {width} px"));
-        println!("{test} at {width} px: checked in {:.2} s", t.elapsed().as_secs_f64());
+        println!(
+            "{test} at {width} px: checked in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
     }
 }
 
@@ -854,7 +908,15 @@ fn dense_report_is_interactive_at_800_and_1600_px() {
 fn moe_report_is_interactive_at_800_and_1600_px() {
     report_test(
         "moe_report_is_interactive_at_800_and_1600_px",
-        &["plan", "--model", "deepseek-v3", "--gpus", "1024", "--gpu", "h800"],
+        &[
+            "plan",
+            "--model",
+            "deepseek-v3",
+            "--gpus",
+            "1024",
+            "--gpu",
+            "h800",
+        ],
     );
 }
 
@@ -896,23 +958,39 @@ fn cdp_harness_drives_a_fixture() {
     assert_eq!(b.eval("[innerWidth, innerHeight]"), json!([800, 600]));
     assert_eq!(b.eval("Promise.resolve(6 * 7)"), json!(42));
     let e = b.try_eval("(() => { throw new Error('thrown on purpose'); })()");
-    assert!(e.as_ref().is_err_and(|e| e.contains("thrown on purpose")), "{e:?}");
+    assert!(
+        e.as_ref().is_err_and(|e| e.contains("thrown on purpose")),
+        "{e:?}"
+    );
     let e = b.try_call("Nonexistent.method", json!({}));
-    assert!(e.as_ref().is_err_and(|e| e.contains("Nonexistent.method")), "{e:?}");
+    assert!(
+        e.as_ref().is_err_and(|e| e.contains("Nonexistent.method")),
+        "{e:?}"
+    );
     b.assert_no_errors("fixture after load");
 
     // The generic checks pass on a page that does what they check ...
     check_sorting(&mut b, "table#t", "rank", "x", "fixture");
     check_tip(&mut b, "document.querySelector('#r')", "fixture");
     let inked = check_inked(&mut b, "svg#s", "fixture");
-    assert!(inked > 0.3, "the fixture's two rects fill most of the svg: {inked}");
+    assert!(
+        inked > 0.3,
+        "the fixture's two rects fill most of the svg: {inked}"
+    );
     // ... and fail where it does not.
     let (w, h, blank) = ink(&b.screenshot("#blank"));
-    assert_eq!((w, h, blank), (50, 40, 0.0), "a white div screenshots blank");
+    assert_eq!(
+        (w, h, blank),
+        (50, 40, 0.0),
+        "a white div screenshots blank"
+    );
     let quiet = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         check_tip(&mut b, "document.querySelector('#quiet')", "fixture")
     }));
-    assert!(quiet.is_err(), "an element without data-tip passed the tip check");
+    assert!(
+        quiet.is_err(),
+        "an element without data-tip passed the tip check"
+    );
     let unsorted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         check_sorting(&mut b, "table#t", "rank", "nonexistent", "fixture")
     }));
@@ -943,5 +1021,8 @@ fn cdp_harness_drives_a_fixture() {
         0,
         "Chromium (pid {pid}) still runs after the client was dropped"
     );
-    println!("cdp_harness_drives_a_fixture: {:.2} s", start.elapsed().as_secs_f64());
+    println!(
+        "cdp_harness_drives_a_fixture: {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
 }
