@@ -550,18 +550,20 @@ fn check_sorting(b: &mut Browser, table: &str, rank: &str, key: &str, context: &
     assert_eq!(canon(&before), canon(&twice), "{context}: {key} twice");
 }
 
-/// The element an expression finds, hovered with a real mouse move at the centre of
-/// its box (scrolled into view), shows `div#tip` with its `data-tip` text; moving
+/// The element an expression finds, hovered with a real mouse move on a point of
+/// its box (scrolled into view) where it is on top (the centre, else the nearest of
+/// a 5 x 5 grid: a whisker or a label may cover the centre), shows `div#tip` with its `data-tip` text; moving
 /// the mouse off every `[data-tip]` hides the tip again.
 fn check_tip(b: &mut Browser, find: &str, context: &str) {
     let probe = b.eval(&format!(
         "(() => {{ const e = {find}; if (!e) return 'nothing found by: ' + {f}; \
          e.scrollIntoView({{block: 'center', inline: 'center'}}); const r = e.getBoundingClientRect(); \
-         const x = r.left + r.width / 2, y = r.top + r.height / 2; \
-         const hit = document.elementFromPoint(x, y); \
-         return {{x, y, w: r.width, h: r.height, tip: e.getAttribute('data-tip'), \
-                  hits: !!hit && hit.closest('[data-tip]') === e, \
-                  top: hit ? hit.outerHTML.slice(0, 120) : null}}; }})()",
+         const at = (fx, fy) => {{ const x = r.left + r.width * fx, y = r.top + r.height * fy; \
+           const hit = document.elementFromPoint(x, y); \
+           return {{x, y, hits: !!hit && hit.closest('[data-tip]') === e, top: hit ? hit.outerHTML.slice(0, 120) : null}}; }}; \
+         const fs = [0.5, 0.3, 0.7, 0.15, 0.85]; \
+         const p = fs.flatMap(fy => fs.map(fx => at(fx, fy))).find(p => p.hits) || at(0.5, 0.5); \
+         return {{...p, w: r.width, h: r.height, tip: e.getAttribute('data-tip')}}; }})()",
         f = json!(find)
     ));
     assert!(probe.is_object(), "{context}: {probe}");
@@ -577,7 +579,7 @@ fn check_tip(b: &mut Browser, find: &str, context: &str) {
     assert_eq!(
         probe["hits"],
         json!(true),
-        "{what}: the element is covered at its centre by {}",
+        "{what}: the element is covered everywhere; at its centre by {}",
         probe["top"]
     );
     b.mouse_to(probe["x"].as_f64().unwrap(), probe["y"].as_f64().unwrap());
@@ -711,7 +713,7 @@ fn check_filter(b: &mut Browser, context: &str) {
              const shown = r => !r.hidden && r.getClientRects().length > 0; \
              if (!shown(rows[0])) return 'the first row, which contains it, is hidden'; \
              for (const r of rows) {{ \
-               const has = [r.textContent, r.innerText].some(t => t.toLowerCase().includes(s.toLowerCase())); \
+               const has = [r.textContent, r.innerText, r.getAttribute('data-desc') || ''].some(t => t.toLowerCase().includes(s.toLowerCase())); \
                const cell = [...r.cells].some(c => c.textContent.includes(s)); \
                if (shown(r) && !has) return 'row ' + r.rowIndex + ' is shown without it: ' + r.textContent; \
                if (!shown(r) && cell) return 'row ' + r.rowIndex + ' is hidden with it in a cell'; }} \
