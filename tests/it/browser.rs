@@ -26,7 +26,7 @@ use crate::common::{chromium, sextant, stderr, TempDir};
 /// The longest wait for one CDP answer or event.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// The longest wait for the page to react to a click, a key or the mouse.
-const REACT_TIMEOUT: Duration = Duration::from_secs(3);
+const REACT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A pipe whose two ends are close-on-exec here, so that no other child, spawned
 /// meanwhile by a test on another thread, inherits them (an inherited write end
@@ -458,11 +458,20 @@ fn column(b: &mut Browser, table: &str, key: &str) -> Vec<f64> {
         .collect()
 }
 
-/// Every body row of `table` as the `data-v` of each of `keys`.
-fn rows(b: &mut Browser, table: &str, keys: &[&str]) -> Vec<Vec<f64>> {
-    let cols: Vec<Vec<f64>> = keys.iter().map(|k| column(b, table, k)).collect();
-    (0..cols[0].len())
-        .map(|i| cols.iter().map(|c| c[i]).collect())
+/// Every body row of `table`: its `rank` and its cells (text and `data-v`), in
+/// row order.
+fn rows(b: &mut Browser, table: &str, rank: &str) -> Vec<(f64, String)> {
+    let ranks = column(b, table, rank);
+    let cells = b.eval(&format!(
+        "[...document.querySelector({t}).tBodies[0].rows].map(r => [...r.cells] \
+           .map(c => c.textContent + '=' + c.getAttribute('data-v')).join(' | '))",
+        t = json!(table)
+    ));
+    let cells = cells.as_array().unwrap();
+    assert_eq!(cells.len(), ranks.len());
+    ranks
+        .into_iter()
+        .zip(cells.iter().map(|c| c.as_str().unwrap().to_string()))
         .collect()
 }
 
@@ -482,16 +491,22 @@ fn click(b: &mut Browser, sel: &str) {
     assert_eq!(v, json!(true), "nothing matches {sel} to click");
 }
 
-/// Clicking the header `key` of `table` sorts its rows by that column, a second
-/// click the other way; the rows move whole (every row keeps its cells), and the
-/// order of the `rank` column changes.
+/// `table` starts in rank order (its `rank` column reads 1, 2, ...); clicking the
+/// header `key` sorts its rows by that column, a second click the other way; the
+/// rows move whole (every row keeps its cells' text and values), and the second
+/// click changes the order of the ranks.
 fn check_sorting(b: &mut Browser, table: &str, rank: &str, key: &str, context: &str) {
-    let keys = [rank, key];
-    let before = rows(b, table, &keys);
+    let before = rows(b, table, rank);
     assert!(
         before.len() >= 2,
         "{context}: {table} has {} rows",
         before.len()
+    );
+    let ranks: Vec<f64> = before.iter().map(|r| r.0).collect();
+    let expect: Vec<f64> = (1..=ranks.len()).map(|i| i as f64).collect();
+    assert_eq!(
+        ranks, expect,
+        "{context}: {table} does not start in rank order"
     );
     let values = column(b, table, key);
     assert!(
@@ -527,18 +542,18 @@ fn check_sorting(b: &mut Browser, table: &str, rank: &str, key: &str, context: &
     };
     click(b, &th);
     let first_asc = sorted(b, None);
-    let once = rows(b, table, &keys);
+    let once = rows(b, table, rank);
     click(b, &th);
     sorted(b, Some(!first_asc));
-    let twice = rows(b, table, &keys);
-    let order = |r: &[Vec<f64>]| r.iter().map(|x| x[0]).collect::<Vec<_>>();
+    let twice = rows(b, table, rank);
+    let order = |r: &[(f64, String)]| r.iter().map(|x| x.0).collect::<Vec<_>>();
     assert_ne!(
         order(&once),
         order(&twice),
         "{context}: the second click on {key} did not reorder the rows"
     );
-    let canon = |r: &[Vec<f64>]| {
-        let mut s: Vec<String> = r.iter().map(|x| format!("{x:?}")).collect();
+    let canon = |r: &[(f64, String)]| {
+        let mut s: Vec<String> = r.iter().map(|x| x.1.clone()).collect();
         s.sort();
         s
     };
