@@ -857,6 +857,57 @@ fn predicted_components(
     Ok(v)
 }
 
+/// The measured run at `run_path`, checked to be a complete run of the plan
+/// file whose text is `plan_text` (same hash); with that hash.
+fn run_of_plan(plan_path: &str, plan_text: &str, run_path: &str) -> Result<(MeasuredRun, String)> {
+    let run = read_run(run_path)?;
+    let hash = format!("{:016x}", program::plan_hash(plan_text.as_bytes()));
+    if hash != run.plan_hash {
+        bail!(
+            "'{}' was measured on a different plan (hash {}) from '{}' ({hash})",
+            run_path,
+            run.plan_hash,
+            plan_path
+        );
+    }
+    if !run.complete {
+        bail!(
+            "'{}' is marked incomplete: {}",
+            run_path,
+            run.failure.as_deref().unwrap_or("no reason recorded")
+        );
+    }
+    Ok((run, hash))
+}
+
+/// What `report --run` shows: each component the run measured (or the cost model
+/// predicted) with both numbers, as `compare` prints them, and the run's device.
+pub fn measured_components(
+    plan_path: &str,
+    plan_text: &str,
+    plan: &PlanFile,
+    run_path: &str,
+) -> Result<(String, Vec<sextant_reports::Measured>)> {
+    let (run, _) = run_of_plan(plan_path, plan_text, run_path)?;
+    let rows = predicted_components(&run, &plan.hardware)?
+        .into_iter()
+        .map(|(name, p)| {
+            let m = if name == "step" {
+                run.median_step_secs().unwrap_or(0.0)
+            } else {
+                run.components.get(&name).copied().unwrap_or(0.0)
+            };
+            sextant_reports::Measured {
+                component: name,
+                predicted_secs: p,
+                measured_secs: m,
+            }
+        })
+        .filter(|r| r.predicted_secs != 0.0 || r.measured_secs != 0.0)
+        .collect();
+    Ok((format!("{} ({})", run.device, run.backend), rows))
+}
+
 pub fn cmd_compare(a: CompareArgs) -> Result<()> {
     let run_path = match (&a.run, &a.log) {
         (_, Some(log)) => {
@@ -874,23 +925,7 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
     };
     let text = read_text(Path::new(&a.plan), "plan")?;
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
-    let run = read_run(&run_path)?;
-    let hash = format!("{:016x}", program::plan_hash(text.as_bytes()));
-    if hash != run.plan_hash {
-        bail!(
-            "'{}' was measured on a different plan (hash {}) from '{}' ({hash})",
-            run_path,
-            run.plan_hash,
-            a.plan
-        );
-    }
-    if !run.complete {
-        bail!(
-            "'{}' is marked incomplete: {}",
-            run_path,
-            run.failure.as_deref().unwrap_or("no reason recorded")
-        );
-    }
+    let (run, hash) = run_of_plan(&a.plan, &text, &run_path)?;
     let before = predicted_components(&run, &plan.hardware)?;
     let after = match &a.calibration {
         Some(p) => {

@@ -121,6 +121,10 @@ struct ReportArgs {
     /// Replace the output file if it exists.
     #[arg(long)]
     force: bool,
+    /// A measured run of the plan's first configuration (`sextant exec ... --out
+    /// RUN.json`): section 9 then compares every component, as `compare` does.
+    #[arg(long, value_name = "RUN.json")]
+    run: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -508,7 +512,14 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     )));
     if let Some(path) = &a.report {
         rescore_sensitivity(&mut res, &inp.model, &inp.cluster, &inp.workload, &space);
-        write_report(&plan, &res.points, &res.sensitivity, path, a.common.force)?;
+        write_report(
+            &plan,
+            &res.points,
+            &res.sensitivity,
+            Measurements::default(),
+            path,
+            a.common.force,
+        )?;
     }
     let emit_target = a.emit.as_deref().map(Target::parse).transpose()?;
     let exported = match emit_target {
@@ -531,10 +542,18 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
 }
 
 /// Renders the report (pure, in reports/) and writes it.
+/// A measured run for the report's section 9: where it ran and its components.
+#[derive(Default)]
+struct Measurements {
+    device: String,
+    rows: Vec<sextant_reports::Measured>,
+}
+
 fn write_report(
     plan: &PlanFile,
     points: &[sextant_planner::search::Point],
     sensitivity: &[sextant_planner::search::Sensitivity],
+    measured: Measurements,
     path: &str,
     force: bool,
 ) -> Result<()> {
@@ -545,7 +564,8 @@ fn write_report(
         points,
         sensitivity,
         launch,
-        measured: &[],
+        measured: &measured.rows,
+        measured_on: &measured.device,
     });
     io::write_new(Path::new(path), &html, force)
 }
@@ -566,8 +586,22 @@ fn read_plan_rederived(path: &str) -> Result<PlanFile> {
 }
 
 fn cmd_report(a: ReportArgs) -> Result<()> {
-    io::check_outputs(&[("--output", &a.output)], &[("plan", &a.plan)], a.force)?;
+    let mut inputs = vec![("plan", a.plan.as_str())];
+    if let Some(r) = &a.run {
+        inputs.push(("--run", r.as_str()));
+    }
+    io::check_outputs(&[("--output", &a.output)], &inputs, a.force)?;
     let plan = read_plan_rederived(&a.plan)?;
+    // The run is checked against the file as written (its hash), before the
+    // search below.
+    let measured = match &a.run {
+        Some(run) => {
+            let text = io::read_text(Path::new(&a.plan), "plan file")?;
+            let (device, rows) = exec::measured_components(&a.plan, &text, &plan, run)?;
+            Measurements { device, rows }
+        }
+        None => Measurements::default(),
+    };
     // The plan file keeps the ranked plans, not every point: search the space it
     // records again for the charts (files from before it was recorded: the
     // default space, with the chosen plan's overlap settings).
@@ -606,7 +640,7 @@ fn cmd_report(a: ReportArgs) -> Result<()> {
     } else {
         (Vec::new(), Vec::new())
     };
-    write_report(&plan, &points, &sensitivity, &a.output, a.force)?;
+    write_report(&plan, &points, &sensitivity, measured, &a.output, a.force)?;
     println!("Report written to {}", a.output);
     Ok(())
 }

@@ -1,10 +1,13 @@
-//! The report's charts, drawn by plotters into SVG strings.
+//! The report's charts: the full scatter drawn by plotters into an SVG string; the
+//! charts with tooltips drawn by hand (`interactive`).
 
 use plotters::prelude::*;
+
+use crate::interactive::{self, legend, secs, Bar, Rgb, Stack};
 use sextant_planner::config::ParallelConfig;
 use sextant_planner::cost::{CommKind, Estimate};
 use sextant_planner::hardware::GIB;
-use sextant_planner::schedule::{simulate_schedule, Pass, PassCosts, Schedule, Task};
+use sextant_planner::schedule::{simulate_schedule, Pass, PassCosts, Schedule};
 use sextant_planner::search::Point;
 
 /// Most schedule passes drawn in the timeline (keeps the file small).
@@ -121,50 +124,37 @@ pub fn scatter(points: &[Point], top: &[&Estimate], capacity_gib: f64) -> String
                         )
                     }),
             )
-            .map_err(err)?
-            .label("valid configurations")
-            .legend(|(x, y)| {
-                Rectangle::new(
-                    [(x, y - 4), (x + 8, y + 4)],
-                    RGBColor(90, 120, 170).filled(),
-                )
-            });
+            .map_err(err)?;
         chart
             .draw_series(LineSeries::new(
                 front.clone(),
                 ShapeStyle::from(&BLACK).stroke_width(2),
             ))
-            .map_err(err)?
-            .label("Pareto front")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(2)));
+            .map_err(err)?;
         chart
             .draw_series(LineSeries::new(
                 vec![(capacity_gib, y_min), (capacity_gib, y_max)],
                 ShapeStyle::from(&RED).stroke_width(2),
             ))
-            .map_err(err)?
-            .label("HBM capacity")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], RED.stroke_width(2)));
+            .map_err(err)?;
         chart
             .draw_series(top.iter().enumerate().map(|(i, e)| {
                 let pt = (e.memory.total / GIB, e.step_secs.min(y_max));
-                EmptyElement::at(pt)
-                    + Circle::new((0, 0), 5, RGBColor(230, 140, 40).filled())
-                    + Text::new(format!("{}", i + 1), (6, -12), ("sans-serif", 12))
+                let _ = i;
+                EmptyElement::at(pt) + Circle::new((0, 0), 5, RGBColor(230, 140, 40).filled())
             }))
-            .map_err(err)?
-            .label("top plans")
-            .legend(|(x, y)| Circle::new((x + 4, y), 4, RGBColor(230, 140, 40).filled()));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
             .map_err(err)?;
         Ok(())
     })
 }
+
+/// The scatter's legend, drawn as HTML below it.
+pub const SCATTER_LEGEND: &[(&str, Rgb)] = &[
+    ("valid configurations (darker: more)", (90, 120, 170)),
+    ("Pareto front", (0, 0, 0)),
+    ("HBM plans may use", (255, 0, 0)),
+    ("ranked plans", (230, 140, 40)),
+];
 
 /// The step-time components of one plan, in drawing order.
 pub fn components(e: &Estimate) -> Vec<(&'static str, f64)> {
@@ -198,184 +188,66 @@ pub fn components(e: &Estimate) -> Vec<(&'static str, f64)> {
 
 /// One stacked bar per plan, with its error band as an error bar.
 pub fn stacked_bars(plans: &[&Estimate]) -> String {
-    let y_max = plans
+    let series: Vec<(&str, Rgb)> = PALETTE.iter().map(|(n, c)| (*n, (c.0, c.1, c.2))).collect();
+    let stacks: Vec<Stack> = plans
         .iter()
-        .map(|e| {
-            e.band
-                .as_ref()
-                .map(|b| b.high_secs)
-                .unwrap_or(e.step_secs)
-                .max(e.step_secs)
+        .enumerate()
+        .map(|(i, e)| Stack {
+            label: format!("#{}", i + 1),
+            tip: format!("plan #{} (step {})", i + 1, secs(e.step_secs)),
+            values: components(e).into_iter().map(|(_, v)| v).collect(),
+            whisker: e.band.as_ref().map(|b| (b.low_secs, b.high_secs)),
         })
-        .fold(0.0, f64::max)
-        * 1.1;
-    render((900, 420), |root| {
-        let mut chart = ChartBuilder::on(root)
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(64)
-            .build_cartesian_2d(0f64..plans.len() as f64 + 2.8, 0f64..y_max.max(1e-9))
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("plan")
-            .y_desc("seconds per step")
-            .x_labels(plans.len() + 3)
-            .x_label_formatter(&|x| {
-                if x.fract().abs() < 1e-9 && *x >= 1.0 && (*x as usize) <= plans.len() {
-                    format!("#{}", *x as usize)
-                } else {
-                    String::new()
-                }
-            })
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(err)?;
-        for (name, col) in PALETTE {
-            let mut bars = Vec::new();
-            for (i, e) in plans.iter().enumerate() {
-                let parts = components(e);
-                let below: f64 = parts
-                    .iter()
-                    .take_while(|(n, _)| n != name)
-                    .map(|(_, v)| v)
-                    .sum();
-                let v = parts
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| *v)
-                    .unwrap_or(0.0);
-                if v > 0.0 {
-                    let x = i as f64 + 1.0;
-                    bars.push(Rectangle::new(
-                        [(x - 0.35, below), (x + 0.35, below + v)],
-                        col.filled(),
-                    ));
-                }
-            }
-            chart
-                .draw_series(bars)
-                .map_err(err)?
-                .label(*name)
-                .legend(move |(x, y)| Rectangle::new([(x, y - 4), (x + 8, y + 4)], col.filled()));
-        }
-        let whiskers: Vec<PathElement<(f64, f64)>> = plans
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| {
-                e.band
-                    .as_ref()
-                    .map(|b| (i as f64 + 1.0, b.low_secs, b.high_secs))
-            })
-            .flat_map(|(x, lo, hi)| {
-                vec![
-                    PathElement::new(vec![(x, lo), (x, hi)], BLACK.stroke_width(2)),
-                    PathElement::new(vec![(x - 0.12, lo), (x + 0.12, lo)], BLACK.stroke_width(2)),
-                    PathElement::new(vec![(x - 0.12, hi), (x + 0.12, hi)], BLACK.stroke_width(2)),
-                ]
-            })
-            .collect();
-        chart
-            .draw_series(whiskers)
-            .map_err(err)?
-            .label("error band")
-            .legend(|(x, y)| {
-                PathElement::new(vec![(x + 4, y - 5), (x + 4, y + 5)], BLACK.stroke_width(2))
-            });
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        Ok(())
-    })
+        .collect();
+    let mut s =
+        interactive::stacked_bars("bars", &series, &stacks, None, "seconds per step", &secs);
+    s.push_str(&legend(&series));
+    s
 }
 
-/// Memory per pipeline stage, stacked by component, against capacity.
+/// Memory per pipeline stage, stacked by component, against the HBM plans may use.
 pub fn stage_memory(e: &Estimate, capacity_gib: f64) -> String {
-    let parts = |m: &sextant_planner::memory::StageMemory| {
-        [
-            ("weights", m.weights, RGBColor(70, 110, 180)),
-            ("gradients", m.gradients, RGBColor(60, 160, 90)),
-            ("optimizer", m.optimizer, RGBColor(230, 140, 40)),
-            ("activations", m.activations, RGBColor(200, 90, 160)),
-            (
-                "other (logits, buffers, fragmentation, reserve)",
-                m.logits + m.buffers + m.fragmentation + m.reserve,
-                RGBColor(150, 150, 150),
-            ),
-        ]
-    };
-    let n = e.stages.len();
-    let y_max = e
+    let series: [(&str, Rgb); 5] = [
+        ("weights", (70, 110, 180)),
+        ("gradients", (60, 160, 90)),
+        ("optimizer", (230, 140, 40)),
+        ("activations", (200, 90, 160)),
+        (
+            "other (logits, buffers, fragmentation, reserve)",
+            (150, 150, 150),
+        ),
+    ];
+    let stacks: Vec<Stack> = e
         .stages
         .iter()
-        .map(|s| s.memory.total / GIB)
-        .fold(capacity_gib, f64::max)
-        * 1.6;
-    render((900, 400), |root| {
-        let mut chart = ChartBuilder::on(root)
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(56)
-            .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0f64..y_max)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("pipeline stage")
-            .y_desc("GiB per GPU")
-            .x_labels(n.min(16))
-            .x_label_formatter(&|x| {
-                if (x - x.round()).abs() < 1e-6 {
-                    format!("{}", x.round() as i64)
-                } else {
-                    String::new()
-                }
-            })
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(err)?;
-        for k in 0..5 {
-            let (name, _, col) = parts(&e.stages[0].memory)[k];
-            let bars: Vec<_> = e
-                .stages
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    let p = parts(&s.memory);
-                    let below: f64 = p[..k].iter().map(|x| x.1).sum::<f64>() / GIB;
-                    let x = i as f64;
-                    Rectangle::new(
-                        [(x - 0.4, below), (x + 0.4, below + p[k].1 / GIB)],
-                        col.filled(),
-                    )
-                })
-                .collect();
-            chart
-                .draw_series(bars)
-                .map_err(err)?
-                .label(name)
-                .legend(move |(x, y)| Rectangle::new([(x, y - 4), (x + 8, y + 4)], col.filled()));
-        }
-        chart
-            .draw_series(LineSeries::new(
-                vec![(-0.5, capacity_gib), (n as f64 - 0.5, capacity_gib)],
-                ShapeStyle::from(&RED).stroke_width(2),
-            ))
-            .map_err(err)?
-            .label("HBM capacity")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], RED.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        Ok(())
-    })
+        .map(|st| {
+            let m = &st.memory;
+            Stack {
+                label: st.stage.to_string(),
+                tip: format!("stage {} ({:.1} GiB)", st.stage, m.total / GIB),
+                values: vec![
+                    m.weights / GIB,
+                    m.gradients / GIB,
+                    m.optimizer / GIB,
+                    m.activations / GIB,
+                    (m.logits + m.buffers + m.fragmentation + m.reserve) / GIB,
+                ],
+                whisker: None,
+            }
+        })
+        .collect();
+    let mut s = interactive::stacked_bars(
+        "stage-memory",
+        &series,
+        &stacks,
+        Some((capacity_gib, "HBM plans may use")),
+        "GiB per GPU",
+        &|v| format!("{v:.2} GiB"),
+    );
+    let mut items = series.to_vec();
+    items.push(("HBM plans may use", (221, 34, 34)));
+    s.push_str(&legend(&items));
+    s
 }
 
 /// The pipeline schedule of one step (the first micro-batches when the step has
@@ -433,6 +305,20 @@ pub fn gantt(e: &Estimate, cfg: &ParallelConfig, p2p_secs: f64) -> (String, Stri
             "The schedule could not be simulated for this plan.".into(),
         );
     };
+    // Interleaving needs at least `pp` micro-batches simulated, which for deep
+    // virtual pipelines is thousands of passes: draw those that start before the
+    // MAX_GANTT_TASKS-th start (the warm-up and the start of the steady state).
+    let full_span = tasks.iter().map(|t| t.end).fold(0.0, f64::max).max(1e-9);
+    let mut tasks = tasks;
+    let cut = if tasks.len() as u64 > MAX_GANTT_TASKS {
+        let mut starts: Vec<f64> = tasks.iter().map(|t| t.start).collect();
+        starts.sort_by(f64::total_cmp);
+        let cutoff = starts[MAX_GANTT_TASKS as usize];
+        tasks.retain(|t| t.start < cutoff);
+        Some(cutoff)
+    } else {
+        None
+    };
     let span = tasks.iter().map(|t| t.end).fold(0.0, f64::max).max(1e-9);
     let passes = if split {
         "forward passes blue, backward green, weight gradients yellow"
@@ -445,48 +331,63 @@ pub fn gantt(e: &Estimate, cfg: &ParallelConfig, p2p_secs: f64) -> (String, Stri
         vpp.to_string()
     };
     let caption = if shown < m {
-        format!("{} schedule, {shown} of {m} micro-batches shown (the steady state repeats); {passes}; {pp} stages x {chunks} chunks.", schedule.name())
+        format!("{} schedule, {shown} of {m} micro-batches shown (the steady state repeats); {passes}; {pp} stages x {chunks} chunks; numbers are micro-batches.", schedule.name())
     } else {
         format!(
-            "{} schedule, all {m} micro-batches; {passes}; {pp} stages x {chunks} chunks.",
+            "{} schedule, all {m} micro-batches; {passes}; {pp} stages x {chunks} chunks; numbers are micro-batches.",
             schedule.name()
         )
     };
-    let svg = render((900, (60 + 22 * pp.min(64)) as u32 + 40), |root| {
-        let mut chart = ChartBuilder::on(root)
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0f64..span, -0.5f64..pp as f64 - 0.5)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds")
-            .y_desc("pipeline rank")
-            .y_labels(pp.min(16) as usize)
-            .y_label_formatter(&|y| {
-                if (y - y.round()).abs() < 1e-6 {
-                    format!("{}", y.round() as i64)
-                } else {
-                    String::new()
-                }
-            })
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(err)?;
-        let rect = |t: &Task| {
+    let caption = match cut {
+        Some(c) => format!(
+            "{caption} The passes that start in the first {} of the {} these micro-batches take are drawn.",
+            secs(c),
+            secs(full_span)
+        ),
+        None => caption,
+    };
+    let bars: Vec<Bar> = tasks
+        .iter()
+        .filter(|t| t.rank < 64)
+        .map(|t| {
             // Alternate chunks are lighter, so interleaving is visible.
-            let shade = if t.chunk.is_multiple_of(2) { 1.0 } else { 0.7 };
-            let col = match t.pass {
-                Pass::Forward => RGBColor(70, 110, 180).mix(shade),
-                Pass::Backward => RGBColor(60, 160, 90).mix(shade),
-                Pass::Weight => RGBColor(200, 170, 60).mix(shade),
+            let light = usize::from(!t.chunk.is_multiple_of(2));
+            let (name, base) = match t.pass {
+                Pass::Forward => ("forward", 0),
+                Pass::Backward => ("backward", 2),
+                Pass::Weight => ("weight gradient", 4),
             };
-            let y = t.rank as f64;
-            Rectangle::new([(t.start, y - 0.4), (t.end, y + 0.4)], col.filled())
-        };
-        chart.draw_series(tasks.iter().map(rect)).map_err(err)?;
-        Ok(())
-    });
+            let c = base + light;
+            Bar {
+                rank: t.rank,
+                start: t.start,
+                end: t.end,
+                color: c,
+                label: t.micro_batch.to_string(),
+                tip: format!(
+                    "rank {}, micro-batch {}, chunk {}: {name} {} to {}",
+                    t.rank,
+                    t.micro_batch,
+                    t.chunk,
+                    secs(t.start),
+                    secs(t.end)
+                ),
+            }
+        })
+        .collect();
+    let colors: [Rgb; 6] = [
+        (70, 110, 180),
+        (120, 150, 205),
+        (60, 160, 90),
+        (110, 190, 130),
+        (200, 170, 60),
+        (220, 195, 110),
+    ];
+    let svg = interactive::timeline(&bars, &colors, pp.min(64), span);
+    let caption = if pp > 64 {
+        format!("{caption} Pipeline ranks 0 to 63 of {pp} drawn.")
+    } else {
+        caption
+    };
     (svg, caption)
 }

@@ -1,11 +1,14 @@
-//! Sextant's HTML cost report: one self-contained file (inline CSS and SVG, no
-//! scripts, fonts or links fetched from anywhere) that shows why the recommended
-//! plan wins and what it would take to do better.
+//! Sextant's HTML cost report: one self-contained file (inline CSS, SVG and one
+//! inline script; no fonts, scripts or links fetched from anywhere) that shows why
+//! the recommended plan wins and what it would take to do better. Without
+//! JavaScript it is a static page; with it, tables sort and filter, every chart
+//! mark shows a tooltip and the timeline zooms.
 //!
 //! Rendering is a pure function from plan data to a string; the CLI gathers the
 //! inputs (it runs the search, the exporter) and writes the file.
 
 mod charts;
+mod interactive;
 
 use std::fmt::Write;
 
@@ -14,6 +17,8 @@ use sextant_planner::cost::CommKind;
 use sextant_planner::hardware::GIB;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::search::{Point, Sensitivity};
+
+use interactive::{secs, PlanMark, SensRow, SCRIPT, STYLE};
 
 /// The report's sections, in order: (id, heading).
 pub const SECTIONS: &[(&str, &str)] = &[
@@ -45,6 +50,8 @@ pub struct ReportInput<'a> {
     pub launch: Result<String, String>,
     /// Measured timings of the chosen plan, when an executor run exists.
     pub measured: &'a [Measured],
+    /// Where they were measured (device and backend); empty without a run.
+    pub measured_on: &'a str,
 }
 
 /// Escapes text for HTML.
@@ -55,28 +62,13 @@ pub fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn secs(x: f64) -> String {
-    if x >= 1.0 {
-        format!("{x:.3} s")
-    } else {
-        format!("{:.1} ms", x * 1e3)
-    }
-}
-
-const STYLE: &str = "body{font-family:sans-serif;margin:24px auto;max-width:960px;color:#222}\
-h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}\
-table{border-collapse:collapse;font-size:12px;margin:6px 0}td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}\
-th{background:#f3f3f3}td.l,th.l{text-align:left}tr.best{background:#fff4e0}.note{color:#555;font-size:12px}\
-pre{background:#f6f6f6;padding:8px;font-size:11px;white-space:pre-wrap}svg{max-width:100%;height:auto}\
-@media print{section{page-break-inside:avoid}body{margin:0}}";
-
 pub fn render(input: &ReportInput) -> String {
     let plan = input.plan;
     let hw = &plan.hardware;
     let best = &plan.plans[0];
     let cap = hw.gpu.hbm_gib;
     let mut h = String::new();
-    let _ = write!(h, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>Sextant plan: {} on {} GPUs</title>\n<style>{STYLE}</style>\n</head>\n<body>\n", esc(&plan.model.name), plan.gpus);
+    let _ = write!(h, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>Sextant plan: {} on {} GPUs</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<div id=\"tip\" role=\"tooltip\"></div>\n", esc(&plan.model.name), plan.gpus);
     let _ = writeln!(
         h,
         "<h1>Sextant plan: {} on {} x {}</h1>\n<p>Best plan: TP {} PP {} VPP {} CP {} EP {} DP {}, step {} ({:.0} tokens/s/GPU, MFU {:.1}%). {}</p>",
@@ -192,7 +184,8 @@ pub fn render(input: &ReportInput) -> String {
     }
     let _ = writeln!(
         b,
-        "</tbody></table>\n<p class=\"note\">Profile sources:</p>\n<table><tbody>"
+        "</tbody></table>\n<details id=\"sources\"><summary>Profile sources ({} entries)</summary>\n<div class=\"scroll\"><table><tbody>",
+        hw.sources.len()
     );
     for (k, v) in &hw.sources {
         let _ = writeln!(
@@ -202,29 +195,90 @@ pub fn render(input: &ReportInput) -> String {
             esc(v)
         );
     }
-    let _ = writeln!(b, "</tbody></table>");
+    let _ = writeln!(b, "</tbody></table></div></details>");
     section(&mut h, "inputs", b);
 
     // 2. Ranked plans.
     let mut b = String::new();
-    let _ = writeln!(b, "<table><thead><tr><th>#</th><th>TP</th><th>PP</th><th>VPP</th><th>CP</th><th>SP</th><th>EP</th><th>ETP</th><th>DP</th><th>MBS</th><th>GA</th><th>ZeRO</th><th>RC</th><th>step</th><th>band</th><th>tok/s/GPU</th><th>MFU</th><th>mem GiB / cap</th><th>bubble</th><th>exposed comm</th></tr></thead><tbody>");
+    let _ = writeln!(b, "<p><input id=\"ranked-filter\" type=\"search\" placeholder=\"filter plans, e.g. TP 8 or ZeRO 1\" aria-label=\"filter plans\"> <span class=\"note\">Click a column to sort.</span></p>");
+    let heads = [
+        ("rank", "#"),
+        ("tp", "TP"),
+        ("pp", "PP"),
+        ("vpp", "VPP"),
+        ("cp", "CP"),
+        ("sp", "SP"),
+        ("ep", "EP"),
+        ("etp", "ETP"),
+        ("dp", "DP"),
+        ("mbs", "MBS"),
+        ("ga", "GA"),
+        ("zero", "ZeRO"),
+        ("rc", "RC"),
+        ("step", "step"),
+        ("band", "80% band"),
+        ("tps", "tok/s/GPU"),
+        ("mfu", "MFU"),
+        ("mem", "mem GiB / cap"),
+        ("bubble", "bubble"),
+        ("comm", "exposed comm"),
+    ];
+    let _ = writeln!(
+        b,
+        "<div class=\"scroll\"><table id=\"ranked\" class=\"sortable\"><thead><tr>{}</tr></thead><tbody>",
+        heads
+            .iter()
+            .map(|(k, t)| format!("<th data-key=\"{k}\">{t}</th>"))
+            .collect::<String>()
+    );
     for rp in &plan.plans {
         let c = &rp.config;
         let e = &rp.estimate;
-        let band = e
+        let (band, band_v) = e
             .band
             .as_ref()
-            .map(|b| format!("{:.3}-{:.3} s", b.low_secs, b.high_secs))
-            .unwrap_or_else(|| "-".into());
+            .map(|b| {
+                (
+                    format!("{}&ndash;{}", secs(b.low_secs), secs(b.high_secs)),
+                    b.high_secs,
+                )
+            })
+            .unwrap_or_else(|| ("-".into(), e.step_secs));
+        let zero = c.zero.to_string();
+        let rc = c.recompute_label();
+        let desc = format!(
+            "TP {} PP {} VPP {} CP {} EP {} ETP {} DP {} MBS {} ZeRO {} RC {}",
+            c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.dp, c.mbs, zero, rc
+        );
+        let num = |v: f64, text: String| format!("<td data-v=\"{v}\">{text}</td>");
         let _ = writeln!(
             b,
-            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.1}%</td><td>{:.1} / {:.1}</td><td>{:.1}%</td><td>{:.1}%</td></tr>",
+            "<tr{} data-desc=\"{}\">{}{}{}{}{}<td data-v=\"{}\">{}</td>{}{}{}{}{}<td>{}</td><td>{}</td>{}<td data-v=\"{band_v}\">{band}</td>{}{}{}{}{}</tr>",
             if rp.rank == 1 { " class=\"best\"" } else { "" },
-            rp.rank, c.tp, c.pp, c.vpp, c.cp, if c.sp { "y" } else { "n" }, c.ep, c.etp, c.dp, c.mbs, e.micro_batches, esc(&c.zero.to_string()), esc(&c.recompute_label()),
-            secs(e.step_secs), band, e.tokens_per_sec_per_gpu, 100.0 * e.mfu, e.memory.total / GIB, cap, 100.0 * e.bubble_fraction, 100.0 * e.exposed_comm_fraction
+            esc(&desc),
+            num(rp.rank as f64, rp.rank.to_string()),
+            num(c.tp as f64, c.tp.to_string()),
+            num(c.pp as f64, c.pp.to_string()),
+            num(c.vpp as f64, c.vpp.to_string()),
+            num(c.cp as f64, c.cp.to_string()),
+            u8::from(c.sp),
+            if c.sp { "y" } else { "n" },
+            num(c.ep as f64, c.ep.to_string()),
+            num(c.etp as f64, c.etp.to_string()),
+            num(c.dp as f64, c.dp.to_string()),
+            num(c.mbs as f64, c.mbs.to_string()),
+            num(e.micro_batches as f64, e.micro_batches.to_string()),
+            esc(&zero),
+            esc(&rc),
+            num(e.step_secs, secs(e.step_secs)),
+            num(e.tokens_per_sec_per_gpu, format!("{:.0}", e.tokens_per_sec_per_gpu)),
+            num(e.mfu, format!("{:.1}%", 100.0 * e.mfu)),
+            num(e.memory.total / GIB, format!("{:.1} / {:.1}", e.memory.total / GIB, cap)),
+            num(e.bubble_fraction, format!("{:.1}%", 100.0 * e.bubble_fraction)),
+            num(e.exposed_comm_fraction, format!("{:.1}%", 100.0 * e.exposed_comm_fraction)),
         );
     }
-    let _ = writeln!(b, "</tbody></table>");
+    let _ = writeln!(b, "</tbody></table></div>");
     if let Some(band) = &best.estimate.band {
         let _ = writeln!(b, "<p class=\"note\">The band holds the measured step time with probability {:.0}% if the cost model errs on these plans as it did on {} (published measurements).</p>", 100.0 * band.coverage, esc(&band.basis));
     }
@@ -248,15 +302,55 @@ pub fn render(input: &ReportInput) -> String {
     } else {
         input.points
     };
+    let marks: Vec<PlanMark> = plan
+        .plans
+        .iter()
+        .map(|rp| {
+            let c = &rp.config;
+            let e = &rp.estimate;
+            PlanMark {
+                rank: rp.rank,
+                step_secs: e.step_secs,
+                peak_gib: e.memory.total / GIB,
+                tip: format!(
+                    "#{}: TP {} PP {} VPP {} CP {} EP {} DP {} MBS {} ZeRO {} RC {}; step {}{}; peak {:.1} of {:.1} GiB",
+                    rp.rank,
+                    c.tp,
+                    c.pp,
+                    c.vpp,
+                    c.cp,
+                    c.ep,
+                    c.dp,
+                    c.mbs,
+                    c.zero,
+                    c.recompute_label(),
+                    secs(e.step_secs),
+                    e.band
+                        .as_ref()
+                        .map(|b| format!(" (80% band {} to {})", secs(b.low_secs), secs(b.high_secs)))
+                        .unwrap_or_default(),
+                    e.memory.total / GIB,
+                    cap
+                ),
+            }
+        })
+        .collect();
+    let cloud: Vec<(f64, f64)> = pts.iter().map(|p| (p.step_secs, p.peak_gib)).collect();
+    if !input.points.is_empty() {
+        let _ = writeln!(b, "<p>The region that matters: every configuration up to a little above the slowest ranked plan. Hover a mark for its configuration.</p>");
+        b.push_str(&interactive::zoomed_scatter(&cloud, &marks, cap));
+        let _ = writeln!(b, "<p>The whole space:</p>");
+    }
     b.push_str(&charts::scatter(pts, &tops, cap));
-    let _ = writeln!(b, "<p class=\"note\">{} valid configurations (shaded by density; step times above 4x the best are clipped). The front is the fastest plan at or below each memory level; numbers mark the ranked plans.</p>", pts.len());
+    b.push_str(&interactive::legend(charts::SCATTER_LEGEND));
+    let _ = writeln!(b, "<p class=\"note\">{} valid configurations (shaded by density; step times above 4x the best are clipped). The front is the fastest plan at or below each memory level.</p>", pts.len());
     section(&mut h, "space", b);
 
     // 4. Stacked bars.
     let mut b = charts::stacked_bars(&tops);
     let _ = writeln!(
         b,
-        "<table><thead><tr><th>#</th>{}<th>step</th></tr></thead><tbody>",
+        "<div class=\"scroll\"><table><thead><tr><th>#</th>{}<th>step</th></tr></thead><tbody>",
         charts::PALETTE
             .iter()
             .map(|(n, _)| format!("<th>{n}</th>"))
@@ -275,7 +369,7 @@ pub fn render(input: &ReportInput) -> String {
             secs(rp.estimate.step_secs)
         );
     }
-    let _ = writeln!(b, "</tbody></table><p class=\"note\">Communication is the part not hidden behind compute; \"other\" is the optimizer step and the slowdown of compute that shares the GPU with overlapped communication.</p>");
+    let _ = writeln!(b, "</tbody></table></div><p class=\"note\">Communication is the part not hidden behind compute; \"other\" is the optimizer step and the slowdown of compute that shares the GPU with overlapped communication.</p>");
     section(&mut h, "breakdown", b);
 
     // 5. Memory per stage.
@@ -326,16 +420,87 @@ pub fn render(input: &ReportInput) -> String {
             .iter()
             .map(|s| s.step_secs)
             .fold(f64::INFINITY, f64::min);
-        let _ = writeln!(b, "<p>Best plan with one dimension held at each value it can take (step times with the schedule simulated, as for the ranked plans above):</p><table><thead><tr><th class=\"l\">dimension</th><th>value</th><th>best step</th><th>vs best</th><th class=\"l\">that plan</th></tr></thead><tbody>");
+        let _ = writeln!(b, "<p>Best plan with one dimension held at each value it can take (step times with the schedule simulated, as for the ranked plans above), over the best plan:</p><div id=\"sensitivity\">");
+        let mut dims: Vec<&str> = Vec::new();
         for s in input.sensitivity {
-            let c = &s.config;
+            if !dims.contains(&s.dimension) {
+                dims.push(s.dimension);
+            }
+        }
+        let delta = |s: &Sensitivity| s.step_secs / best_step - 1.0;
+        let scale = input
+            .sensitivity
+            .iter()
+            .map(delta)
+            .filter(|d| d.is_finite())
+            .fold(0.0, f64::max)
+            .min(1.0);
+        let describe = |c: &sextant_planner::config::ParallelConfig| {
+            format!(
+                "TP {} PP {} VPP {} CP {} EP {} DP {} MBS {} ZeRO {} RC {}",
+                c.tp,
+                c.pp,
+                c.vpp,
+                c.cp,
+                c.ep,
+                c.dp,
+                c.mbs,
+                c.zero,
+                c.recompute_label()
+            )
+        };
+        for d in &dims {
+            let mut held: Vec<&Sensitivity> = input
+                .sensitivity
+                .iter()
+                .filter(|s| s.dimension == *d)
+                .collect();
+            // Numbers in numeric order; names (schedules, recomputation) as searched.
+            if held.iter().all(|s| s.value.parse::<f64>().is_ok()) {
+                held.sort_by(|a, b| {
+                    let x: f64 = a.value.parse().unwrap_or(0.0);
+                    let y: f64 = b.value.parse().unwrap_or(0.0);
+                    x.total_cmp(&y)
+                });
+            }
+            let rows: Vec<SensRow> = held
+                .into_iter()
+                .map(|s| SensRow {
+                    value: s.value.clone(),
+                    delta: delta(s),
+                    tip: format!(
+                        "{} = {}: best step {} ({:+.1}%), {}",
+                        d,
+                        s.value,
+                        secs(s.step_secs),
+                        100.0 * delta(s),
+                        describe(&s.config)
+                    ),
+                })
+                .collect();
+            b.push_str(&interactive::sensitivity_multiple(d, &rows, scale));
+        }
+        let _ = writeln!(b, "</div><details><summary>The same as a table ({} rows)</summary><div class=\"scroll\"><table class=\"sortable\"><thead><tr><th class=\"l\" data-key=\"dim\">dimension</th><th data-key=\"value\">value</th><th data-key=\"step\">best step</th><th data-key=\"delta\">vs best</th><th class=\"l\">that plan</th></tr></thead><tbody>", input.sensitivity.len());
+        let mut sorted: Vec<&Sensitivity> = input.sensitivity.iter().collect();
+        sorted.sort_by(|a, b| {
+            let da = dims.iter().position(|d| *d == a.dimension);
+            let db = dims.iter().position(|d| *d == b.dimension);
+            da.cmp(&db).then(a.step_secs.total_cmp(&b.step_secs))
+        });
+        for s in &sorted {
             let _ = writeln!(
                 b,
-                "<tr><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:+.1}%</td><td class=\"l\">TP {} PP {} VPP {} CP {} EP {} DP {} MBS {} ZeRO {} RC {}</td></tr>",
-                s.dimension, esc(&s.value), secs(s.step_secs), 100.0 * (s.step_secs / best_step - 1.0), c.tp, c.pp, c.vpp, c.cp, c.ep, c.dp, c.mbs, esc(&c.zero.to_string()), esc(&c.recompute_label())
+                "<tr><td class=\"l\">{}</td><td>{}</td><td data-v=\"{}\">{}</td><td data-v=\"{}\">{:+.1}%</td><td class=\"l\">{}</td></tr>",
+                s.dimension,
+                esc(&s.value),
+                s.step_secs,
+                secs(s.step_secs),
+                delta(s),
+                100.0 * delta(s),
+                esc(&describe(&s.config))
             );
         }
-        let _ = writeln!(b, "</tbody></table>");
+        let _ = writeln!(b, "</tbody></table></div></details>");
     }
     section(&mut h, "others", b);
 
@@ -348,24 +513,52 @@ pub fn render(input: &ReportInput) -> String {
 
     // 9. Measured.
     let b = if input.measured.is_empty() {
-        "<p class=\"note\">No measured run is attached to this plan. A run of the plan on GPUs (the executor) produces one; this section then compares every component.</p>\n".to_string()
+        "<p class=\"note\">No measured run is attached to this plan. Run the plan with the executor (`sextant exec plan.json --out run.json`) and give the run to `sextant report plan.json --run run.json -o report.html`: this section then compares every component.</p>\n".to_string()
     } else {
-        let mut b = String::from("<table><thead><tr><th class=\"l\">component</th><th>predicted</th><th>measured</th><th>error</th></tr></thead><tbody>\n");
-        for r in input.measured {
+        let mut b = format!(
+            "<p>Measured on {}: each component's predicted time over its measured time, per step, on the slowest rank (as <code>sextant compare</code> prints it).</p>\n",
+            esc(input.measured_on)
+        );
+        let series: [(&str, interactive::Rgb); 2] =
+            [("predicted", (70, 110, 180)), ("measured", (230, 140, 40))];
+        b.push_str(&interactive::paired_bars(
+            "measured-chart",
+            &series,
+            &input
+                .measured
+                .iter()
+                .filter(|r| r.component != "step")
+                .map(|r| (r.component.clone(), [r.predicted_secs, r.measured_secs]))
+                .collect::<Vec<_>>(),
+            "seconds per step",
+            &secs,
+        ));
+        b.push_str(&interactive::legend(&series));
+        b.push_str("<div class=\"scroll\"><table class=\"sortable\"><thead><tr><th class=\"l\" data-key=\"component\">component</th><th data-key=\"predicted\">predicted</th><th data-key=\"measured\">measured</th><th data-key=\"ratio\">predicted / measured</th></tr></thead><tbody>\n");
+        for (i, r) in input.measured.iter().enumerate() {
+            let ratio = if r.measured_secs > 0.0 && r.predicted_secs > 0.0 {
+                Some(r.predicted_secs / r.measured_secs)
+            } else {
+                None
+            };
             let _ = writeln!(
                 b,
-                "<tr><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{:+.1}%</td></tr>",
+                "<tr{}><td class=\"l\" data-v=\"{i}\">{}</td><td data-v=\"{}\">{}</td><td data-v=\"{}\">{}</td><td data-v=\"{}\">{}</td></tr>",
+                if r.component == "step" { " class=\"best\"" } else { "" },
                 esc(&r.component),
+                r.predicted_secs,
                 secs(r.predicted_secs),
+                r.measured_secs,
                 secs(r.measured_secs),
-                100.0 * (r.predicted_secs / r.measured_secs - 1.0)
+                ratio.unwrap_or(f64::NAN),
+                ratio.map_or("-".to_string(), |x| format!("{x:.2}x"))
             );
         }
-        b.push_str("</tbody></table>\n");
+        b.push_str("</tbody></table></div>\n");
         b
     };
     section(&mut h, "measured", b);
 
-    h.push_str("</body>\n</html>\n");
+    let _ = write!(h, "<script>{SCRIPT}</script>\n</body>\n</html>\n");
     h
 }

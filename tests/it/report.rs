@@ -35,6 +35,12 @@ fn balanced(html: &str) -> Result<(), String> {
         if tag.starts_with('!') {
             continue;
         }
+        // A script's text is not markup: skip to its end tag.
+        if tag == "script" || tag.starts_with("script ") {
+            let close = rest.find("</script>").ok_or("unclosed <script>")?;
+            rest = &rest[close + "</script>".len()..];
+            continue;
+        }
         if let Some(name) = tag.strip_prefix('/') {
             let open = stack
                 .pop()
@@ -78,19 +84,140 @@ fn check_structure(html: &str) {
         .map(|s| &s[..s.find("</svg>").expect("closed svg")])
         .collect();
     assert!(svgs.len() >= 4, "expected 4 charts, found {}", svgs.len());
-    for svg in &svgs {
+    for svg in svgs.iter().filter(|s| !s.contains("class=\"sens")) {
         let shapes = svg.matches("<rect").count()
             + svg.matches("<circle").count()
             + svg.matches("<polyline").count()
             + svg.matches("<path").count();
-        assert!(shapes > 10, "a chart is (nearly) empty: {shapes} shapes");
+        // plotters' charts draw many shapes; the hand-drawn ones (one shape per
+        // mark, each with a tooltip) at least a background and one mark.
+        let marks = svg.matches("data-tip=").count();
+        assert!(
+            shapes > 10 || (shapes >= 2 && marks >= 1),
+            "a chart is (nearly) empty: {shapes} shapes, {marks} marks"
+        );
     }
-    // Self-contained: nothing fetched from anywhere.
+    // Self-contained: one inline script, nothing fetched from anywhere.
+    assert_eq!(html.matches("<script").count(), 1, "one script");
+    assert!(
+        html.contains("<script>(function(){"),
+        "the script is inline"
+    );
     for bad in [
-        "http://", "https://", "<script", "src=", "href=", "url(", "@import",
+        "http://",
+        "https://",
+        "src=",
+        "href=",
+        "url(",
+        "@import",
+        "fetch(",
+        "XMLHttpRequest",
+        "import(",
+        "eval(",
     ] {
         assert!(!html.contains(bad), "report contains '{bad}'");
     }
+    // What the script drives (tests/it/browser.rs drives it in Chromium).
+    for id in [
+        "id=\"ranked\"",
+        "id=\"ranked-filter\"",
+        "id=\"tip\"",
+        "id=\"bars\"",
+        "id=\"stage-memory\"",
+        "id=\"timeline\"",
+        "id=\"tl-zoom-in\"",
+        "id=\"sources\"",
+    ] {
+        assert!(html.contains(id), "report lacks {id}");
+    }
+    assert!(!html.contains("-0.0 ms"), "a negative zero is printed");
+    // A searched plan's report zooms into the region that matters.
+    if html.contains("valid configurations (shaded") && !html.contains("estimated, not searched") {
+        assert!(html.contains("id=\"scatter-zoom\""), "no zoomed scatter");
+    }
+}
+
+/// `report --run RUN.json` fills section 9 with each component predicted and
+/// measured (the executor's run of the plan on 8 CPU ranks); a run of another
+/// plan is refused in one line.
+#[test]
+fn report_with_a_measured_run_compares_components() {
+    let plan = tmp("run-plan.json");
+    let run = tmp("run-run.json");
+    let html = tmp("run-report.html");
+    for p in [&plan, &run, &html] {
+        let _ = std::fs::remove_file(p);
+    }
+    let p = plan.to_str().unwrap();
+    let o = sextant(&[
+        "estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--json", "--out", p,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sextant(&[
+        "exec",
+        p,
+        "--ranks",
+        "8",
+        "--max-steps",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sextant(&[
+        "report",
+        p,
+        "--run",
+        run.to_str().unwrap(),
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&html).unwrap();
+    check_structure(&text);
+    let nine = &text[text.find("<section id=\"measured\">").unwrap()..];
+    let nine = &nine[..nine.find("</section>").unwrap()];
+    assert!(nine.contains("id=\"measured-chart\""), "{nine}");
+    assert!(!nine.contains("No measured run"), "{nine}");
+    for component in ["attention_proj", "mlp", "step"] {
+        assert!(
+            nine.contains(&format!(">{component}</td>")),
+            "{component} missing: {nine}"
+        );
+    }
+    // A run of a different plan: one line naming both files.
+    let other = tmp("run-other.json");
+    let _ = std::fs::remove_file(&other);
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--tp",
+        "4",
+        "--pp",
+        "2",
+        "--json",
+        "--out",
+        other.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let o = sextant(&[
+        "report",
+        other.to_str().unwrap(),
+        "--run",
+        run.to_str().unwrap(),
+        "-o",
+        tmp("run-other.html").to_str().unwrap(),
+        "--force",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("was measured on a different plan"), "{err}");
 }
 
 #[test]
