@@ -842,6 +842,26 @@ fn check_scatter(b: &mut Browser, context: &str) {
     check_inked(b, "svg#scatter-zoom", context);
 }
 
+/// How many micro-batch labels of the timeline are shown; each must lie within the
+/// pass under it (a label is drawn only where it fits).
+fn shown_mb(b: &mut Browser, context: &str) -> u64 {
+    let v = b.eval(
+        "(() => { const s = document.querySelector('svg#timeline'); s.scrollIntoView({block: 'center'}); \
+           let n = 0; const passes = [...s.querySelectorAll('rect[data-tip]')].map(p => p.getBoundingClientRect()); \
+           for (const t of s.querySelectorAll('text.mb')) { \
+             if (getComputedStyle(t).display === 'none' || t.getClientRects().length === 0) continue; \
+             const r = t.getBoundingClientRect(); if (r.width === 0) continue; \
+             const cx = r.left + r.width / 2, cy = r.top + r.height / 2; \
+             const box = passes.find(p => p.left <= cx && cx <= p.right && p.top <= cy && cy <= p.bottom); \
+             if (!box) return 'label ' + t.textContent + ' lies on no pass'; \
+             if (r.width > box.width + 1) return 'label ' + t.textContent + ' is ' + r.width.toFixed(1) + ' px wide on a ' + box.width.toFixed(1) + ' px pass'; \
+             n++; } \
+           return n; })()",
+    );
+    v.as_u64()
+        .unwrap_or_else(|| panic!("{context}: timeline labels: {v}"))
+}
+
 fn check_timeline(b: &mut Browser, context: &str) {
     let v = b.eval(
         "(() => { const s = document.querySelector('svg#timeline'); if (!s) return 'no svg#timeline'; \
@@ -868,17 +888,47 @@ fn check_timeline(b: &mut Browser, context: &str) {
     };
     let w0 = width(b);
     assert!(w0 > 0.0, "{context}: svg#timeline has no width");
-    click(b, "#tl-zoom-in");
-    b.wait_for(
-        &format!("{context}: #tl-zoom-in to widen svg#timeline beyond {w0:.1} px"),
-        &format!("(() => {{ const w = document.querySelector('svg#timeline').getBoundingClientRect().width; return w > {w0} + 1 || w; }})()"),
+    let before = shown_mb(b, context);
+    // Zoom in until micro-batch labels fit (at most 10 clicks), each click wider,
+    // with never fewer labels shown; then out as many clicks, back to the start.
+    let mut widths = vec![w0];
+    let mut shown = before;
+    while shown == 0 && widths.len() <= 10 {
+        let w = *widths.last().unwrap();
+        click(b, "#tl-zoom-in");
+        b.wait_for(
+            &format!("{context}: #tl-zoom-in to widen svg#timeline beyond {w:.1} px"),
+            &format!("(() => {{ const w = document.querySelector('svg#timeline').getBoundingClientRect().width; return w > {w} + 1 || w; }})()"),
+        );
+        widths.push(width(b));
+        let now = shown_mb(b, context);
+        assert!(
+            now >= shown,
+            "{context}: zooming in hid micro-batch labels ({shown} shown, then {now})"
+        );
+        shown = now;
+        check_no_overflow(b, &format!("{context}, timeline zoomed in"));
+    }
+    assert!(
+        shown >= 1,
+        "{context}: no micro-batch label shown even zoomed in to {widths:?} px"
     );
-    let w1 = width(b);
-    check_no_overflow(b, &format!("{context}, timeline zoomed in"));
-    click(b, "#tl-zoom-out");
-    b.wait_for(
-        &format!("{context}: #tl-zoom-out to narrow svg#timeline below {w1:.1} px"),
-        &format!("(() => {{ const w = document.querySelector('svg#timeline').getBoundingClientRect().width; return w < {w1} - 1 || w; }})()"),
+    println!(
+        "{context}: {shown} micro-batch labels shown at {} px",
+        widths.last().unwrap().round()
+    );
+    while widths.len() > 1 {
+        let w = widths.pop().unwrap();
+        click(b, "#tl-zoom-out");
+        b.wait_for(
+            &format!("{context}: #tl-zoom-out to narrow svg#timeline below {w:.1} px"),
+            &format!("(() => {{ const w = document.querySelector('svg#timeline').getBoundingClientRect().width; return w < {w} - 1 || w; }})()"),
+        );
+    }
+    let back = width(b);
+    assert!(
+        (back - w0).abs() <= 1.0,
+        "{context}: zooming in and out as often left the timeline {back:.1} px wide, not {w0:.1}"
     );
 }
 
