@@ -68,12 +68,14 @@ pub fn probe(ordinal: usize) -> Result<String, String> {
         let dev = device(ordinal)?;
         let name = drv::device::get_name(dev)
             .map_err(|e| format!("reading the name of CUDA device {ordinal}: {}", describe(e)))?;
+        // SAFETY: `dev` is a device handle the driver returned for this ordinal.
         let total = unsafe { drv::device::total_mem(dev) }.map_err(|e| {
             format!(
                 "reading the memory size of CUDA device {ordinal}: {}",
                 describe(e)
             )
         })?;
+        // SAFETY: the same device handle; an integer attribute.
         let sms = unsafe {
             drv::device::get_attribute(
                 dev,
@@ -163,6 +165,7 @@ pub(crate) fn device(ordinal: usize) -> Result<drv_sys::CUdevice, String> {
     }
     // cudarc's CUDA 13 bindings time events with cuEventElapsedTime_v2 (CUDA 12.8).
     let mut version: c_int = 0;
+    // SAFETY: the driver is loaded and initialised (above); it writes one c_int.
     let r = unsafe { drv_sys::cuDriverGetVersion(&mut version) };
     if r != drv_sys::CUresult::CUDA_SUCCESS {
         return Err(format!(
@@ -230,6 +233,7 @@ pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm
         if p.is_null() {
             String::new()
         } else {
+            // SAFETY: NCCL returns NUL-terminated static strings (checked non-null).
             unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
         }
     };
@@ -243,6 +247,8 @@ pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm
         .map(|v| v >= 21300)
         .unwrap_or(false);
     if let (Some(c), true) = (comm, has_last_error) {
+        // SAFETY: `c` is the communicator the failed call used, still alive
+        // (communicators are destroyed or aborted only when their `Comm` drops).
         let last = text(unsafe { nccl::last_error(c) });
         if !last.is_empty() {
             s = format!("{s}: {last}");
@@ -416,6 +422,9 @@ pub(crate) fn bf16_gemm(
     let (pa, pb, pc) = (a as *const c_void, b as *const c_void, c as *mut c_void);
     let (al, be) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
     // cuBLAS's first operand is our B (see `colmajor_args`).
+    // SAFETY: the caller's addresses are device buffers of at least batch x m x k,
+    // k x n and m x n BF16 elements (the device program sizes them from the same
+    // shapes; CI's fake cuBLAS checks every extent), on the handle's context.
     let r = unsafe {
         if batch > 1 {
             blas::gemm_strided_batched_ex(
@@ -514,6 +523,8 @@ pub(crate) fn alloc_bf16(
     elems: usize,
     what: &str,
 ) -> Result<CudaSlice<u16>, String> {
+    // SAFETY: uninitialised device memory of u16, which has no invalid bit
+    // patterns: read before it is written it holds arbitrary values, nothing worse.
     unsafe { stream.alloc::<u16>(elems) }
         .map_err(|e| oom_or(e, ctx, ordinal, what, elems as u64 * 2))
 }
@@ -543,6 +554,8 @@ pub(crate) struct Gate(#[allow(dead_code)] mpsc::Sender<()>);
 
 unsafe extern "C" fn gate_wait(arg: *mut c_void) {
     // Owns the receiver from here; returns when the sender is dropped or on timeout.
+    // SAFETY: `arg` is the Box::into_raw of `Gate::close`, launched once, so it is
+    // reclaimed exactly once.
     let rx = unsafe { Box::from_raw(arg.cast::<mpsc::Receiver<()>>()) };
     let _ = rx.recv_timeout(GATE_TIMEOUT);
 }
@@ -551,12 +564,14 @@ impl Gate {
     pub(crate) fn close(stream: &CudaStream) -> Result<Gate, String> {
         let (tx, rx) = mpsc::channel::<()>();
         let arg = Box::into_raw(Box::new(rx));
+        // SAFETY: `gate_wait` makes no CUDA call and takes ownership of `arg`.
         match unsafe {
             drv::stream::launch_host_function(stream.cu_stream(), gate_wait, arg.cast())
         } {
             Ok(()) => Ok(Gate(tx)),
             Err(e) => {
                 // Not launched: the receiver is still ours.
+                // SAFETY: the function was not queued, so nothing else owns `arg`.
                 drop(unsafe { Box::from_raw(arg) });
                 Err(format!("cuLaunchHostFunc failed: {}", describe(e)))
             }
@@ -580,6 +595,8 @@ impl Comm {
     pub(crate) fn finish(&mut self, stream: &CudaStream) -> Result<(), String> {
         stream.synchronize().map_err(describe)?;
         self.finished = true;
+        // SAFETY: the communicator is live and its stream has finished; `finished`
+        // keeps Drop from aborting it again.
         unsafe { nccl::comm_destroy(self.raw) }
             .map(|_| ())
             .map_err(|e| format!("ncclCommDestroy failed: {}", nccl_describe(&e, None)))
@@ -589,6 +606,7 @@ impl Comm {
 impl Drop for Comm {
     fn drop(&mut self) {
         if !self.finished {
+            // SAFETY: a live communicator not yet destroyed; abort never waits.
             let _ = unsafe { nccl::comm_abort(self.raw) };
         }
     }
@@ -599,6 +617,7 @@ pub(crate) mod tests {
     use super::*;
 
     fn driver_present() -> bool {
+        // SAFETY: only tries to load the driver library.
         unsafe { drv_sys::is_culib_present() }
     }
 

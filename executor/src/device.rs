@@ -516,6 +516,8 @@ impl Issue<'_> {
                     Coll::AllToAll => nccl_group(&what, || {
                         let part = bytes / n / 2 * 2;
                         for j in 0..n {
+                            // SAFETY: part j of A and of B, inside their scratch
+                            // buffers (n parts of `part` bytes, `Scratch::of`).
                             unsafe {
                                 nccl::send(
                                     (a + j * part) as *const c_void,
@@ -527,6 +529,7 @@ impl Issue<'_> {
                                 )
                             }
                             .map_err(nccl_err(&what, comm))?;
+                            // SAFETY: the same part of B.
                             unsafe {
                                 nccl::recv(
                                     (b + j * part) as *mut c_void,
@@ -838,6 +841,7 @@ mod tests {
             phase: &phase,
         };
         let r = std::panic::catch_unwind(|| run_device(&job)).expect("run_device must not panic");
+        // SAFETY: only tries to load the driver library.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             assert!(crate::cuda::tests::no_driver(&r), "{r:?}");
         }
