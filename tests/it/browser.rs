@@ -33,8 +33,10 @@ const REACT_TIMEOUT: Duration = Duration::from_secs(5);
 /// would keep the reader from ever seeing the end of the file).
 fn pipe() -> (File, File) {
     let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into an array of two.
     let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
     assert_eq!(rc, 0, "pipe2: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened by pipe2 and are owned by nothing else.
     unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
 }
 
@@ -84,7 +86,9 @@ impl Browser {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
-        // SAFETY: between fork and exec only async-signal-safe calls (fcntl, dup2).
+        // SAFETY: between fork and exec the closure makes only async-signal-safe calls
+        // (fcntl, dup2) on descriptors that are open until spawn returns, and allocates
+        // nothing.
         unsafe {
             cmd.pre_exec(move || {
                 // Copy both ends above fd 10 first: neither can then be overwritten by
@@ -1110,6 +1114,7 @@ fn cdp_harness_drives_a_fixture() {
     // Dropping the client ends Chromium.
     let pid = b.child.id() as libc::pid_t;
     drop(b);
+    // SAFETY: signal 0 only asks whether the process exists.
     assert_ne!(
         unsafe { libc::kill(pid, 0) },
         0,
