@@ -812,17 +812,22 @@ fn calibrate_bench(a: &CalibrateArgs) -> Result<()> {
 fn predicted_components(
     run: &MeasuredRun,
     profile: &HardwareProfile,
+    assumptions: Assumptions,
 ) -> Result<Vec<(String, f64)>> {
     let mut cluster = Cluster::new(profile.clone(), run.world_size)?;
     cluster.allow_tp_beyond_nvlink = true;
+    // The plan's assumptions (rank order, kernels): the executor ran the plan.
     let e = estimate_with(
         &run.model,
         &cluster,
         &run.workload,
         &run.config,
-        Assumptions::default(),
+        assumptions,
     )
     .map_err(|r| anyhow!("the cost model cannot estimate the executed configuration: {r}"))?;
+    // The pipeline simulated, as `estimate` and the search price every plan.
+    let mut e = e;
+    sextant_planner::cost::apply_simulation(&mut e, &run.config);
     let c = &e.time.compute;
     let mut v = vec![
         ("attention_proj".to_string(), c.attention_proj),
@@ -889,7 +894,7 @@ pub fn measured_components(
     run_path: &str,
 ) -> Result<(String, Vec<sextant_reports::Measured>)> {
     let (run, _) = run_of_plan(plan_path, plan_text, run_path)?;
-    let rows = predicted_components(&run, &plan.hardware)?
+    let rows = predicted_components(&run, &plan.hardware, plan.assumptions)?
         .into_iter()
         .map(|(name, p)| {
             let m = if name == "step" {
@@ -926,13 +931,14 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
     let text = read_text(Path::new(&a.plan), "plan")?;
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
     let (run, hash) = run_of_plan(&a.plan, &text, &run_path)?;
-    let before = predicted_components(&run, &plan.hardware)?;
+    let before = predicted_components(&run, &plan.hardware, plan.assumptions)?;
     let after = match &a.calibration {
         Some(p) => {
             let o = read_overlay(p)?;
             Some(predicted_components(
                 &run,
                 &apply(&plan.hardware, &o).map_err(|e| anyhow!(e))?,
+                plan.assumptions,
             )?)
         }
         None => None,

@@ -358,6 +358,33 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     if m.mlp == MlpKind::Gated {
         flag(&mut v, "swiglu");
     }
+    if m.sandwich_norms {
+        return Err(cannot(format!(
+            "{} normalises after each attention and MLP block as well as before it (Gemma 2 and 3, GLM-4), which no Megatron-LM argument builds; use the framework's own model definition (e.g. Megatron-Bridge's) with the parallel sizes of `--to rank-map`",
+            m.name
+        )));
+    }
+    // Sliding-window attention: --window-size (left, right) counts the tokens
+    // before the current one (a window of W tokens is W - 1, 0), and
+    // --window-attn-skip-freq N makes every N-th layer full attention
+    // (arguments.py _add_network_size_args).
+    if let Some(sw) = &m.sliding_window {
+        let full = m.layers.saturating_sub(sw.layers);
+        if full > 0 && !m.layers.is_multiple_of(full) {
+            return Err(cannot(format!(
+                "{} uses a sliding window on {} of {} layers, which is no one-full-layer-in-N pattern --window-attn-skip-freq can state",
+                m.name, sw.layers, m.layers
+            )));
+        }
+        arg(
+            &mut v,
+            "window-size",
+            format!("{},0", sw.window.saturating_sub(1)),
+        );
+        if full > 0 {
+            arg(&mut v, "window-attn-skip-freq", m.layers / full);
+        }
+    }
     if !m.tied_embeddings {
         flag(&mut v, "untie-embeddings-and-output-weights");
     }

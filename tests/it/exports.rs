@@ -252,6 +252,8 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("num-query-groups", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("kv-channels", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("swiglu", "megatron/training/arguments.py _add_network_size_args"),
+    ("window-size", "megatron/training/arguments.py _add_network_size_args (tuple_type: left,right)"),
+    ("window-attn-skip-freq", "megatron/training/arguments.py _add_network_size_args (N: one full-attention layer after N-1 windowed ones)"),
     ("untie-embeddings-and-output-weights", "megatron/training/arguments.py _add_network_size_args"),
     ("disable-bias-linear", "megatron/core/transformer/transformer_config.py TransformerConfig.add_bias_linear (argparse_meta)"),
     ("num-experts", "megatron/training/arguments.py _add_moe_args"),
@@ -305,7 +307,53 @@ fn megatron_variants() -> Vec<PlanFile> {
     variants.push(deepseek_with_mtp());
     variants.push(fp8_moe_act_recompute());
     variants.push(ep_overlap());
+    variants.push(plan("gpt-oss-120b", 64, 4096, 64, Precision::Bf16, {
+        let mut c = cfg(1, 1, 1, 1, 64);
+        c.ep = 8;
+        c
+    }));
     variants
+}
+
+/// Sliding-window attention reaches Megatron-LM as --window-size and
+/// --window-attn-skip-freq (GPT-OSS: a 128-token window on every other layer);
+/// sandwich norms, which no argument builds, are refused in one line.
+#[test]
+fn sliding_windows_are_exported_and_sandwich_norms_refused() {
+    let mut c = cfg(1, 1, 1, 1, 64);
+    c.ep = 8;
+    let p = plan("gpt-oss-120b", 64, 4096, 64, Precision::Bf16, c);
+    let text = export(&p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap();
+    assert!(text.contains("--window-size 127,0"), "{text}");
+    assert!(text.contains("--window-attn-skip-freq 2"), "{text}");
+    let mut p = plan(
+        "llama3-8b",
+        8,
+        4096,
+        64,
+        Precision::Bf16,
+        cfg(1, 1, 1, 1, 8),
+    );
+    let text = export(&p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap();
+    assert!(!text.contains("--window-size"), "{text}");
+    p.model.sandwich_norms = true;
+    let err = export(&p, 1, Target::MegatronLm, &LaunchOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("normalises after each attention and MLP block") && !err.contains('\n'),
+        "{err}"
+    );
+    // A window on 5 of 8 layers is no one-in-N pattern.
+    p.model.sandwich_norms = false;
+    p.model.sliding_window = Some(sextant_planner::model::SlidingWindow {
+        window: 4096,
+        layers: 5 * p.model.layers / 8,
+    });
+    let err = export(&p, 1, Target::MegatronLm, &LaunchOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--window-attn-skip-freq"), "{err}");
 }
 
 /// Mixtral in FP8 replaying the experts' activation and the norms: Megatron's

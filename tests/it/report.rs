@@ -448,3 +448,80 @@ fn report_of_a_saved_plan_shows_the_space_it_searched() {
         "{held}"
     );
 }
+
+/// `compare`'s prediction is what `estimate` says of the configuration the executor
+/// ran: the run's model (as executed, cut down) written as a model file and
+/// estimated with the run's configuration gives the same step time, to rounding.
+#[test]
+fn compare_predicts_what_estimate_says_of_the_executed_plan() {
+    let plan = tmp("cmp-plan.json");
+    let run = tmp("cmp-run.json");
+    let model = tmp("cmp-model.json");
+    for p in [&plan, &run, &model] {
+        let _ = std::fs::remove_file(p);
+    }
+    let p = plan.to_str().unwrap();
+    let o = sextant(&[
+        "estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--json", "--out", p,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sextant(&["exec", p, "--ranks", "8", "--out", run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sextant(&["compare", p, run.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cmp: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let predicted = cmp["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["component"] == "step")
+        .and_then(|r| r["predicted_secs"].as_f64())
+        .expect("a predicted step");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&run).unwrap()).unwrap();
+    std::fs::write(&model, serde_json::to_string(&r["model"]).unwrap()).unwrap();
+    let c = &r["config"];
+    let layers: Vec<String> = c["layout"]["layers"]
+        .as_array()
+        .expect("the executor records an explicit layout")
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    let num = |v: &serde_json::Value| v.as_u64().expect("a whole number").to_string();
+    let w = &r["workload"];
+    let args = [
+        "estimate".to_string(),
+        "--model".into(),
+        model.to_str().unwrap().into(),
+        "--gpus".into(),
+        num(&r["world_size"]),
+        "--gpu".into(),
+        r["profile"].as_str().unwrap().into(),
+        "--tp".into(),
+        num(&c["tp"]),
+        "--pp".into(),
+        num(&c["pp"]),
+        "--mbs".into(),
+        num(&c["mbs"]),
+        "--seq".into(),
+        num(&w["seq"]),
+        "--global-batch".into(),
+        num(&w["global_batch"]),
+        "--zero".into(),
+        c["zero"].as_str().unwrap().into(),
+        "--recompute".into(),
+        c["recompute"].as_str().unwrap().into(),
+        "--layers-per-stage".into(),
+        layers.join(","),
+        "--json".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = sextant(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let est: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let step = est["plans"][0]["estimate"]["step_secs"].as_f64().unwrap();
+    assert!(
+        (step - predicted).abs() <= 1e-9 * step.abs(),
+        "compare predicts {predicted} s, estimate {step} s"
+    );
+}
