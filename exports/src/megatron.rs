@@ -381,8 +381,8 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
             "window-size",
             format!("{},0", sw.window.saturating_sub(1)),
         );
-        if full > 0 {
-            arg(&mut v, "window-attn-skip-freq", m.layers / full);
+        if let Some(n) = m.layers.checked_div(full) {
+            arg(&mut v, "window-attn-skip-freq", n);
         }
     }
     if !m.tied_embeddings {
