@@ -1586,7 +1586,12 @@ fn plan_files_are_priced_again_when_read() {
         "{err}"
     );
     let report = std::fs::read_to_string(&html).unwrap();
-    assert!(!report.contains("5000"), "the report shows the file's MFU");
+    // As a percentage ("5000.0%"): a bare "5000" also occurs in the interactive
+    // timeline's coordinates (data-t0="0.25000").
+    assert!(
+        !report.contains("5000.0"),
+        "the report shows the file's MFU"
+    );
     // An edited configuration is priced as it stands, not with the old numbers.
     let mut v = original.clone();
     v["plans"][0]["config"]["zero"] = "zero2".into();

@@ -92,3 +92,16 @@ pub fn saved(dir: &TempDir, name: &str, args: &[&str]) -> std::path::PathBuf {
     assert!(o.status.success(), "{a:?}: {}", stderr(&o));
     path
 }
+
+/// The Chromium binary the browser tests drive, when one is installed (`.ci/run`
+/// installs Debian's `chromium`).
+pub fn chromium() -> Option<PathBuf> {
+    [
+        "/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+        "/usr/bin/google-chrome",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+}

@@ -1,6 +1,8 @@
 //! Sextant's integration tests: one test binary (see ARCHITECTURE.md, "Tests").
 
 mod bench;
+#[cfg(target_os = "linux")]
+mod browser;
 mod calibrate_log;
 mod cli;
 mod common;

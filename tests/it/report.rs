@@ -6,6 +6,8 @@ use std::process::Command;
 
 use sextant_reports::SECTIONS;
 
+use crate::common::chromium;
+
 fn sextant(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_sextant"))
         .args(args)
@@ -320,17 +322,6 @@ fn report_from_a_saved_plan_and_size_at_16384_gpus() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     check_structure(&std::fs::read_to_string(&est_html).unwrap());
-}
-
-fn chromium() -> Option<PathBuf> {
-    [
-        "/usr/bin/chromium",
-        "/usr/bin/chromium-browser",
-        "/usr/bin/google-chrome",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists())
 }
 
 /// Fraction of pixels that are not near-white in a PNG.
