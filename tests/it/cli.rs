@@ -1857,3 +1857,41 @@ fn bench_help_lists_the_four_benchmarks() {
         "{top}"
     );
 }
+
+/// A model the default target (Megatron-LM) cannot build is still planned, for any
+/// framework, with a note saying why; asked for by name, the target refuses in one
+/// line.
+#[test]
+fn default_target_steps_aside_for_a_model_it_cannot_build() {
+    let gemma = crate::common::data("hf/gemma-2-9b.json");
+    let o = sextant(&[
+        "plan",
+        "--model",
+        &gemma,
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("note: no plan is ranked for megatron-lm, the default target")
+            && err.contains("normalises after each attention and MLP block"),
+        "{err}"
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            &gemma,
+            "--gpus",
+            "8",
+            "--global-batch",
+            "64",
+            "--target",
+            "megatron-lm",
+        ],
+        "normalises after each attention and MLP block",
+    );
+}
