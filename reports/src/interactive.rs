@@ -75,6 +75,40 @@ pub fn legend(items: &[(&str, Rgb)]) -> String {
     s
 }
 
+/// The opening of a bar chart's SVG: background, horizontal grid lines with
+/// their values from 0 to `y_max`, and the rotated axis title.
+fn bar_frame(
+    id: &str,
+    (w, h): (f64, f64),
+    (left, right, top, bottom): (f64, f64, f64, f64),
+    y_max: f64,
+    y_title: &str,
+) -> String {
+    let ph = h - top - bottom;
+    let mut s = format!(
+        "<svg id=\"{id}\" class=\"chart\" viewBox=\"0 0 {w} {h}\" role=\"img\"><rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"#fff\"/>"
+    );
+    for t in ticks(0.0, y_max) {
+        let yy = top + ph * (1.0 - t / y_max);
+        let _ = write!(
+            s,
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" class=\"tick\" text-anchor=\"end\">{}</text>",
+            w - right,
+            left - 6.0,
+            yy + 4.0,
+            tick_label(t)
+        );
+    }
+    let _ = write!(
+        s,
+        "<text x=\"14\" y=\"{:.1}\" class=\"axis\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">{}</text>",
+        top + ph / 2.0,
+        top + ph / 2.0,
+        esc(y_title)
+    );
+    s
+}
+
 /// One bar of a stacked-bar chart.
 pub struct Stack {
     /// Under the bar.
@@ -112,29 +146,7 @@ pub fn stacked_bars(
         .max(1e-12)
         * 1.08;
     let y = |v: f64| top + ph * (1.0 - v / y_max);
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "<svg id=\"{id}\" class=\"chart\" viewBox=\"0 0 {w} {h}\" role=\"img\"><rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"#fff\"/>"
-    );
-    for t in ticks(0.0, y_max) {
-        let yy = y(t);
-        let _ = write!(
-            s,
-            "<line x1=\"{left}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" class=\"tick\" text-anchor=\"end\">{}</text>",
-            w - right,
-            left - 6.0,
-            yy + 4.0,
-            tick_label(t)
-        );
-    }
-    let _ = write!(
-        s,
-        "<text x=\"14\" y=\"{:.1}\" class=\"axis\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">{}</text>",
-        top + ph / 2.0,
-        top + ph / 2.0,
-        esc(y_title)
-    );
+    let mut s = bar_frame(id, (w, h), (left, right, top, bottom), y_max, y_title);
     let n = stacks.len().max(1) as f64;
     let band = pw / n;
     let bw = (band * 0.7).min(60.0);
@@ -200,27 +212,7 @@ pub fn paired_bars(
     let (pw, ph) = (w - left - right, h - top - bottom);
     let y_max = rows.iter().flat_map(|r| r.1).fold(0.0, f64::max).max(1e-12) * 1.08;
     let y = |v: f64| top + ph * (1.0 - v / y_max);
-    let mut s = format!(
-        "<svg id=\"{id}\" class=\"chart\" viewBox=\"0 0 {w} {h}\" role=\"img\"><rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"#fff\"/>"
-    );
-    for t in ticks(0.0, y_max) {
-        let yy = y(t);
-        let _ = write!(
-            s,
-            "<line x1=\"{left}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" class=\"tick\" text-anchor=\"end\">{}</text>",
-            w - right,
-            left - 6.0,
-            yy + 4.0,
-            tick_label(t)
-        );
-    }
-    let _ = write!(
-        s,
-        "<text x=\"14\" y=\"{:.1}\" class=\"axis\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">{}</text>",
-        top + ph / 2.0,
-        top + ph / 2.0,
-        esc(y_title)
-    );
+    let mut s = bar_frame(id, (w, h), (left, right, top, bottom), y_max, y_title);
     let band = pw / rows.len().max(1) as f64;
     let bw = (band * 0.35).min(30.0);
     for (i, (name, v)) in rows.iter().enumerate() {

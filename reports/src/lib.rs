@@ -62,6 +62,22 @@ pub fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// A configuration in one line, as the tooltips and tables give it.
+fn describe(c: &sextant_planner::config::ParallelConfig) -> String {
+    format!(
+        "TP {} PP {} VPP {} CP {} EP {} DP {} MBS {} ZeRO {} RC {}",
+        c.tp,
+        c.pp,
+        c.vpp,
+        c.cp,
+        c.ep,
+        c.dp,
+        c.mbs,
+        c.zero,
+        c.recompute_label()
+    )
+}
+
 pub fn render(input: &ReportInput) -> String {
     let plan = input.plan;
     let hw = &plan.hardware;
@@ -313,21 +329,17 @@ pub fn render(input: &ReportInput) -> String {
                 step_secs: e.step_secs,
                 peak_gib: e.memory.total / GIB,
                 tip: format!(
-                    "#{}: TP {} PP {} VPP {} CP {} EP {} DP {} MBS {} ZeRO {} RC {}; step {}{}; peak {:.1} of {:.1} GiB",
+                    "#{}: {}; step {}{}; peak {:.1} of {:.1} GiB",
                     rp.rank,
-                    c.tp,
-                    c.pp,
-                    c.vpp,
-                    c.cp,
-                    c.ep,
-                    c.dp,
-                    c.mbs,
-                    c.zero,
-                    c.recompute_label(),
+                    describe(c),
                     secs(e.step_secs),
                     e.band
                         .as_ref()
-                        .map(|b| format!(" (80% band {} to {})", secs(b.low_secs), secs(b.high_secs)))
+                        .map(|b| format!(
+                            " (80% band {} to {})",
+                            secs(b.low_secs),
+                            secs(b.high_secs)
+                        ))
                         .unwrap_or_default(),
                     e.memory.total / GIB,
                     cap
@@ -435,20 +447,6 @@ pub fn render(input: &ReportInput) -> String {
             .filter(|d| d.is_finite())
             .fold(0.0, f64::max)
             .min(1.0);
-        let describe = |c: &sextant_planner::config::ParallelConfig| {
-            format!(
-                "TP {} PP {} VPP {} CP {} EP {} DP {} MBS {} ZeRO {} RC {}",
-                c.tp,
-                c.pp,
-                c.vpp,
-                c.cp,
-                c.ep,
-                c.dp,
-                c.mbs,
-                c.zero,
-                c.recompute_label()
-            )
-        };
         for d in &dims {
             let mut held: Vec<&Sensitivity> = input
                 .sensitivity
