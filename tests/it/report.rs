@@ -137,15 +137,12 @@ fn check_structure(html: &str) {
     }
 }
 
-/// `report --run RUN.json` fills section 9 with each component predicted and
-/// measured (the executor's run of the plan on 8 CPU ranks); a run of another
-/// plan is refused in one line.
-#[test]
-fn report_with_a_measured_run_compares_components() {
-    let plan = tmp("run-plan.json");
-    let run = tmp("run-run.json");
-    let html = tmp("run-report.html");
-    for p in [&plan, &run, &html] {
+/// The 8B plan at TP 2 PP 2 on 8 GPUs, written to `<tag>-plan.json`, and its run
+/// on 8 CPU ranks, `<tag>-run.json`.
+fn executed_plan(tag: &str) -> (PathBuf, PathBuf) {
+    let plan = tmp(&format!("{tag}-plan.json"));
+    let run = tmp(&format!("{tag}-run.json"));
+    for p in [&plan, &run] {
         let _ = std::fs::remove_file(p);
     }
     let p = plan.to_str().unwrap();
@@ -153,19 +150,20 @@ fn report_with_a_measured_run_compares_components() {
         "estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--json", "--out", p,
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = sextant(&[
-        "exec",
-        p,
-        "--ranks",
-        "8",
-        "--max-steps",
-        "2",
-        "--warmup",
-        "1",
-        "--out",
-        run.to_str().unwrap(),
-    ]);
+    let o = sextant(&["exec", p, "--ranks", "8", "--out", run.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (plan, run)
+}
+
+/// `report --run RUN.json` fills section 9 with each component predicted and
+/// measured (the executor's run of the plan on 8 CPU ranks); a run of another
+/// plan is refused in one line.
+#[test]
+fn report_with_a_measured_run_compares_components() {
+    let (plan, run) = executed_plan("run");
+    let html = tmp("run-report.html");
+    let _ = std::fs::remove_file(&html);
+    let p = plan.to_str().unwrap();
     let o = sextant(&[
         "report",
         p,
@@ -454,19 +452,10 @@ fn report_of_a_saved_plan_shows_the_space_it_searched() {
 /// estimated with the run's configuration gives the same step time, to rounding.
 #[test]
 fn compare_predicts_what_estimate_says_of_the_executed_plan() {
-    let plan = tmp("cmp-plan.json");
-    let run = tmp("cmp-run.json");
+    let (plan, run) = executed_plan("cmp");
     let model = tmp("cmp-model.json");
-    for p in [&plan, &run, &model] {
-        let _ = std::fs::remove_file(p);
-    }
+    let _ = std::fs::remove_file(&model);
     let p = plan.to_str().unwrap();
-    let o = sextant(&[
-        "estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--json", "--out", p,
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = sextant(&["exec", p, "--ranks", "8", "--out", run.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = sextant(&["compare", p, run.to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let cmp: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
