@@ -1,152 +1,26 @@
-//! The report's charts: the full scatter drawn by plotters into an SVG string; the
-//! charts with tooltips drawn by hand (`interactive`).
-
-use plotters::prelude::*;
+//! What the report's charts show: the step-time components, the stage memory and
+//! the simulated schedule, handed to the SVG drawing in `interactive`.
 
 use crate::interactive::{self, legend, secs, Bar, Rgb, Stack};
 use sextant_planner::config::ParallelConfig;
 use sextant_planner::cost::{CommKind, Estimate};
 use sextant_planner::hardware::GIB;
 use sextant_planner::schedule::{simulate_schedule, Pass, PassCosts, Schedule};
-use sextant_planner::search::Point;
 
 /// Most schedule passes drawn in the timeline (keeps the file small).
 const MAX_GANTT_TASKS: u64 = 1600;
-/// Grid of the scatter plot: points in one cell are drawn once.
-const SCATTER_BINS: (usize, usize) = (110, 70);
 
-pub const PALETTE: &[(&str, RGBColor)] = &[
-    ("compute", RGBColor(70, 110, 180)),
-    ("recompute", RGBColor(140, 170, 220)),
-    ("TP", RGBColor(230, 140, 40)),
-    ("CP", RGBColor(200, 90, 160)),
-    ("EP", RGBColor(150, 90, 60)),
-    ("PP", RGBColor(120, 120, 120)),
-    ("DP", RGBColor(60, 160, 90)),
-    ("bubble", RGBColor(220, 60, 60)),
-    ("other", RGBColor(190, 190, 120)),
+pub const PALETTE: &[(&str, Rgb)] = &[
+    ("compute", (70, 110, 180)),
+    ("recompute", (140, 170, 220)),
+    ("TP", (230, 140, 40)),
+    ("CP", (200, 90, 160)),
+    ("EP", (150, 90, 60)),
+    ("PP", (120, 120, 120)),
+    ("DP", (60, 160, 90)),
+    ("bubble", (220, 60, 60)),
+    ("other", (190, 190, 120)),
 ];
-
-/// Plotters writes a standalone SVG; inline SVG in HTML needs no namespace.
-fn inline(svg: String) -> String {
-    svg.replace(" xmlns=\"http://www.w3.org/2000/svg\"", "")
-}
-
-type Draw<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
-
-fn render(size: (u32, u32), f: impl FnOnce(&Draw) -> Result<(), String>) -> String {
-    let mut s = String::new();
-    {
-        let root = SVGBackend::with_string(&mut s, size).into_drawing_area();
-        let ok = root
-            .fill(&WHITE)
-            .map_err(|e| e.to_string())
-            .and_then(|_| f(&root))
-            .and_then(|_| root.present().map_err(|e| e.to_string()));
-        if let Err(e) = ok {
-            drop(root);
-            return format!("<p class=\"note\">chart could not be drawn: {e}</p>");
-        }
-    }
-    inline(s)
-}
-
-fn err<E: std::fmt::Debug>(e: E) -> String {
-    format!("{e:?}")
-}
-
-/// Step time against peak memory for every valid configuration, with the Pareto
-/// front, the top plans and the HBM capacity.
-pub fn scatter(points: &[Point], top: &[&Estimate], capacity_gib: f64) -> String {
-    let best = top.first().map(|e| e.step_secs).unwrap_or(1.0);
-    let y_max = points
-        .iter()
-        .map(|p| p.step_secs)
-        .fold(best, f64::max)
-        .min(4.0 * best)
-        * 1.05;
-    let y_min = points.iter().map(|p| p.step_secs).fold(best, f64::min) * 0.95;
-    let x_max = capacity_gib * 1.08;
-    // Bin the cloud.
-    let (bx, by) = SCATTER_BINS;
-    let mut cells = vec![0u32; bx * by];
-    for p in points {
-        if p.step_secs > y_max || p.peak_gib > x_max {
-            continue;
-        }
-        let i = ((p.peak_gib / x_max) * bx as f64).clamp(0.0, bx as f64 - 1.0) as usize;
-        let j = (((p.step_secs - y_min) / (y_max - y_min)) * by as f64).clamp(0.0, by as f64 - 1.0)
-            as usize;
-        cells[j * bx + i] += 1;
-    }
-    // Pareto front: fastest plan at or below each memory level.
-    let mut sorted: Vec<&Point> = points.iter().collect();
-    sorted.sort_by(|a, b| a.peak_gib.total_cmp(&b.peak_gib));
-    let mut front = Vec::new();
-    let mut fastest = f64::INFINITY;
-    for p in sorted {
-        if p.step_secs < fastest {
-            fastest = p.step_secs;
-            front.push((p.peak_gib, p.step_secs.min(y_max)));
-        }
-    }
-    render((900, 460), |root| {
-        let mut chart = ChartBuilder::on(root)
-            .margin(12)
-            .x_label_area_size(42)
-            .y_label_area_size(64)
-            .build_cartesian_2d(0f64..x_max, y_min..y_max)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("peak memory per GPU (GiB)")
-            .y_desc("step time (s)")
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(err)?;
-        let cw = x_max / bx as f64;
-        let ch = (y_max - y_min) / by as f64;
-        let max_count = cells.iter().copied().max().unwrap_or(1).max(1) as f64;
-        chart
-            .draw_series(
-                cells
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &n)| n > 0)
-                    .map(|(k, &n)| {
-                        let (i, j) = (k % bx, k / bx);
-                        let x = i as f64 * cw;
-                        let y = y_min + j as f64 * ch;
-                        let shade = 0.25 + 0.75 * (n as f64 / max_count).sqrt();
-                        Rectangle::new(
-                            [(x, y), (x + cw, y + ch)],
-                            RGBColor(90, 120, 170).mix(shade).filled(),
-                        )
-                    }),
-            )
-            .map_err(err)?;
-        chart
-            .draw_series(LineSeries::new(
-                front.clone(),
-                ShapeStyle::from(&BLACK).stroke_width(2),
-            ))
-            .map_err(err)?;
-        chart
-            .draw_series(LineSeries::new(
-                vec![(capacity_gib, y_min), (capacity_gib, y_max)],
-                ShapeStyle::from(&RED).stroke_width(2),
-            ))
-            .map_err(err)?;
-        chart
-            .draw_series(top.iter().enumerate().map(|(i, e)| {
-                let pt = (e.memory.total / GIB, e.step_secs.min(y_max));
-                let _ = i;
-                EmptyElement::at(pt) + Circle::new((0, 0), 5, RGBColor(230, 140, 40).filled())
-            }))
-            .map_err(err)?;
-        Ok(())
-    })
-}
 
 /// The scatter's legend, drawn as HTML below it.
 pub const SCATTER_LEGEND: &[(&str, Rgb)] = &[
@@ -188,7 +62,7 @@ pub fn components(e: &Estimate) -> Vec<(&'static str, f64)> {
 
 /// One stacked bar per plan, with its error band as an error bar.
 pub fn stacked_bars(plans: &[&Estimate]) -> String {
-    let series: Vec<(&str, Rgb)> = PALETTE.iter().map(|(n, c)| (*n, (c.0, c.1, c.2))).collect();
+    let series: Vec<(&str, Rgb)> = PALETTE.to_vec();
     let stacks: Vec<Stack> = plans
         .iter()
         .enumerate()

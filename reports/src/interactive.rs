@@ -1,9 +1,10 @@
 //! The report's hand-drawn SVG charts (each mark carries a `data-tip` tooltip and
 //! the report's script drives them), and that script.
 //!
-//! Drawn by hand rather than by plotters because every mark needs attributes
-//! (`data-tip`, `data-rank`, the timeline's `data-t0`/`data-t1`) and the labels of
-//! the zoomed scatter need placing so that no two overlap.
+//! Drawn by hand because every mark needs attributes (`data-tip`, `data-rank`,
+//! the timeline's `data-t0`/`data-t1`) and the labels of the zoomed scatter need
+//! placing so that no two overlap; plotters, which drew the first report, writes
+//! neither.
 
 use std::fmt::Write;
 
@@ -355,13 +356,9 @@ pub fn zoomed_scatter(points: &[(f64, f64)], plans: &[PlanMark], capacity_gib: f
         .chain(plans.iter().map(|p| p.step_secs))
         .fold(best, f64::min)
         * 0.995;
-    let inside: Vec<(f64, f64)> = points
+    let mems = points
         .iter()
-        .copied()
         .filter(|p| p.0 <= y_hi && p.0 >= y_lo)
-        .collect();
-    let mems = inside
-        .iter()
         .map(|p| p.1)
         .chain(plans.iter().map(|p| p.peak_gib));
     let (mut x_lo, mut x_hi) = mems.fold((f64::INFINITY, 0.0f64), |(a, b), m| (a.min(m), b.max(m)));
@@ -371,13 +368,96 @@ pub fn zoomed_scatter(points: &[(f64, f64)], plans: &[PlanMark], capacity_gib: f
     let pad = ((x_hi - x_lo) * 0.06).max(0.5);
     x_lo = (x_lo - pad).max(0.0);
     x_hi += pad;
+    scatter(
+        "scatter-zoom",
+        points,
+        plans,
+        capacity_gib,
+        Region {
+            x: (x_lo, x_hi),
+            y: (y_lo, y_hi),
+        },
+        false,
+    )
+}
+
+/// Every valid configuration: step time against peak memory up to 4x the best
+/// step, shaded by how many fall in each cell, with the Pareto front (the fastest
+/// configuration at or below each memory) and the ranked plans (unlabelled: the
+/// zoomed scatter labels them).
+pub fn full_scatter(points: &[(f64, f64)], plans: &[PlanMark], capacity_gib: f64) -> String {
+    let best = plans
+        .iter()
+        .map(|p| p.step_secs)
+        .chain(points.iter().map(|p| p.0))
+        .fold(f64::INFINITY, f64::min);
+    if !best.is_finite() {
+        return String::new();
+    }
+    let y_hi = points
+        .iter()
+        .map(|p| p.0)
+        .fold(best, f64::max)
+        .min(4.0 * best)
+        * 1.05;
+    let x_hi = points
+        .iter()
+        .map(|p| p.1)
+        .chain(plans.iter().map(|p| p.peak_gib))
+        .fold(capacity_gib, f64::max)
+        * 1.05;
+    scatter(
+        "scatter-all",
+        points,
+        plans,
+        capacity_gib,
+        Region {
+            x: (0.0, x_hi),
+            y: (best * 0.95, y_hi),
+        },
+        true,
+    )
+}
+
+/// What a scatter shows: memory (GiB) and step time (s) ranges.
+struct Region {
+    x: (f64, f64),
+    y: (f64, f64),
+}
+
+/// A scatter of `points` (step, GiB) in `region`, binned into cells that carry
+/// their count and ranges as tooltips and are shaded by count; the ranked plans
+/// as marks (the first ten labelled, placed so that no two labels overlap, unless
+/// `front`, which draws the Pareto front instead of labels); the memory plans may
+/// use as a line.
+fn scatter(
+    id: &str,
+    points: &[(f64, f64)],
+    plans: &[PlanMark],
+    capacity_gib: f64,
+    region: Region,
+    front: bool,
+) -> String {
+    let Region {
+        x: (x_lo, x_hi),
+        y: (y_lo, y_hi),
+    } = region;
+    let inside: Vec<(f64, f64)> = points
+        .iter()
+        .copied()
+        .filter(|p| p.0 <= y_hi && p.0 >= y_lo && p.1 >= x_lo && p.1 <= x_hi)
+        .collect();
     let (w, h) = (900.0, 420.0);
     let (left, right, top, bottom) = (70.0, 14.0, 14.0, 46.0);
     let (pw, ph) = (w - left - right, h - top - bottom);
     let sx = |m: f64| left + pw * (m - x_lo) / (x_hi - x_lo);
     let sy = |t: f64| top + ph * (1.0 - (t - y_lo) / (y_hi - y_lo));
     // Ranked plans in rank order; labels for the first ten.
-    let labelled: Vec<&PlanMark> = plans.iter().take(10).collect();
+    let labelled: Vec<&PlanMark> = if front {
+        Vec::new()
+    } else {
+        plans.iter().take(10).collect()
+    };
     let anchors: Vec<(f64, f64)> = labelled
         .iter()
         .map(|p| (sx(p.peak_gib), sy(p.step_secs)))
@@ -397,7 +477,7 @@ pub fn zoomed_scatter(points: &[(f64, f64)], plans: &[PlanMark], capacity_gib: f
     let mut s = String::new();
     let _ = write!(
         s,
-        "<svg id=\"scatter-zoom\" class=\"chart\" viewBox=\"0 0 {w} {hh}\" role=\"img\"><rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{hh}\" fill=\"#fff\"/>"
+        "<svg id=\"{id}\" class=\"chart\" viewBox=\"0 0 {w} {hh}\" role=\"img\"><rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{hh}\" fill=\"#fff\"/>"
     );
     for t in ticks(y_lo, y_hi) {
         let yy = sy(t);
@@ -447,6 +527,7 @@ pub fn zoomed_scatter(points: &[(f64, f64)], plans: &[PlanMark], capacity_gib: f
         c.4 = c.4.max(m);
     }
     let (cw, ch) = (pw / BX as f64, ph / BY as f64);
+    let most = cells.iter().map(|c| c.0).max().unwrap_or(1).max(1) as f64;
     for (k, c) in cells.iter().enumerate() {
         if c.0 == 0 {
             continue;
@@ -454,11 +535,12 @@ pub fn zoomed_scatter(points: &[(f64, f64)], plans: &[PlanMark], capacity_gib: f
         let (i, j) = (k % BX, k / BX);
         let _ = write!(
             s,
-            "<rect class=\"cell\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" data-tip=\"{}\"/>",
+            "<rect class=\"cell\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill-opacity=\"{:.2}\" data-tip=\"{}\"/>",
             left + i as f64 * cw,
             top + ph - (j as f64 + 1.0) * ch,
             cw,
             ch,
+            0.25 + 0.75 * (c.0 as f64 / most).sqrt(),
             esc(&format!(
                 "{} configuration{}: step {} to {}, {:.1} to {:.1} GiB",
                 c.0,
@@ -469,6 +551,31 @@ pub fn zoomed_scatter(points: &[(f64, f64)], plans: &[PlanMark], capacity_gib: f
                 c.4
             ))
         );
+    }
+    if front {
+        // The fastest configuration at or below each memory level.
+        let mut by_mem: Vec<(f64, f64)> = points.to_vec();
+        by_mem.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let mut fastest = f64::INFINITY;
+        let mut path = String::new();
+        for (t, m) in by_mem {
+            if t < fastest && m <= x_hi {
+                fastest = t;
+                let _ = write!(
+                    path,
+                    "{}{:.1} {:.1}",
+                    if path.is_empty() { "M" } else { "L" },
+                    sx(m),
+                    sy(t.min(y_hi))
+                );
+            }
+        }
+        if !path.is_empty() {
+            let _ = write!(
+                s,
+                "<path d=\"{path}\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\" data-tip=\"Pareto front: the fastest configuration at or below each memory level\"/>"
+            );
+        }
     }
     if capacity_gib >= x_lo && capacity_gib <= x_hi {
         let xx = sx(capacity_gib);
@@ -683,7 +790,7 @@ th[data-key]{cursor:pointer}th[aria-sort=ascending]::after{content:' \\25B2'}th[
 .scroll{overflow-x:auto;max-width:100%}pre{background:#f6f6f6;padding:8px;font-size:11px;white-space:pre-wrap;overflow-wrap:anywhere}\
 svg{max-width:100%;height:auto}svg.chart{width:100%;display:block}svg.zoomable{max-width:none}\
 svg text{font-family:sans-serif;font-size:12px;fill:#222}svg text.tick{font-size:11px;fill:#444}svg text.axis{font-size:12px}\
-svg text.mb{font-size:10px;fill:#fff;pointer-events:none}svg rect.cell{fill:rgb(90,120,170);fill-opacity:.45}\
+svg text.mb{font-size:10px;fill:#fff;pointer-events:none}svg rect.cell{fill:rgb(90,120,170)}\
 svg circle.plan{fill:rgb(230,140,40);stroke:#000;stroke-width:1}g.plan-label rect{fill:#fff;stroke:#333}g.plan-label text{font-size:12px;font-weight:bold}\
 .legend{font-size:12px;margin:4px 0 8px}.legend span{margin-right:14px;white-space:nowrap}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}\
 #sensitivity{display:flex;flex-wrap:wrap;gap:10px;align-items:flex-start}#sensitivity svg.sens{width:300px;max-width:100%;display:block}\

@@ -353,7 +353,7 @@ pub fn render(input: &ReportInput) -> String {
         b.push_str(&interactive::zoomed_scatter(&cloud, &marks, cap));
         let _ = writeln!(b, "<p>The whole space:</p>");
     }
-    b.push_str(&charts::scatter(pts, &tops, cap));
+    b.push_str(&interactive::full_scatter(&cloud, &marks, cap));
     b.push_str(&interactive::legend(charts::SCATTER_LEGEND));
     let _ = writeln!(b, "<p class=\"note\">{} valid configurations (shaded by density; step times above 4x the best are clipped). The front is the fastest plan at or below each memory level.</p>", pts.len());
     section(&mut h, "space", b);

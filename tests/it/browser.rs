@@ -946,6 +946,14 @@ fn check_report_page(b: &mut Browser, context: &str) {
         "document.querySelector('svg#scatter-zoom circle.plan')",
         context,
     );
+    // The slowest cell of the whole space (drawn last), far from the ranked plans
+    // that cover the fastest ones.
+    check_tip(
+        b,
+        "[...document.querySelectorAll('svg#scatter-all rect.cell[data-tip]')].at(-1)",
+        context,
+    );
+    check_tip(b, &largest_tip("svg#stage-memory", "rect"), context);
     check_tip(b, &largest_tip("svg#bars", "rect"), context);
     check_tip(b, &largest_tip("svg#timeline", "rect"), context);
     check_timeline(b, context);

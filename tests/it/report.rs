@@ -89,8 +89,8 @@ fn check_structure(html: &str) {
             + svg.matches("<circle").count()
             + svg.matches("<polyline").count()
             + svg.matches("<path").count();
-        // plotters' charts draw many shapes; the hand-drawn ones (one shape per
-        // mark, each with a tooltip) at least a background and one mark.
+        // Every chart draws at least a background and one mark with a tooltip;
+        // most draw many.
         let marks = svg.matches("data-tip=").count();
         assert!(
             shapes > 10 || (shapes >= 2 && marks >= 1),
