@@ -56,6 +56,8 @@ impl Dims {
         m.sliding_window = None;
         // The executed layers have no norms, so none after each block either.
         m.sandwich_norms = false;
+        m.glu_clamp = None;
+        m.attention_sinks = false;
         // Nor does a multi-token-prediction layer.
         m.mtp_layers = 0;
         m.mlp = sextant_planner::model::MlpKind::Plain;

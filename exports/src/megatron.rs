@@ -363,8 +363,19 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     if m.head_dim * m.heads != m.hidden && m.mla.is_none() {
         arg(&mut v, "kv-channels", m.head_dim);
     }
-    if m.mlp == MlpKind::Gated {
-        flag(&mut v, "swiglu");
+    match (m.mlp, m.glu_clamp) {
+        // GPT-OSS's clamped GLU, as Megatron names its parts (arguments.py
+        // _add_network_size_args): quick GELU on the gate, the clamp, the offset.
+        (MlpKind::Gated, Some(limit)) => {
+            flag(&mut v, "quick-geglu");
+            arg(&mut v, "activation-func-clamp-value", limit);
+            arg(&mut v, "glu-linear-offset", 1.0);
+        }
+        (MlpKind::Gated, None) => flag(&mut v, "swiglu"),
+        _ => {}
+    }
+    if m.attention_sinks {
+        arg(&mut v, "softmax-type", "learnable");
     }
     if let Some(why) = model_refusal(m) {
         return Err(cannot(why));

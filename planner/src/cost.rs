@@ -3124,6 +3124,8 @@ mod tests {
                         moe,
                         sliding_window: None,
                         sandwich_norms: false,
+                        glu_clamp: None,
+                        attention_sinks: false,
                         mtp_layers: 0,
                     }
                 })

@@ -169,6 +169,22 @@ impl Cfg<'_> {
         Err(self.missing(&keys.join("' or '")))
     }
 
+    /// A positive finite number, `default` when absent or null.
+    fn number(&self, key: &str, default: f64) -> Result<f64, InputError> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .ok_or_else(|| {
+                    self.err(format!(
+                        "field '{}{key}' is {x}, expected a positive number",
+                        self.at
+                    ))
+                }),
+        }
+    }
+
     /// A boolean field, `default` when absent or null.
     fn flag(&self, key: &str, default: bool) -> Result<bool, InputError> {
         match self.v.get(key) {
@@ -361,6 +377,13 @@ fn build(c: &Cfg, display: String) -> Result<ModelSpec, InputError> {
         // post_attention_layernorm after attention and post_feedforward_layernorm
         // (Gemma 2, 3); post_self_attn_layernorm and post_mlp_layernorm (GLM-4-0414).
         sandwich_norms: matches!(mt, "gemma2" | "gemma3_text" | "glm4"),
+        // GptOssConfig.swiglu_limit (default 7.0) and GptOssAttention's sinks.
+        glu_clamp: if mt == "gpt_oss" {
+            Some(c.number("swiglu_limit", 7.0)?)
+        } else {
+            None
+        },
+        attention_sinks: mt == "gpt_oss",
         // DeepSeek-V3, GLM-4.5 and MiMo state their multi-token-prediction layers.
         mtp_layers: c.opt("num_nextn_predict_layers")?.unwrap_or(0),
     };
@@ -605,6 +628,14 @@ mod tests {
             }
         );
         assert!((g.params().total as f64 / 1e9 - 116.8).abs() < 1.5);
+        // Its clamped GLU (swiglu_limit) and attention sinks, as the preset has.
+        assert_eq!((g.glu_clamp, g.attention_sinks), (Some(7.0), true));
+        let preset = crate::presets::resolve("gpt-oss-120b").unwrap().spec;
+        assert_eq!(
+            (preset.glu_clamp, preset.attention_sinks),
+            (Some(7.0), true)
+        );
+        assert_eq!(load("qwen3-8b.json").glu_clamp, None);
     }
 
     /// Parameters in billions, and its relative distance from a published count.

@@ -151,6 +151,16 @@ pub struct ModelSpec {
     /// norms' inputs kept for the backward.
     #[serde(default)]
     pub sandwich_norms: bool,
+    /// GPT-OSS's gated MLP: `x * sigmoid(1.702 x)` on the gate, both halves
+    /// clamped to this limit and the linear half offset by 1 (Hugging Face
+    /// `swiglu_limit`; Megatron --quick-geglu --activation-func-clamp-value
+    /// --glu-linear-offset). The same FLOPs as SwiGLU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub glu_clamp: Option<f64>,
+    /// A learned sink logit per head in the attention softmax (GPT-OSS; Megatron
+    /// --softmax-type learnable). Priced as plain attention.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_sinks: bool,
     /// Multi-token-prediction layers (DeepSeek-V3's MTP; Megatron's
     /// `--mtp-num-layers`, Hugging Face `num_nextn_predict_layers`). Each is one
     /// more transformer layer of the last layer's kind, with its own embedding

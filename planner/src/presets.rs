@@ -47,6 +47,8 @@ fn dense(
         moe: None,
         sliding_window: None,
         sandwich_norms: false,
+        glu_clamp: None,
+        attention_sinks: false,
         mtp_layers: 0,
     }
 }
@@ -302,6 +304,9 @@ fn gpt_oss_120b() -> ModelSpec {
         window: 128,
         layers: 18,
     });
+    // config.json swiglu_limit 7.0; the attention's per-head sinks.
+    m.glu_clamp = Some(7.0);
+    m.attention_sinks = true;
     m
 }
 fn nemotron4_340b() -> ModelSpec {

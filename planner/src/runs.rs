@@ -416,6 +416,8 @@ fn shape_model(
         moe: None,
         sliding_window: None,
         sandwich_norms: false,
+        glu_clamp: None,
+        attention_sinks: false,
         mtp_layers: 0,
     })
 }

@@ -253,6 +253,10 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("kv-channels", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("swiglu", "megatron/training/arguments.py _add_network_size_args"),
     ("add-qkv-bias", "megatron/training/arguments.py (store_true, dest add_qkv_bias, beside --disable-bias-linear: biases on the QKV projection only)"),
+    ("quick-geglu", "megatron/training/arguments.py _add_network_size_args (quick GELU activation; GPT-OSS)"),
+    ("activation-func-clamp-value", "megatron/training/arguments.py _add_network_size_args (clamp of linear_fc1's output, with quick_gelu)"),
+    ("glu-linear-offset", "megatron/training/arguments.py _add_network_size_args (activation(x[0]) * (x[1] + offset))"),
+    ("softmax-type", "megatron/training/arguments.py _add_network_size_args (vanilla, off-by-one, learnable)"),
     ("window-size", "megatron/training/arguments.py _add_network_size_args (tuple_type: left,right)"),
     ("window-attn-skip-freq", "megatron/training/arguments.py _add_network_size_args (N: one full-attention layer after N-1 windowed ones)"),
     ("untie-embeddings-and-output-weights", "megatron/training/arguments.py _add_network_size_args"),
@@ -327,6 +331,16 @@ fn sliding_windows_are_exported_and_sandwich_norms_refused() {
     let text = export(&p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap();
     assert!(text.contains("--window-size 127,0"), "{text}");
     assert!(text.contains("--window-attn-skip-freq 2"), "{text}");
+    // Its clamped GLU and attention sinks, not SwiGLU.
+    for f in [
+        "--quick-geglu",
+        "--activation-func-clamp-value 7",
+        "--glu-linear-offset 1",
+        "--softmax-type learnable",
+    ] {
+        assert!(text.contains(f), "{f}: {text}");
+    }
+    assert!(!text.contains("--swiglu"), "{text}");
     let mut p = plan(
         "llama3-8b",
         8,
