@@ -99,6 +99,11 @@ struct ValidateArgs {
     /// Also run leave-one-source-out cross-validation.
     #[arg(long = "cross-validate")]
     cross_validate: bool,
+    /// Also search each run's workload (same model, machine, batch and software
+    /// stack) and price the first plan against the measurement and the experts'
+    /// configuration, with the claimed gain split by knob
+    #[arg(long)]
+    search: bool,
     /// A CSV completing the runs' software configuration: `id`, `source`, and any of
     /// recompute, attention (flash/unfused), recompute_modules, optimizer_moments (bf16/fp32), dispatcher
     /// (alltoall/deepep/hybridep), ep_comm_overlap, tp_comm_overlap (true/false),
@@ -107,7 +112,7 @@ struct ValidateArgs {
     #[arg(long, value_name = "CSV")]
     stack: Option<String>,
     /// Print one row's configuration and full cost breakdown instead of the table.
-    #[arg(long, value_name = "ID", conflicts_with_all = ["json", "markdown", "cross_validate"])]
+    #[arg(long, value_name = "ID", conflicts_with_all = ["json", "markdown", "cross_validate", "search"])]
     row: Option<String>,
 }
 
@@ -743,12 +748,18 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
         None
     };
     let cv_summary = cv.as_ref().map(|(r, _)| summarize(r));
+    let claims = a.search.then(|| sextant_planner::claims::claims(&cases));
     let cv_bands = cv.as_ref().map(|(r, _)| band_checks(r, HoldOut::Source));
     if a.json {
         let bands_json = |b: &[sextant_planner::validate::BandCheck]| serde_json::json!({"checks": b, "coverage": coverage(b)});
         let v = serde_json::json!({
             "schema_version": 1,
             "rows": rows,
+            "search": claims.as_ref().map(|(c, none)| serde_json::json!({
+                "claims": c,
+                "summary": sextant_planner::claims::summarize(c),
+                "none": none,
+            })),
             "summary": summary,
             "bands": bands_json(&bands),
             "unrepresentable": unrepresentable,
@@ -772,6 +783,9 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
         render::band_coverage(&bands, "the row left out", a.markdown)
     );
     print!("{}", render::memory_validation(&mem_rows, a.markdown));
+    if let Some((c, none)) = &claims {
+        print!("{}", render::search_claims(c, none, a.markdown));
+    }
     if let (Some((cv_rows, scales)), Some(cs), Some(cb)) = (&cv, &cv_summary, &cv_bands) {
         println!();
         print!(

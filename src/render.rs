@@ -972,6 +972,86 @@ pub fn notes(list: &[String]) -> String {
     s
 }
 
+/// What the search claims over the experts' configurations (`validate --search`):
+/// per run, the first plan against the measurement and against the experts'
+/// configuration, and the claimed gain split into knob groups.
+pub fn search_claims(
+    claims: &[sextant_planner::claims::Claim],
+    none: &[sextant_planner::claims::NoClaim],
+    md: bool,
+) -> String {
+    let mut s = String::new();
+    if md {
+        let _ = writeln!(s, "\n## The search against the experts\n");
+        let _ = writeln!(
+            s,
+            "| run | measured s | experts' config, predicted s | first plan, predicted s | first / measured | first / experts' | model error at experts' | first plan | claimed gain by knob |"
+        );
+        let _ = writeln!(s, "|{}", "---|".repeat(9));
+    } else {
+        let _ = writeln!(
+            s,
+            "\nThe search against the experts: the first plan for each run's model, machine, batch and software stack,\npriced against the measurement (first/meas) and the experts' own configuration (first/exp), the model's\nerror at the experts' configuration, and the claimed gain split into knob groups (factors multiply to first/exp):"
+        );
+        let _ = writeln!(
+            s,
+            "{:<44} {:>9} {:>9} {:>10} {:>9}  first plan",
+            "run", "measured", "first/meas", "first/exp", "model err"
+        );
+    }
+    for c in claims {
+        let steps: Vec<String> = c
+            .steps
+            .iter()
+            .map(|st| format!("{} x{:.2}", st.change, st.factor))
+            .collect();
+        if md {
+            let _ = writeln!(
+                s,
+                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:+.1}% | {} | {} |",
+                c.id,
+                c.measured_secs,
+                c.experts_secs,
+                c.top_secs,
+                c.top_over_measured,
+                c.top_over_experts,
+                100.0 * c.model_error,
+                c.top,
+                steps.join("; ")
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "{:<44} {:>8.3}s {:>9.3} {:>10.3} {:>+8.1}%  {}",
+                c.id,
+                c.measured_secs,
+                c.top_over_measured,
+                c.top_over_experts,
+                100.0 * c.model_error,
+                c.top
+            );
+            for st in &steps {
+                let _ = writeln!(s, "{:<44}   {st}", "");
+            }
+        }
+    }
+    if let Some(sum) = sextant_planner::claims::summarize(claims) {
+        let _ = writeln!(
+            s,
+            "{}median first/measured {:.3}, first/experts' {:.3}; {} of {} runs promise more than 15% over the measurement",
+            if md { "\n" } else { "" },
+            sum.median_top_over_measured,
+            sum.median_top_over_experts,
+            sum.below_085,
+            sum.runs
+        );
+    }
+    for n in none {
+        let _ = writeln!(s, "{}{}: {}", if md { "- " } else { "  " }, n.id, n.reason);
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::megatron_layout;

@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod calibration;
+pub mod claims;
 pub mod comm;
 pub mod config;
 pub mod cost;

@@ -4,6 +4,7 @@ mod bench;
 #[cfg(target_os = "linux")]
 mod browser;
 mod calibrate_log;
+mod claims;
 mod cli;
 mod common;
 mod cuda_libs;

@@ -6,7 +6,7 @@ use sextant_planner::reach::{axis_rates, Reach, SweepPoint, AXES};
 use sextant_planner::runs::{parse_runs_with, RunCase, Unrepresentable};
 use sextant_planner::uncertainty::{ErrorSample, Shares, ValidationSet};
 
-fn published_csv() -> String {
+pub(crate) fn published_csv() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/published_runs.csv");
     std::fs::read_to_string(path).unwrap_or_else(|e| {
         panic!("cannot read {path}: {e} (tests/data/published_runs.csv is part of the repository)")
@@ -20,7 +20,7 @@ const STACK: &str = concat!(
     "/tests/data/published_runs_stack.csv"
 );
 
-fn parse_runs(csv: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
+pub(crate) fn parse_runs(csv: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
     parse_runs_with(
         csv,
         Some(&std::fs::read_to_string(STACK).expect("stack file")),
