@@ -4,6 +4,8 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use clap::Args;
+
+use crate::flags::{DispatcherFlag, LossFlag, PrecisionFlag, ScheduleFlag};
 use sextant_planner::config::{Dispatcher, Overlap, Precision, RecomputeModules, Workload};
 use sextant_planner::cost::{Assumptions, LossKernel};
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile, DEFAULT_PROFILE};
@@ -40,9 +42,9 @@ pub struct Common {
     /// Global batch in sequences per optimizer step.
     #[arg(long = "global-batch", default_value_t = 1024)]
     pub global_batch: u64,
-    /// GEMM precision: bf16, fp16, fp8 or mxfp8.
-    #[arg(long, default_value = "bf16")]
-    pub precision: String,
+    /// GEMM precision.
+    #[arg(long, value_enum, ignore_case = true, default_value = "bf16")]
+    pub precision: PrecisionFlag,
     /// Busiest expert's load over the mean (MoE); 1.0 is perfectly balanced.
     /// Default: 1.52 with auxiliary-loss balancing, 1.04 with loss-free balancing
     /// (DeepSeek-V3), the MaxVio of Wang et al. 2024 (arXiv:2408.15664) Table 2.
@@ -94,17 +96,27 @@ pub struct Common {
     /// Cross-entropy kernel: native (Megatron's `--cross-entropy-loss-fusion`), te
     /// (Transformer Engine's, as Megatron-Bridge's performance scripts pick) or
     /// unfused (Megatron-LM without the flag).
-    #[arg(long = "loss", default_value = "native")]
-    pub loss: String,
+    #[arg(
+        long = "loss",
+        value_enum,
+        ignore_case = true,
+        default_value = "native"
+    )]
+    pub loss: LossFlag,
     /// MoE token dispatcher: alltoall (Megatron's) or dedup (DeepEP / HybridEP:
     /// one network copy per destination node).
-    #[arg(long = "moe-dispatcher", default_value = "alltoall")]
-    pub moe_dispatcher: String,
+    #[arg(
+        long = "moe-dispatcher",
+        value_enum,
+        ignore_case = true,
+        default_value = "alltoall"
+    )]
+    pub moe_dispatcher: DispatcherFlag,
     /// Pipeline schedules (comma-separated): 1f1b, interleaved, zb-h1, dualpipe,
     /// gpipe. `plan` searches only these (default: all but gpipe); `estimate` takes
     /// one (default: interleaved with --vpp > 1, else 1f1b).
-    #[arg(long, value_delimiter = ',')]
-    pub schedule: Option<Vec<String>>,
+    #[arg(long, value_enum, ignore_case = true, value_delimiter = ',')]
+    pub schedule: Option<Vec<ScheduleFlag>>,
     /// Allow tensor parallelism to span NVLink domains (over the network).
     #[arg(long = "allow-tp-across-nodes")]
     pub allow_tp_across_nodes: bool,
@@ -245,12 +257,7 @@ impl Common {
         }
         let mut cluster = Cluster::new(profile, self.gpus)?;
         cluster.allow_tp_beyond_nvlink = self.allow_tp_across_nodes;
-        let Some(precision) = Precision::parse(&self.precision) else {
-            bail!(
-                "--precision '{}' is not one of bf16, fp16, fp8, mxfp8",
-                self.precision
-            );
-        };
+        let precision = Precision::from(self.precision);
         if precision.is_fp8() && cluster.profile.gpu.peak_tflops.fp8 <= 0.0 {
             bail!(
                 "--precision {precision}: {} has no FP8 tensor cores; use bf16 or fp16",
@@ -308,14 +315,10 @@ impl Common {
             p2p: true,
             ep_comm: self.ep_comm_overlap,
         };
-        let schedules = match &self.schedule {
-            None => None,
-            Some(list) => Some(
-                list.iter()
-                    .map(|n| Schedule::parse(n).ok_or_else(|| anyhow::anyhow!("--schedule '{n}' is not one of 1f1b, interleaved, zb-h1, dualpipe, gpipe")))
-                    .collect::<Result<Vec<_>>>()?,
-            ),
-        };
+        let schedules = self
+            .schedule
+            .as_ref()
+            .map(|list| list.iter().map(|&f| Schedule::from(f)).collect());
         let recompute_modules = match &self.recompute_modules {
             None => None,
             Some(list) => {
@@ -335,20 +338,10 @@ impl Common {
             bf16_grads: self.bf16_grads,
             bf16_moments: self.bf16_moments,
             recompute_modules,
-            moe_dispatcher: match Dispatcher::parse(&self.moe_dispatcher) {
-                Some(d) => d,
-                None => bail!(
-                    "--moe-dispatcher '{}' is not one of {}",
-                    self.moe_dispatcher,
-                    Dispatcher::NAMES
-                ),
-            },
+            moe_dispatcher: Dispatcher::from(self.moe_dispatcher),
             assumptions: Assumptions {
                 flash_attention: !self.no_flash_attention,
-                loss: match LossKernel::parse(&self.loss) {
-                    Some(k) => k,
-                    None => bail!("--loss '{}' is not one of {}", self.loss, LossKernel::NAMES),
-                },
+                loss: LossKernel::from(self.loss),
                 ..Assumptions::default()
             },
             schedules,

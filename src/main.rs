@@ -24,6 +24,7 @@ fn write_stdout(args: std::fmt::Arguments) {
 mod args;
 mod bench;
 mod exec;
+mod flags;
 mod io;
 mod progress;
 mod render;
@@ -174,12 +175,24 @@ struct PlanArgs {
     /// Micro-batch sizes to try.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     mbs: Vec<u64>,
-    /// ZeRO stages to try: 0, 1 (distributed optimizer), 2, 3.
-    #[arg(long, value_delimiter = ',', default_value = "0,1,2,3")]
-    zero: Vec<String>,
-    /// Recomputation to try: none, selective, full.
-    #[arg(long, value_delimiter = ',', default_value = "none,selective,full")]
-    recompute: Vec<String>,
+    /// ZeRO stages to try: 0, 1 (distributed optimizer), 2, 3 (fsdp).
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        value_delimiter = ',',
+        default_value = "0,1,2,3"
+    )]
+    zero: Vec<flags::ZeroFlag>,
+    /// Recomputation to try.
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        value_delimiter = ',',
+        default_value = "none,selective,full"
+    )]
+    recompute: Vec<flags::RecomputeFlag>,
     /// Also print the best plan for this framework (see `sextant export --help`).
     #[arg(long)]
     emit: Option<String>,
@@ -193,8 +206,8 @@ struct PlanArgs {
     /// Rank plans by the upper end of their 80% error band (upper, the default),
     /// which widens outside what published runs validated, or by the point
     /// estimate (point).
-    #[arg(long, default_value = "upper")]
-    rank_by: String,
+    #[arg(long, value_enum, ignore_case = true, default_value = "upper")]
+    rank_by: flags::RankByFlag,
     /// Also write the HTML cost report to this file (replaced only with --force).
     #[arg(long)]
     report: Option<String>,
@@ -224,12 +237,12 @@ struct EstimateArgs {
     /// Micro-batch size.
     #[arg(long, default_value_t = 1)]
     mbs: u64,
-    /// ZeRO stage: 0, 1 (distributed optimizer), 2, 3.
-    #[arg(long, default_value = "1")]
-    zero: String,
-    /// none, selective or full.
-    #[arg(long, default_value = "none")]
-    recompute: String,
+    /// ZeRO stage: 0, 1 (distributed optimizer), 2, 3 (fsdp).
+    #[arg(long, value_enum, ignore_case = true, default_value = "1")]
+    zero: flags::ZeroFlag,
+    /// Recomputation.
+    #[arg(long, value_enum, ignore_case = true, default_value = "none")]
+    recompute: flags::RecomputeFlag,
     /// Sequence parallelism (default: on when TP > 1).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     sp: Option<bool>,
@@ -258,25 +271,6 @@ struct EstimateArgs {
     /// each class on a block of stages and layers on stages by integer program.
     #[arg(long, value_delimiter = ',')]
     mix: Option<Vec<String>>,
-}
-
-fn parse_zero(s: &str) -> Result<Zero> {
-    Ok(match s.trim().to_ascii_lowercase().as_str() {
-        "0" | "none" => Zero::None,
-        "1" | "do" | "dist-opt" | "distributed-optimizer" => Zero::DistOpt,
-        "2" => Zero::Zero2,
-        "3" | "fsdp" => Zero::Zero3,
-        other => bail!("--zero '{other}' is not one of 0, 1 (distributed optimizer), 2, 3 (fsdp)"),
-    })
-}
-
-fn parse_recompute(s: &str) -> Result<Recompute> {
-    Ok(match s.trim().to_ascii_lowercase().as_str() {
-        "none" | "no" => Recompute::None,
-        "selective" | "sel" => Recompute::Selective,
-        "full" => Recompute::Full,
-        other => bail!("--recompute '{other}' is not one of none, selective, full"),
-    })
 }
 
 fn emit(common: &Common, plan: &PlanFile, text: String) -> Result<()> {
@@ -353,11 +347,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         check_knobs(name, v)?;
     }
     check_knobs("mbs", &Some(a.mbs.clone()))?;
-    let recomputes: Vec<Recompute> = a
-        .recompute
-        .iter()
-        .map(|r| parse_recompute(r))
-        .collect::<Result<_>>()?;
+    let recomputes: Vec<Recompute> = a.recompute.iter().map(|&r| r.into()).collect();
     if inp.recompute_modules.is_some() && !recomputes.contains(&Recompute::Selective) {
         bail!(
             "--recompute-modules applies to selective recomputation: add selective to --recompute"
@@ -396,12 +386,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         inp.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;
         inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
     }
-    let rank_by = RankBy::parse(&a.rank_by).ok_or_else(|| {
-        anyhow::anyhow!(
-            "--rank-by {:?} is not a ranking: use upper (the upper end of the 80% band) or point (the estimate)",
-            a.rank_by
-        )
-    })?;
+    let rank_by = RankBy::from(a.rank_by);
     let space = SearchSpace {
         tp: a.tp,
         pp: a.pp,
@@ -416,11 +401,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
                 .map(<[_]>::to_vec)
         }),
         mbs: a.mbs,
-        zero: a
-            .zero
-            .iter()
-            .map(|z| parse_zero(z))
-            .collect::<Result<_>>()?,
+        zero: a.zero.iter().map(|&z| z.into()).collect(),
         recompute: recomputes.clone(),
         recompute_modules: inp.recompute_modules.map(|m| vec![m]),
         overlap: inp.overlap,
@@ -867,7 +848,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     } else {
         Layout::Even
     };
-    let recompute = parse_recompute(&a.recompute)?;
+    let recompute = Recompute::from(a.recompute);
     if inp.recompute_modules.is_some() && recompute != Recompute::Selective {
         bail!("--recompute-modules applies to selective recomputation: add --recompute selective");
     }
@@ -881,7 +862,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         dp,
         sp: a.sp.unwrap_or(a.tp > 1),
         mbs: a.mbs,
-        zero: parse_zero(&a.zero)?,
+        zero: Zero::from(a.zero),
         recompute,
         layout,
         overlap: inp.overlap,

@@ -371,7 +371,7 @@ fn schedule_flag_restricts_plan_and_sets_estimate() {
             "--schedule",
             "zb-h2",
         ],
-        "--schedule 'zb-h2' is not one of",
+        "invalid value 'zb-h2' for '--schedule <SCHEDULE>': [possible values: 1f1b, interleaved, zb-h1, dualpipe, gpipe]",
     );
     fails_with_one_line(
         &[
@@ -496,7 +496,7 @@ fn loss_kernel_changes_only_the_output_layer() {
         &[
             "estimate", "--model", "8b", "--gpus", "8", "--loss", "fused",
         ],
-        "--loss 'fused' is not one of te, native, unfused",
+        "invalid value 'fused' for '--loss <LOSS>': [possible values: te, native, unfused]",
     );
 }
 
@@ -650,7 +650,7 @@ pub fn bad_input_gets_one_clear_line() {
             "--precision",
             "fp4",
         ],
-        "not one of bf16",
+        "[possible values: bf16, fp16, fp8, mxfp8]",
     );
     fails_with_one_line(
         &[
