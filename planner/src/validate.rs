@@ -302,11 +302,15 @@ pub fn cross_validate(cases: &[RunCase]) -> (Vec<RowResult>, Vec<(String, String
     let mut scales = Vec::new();
     for s in &sources {
         let held: Vec<&RunCase> = cases.iter().filter(|c| source_key(&c.id) == *s).collect();
-        let mut profiles: Vec<String> = held
-            .iter()
-            .map(|c| c.cluster.profile.name.clone())
-            .collect();
-        profiles.dedup();
+        // Each profile once, whatever the order of the source's rows (`dedup`
+        // alone kept a profile twice when its rows were not adjacent, and
+        // predicted those rows twice).
+        let mut profiles: Vec<String> = Vec::new();
+        for c in &held {
+            if !profiles.contains(&c.cluster.profile.name) {
+                profiles.push(c.cluster.profile.name.clone());
+            }
+        }
         for name in profiles {
             let train: Vec<&RunCase> = cases
                 .iter()

@@ -673,3 +673,209 @@ fn validate_builds_models_from_shape_columns() {
         "{mem}"
     );
 }
+
+/// Runs published after the shared set was drawn, from sources it does not use
+/// (issue 25): `tests/data/published_runs_new.csv`, in the same schema, with its
+/// software stack in `published_runs_new_stack.csv`. They live in their own files
+/// so that `published_runs.csv` stays a copy of the shared file; `validate` reads
+/// either file, or both concatenated (the headers are the same).
+const NEW_RUNS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/published_runs_new.csv"
+);
+const NEW_STACK: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/published_runs_new_stack.csv"
+);
+
+/// The shared rows and the new rows as one CSV, and their stacks as one CSV.
+fn published_and_new() -> (String, String) {
+    let read =
+        |p: &str| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {p}: {e}"));
+    let join = |a: String, b: String, what: &str| {
+        let (ha, hb) = (a.lines().next().unwrap(), b.lines().next().unwrap());
+        assert_eq!(
+            ha, hb,
+            "{what}: the new file's header differs from the shared file's, so the two cannot be read as one table"
+        );
+        let mut out = a.trim_end().to_string();
+        for l in b.lines().skip(1).filter(|l| !l.trim().is_empty()) {
+            out.push('\n');
+            out.push_str(l);
+        }
+        out.push('\n');
+        out
+    };
+    (
+        join(published_csv(), read(NEW_RUNS), "published_runs_new.csv"),
+        join(read(STACK), read(NEW_STACK), "published_runs_new_stack.csv"),
+    )
+}
+
+fn print_groups(title: &str, s: &sextant_planner::validate::Summary) {
+    println!("{title}");
+    println!(
+        "  {:<14} {:>4} {:>8} {:>8} {:>8}",
+        "group", "rows", "median", "max", "signed"
+    );
+    for g in std::iter::once(&s.all)
+        .chain(&s.by_kind)
+        .chain(&s.by_source)
+    {
+        println!(
+            "  {:<14} {:>4} {:>7.1}% {:>7.1}% {:>+7.1}%",
+            g.group,
+            g.rows,
+            100.0 * g.median_abs,
+            100.0 * g.max_abs,
+            100.0 * g.mean_signed
+        );
+    }
+}
+
+/// Issue 25's bars on the shared rows plus the new ones: every new row is priced
+/// with its exact configuration; the per-source and per-kind table is printed
+/// before (shared rows) and after (shared + new); leave-one-source-out and the
+/// error bands are judged on the union. The bars that hold are asserted (dense
+/// median <= 4.5%, leave-one-source-out median <= 6%, band coverage); the ones that
+/// do not are guarded at today's value and named in the messages:
+/// - 40 new rows from 5 new sources: not met. 34 rows from four documents not used
+///   before (six source keys): the Megatron-Bridge performance summary's 26.02,
+///   26.02.01 and 26.06 releases, Megatron-MoE-ModelZoo's Qwen3 tables, NeMo
+///   AutoModel's performance summary and Megatron-LM's examples/llama table.
+///   tests/data/README.md lists what was skipped and why.
+/// - MoE median <= 8%: not met (16.6% on 31 MoE rows, 23 of them too fast).
+/// - every MoE row within 25% but two: not met (12 of 31 beyond it).
+#[test]
+fn new_published_runs_against_issue_25_bars() {
+    use sextant_planner::validate::{
+        band_checks, coverage, cross_validate, source_key, summarize, validate, HoldOut,
+    };
+    let new_text = std::fs::read_to_string(NEW_RUNS).unwrap();
+    let new_rows = parse_runs_with(
+        &new_text,
+        Some(&std::fs::read_to_string(NEW_STACK).unwrap()),
+    )
+    .expect("published_runs_new.csv parses");
+    let shared = parse_runs(&published_csv()).expect("published_runs.csv parses");
+    let shared_sources: Vec<String> = shared
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|c| source_key(&c.id))
+        .collect();
+    let mut new_sources: Vec<String> = Vec::new();
+    for r in &new_rows {
+        let c = r
+            .as_ref()
+            .unwrap_or_else(|u| panic!("new row {} cannot be represented: {}", u.id, u.reason));
+        let key = source_key(&c.id);
+        assert!(
+            !shared_sources.contains(&key),
+            "new row {} reuses the shared set's source key {key}",
+            c.id
+        );
+        if !new_sources.contains(&key) {
+            new_sources.push(key);
+        }
+    }
+    // Each new row names its source and the version it was read at (a commit).
+    for line in new_text.lines().skip(1) {
+        let id = line.split(',').next().unwrap();
+        let source = line.split(',').nth(1).unwrap_or("");
+        assert!(
+            source.contains('@'),
+            "new row {id}: its source names no commit or version: {source}"
+        );
+    }
+    println!(
+        "new rows: {} from {} sources ({})",
+        new_rows.len(),
+        new_sources.len(),
+        new_sources.join(", ")
+    );
+    // Guard at today's count; the bar (40 rows, 5 sources) is not met.
+    assert!(
+        new_rows.len() >= 34 && new_sources.len() >= 6,
+        "fewer new rows or source keys than committed (34 rows, 6 keys; issue 25 asks for 40 rows from 5 sources)"
+    );
+
+    let (csv, stack) = published_and_new();
+    let cases: Vec<RunCase> = parse_runs_with(&csv, Some(&stack))
+        .expect("the union parses")
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|u| panic!("{}: {}", u.id, u.reason)))
+        .collect();
+    let (rows, bad) = validate(&cases);
+    assert!(bad.is_empty(), "rows not priced: {bad:?}");
+    let n_shared = shared.len();
+    print_groups(
+        "shared rows (before):",
+        &summarize(&rows[..n_shared.min(rows.len())]),
+    );
+    let after = summarize(&rows);
+    print_groups("shared + new rows (after):", &after);
+    let kind = |k: &str| after.by_kind.iter().find(|g| g.group == k).unwrap().clone();
+    let (dense, moe) = (kind("dense"), kind("MoE"));
+    assert!(
+        dense.median_abs <= 0.045,
+        "dense median |error| {:.1}% exceeds issue 25's 4.5%",
+        100.0 * dense.median_abs
+    );
+    // Not met (bar 8%): a regression guard at today's 16.6%.
+    assert!(
+        moe.median_abs <= 0.17,
+        "MoE median |error| {:.1}% exceeds the 17% guard (issue 25's bar is 8%)",
+        100.0 * moe.median_abs
+    );
+    let moe_outside: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.moe && r.error.abs() > 0.25)
+        .map(|r| r.id.as_str())
+        .collect();
+    println!(
+        "MoE rows beyond 25%: {} of {} ({})",
+        moe_outside.len(),
+        moe.rows,
+        moe_outside.join(", ")
+    );
+    // Not met (bar: at most two): a regression guard at today's twelve.
+    assert!(
+        moe_outside.len() <= 12,
+        "{} MoE rows beyond 25% (guard 12; issue 25's bar is 2)",
+        moe_outside.len()
+    );
+
+    let (cv_rows, _) = cross_validate(&cases);
+    assert_eq!(
+        cv_rows.len(),
+        rows.len(),
+        "leave-one-source-out predicts every row once"
+    );
+    let loso = summarize(&cv_rows);
+    println!(
+        "leave-one-source-out median |error| {:.1}% (dense {:.1}%, MoE {:.1}%)",
+        100.0 * loso.all.median_abs,
+        100.0 * loso.by_kind[0].median_abs,
+        100.0 * loso.by_kind.get(1).map_or(f64::NAN, |g| g.median_abs)
+    );
+    assert!(
+        loso.all.median_abs <= 0.06,
+        "leave-one-source-out median |error| {:.1}% exceeds issue 25's 6%",
+        100.0 * loso.all.median_abs
+    );
+    for (what, checks) in [
+        ("row", band_checks(&rows, HoldOut::Row)),
+        ("source", band_checks(&cv_rows, HoldOut::Source)),
+    ] {
+        let all = &coverage(&checks)[0];
+        let (n, inside, claim) = (all.rows as f64, all.inside as f64, all.nominal);
+        let floor = claim - 2.0 * (claim * (1.0 - claim) / n).sqrt();
+        println!("bands drawn with the {what} left out: {inside} of {n} rows inside ({:.0}%, claimed {:.0}%, floor {:.0}%)", 100.0 * inside / n, 100.0 * claim, 100.0 * floor);
+        assert_eq!(all.rows, rows.len(), "every row gets a held-out band");
+        assert!(
+            inside / n >= floor,
+            "bands drawn with the {what} left out hold for {inside} of {n} rows, below {:.0}%",
+            100.0 * floor
+        );
+    }
+}
