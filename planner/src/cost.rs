@@ -1018,10 +1018,28 @@ fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
         };
         let calls = 2.0 * (2.0 + replays + moe_replay);
         let total = calls * one;
-        // Paired passes hide this layer's all-to-all behind the partner's compute
-        // of the same layer; what outlasts it stays exposed.
+        // Paired passes: Megatron's batch-level overlap (`--overlap-moe-expert-parallel-comm`;
+        // megatron/core/models/common/model_chunk_schedule_plan.py,
+        // `TransformerLayerSchedulePlan.run`, Megatron-LM d98e8a6) runs one
+        // micro-batch's layer forward beside another's layer backward in three
+        // windows, each all-to-all hidden only behind the computation of its own:
+        //   comm: combine bwd        | dispatch fwd, dispatch bwd       | combine fwd
+        //   comp: pre-dispatch fwd   | MLP bwd (with wgrad), MLP fwd     | pre-dispatch bwd
+        // (pre-dispatch: attention and router). DualPipe's F&B pairs overlap the
+        // same four pieces (DeepSeek-V3 report, Figure 4). Element-wise passes are
+        // left out of the windows: their split between the pieces is not priced.
+        // Replayed all-to-alls (recomputation) are not paired.
         let exposed = match cfg.ep_overlap(c.w) {
-            Some(f) => (1.0 - f) * total + f * (total - (fwd.total() + bwd.total())).max(0.0),
+            Some(f) => {
+                let pre_f = fwd.attention_proj + fwd.attention_core + fwd.router;
+                let pre_b = bwd.attention_proj + bwd.attention_core + bwd.router;
+                let mlp = fwd.moe_experts + fwd.mlp + bwd.moe_experts + bwd.mlp;
+                let paired = (one - pre_f).max(0.0)
+                    + (2.0 * one - mlp).max(0.0)
+                    + (one - pre_b).max(0.0)
+                    + (total - 4.0 * one).max(0.0);
+                (1.0 - f) * total + f * paired.min(total)
+            }
             None => total,
         };
         lc.ep = (total, exposed);
