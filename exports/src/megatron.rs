@@ -15,6 +15,7 @@ use sextant_planner::plan::PlanFile;
 use sextant_planner::schedule::Schedule;
 
 use crate::quote;
+use crate::Reason;
 
 mod lm;
 mod mcore;
@@ -29,7 +30,7 @@ pub const MEGATRON_VERSION: &str = "Megatron-LM main 2026-08 (core_v0.19); core_
 /// embedding, `t` decoder layer, `m` multi-token-prediction layer, `L` loss, `|`
 /// between virtual stages, stage index = vpp_rank * PP + pp_rank, which is
 /// Sextant's order too). MTP layers go on the last virtual stage, before the loss.
-pub fn pipeline_layout(plan: &PlanFile, cfg: &ParallelConfig) -> Result<String, String> {
+pub fn pipeline_layout(plan: &PlanFile, cfg: &ParallelConfig) -> Result<String, Reason> {
     let chunks = cfg
         .stage_layers(plan.model.layers)
         .map_err(|r| r.to_string())?;
@@ -69,12 +70,12 @@ pub fn pipeline_layout(plan: &PlanFile, cfg: &ParallelConfig) -> Result<String, 
 /// `--delay-wgrad-compute` defers weight gradients for that overlap; neither is a
 /// zero-bubble or bidirectional schedule.) So GPipe, ZB-H1 and DualPipe plans
 /// cannot be stated for Megatron-LM or the frameworks built on Megatron-Core.
-pub(crate) fn megatron_schedule(cfg: &ParallelConfig, framework: &str) -> Result<(), String> {
+pub(crate) fn megatron_schedule(cfg: &ParallelConfig, framework: &str) -> Result<(), Reason> {
     match cfg.schedule {
         Schedule::OneFOneB | Schedule::Interleaved => Ok(()),
         other => Err(format!(
             "{framework} has no {other} pipeline schedule (Megatron-Core's get_forward_backward_func runs 1F1B, or interleaved 1F1B with virtual stages); re-plan with --schedule 1f1b,interleaved"
-        )),
+        ).into()),
     }
 }
 
@@ -136,14 +137,15 @@ fn expert_sizes(plan: &PlanFile, cfg: &ParallelConfig) -> (u64, u64) {
 /// expert_data_parallel_size == data_parallel_size`, where the data-parallel size
 /// is world / (TP x PP x CP) and the expert one world / (ETP x EP x PP): with PP > 1,
 /// an order that puts PP before DP needs the two equal.
-pub(crate) fn check_rank_order(plan: &PlanFile, cfg: &ParallelConfig) -> Result<(), String> {
+pub(crate) fn check_rank_order(plan: &PlanFile, cfg: &ParallelConfig) -> Result<(), Reason> {
     let order = plan.rank_order.as_str();
     if !sextant_planner::ranks::ORDERS.contains(&order) {
         return Err(format!(
             "rank order {} is not one Megatron-Core supports ({})",
             quote::double_quoted(order),
             sextant_planner::ranks::ORDERS.join(", ")
-        ));
+        )
+        .into());
     }
     let (ep, etp) = expert_sizes(plan, cfg);
     let world = plan.gpus;
@@ -155,7 +157,7 @@ pub(crate) fn check_rank_order(plan: &PlanFile, cfg: &ParallelConfig) -> Result<
     Err(format!(
         "rank order {order} with pipeline parallel size {} needs the expert data-parallel size (world / (ETP {etp} x EP {ep} x PP {}) = {edp}) to equal the data-parallel size ({dp}): Megatron-Core's initialize_model_parallel asserts order.endswith(\"pp\") or pipeline_model_parallel_size == 1 or expert_data_parallel_size == data_parallel_size (megatron/core/parallel_state.py); set the plan's rank_order to the default tp-cp-ep-dp-pp",
         cfg.pp, cfg.pp
-    ))
+    ).into())
 }
 
 /// Why Megatron-LM's arguments cannot build `m` at all, whatever the plan.

@@ -18,7 +18,7 @@ use sextant_planner::plan::PlanFile;
 
 use crate::megatron::pipeline_layout;
 use crate::quote;
-use crate::{ExportError, Target};
+use crate::{ExportError, Reason, Target};
 
 pub use bridge::megatron_bridge;
 pub use nemo::nemo;
@@ -83,7 +83,7 @@ fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
 fn layout_fields(
     plan: &PlanFile,
     cfg: &ParallelConfig,
-) -> Result<Vec<(&'static str, String)>, String> {
+) -> Result<Vec<(&'static str, String)>, Reason> {
     Ok(match &cfg.layout {
         Layout::Even => vec![],
         Layout::AccountEmbeddingLoss => vec![

@@ -43,10 +43,10 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     Ok(v)
 }
 
-fn cannot_lm(reason: String) -> ExportError {
+fn cannot_lm(reason: impl Into<String>) -> ExportError {
     ExportError::Inexpressible {
         target: Target::MegatronLm,
-        reason,
+        reason: reason.into(),
     }
 }
 
@@ -91,7 +91,7 @@ fn parallel_args(
         }
         Layout::FirstLast { first, last } => {
             if cfg.vpp > 1 {
-                return Err(cannot_lm("first/last stage layer counts with virtual stages: state the split as an explicit layout".into()));
+                return Err(cannot_lm("first/last stage layer counts with virtual stages: state the split as an explicit layout"));
             }
             arg(v, "decoder-first-pipeline-num-layers", first);
             arg(v, "decoder-last-pipeline-num-layers", last);
@@ -163,7 +163,7 @@ fn training_args(v: &mut Vec<String>, cfg: &ParallelConfig) -> Result<(), Export
     if cfg.overlap.tp_comm && cfg.tp > 1 {
         if !cfg.sp {
             return Err(cannot_lm(
-                "--tp-comm-overlap requires --sequence-parallel (assertion in Megatron-LM)".into(),
+                "--tp-comm-overlap requires --sequence-parallel (assertion in Megatron-LM)",
             ));
         }
         flag(v, "tp-comm-overlap");

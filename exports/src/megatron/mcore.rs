@@ -25,10 +25,8 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     let m = &plan.model;
     let w = &plan.workload;
     let py_bool = |b: bool| if b { "True" } else { "False" };
-    megatron_schedule(cfg, "Megatron-Core")
-        .map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
-    check_rank_order(plan, cfg)
-        .map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
+    megatron_schedule(cfg, "Megatron-Core").map_err(|r| r.at(t))?;
+    check_rank_order(plan, cfg).map_err(|r| r.at(t))?;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -247,8 +245,7 @@ fn training_fields(
             let _ = writeln!(s, "    num_layers_in_first_pipeline_stage={first},\n    num_layers_in_last_pipeline_stage={last},");
         }
         Layout::Explicit { .. } => {
-            let layout = pipeline_layout(plan, cfg)
-                .map_err(|reason| ExportError::Inexpressible { target: t, reason })?;
+            let layout = pipeline_layout(plan, cfg).map_err(|r| r.at(t))?;
             let _ = writeln!(
                 s,
                 "    pipeline_model_parallel_layout={},",

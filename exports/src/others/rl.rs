@@ -8,7 +8,7 @@ use sextant_planner::plan::PlanFile;
 
 use crate::megatron::moe_token_fields;
 use crate::quote;
-use crate::{ExportError, Target};
+use crate::{ExportError, Reason, Target};
 
 use super::{cannot, describe_layout, layout_fields, mtp_value, recompute_fields, vpp_value};
 
@@ -22,18 +22,18 @@ fn rl_backend_limits(
     cfg: &ParallelConfig,
     framework: &str,
     loss_path: &str,
-) -> Result<(), String> {
+) -> Result<(), Reason> {
     if plan.assumptions.loss != LossKernel::Unfused {
         return Err(format!(
             "{framework} computes log-probabilities itself with Megatron-Core's unfused vocab_parallel_cross_entropy ({loss_path}), not the {} loss kernel this plan priced; re-plan with --loss unfused",
             plan.assumptions.loss.name()
-        ));
+        ).into());
     }
     if cfg.overlap.tp_comm && cfg.tp > 1 {
-        return Err(format!("{framework} has no verified setting that initialises TP communication overlap; re-plan without --tp-comm-overlap"));
+        return Err(format!("{framework} has no verified setting that initialises TP communication overlap; re-plan without --tp-comm-overlap").into());
     }
     if cfg.megatron_ep_overlap(&plan.workload) {
-        return Err(format!("{framework}'s training step does not run Megatron-Core's expert-parallel overlap schedule as planned; re-plan without --ep-comm-overlap"));
+        return Err(format!("{framework}'s training step does not run Megatron-Core's expert-parallel overlap schedule as planned; re-plan without --ep-comm-overlap").into());
     }
     Ok(())
 }
