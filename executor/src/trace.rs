@@ -1,6 +1,6 @@
 //! The device program: what one rank issues in one training step at the plan's real
 //! sizes, as a flat list of [`Op`]s in issue order. The CUDA backend runs it on one
-//! stream (GEMMs through cuBLAS, collectives and sends through NCCL); [`check`] runs
+//! stream (GEMMs through cuBLAS, collectives and sends through NCCL); [`check()`] runs
 //! every rank's list against the others on the CPU, the way NCCL would pair them,
 //! and finds what would hang on the GPUs (a send nobody receives, a collective the
 //! members reach in different orders or with different sizes) before any GPU time
@@ -39,9 +39,9 @@
 //! else all-reduce), the Adam update's HBM traffic and the parameter all-gather.
 //!
 //! The module's parts: [`Op`] and its sizes (`op`), the builder that walks one
-//! rank's step (`build`: [`program`], [`footprint`]), the pairing check ([`check`]),
+//! rank's step (`build`: [`program`], [`footprint`]), the pairing check ([`check()`]),
 //! device scratch sizes ([`Scratch`]) and the booking of measured op times into a
-//! rank's statistics ([`book`], [`peaks`]).
+//! rank's statistics ([`book()`], [`peaks`]).
 
 mod book;
 mod build;
