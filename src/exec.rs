@@ -362,7 +362,8 @@ fn dry_run(setup: &program::Setup) -> Result<()> {
 /// NCCL (the unique id handed out at the rendezvous), rank 0 gathers the timings
 /// over the TCP mesh. A watchdog ends the rank with its phase when a peer fails or
 /// nothing moves for `--timeout` seconds (NCCL would otherwise wait forever).
-#[cfg(feature = "cuda")]
+/// Without the `cuda` feature the executor's CUDA functions each return the same
+/// error; this says so once, before the rendezvous, as `bench` does.
 fn run_cuda(
     setup: &program::Setup,
     opts: &Options,
@@ -377,6 +378,9 @@ fn run_cuda(
 
     use sextant_executor::device::{run_device, DeviceJob};
     use sextant_executor::{cuda, trace};
+    if !cfg!(feature = "cuda") {
+        bail!("this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu")
+    }
     let rank = env.rank;
     let tag = |phase: &str, e: String| anyhow!("rank {rank}, {phase}: {e}");
     let ordinal = env.local_rank as usize;
@@ -505,7 +509,6 @@ fn run_cuda(
 }
 
 /// Rank 0's measured device memory, beside what the plan predicts per GPU.
-#[cfg(feature = "cuda")]
 fn print_device_memory(m: &sextant_planner::calibration::DeviceMemory, predicted_bytes: f64) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let used = |free: u64| gib(m.total_bytes.saturating_sub(free));
@@ -521,18 +524,6 @@ fn print_device_memory(m: &sextant_planner::calibration::DeviceMemory, predicted
         gib(m.pool_grown_in_timed_steps_bytes),
         predicted_bytes / (1u64 << 30) as f64
     );
-}
-
-#[cfg(not(feature = "cuda"))]
-fn run_cuda(
-    _: &program::Setup,
-    _: &Options,
-    _: &LaunchEnv,
-    _: u64,
-    _: (&Path, &Path),
-    _: bool,
-) -> Result<()> {
-    bail!("this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu")
 }
 
 /// The rendezvous and the TCP mesh between the ranks, every connection proving it

@@ -33,9 +33,14 @@
 //! context exists, once the communicators and cuBLAS exist, and after the timed
 //! steps, and the pool's peaks.
 
-use std::collections::{BTreeMap, HashMap};
-use std::ffi::{c_int, c_void};
-use std::ops::Range;
+//!
+//! The start-up checks are in `check`, the issuing of one op on the stream in `issue`.
+
+mod check;
+mod issue;
+
+use std::collections::HashMap;
+use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
 use crate::culibs::Lib;
@@ -47,12 +52,14 @@ use cudarc::nccl::sys as nccl_sys;
 use sextant_planner::ranks::{RankMap, GROUP_KINDS};
 
 use crate::cuda::{
-    bf16_gemm, context, describe, device, fill_pattern, guarded, keep_pool, mem_info,
-    nccl_describe, nccl_group, nccl_loaded, oom_or, pool_bytes, reset_pool_peak, timing_event,
-    Blas, Comm, Gate,
+    context, describe, device, fill_pattern, guarded, keep_pool, mem_info, nccl_describe,
+    nccl_loaded, oom_or, pool_bytes, reset_pool_peak, timing_event, Blas, Comm, Gate,
 };
-use crate::record::{Checks, DeviceMemory, RankStats};
-use crate::trace::{book, coll_sides, peaks, Coll, Op, Scratch, COPY_PIECE};
+use crate::record::{DeviceMemory, RankStats};
+use crate::trace::{book, peaks, Op, Scratch};
+
+use check::{check_communicators, check_gemms};
+use issue::{gate_batches, Issue};
 
 /// Longest program the backend records events for (one per op and one per gate
 /// batch); cut the step down with --micro-batches.
@@ -239,386 +246,40 @@ fn communicators(job: &DeviceJob) -> Result<Comms, String> {
     Ok(comms)
 }
 
-/// Every communicator (the world's first, then one per group kind) sums its members'
-/// `rank + 1` in FP32, all of them in one NCCL group: a rank split into the wrong
-/// group gives a wrong sum here rather than a wrong timing later.
-fn check_communicators(gpu: &Gpu, job: &DeviceJob, checks: &mut Checks) -> Result<(), String> {
-    let comms: Vec<&Comm> = std::iter::once(&gpu.comms.world)
-        .chain(&gpu.comms.kinds)
-        .collect();
-    let n = comms.len() as u64;
-    let buf = alloc(
-        &gpu.ctx,
-        &gpu.stream,
-        gpu.ordinal,
-        2 * n * 4,
-        "the communicator check",
-    )?;
-    let cu = gpu.stream.cu_stream();
-    let mine = vec![(job.rank + 1) as f32; n as usize];
-    // SAFETY: `buf` holds 2n floats; the first n are written here.
-    unsafe { drv::memcpy_htod_async(buf.ptr, &mine, cu) }
-        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
-    nccl_group("checking the communicators", || {
-        for (i, comm) in comms.iter().enumerate() {
-            let i = i as u64;
-            // SAFETY: one float each way, inside `buf`, on this rank's stream.
-            unsafe {
-                nccl::all_reduce(
-                    (buf.ptr + 4 * i) as *const c_void,
-                    (buf.ptr + 4 * (n + i)) as *mut c_void,
-                    1,
-                    nccl_sys::ncclDataType_t::ncclFloat32,
-                    nccl_sys::ncclRedOp_t::ncclSum,
-                    comm.raw,
-                    cu as _,
-                )
-            }
-            .map_err(|e| {
-                format!(
-                    "checking the communicators: ncclAllReduce failed: {}",
-                    nccl_describe(&e, Some(comm.raw))
-                )
-            })?;
-        }
-        Ok(())
-    })?;
-    let mut got = vec![0f32; n as usize];
-    // SAFETY: the last n floats of `buf` into `got`; the stream is synchronised below.
-    unsafe { drv::memcpy_dtoh_async(&mut got, buf.ptr + 4 * n, cu) }
-        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
-    gpu.stream
-        .synchronize()
-        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
-    for (i, g) in got.iter().enumerate() {
-        let (kind, members): (&str, Vec<u64>) = match i {
-            0 => ("world", (0..job.map.world_size).collect()),
-            _ => (
-                GROUP_KINDS[i - 1],
-                job.map.group_of(job.rank, i - 1).to_vec(),
-            ),
-        };
-        let want = members.iter().map(|q| q + 1).sum::<u64>() as f32;
-        if *g != want {
-            return Err(format!("the {kind} communicator of rank {} summed its members' rank + 1 to {g}, but its members {members:?} sum to {want}: NCCL grouped the ranks differently from the plan", job.rank));
-        }
-    }
-    checks.collectives += n;
-    Ok(())
-}
-
-/// A BF16 value of the fill pattern as f64.
-fn pattern_value(pattern: &[u16], index: u64) -> f64 {
-    let h = pattern[(index % pattern.len() as u64) as usize];
-    f64::from(f32::from_bits(u32::from(h) << 16))
-}
-
-/// Runs each distinct GEMM shape of the program once on the scratch operands, which
-/// then hold only the fill pattern, and compares sampled entries of C (first and
-/// last product of a batch, corners and middle) with the same sums on the host: a
-/// wrong leading dimension, stride or operand order shows here.
-fn check_gemms(
-    gpu: &Gpu,
-    program: &[Op],
-    (a, b, c): (u64, u64, u64),
-    pattern: &[u16],
-    checks: &mut Checks,
+/// Fills each `(buffer, size)` with `pattern` repeated, and waits for the copies.
+fn fill_scratch(
+    stream: &Arc<CudaStream>,
+    bufs: [(&Buf, u64); 2],
+    pattern: &[u8],
 ) -> Result<(), String> {
-    let mut shapes: BTreeMap<(u64, u64, u64, u64), &str> = BTreeMap::new();
-    for op in program {
-        if let Op::Gemm {
-            class,
-            m,
-            n,
-            k,
-            batch,
-            ..
-        } = *op
-        {
-            shapes.entry((m, n, k, batch)).or_insert(class);
+    let cu = stream.cu_stream();
+    for (buf, size) in bufs {
+        let mut off = 0u64;
+        while off < size {
+            let n = (pattern.len() as u64).min(size - off);
+            // SAFETY: `n` bytes at `off` lie inside the buffer of `size` bytes.
+            unsafe { drv::memcpy_htod_async(buf.ptr + off, &pattern[..n as usize], cu) }
+                .map_err(|e| format!("filling scratch: {}", describe(e)))?;
+            off += n;
         }
     }
-    let cu = gpu.stream.cu_stream();
-    for (&(m, n, k, batch), class) in &shapes {
-        let shape = format!("the {class} GEMM {m}x{n}x{k} (batch {batch})");
-        bf16_gemm(&gpu.blas, (m, n, k), batch, (a, b, c)).map_err(|e| format!("{shape}: {e}"))?;
-        let mut at: Vec<(u64, u64, u64)> = Vec::new();
-        for q in [0, batch - 1] {
-            for (r, col) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3), (m - 1, 0)] {
-                if !at.contains(&(q, r, col)) {
-                    at.push((q, r, col));
-                }
-            }
-        }
-        let mut got = vec![0u16; at.len()];
-        for (&(q, r, col), g) in at.iter().zip(got.chunks_mut(1)) {
-            let offset = 2 * (q * m * n + r * n + col);
-            // SAFETY: one element of C (row-major m x n per product) into `g`.
-            unsafe { drv::memcpy_dtoh_async(g, c + offset, cu) }
-                .map_err(|e| format!("{shape}: reading its result: {}", describe(e)))?;
-        }
-        gpu.stream
-            .synchronize()
-            .map_err(|e| format!("{shape}: {}", describe(e)))?;
-        for (&(q, r, col), &g) in at.iter().zip(&got) {
-            let (mut want, mut scale) = (0f64, 0f64);
-            for p in 0..k {
-                let x = pattern_value(pattern, q * m * k + r * k + p)
-                    * pattern_value(pattern, q * k * n + p * n + col);
-                want += x;
-                scale += x.abs();
-            }
-            let got = f64::from(f32::from_bits(u32::from(g) << 16));
-            let rel = (got - want).abs() / scale.max(f64::MIN_POSITIVE);
-            if rel.is_nan() || rel > GEMM_TOLERANCE {
-                return Err(format!("{shape}: C[{q}][{r}][{col}] is {got}, the host computes {want:.6} (relative error {rel:.2e}, more than {GEMM_TOLERANCE:.2e}): cuBLAS was called with arguments that do not describe the operands"));
-            }
-            checks.max_rel_error = checks.max_rel_error.max(rel);
-        }
-        checks.gemm_results += 1;
-    }
+    stream.synchronize().map_err(describe)
+}
+
+/// The pool's peaks after the timed steps: reserved (over the whole run), used, and
+/// how much the timed steps grew it.
+fn pool_peaks(
+    pool: drv_sys::CUmemoryPool,
+    memory: &mut DeviceMemory,
+    reserved_peak: u64,
+    reserved_at_timed_start: u64,
+) -> Result<(), String> {
+    use drv_sys::CUmemPool_attribute::*;
+    let high = pool_bytes(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?;
+    memory.pool_reserved_peak_bytes = reserved_peak.max(high);
+    memory.pool_used_peak_bytes = pool_bytes(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
+    memory.pool_grown_in_timed_steps_bytes = high.saturating_sub(reserved_at_timed_start);
     Ok(())
-}
-
-/// Stream entries an op queues: its launches, copies or NCCL calls (an allocation or
-/// a free with the events cudarc tracks it by), and the event after it.
-fn entries(op: &Op, group_size: &impl Fn(usize) -> u64) -> u64 {
-    1 + match op {
-        Op::Gemm { count, .. } => *count,
-        Op::Memory { bytes, .. } => (bytes / 2).div_ceil(COPY_PIECE),
-        Op::Coll {
-            op: Coll::AllToAll,
-            group,
-            ..
-        } => 2 * group_size(*group),
-        Op::Coll { .. } | Op::Barrier => 1,
-        Op::P2p { sends, recvs, .. } => (sends.len() + recvs.len()) as u64,
-        Op::Keep { .. } | Op::Free { .. } => 4,
-    }
-}
-
-/// The program cut into gate batches of at most [`GATE_ENTRIES`] entries: `true`
-/// where the batch is gated. An op bigger than a batch runs alone and ungated (the
-/// host would block on the full launch queue behind its own gate), and so do the
-/// allocations and frees where the device has no memory pool (a free would then
-/// synchronise the stream behind the gate).
-fn gate_batches(
-    program: &[Op],
-    group_size: &impl Fn(usize) -> u64,
-    pools: bool,
-) -> Vec<(Range<usize>, bool)> {
-    let mut out: Vec<(Range<usize>, bool)> = Vec::new();
-    let mut start = 0;
-    let mut used = 0;
-    for (i, op) in program.iter().enumerate() {
-        let e = entries(op, group_size);
-        let alone = e > GATE_ENTRIES || (!pools && matches!(op, Op::Keep { .. } | Op::Free { .. }));
-        if alone || used + e > GATE_ENTRIES {
-            if start < i {
-                out.push((start..i, true));
-            }
-            start = i;
-            used = 0;
-        }
-        if alone {
-            out.push((i..i + 1, false));
-            start = i + 1;
-        } else {
-            used += e;
-        }
-    }
-    if start < program.len() {
-        out.push((start..program.len(), true));
-    }
-    out
-}
-
-/// What the ops run on.
-struct Issue<'a> {
-    gpu: &'a Gpu,
-    /// Scratch A (GEMM inputs, sends), B (GEMM weights, receives), C (GEMM outputs).
-    a: u64,
-    b: u64,
-    c: u64,
-    group_size: &'a dyn Fn(usize) -> u64,
-}
-
-fn nccl_err(what: &str, comm: nccl_sys::ncclComm_t) -> impl Fn(nccl::NcclError) -> String + '_ {
-    move |e| format!("{what} failed: {}", nccl_describe(&e, Some(comm)))
-}
-
-impl Issue<'_> {
-    fn op(&self, op: &Op, kept: &mut HashMap<(u64, u64), Buf>) -> Result<(), String> {
-        let gpu = self.gpu;
-        let cu = gpu.stream.cu_stream();
-        let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
-        let sum = nccl_sys::ncclRedOp_t::ncclSum;
-        let (a, b, c) = (self.a, self.b, self.c);
-        match op {
-            Op::Gemm {
-                class,
-                m,
-                n,
-                k,
-                batch,
-                count,
-                ..
-            } => {
-                for _ in 0..*count {
-                    bf16_gemm(&gpu.blas, (*m, *n, *k), *batch, (a, b, c))
-                        .map_err(|e| format!("the {class} GEMM: {e}"))?;
-                }
-            }
-            Op::Memory { bytes, .. } => {
-                let mut left = bytes / 2;
-                while left > 0 {
-                    let n = left.min(COPY_PIECE);
-                    // SAFETY: scratch A and B each hold at least one copy piece.
-                    unsafe { drv::memcpy_dtod_async(b, a, n as usize, cu) }
-                        .map_err(|e| format!("element-wise copy of {n} bytes: {}", describe(e)))?;
-                    left -= n;
-                }
-            }
-            Op::Coll {
-                group,
-                op: kind,
-                bytes,
-                ..
-            } => {
-                let comm = gpu.comms.kinds[*group].raw;
-                let n = (self.group_size)(*group);
-                let what = format!(
-                    "{} of {bytes} bytes over the {} group",
-                    kind.label(),
-                    GROUP_KINDS[*group]
-                );
-                let (snd, _) = coll_sides(*kind, *bytes, n);
-                let (pa, pb) = (a as *const c_void, b as *mut c_void);
-                let s = cu as _;
-                // SAFETY (all four): scratch A holds the send side and B the receive
-                // side of every collective of the program (`Scratch::of`).
-                match kind {
-                    Coll::AllGather => {
-                        unsafe { nccl::all_gather(pa, pb, (snd / 2) as usize, bf16, comm, s) }
-                            .map(|_| ())
-                            .map_err(nccl_err(&what, comm))
-                    }
-                    Coll::ReduceScatter => unsafe {
-                        nccl::reduce_scatter(pa, pb, (bytes / n / 2) as usize, bf16, sum, comm, s)
-                    }
-                    .map(|_| ())
-                    .map_err(nccl_err(&what, comm)),
-                    Coll::AllReduce => unsafe {
-                        nccl::all_reduce(pa, pb, (bytes / 2) as usize, bf16, sum, comm, s)
-                    }
-                    .map(|_| ())
-                    .map_err(nccl_err(&what, comm)),
-                    Coll::AllToAll => nccl_group(&what, || {
-                        let part = bytes / n / 2 * 2;
-                        for j in 0..n {
-                            // SAFETY: part j of A and of B, inside their scratch
-                            // buffers (n parts of `part` bytes, `Scratch::of`).
-                            unsafe {
-                                nccl::send(
-                                    (a + j * part) as *const c_void,
-                                    (part / 2) as usize,
-                                    bf16,
-                                    j as c_int,
-                                    comm,
-                                    s,
-                                )
-                            }
-                            .map_err(nccl_err(&what, comm))?;
-                            // SAFETY: the same part of B.
-                            unsafe {
-                                nccl::recv(
-                                    (b + j * part) as *mut c_void,
-                                    (part / 2) as usize,
-                                    bf16,
-                                    j as c_int,
-                                    comm,
-                                    s,
-                                )
-                            }
-                            .map_err(nccl_err(&what, comm))?;
-                        }
-                        Ok(())
-                    }),
-                }?;
-            }
-            Op::P2p { kind, sends, recvs } => {
-                let comm = gpu.comms.world.raw;
-                let what = format!("{kind} transfers (sends {sends:?}, receives {recvs:?})");
-                let s = cu as _;
-                nccl_group(&what, || {
-                    for &(to, bytes) in sends {
-                        // SAFETY: scratch A holds the largest send.
-                        unsafe {
-                            nccl::send(
-                                a as *const c_void,
-                                (bytes / 2) as usize,
-                                bf16,
-                                to as c_int,
-                                comm,
-                                s,
-                            )
-                        }
-                        .map_err(nccl_err(&what, comm))?;
-                    }
-                    let mut off = 0;
-                    for &(from, bytes) in recvs {
-                        // SAFETY: scratch B holds all of a group's receives side by side.
-                        unsafe {
-                            nccl::recv(
-                                (b + off) as *mut c_void,
-                                (bytes / 2) as usize,
-                                bf16,
-                                from as c_int,
-                                comm,
-                                s,
-                            )
-                        }
-                        .map_err(nccl_err(&what, comm))?;
-                        off += bytes;
-                    }
-                    Ok(())
-                })?;
-            }
-            Op::Keep { key, bytes } => {
-                let buf = alloc(
-                    &gpu.ctx,
-                    &gpu.stream,
-                    gpu.ordinal,
-                    *bytes,
-                    &format!(
-                        "the stored activations of chunk {} micro-batch {}",
-                        key.0, key.1
-                    ),
-                )?;
-                kept.insert(*key, buf);
-            }
-            Op::Free { key } => {
-                kept.remove(key);
-            }
-            Op::Barrier => {
-                let comm = gpu.comms.world.raw;
-                // SAFETY: one element of scratch A and B.
-                unsafe {
-                    nccl::all_reduce(
-                        a as *const c_void,
-                        b as *mut c_void,
-                        1,
-                        bf16,
-                        sum,
-                        comm,
-                        cu as _,
-                    )
-                }
-                .map_err(nccl_err("the step's barrier", comm))?;
-            }
-        }
-        Ok(())
-    }
 }
 
 fn run(job: &DeviceJob) -> Result<RankStats, String> {
@@ -654,18 +315,7 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
     // tensor cores at lower power than training does.
     let pattern16 = fill_pattern(PATTERN_ELEMS);
     let pattern: Vec<u8> = pattern16.iter().flat_map(|h| h.to_le_bytes()).collect();
-    let cu = stream.cu_stream();
-    for (buf, size) in [(&a, sc.a.max(2)), (&b, sc.b.max(2))] {
-        let mut off = 0u64;
-        while off < size {
-            let n = (pattern.len() as u64).min(size - off);
-            // SAFETY: `n` bytes at `off` lie inside the buffer of `size` bytes.
-            unsafe { drv::memcpy_htod_async(buf.ptr + off, &pattern[..n as usize], cu) }
-                .map_err(|e| format!("filling scratch: {}", describe(e)))?;
-            off += n;
-        }
-    }
-    stream.synchronize().map_err(describe)?;
+    fill_scratch(stream, [(&a, sc.a.max(2)), (&b, sc.b.max(2))], &pattern)?;
 
     set(job.phase, "checking the communicators and the GEMMs".into());
     check_communicators(&gpu, job, &mut stats.checks)?;
@@ -761,11 +411,7 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
     }
     (memory.free_after_steps_bytes, _) = mem_info(ctx, ordinal)?;
     if let Some(pool) = gpu.pool {
-        use drv_sys::CUmemPool_attribute::*;
-        let high = pool_bytes(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?;
-        memory.pool_reserved_peak_bytes = reserved_peak.max(high);
-        memory.pool_used_peak_bytes = pool_bytes(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
-        memory.pool_grown_in_timed_steps_bytes = high.saturating_sub(reserved_at_timed_start);
+        pool_peaks(pool, &mut memory, reserved_peak, reserved_at_timed_start)?;
     }
     set(job.phase, "closing the communicators".into());
     drop(kept);

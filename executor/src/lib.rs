@@ -4,7 +4,9 @@
 //! TCP rendezvous ([`rendezvous`]), connect a mesh ([`mesh`]), build their groups
 //! from the plan's rank order and run [`program::run`]. The CPU backend moves real
 //! data over loopback TCP with f32 GEMMs at small sizes: it proves a plan's layout
-//! and schedule are consistent. The CUDA backend (feature `cuda`) is in the `cuda` module.
+//! and schedule are consistent. The CUDA backend (feature `cuda`) is in the `cuda` and
+//! `device` modules; without the feature, modules of the same names (`nocuda.rs`)
+//! have the same functions, each returning one error saying so.
 
 pub mod auth;
 #[cfg(feature = "cuda")]
@@ -20,6 +22,8 @@ pub mod device;
 pub mod error;
 pub mod mesh;
 pub mod model;
+#[cfg(not(feature = "cuda"))]
+mod nocuda;
 pub mod program;
 pub mod record;
 pub mod rendezvous;
@@ -27,3 +31,5 @@ pub mod tensor;
 pub mod trace;
 
 pub use error::ExecError;
+#[cfg(not(feature = "cuda"))]
+pub use nocuda::{cuda, device};

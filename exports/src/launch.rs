@@ -17,6 +17,7 @@ use std::fmt::Write;
 use sextant_planner::plan::PlanFile;
 
 use crate::quote;
+use crate::Reason;
 
 /// What each process runs.
 pub enum Program {
@@ -66,7 +67,7 @@ fn command_lines(words: &[String]) -> String {
 
 /// The program's words, each already a shell word. A plan path that no shell
 /// word can carry (a NUL byte) is the `Err`.
-fn program_words(p: &Program) -> Result<(bool, Vec<String>), String> {
+fn program_words(p: &Program) -> Result<(bool, Vec<String>), Reason> {
     Ok(match p {
         Program::Megatron(args) => {
             let mut w = vec!["\"${MEGATRON_LM:-.}/pretrain_gpt.py\"".to_string()];
@@ -85,7 +86,7 @@ fn program_words(p: &Program) -> Result<(bool, Vec<String>), String> {
             } else {
                 plan_path.clone()
             };
-            let path = quote::shell(&path).map_err(|e| format!("the plan path {e}"))?;
+            let path = quote::shell(&path).map_err(|e| Reason(format!("the plan path {e}")))?;
             (
                 true,
                 vec!["\"${SEXTANT:-sextant}\"".into(), "exec".into(), path],
@@ -117,7 +118,7 @@ fn megatron_env(s: &mut String, plan: &PlanFile, index: usize, program: &Program
     }
 }
 
-pub fn torchrun(plan: &PlanFile, index: usize, program: &Program) -> Result<String, String> {
+pub fn torchrun(plan: &PlanFile, index: usize, program: &Program) -> Result<String, Reason> {
     let per_node = plan.hardware.node.gpus_per_node.min(plan.gpus);
     let nodes = plan.gpus.div_ceil(per_node);
     let mut s = String::new();
@@ -177,7 +178,7 @@ pub fn torchrun(plan: &PlanFile, index: usize, program: &Program) -> Result<Stri
 /// means that entry is this task's GPU, device 0.
 const SLURM_DEVICE_INDEX: &str = "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID; case ${CUDA_VISIBLE_DEVICES-} in *,* | \"\") ;; *) LOCAL_RANK=0 ;; esac;";
 
-pub fn slurm(plan: &PlanFile, index: usize, program: &Program) -> Result<String, String> {
+pub fn slurm(plan: &PlanFile, index: usize, program: &Program) -> Result<String, Reason> {
     let per_node = plan.hardware.node.gpus_per_node.min(plan.gpus);
     let nodes = plan.gpus.div_ceil(per_node);
     let (no_python, words) = program_words(program)?;

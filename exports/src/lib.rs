@@ -13,6 +13,7 @@ mod megatron;
 mod others;
 mod quote;
 mod rankmap;
+mod reason;
 mod scaletorch;
 
 use std::fmt;
@@ -23,6 +24,7 @@ use thiserror::Error;
 
 pub use megatron::{pipeline_layout, MEGATRON_VERSION};
 pub use others::TORCHTITAN_VERSION;
+pub use reason::Reason;
 
 /// What to export to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +166,7 @@ pub fn export(
         plan_path: opts.plan_path.clone(),
     };
     let megatron = || megatron::args(plan, i).map(launch::Program::Megatron);
-    let refuse = |reason| ExportError::Inexpressible { target, reason };
+    let refuse = |reason: Reason| reason.at(target);
     let cfg = &plan.plans[i].config;
     // BF16 Adam moments (Megatron-Core's precision-aware optimizer) need a torch
     // dtype: verl and RLinf pass optimizer overrides on without turning dtype names
@@ -194,8 +196,7 @@ pub fn export(
         Target::Torchtitan => others::torchtitan(plan, i),
         Target::ScaleTorch => {
             let (args, env) = scaletorch::args(plan, i)?;
-            launch::torchrun(plan, i, &launch::Program::ScaleTorch { args, env })
-                .map_err(|reason| ExportError::Inexpressible { target, reason })
+            launch::torchrun(plan, i, &launch::Program::ScaleTorch { args, env }).map_err(refuse)
         }
         Target::Torchrun => launch::torchrun(plan, i, &megatron()?).map_err(refuse),
         Target::TorchrunExec => launch::torchrun(plan, i, &exec()).map_err(refuse),

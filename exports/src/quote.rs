@@ -12,6 +12,8 @@
 
 use std::fmt::Write;
 
+use crate::Reason;
+
 /// Characters written as escapes in comments and double-quoted strings: control
 /// characters (C0, DEL, C1, which TOML comments refuse, Python refuses as NUL,
 /// and YAML 1.1 reads NEL as a line break), YAML 1.1's other line breaks (U+2028,
@@ -91,12 +93,13 @@ fn plain_shell(c: char) -> bool {
 /// when every character is plain, otherwise single-quoted (inside single quotes
 /// nothing is special; a `'` is written `'\''`). A NUL byte cannot be passed in
 /// an argument at all, so it is refused.
-pub fn shell(s: &str) -> Result<String, String> {
+pub fn shell(s: &str) -> Result<String, Reason> {
     if s.contains('\0') {
         return Err(format!(
             "{} holds a NUL byte, which no shell word (and no command-line argument) can carry",
             double_quoted(s)
-        ));
+        )
+        .into());
     }
     if !s.is_empty() && s.chars().all(plain_shell) {
         return Ok(s.to_string());
@@ -140,7 +143,7 @@ mod tests {
             shell("p$(touch X)'.json").unwrap(),
             "'p$(touch X)'\\''.json'"
         );
-        assert!(shell("a\0b").unwrap_err().contains("NUL"));
+        assert!(shell("a\0b").unwrap_err().0.contains("NUL"));
     }
 
     #[test]

@@ -13,12 +13,7 @@ pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, Expo
     let cfg = &plan.plans[index].config;
     // ScaleTorch's grid is its own; Megatron-Core's order rule does not apply.
     if order != sextant_planner::ranks::SCALETORCH_ORDER {
-        crate::megatron::check_rank_order(plan, cfg).map_err(|reason| {
-            ExportError::Inexpressible {
-                target: Target::RankMap,
-                reason,
-            }
-        })?;
+        crate::megatron::check_rank_order(plan, cfg).map_err(|r| r.at(Target::RankMap))?;
     }
     rank_map(cfg, order, plan.hardware.node.gpus_per_node).map_err(|reason| {
         ExportError::Inexpressible {

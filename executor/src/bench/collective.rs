@@ -1,0 +1,229 @@
+//! NCCL collectives over local GPUs, driven from one thread with group calls.
+
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::sys as nccl_sys;
+use sextant_planner::calibration::median;
+
+use super::memory::bytes_on;
+use super::{check_timing, timed_calls, Timing};
+use crate::cuda::{
+    context, describe, device, guarded, mem_info, nccl_describe, nccl_group, nccl_loaded,
+    out_of_memory, Comm,
+};
+use crate::cuload::nccl;
+
+/// An NCCL collective, BF16, summed where it reduces, out of place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollOp {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+}
+
+impl CollOp {
+    pub fn label(self) -> &'static str {
+        match self {
+            CollOp::AllReduce => "all_reduce",
+            CollOp::AllGather => "all_gather",
+            CollOp::ReduceScatter => "reduce_scatter",
+        }
+    }
+
+    /// Bytes each rank sends and receives for a collective of `bytes` in nccl-tests'
+    /// convention (the all-reduce's buffer, the all-gather's output, the
+    /// reduce-scatter's input) over `n` ranks.
+    pub fn sides(self, bytes: u64, n: u64) -> (u64, u64) {
+        match self {
+            CollOp::AllReduce => (bytes, bytes),
+            CollOp::AllGather => (bytes / n, bytes),
+            CollOp::ReduceScatter => (bytes, bytes / n),
+        }
+    }
+}
+
+/// The collective benchmark's results: (op, bytes, median seconds of the slowest
+/// rank) and NCCL's version code.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CollTimes {
+    pub points: Vec<(CollOp, u64, f64)>,
+    pub nccl_version: i32,
+}
+
+/// Times each collective at each size over one NCCL communicator of the devices in
+/// `ordinals` (one rank each), all driven from this thread with group calls (NCCL's
+/// way to manage several GPUs from one thread). On one device this is NCCL's
+/// one-rank path: a copy within the device, with no link crossed. `bytes` must be
+/// a whole number of BF16 elements on every rank.
+pub fn collectives(
+    ordinals: &[usize],
+    ops: &[CollOp],
+    sizes: &[u64],
+    t: Timing,
+) -> Result<CollTimes, String> {
+    check_timing(t)?;
+    let n = ordinals.len() as u64;
+    if ordinals.is_empty() || ops.is_empty() || sizes.is_empty() {
+        return Err("no device, collective or size to time".into());
+    }
+    if (1..ordinals.len()).any(|i| ordinals[..i].contains(&ordinals[i])) || n > i32::MAX as u64 {
+        return Err(format!(
+            "the devices {ordinals:?} repeat one: NCCL takes one rank per device"
+        ));
+    }
+    for &b in sizes {
+        if b == 0 || b % (2 * n) != 0 || b.checked_mul(2).is_none() {
+            return Err(format!(
+                "a collective of {b} bytes over {n} GPUs: give a positive multiple of {} bytes (a whole number of BF16 elements per GPU)",
+                2 * n
+            ));
+        }
+    }
+    guarded(|| {
+        for &o in ordinals {
+            device(o)?;
+        }
+        nccl_loaded()?;
+        let nccl_version = nccl::get_nccl_version()
+            .map_err(|e| format!("ncclGetVersion failed: {}", nccl_describe(&e, None)))?;
+        let mut gpus = Vec::with_capacity(ordinals.len());
+        for &o in ordinals {
+            let ctx = context(o)?;
+            ctx.bind_to_thread().map_err(describe)?;
+            let stream = ctx
+                .new_stream()
+                .map_err(|e| format!("creating a CUDA stream on device {o}: {}", describe(e)))?;
+            gpus.push((o, ctx, stream));
+        }
+        let mut comms = open_comms(&gpus)?;
+        let streams: Vec<(&Arc<CudaContext>, &Arc<CudaStream>)> =
+            gpus.iter().map(|(_, c, s)| (c, s)).collect();
+        let mut points = Vec::with_capacity(ops.len() * sizes.len());
+        for &op in ops {
+            for &bytes in sizes {
+                let (send, recv) = op.sides(bytes, n);
+                let what = format!(
+                    "the {} buffers of {bytes} bytes ({send} bytes sent and {recv} received per GPU)",
+                    op.label()
+                );
+                let mut bufs = Vec::with_capacity(gpus.len());
+                for (o, ctx, stream) in &gpus {
+                    let (free, _) = mem_info(ctx, *o)?;
+                    if send + recv > free {
+                        return Err(out_of_memory(ctx, *o, &what, send + recv));
+                    }
+                    let s = bytes_on(ctx, stream, *o, send, &what)?;
+                    let r = bytes_on(ctx, stream, *o, recv, &what)?;
+                    bufs.push((s, r));
+                }
+                let call = format!("nccl {} of {bytes} bytes on {n} GPUs", op.label());
+                let secs = timed_calls(&streams, t, || {
+                    nccl_group(&call, || {
+                        for (r, (_, ctx, stream)) in gpus.iter().enumerate() {
+                            ctx.bind_to_thread().map_err(describe)?;
+                            let (ps, pr) =
+                                (bufs[r].0 .1 as *const c_void, bufs[r].1 .1 as *mut c_void);
+                            let (cu, comm) =
+                                (stream.cu_stream() as nccl_sys::cudaStream_t, comms[r].raw);
+                            let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
+                            let sum = nccl_sys::ncclRedOp_t::ncclSum;
+                            // SAFETY: the buffers hold what `sides` says, on this
+                            // communicator's device, and live until after the timing.
+                            unsafe {
+                                match op {
+                                    CollOp::AllReduce => nccl::all_reduce(
+                                        ps,
+                                        pr,
+                                        (send / 2) as usize,
+                                        bf16,
+                                        sum,
+                                        comm,
+                                        cu,
+                                    ),
+                                    CollOp::AllGather => nccl::all_gather(
+                                        ps,
+                                        pr,
+                                        (send / 2) as usize,
+                                        bf16,
+                                        comm,
+                                        cu,
+                                    ),
+                                    CollOp::ReduceScatter => nccl::reduce_scatter(
+                                        ps,
+                                        pr,
+                                        (recv / 2) as usize,
+                                        bf16,
+                                        sum,
+                                        comm,
+                                        cu,
+                                    ),
+                                }
+                            }
+                            .map(|_| ())
+                            .map_err(|e| {
+                                format!("{call}: rank {r}: {}", nccl_describe(&e, Some(comm)))
+                            })?;
+                        }
+                        Ok(())
+                    })
+                })?;
+                points.push((op, bytes, median(&secs).unwrap_or(0.0)));
+                for (_, _, s) in &gpus {
+                    s.synchronize().map_err(describe)?;
+                }
+                drop(bufs);
+            }
+        }
+        for (c, (_, _, s)) in comms.iter_mut().zip(&gpus) {
+            c.finish(s)?;
+        }
+        Ok(CollTimes {
+            points,
+            nccl_version,
+        })
+    })
+}
+
+/// One NCCL communicator over `gpus` (rank r on the r-th), made in one group;
+/// whatever was made is aborted on an early exit (before the caller's streams go).
+fn open_comms(gpus: &[(usize, Arc<CudaContext>, Arc<CudaStream>)]) -> Result<Vec<Comm>, String> {
+    let n = gpus.len() as u64;
+    let id = nccl::get_uniqueid()
+        .map_err(|e| format!("ncclGetUniqueId failed: {}", nccl_describe(&e, None)))?;
+    let mut raws: Vec<nccl_sys::ncclComm_t> = vec![std::ptr::null_mut(); gpus.len()];
+    let made = nccl_group("creating the NCCL communicators", || {
+        for (r, (o, ctx, _)) in gpus.iter().enumerate() {
+            ctx.bind_to_thread().map_err(describe)?;
+            // SAFETY: `raws[r]` is written by NCCL; the id came from ncclGetUniqueId.
+            unsafe { nccl::comm_init_rank(&mut raws[r], n as c_int, id, r as c_int) }.map_err(
+                |e| {
+                    format!(
+                        "ncclCommInitRank (rank {r} of {n}, device {o}) failed: {}",
+                        nccl_describe(&e, None)
+                    )
+                },
+            )?;
+        }
+        Ok(())
+    });
+    // Whatever was made is aborted on an early exit (before the streams go).
+    let comms: Vec<Comm> = raws
+        .iter()
+        .filter(|c| !c.is_null())
+        .map(|&raw| Comm {
+            raw,
+            finished: false,
+        })
+        .collect();
+    made?;
+    if comms.len() != gpus.len() {
+        return Err(format!(
+            "NCCL made {} of {} communicators",
+            comms.len(),
+            gpus.len()
+        ));
+    }
+    Ok(comms)
+}

@@ -1,0 +1,132 @@
+//! BF16 cuBLAS GEMMs over shapes, operands allocated once at the largest shape.
+
+use cudarc::driver::DevicePtr;
+use sextant_planner::calibration::median;
+
+use super::{check_timing, timed_calls, Timing};
+use crate::cuda::{
+    alloc_bf16, bf16_gemm, colmajor_args, context, describe, device, fill, fill_pattern, guarded,
+    mem_info, out_of_memory, Blas, FILL_ELEMS,
+};
+use crate::culibs::Lib;
+use crate::cuload::ensure;
+
+/// One GEMM shape: row-major `C[m,n] = A[m,k] · B[k,n]`, `batch` products per call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GemmShape {
+    pub class: String,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub batch: u64,
+}
+
+impl GemmShape {
+    /// Elements of A, B and C over the batch, or None on overflow.
+    pub(super) fn elems(&self) -> Option<(u64, u64, u64)> {
+        let b = self.batch;
+        Some((
+            self.m.checked_mul(self.k)?.checked_mul(b)?,
+            self.k.checked_mul(self.n)?.checked_mul(b)?,
+            self.m.checked_mul(self.n)?.checked_mul(b)?,
+        ))
+    }
+}
+
+/// Bytes of A, B and C for one BF16 GEMM, or None on overflow.
+pub(super) fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
+    let e = m
+        .checked_mul(k)?
+        .checked_add(k.checked_mul(n)?)?
+        .checked_add(m.checked_mul(n)?)?;
+    let b = e.checked_mul(2)?;
+    usize::try_from(b).ok()?;
+    Some(b)
+}
+
+/// The GEMM benchmark's results: per shape, the median seconds of one call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GemmTimes {
+    pub points: Vec<(GemmShape, f64)>,
+    /// `cublasGetVersion`.
+    pub cublas_version: i32,
+}
+
+/// Times BF16 GEMMs (`cublasGemmEx`, or `cublasGemmStridedBatchedEx` for a batch;
+/// FP32 accumulation, the default algorithm) of every shape on device `ordinal`.
+/// The operands are allocated once at the largest shape's sizes and filled with
+/// small pseudo-random values (all-zero data would run the tensor cores at lower
+/// power than training does).
+pub fn gemms(ordinal: usize, shapes: &[GemmShape], t: Timing) -> Result<GemmTimes, String> {
+    check_timing(t)?;
+    if shapes.is_empty() {
+        return Err("no GEMM shape to time".into());
+    }
+    let (mut na, mut nb, mut nc) = (0u64, 0u64, 0u64);
+    for s in shapes {
+        let what = format!(
+            "GEMM '{}' {}x{}x{} (batch {})",
+            s.class, s.m, s.n, s.k, s.batch
+        );
+        colmajor_args(s.m, s.n, s.k).map_err(|e| format!("{what}: {e}"))?;
+        if s.batch == 0 || s.batch > i32::MAX as u64 {
+            return Err(format!("{what}: the batch is outside cuBLAS's range"));
+        }
+        let (a, b, c) = s
+            .elems()
+            .filter(|_| gemm_bytes(s.m, s.n, s.k).is_some())
+            .ok_or_else(|| format!("{what}: its buffers' size overflows"))?;
+        (na, nb, nc) = (na.max(a), nb.max(b), nc.max(c));
+    }
+    let total = (na + nb)
+        .checked_add(nc)
+        .and_then(|e| e.checked_mul(2))
+        .filter(|&b| usize::try_from(b).is_ok())
+        .ok_or("the GEMM operands' size overflows")?;
+    guarded(|| {
+        device(ordinal)?;
+        ensure(Lib::Cublas)?;
+        let ctx = context(ordinal)?;
+        ctx.bind_to_thread().map_err(describe)?;
+        let stream = ctx.new_stream().map_err(|e| {
+            format!(
+                "creating a CUDA stream on device {ordinal}: {}",
+                describe(e)
+            )
+        })?;
+        let blas = Blas::new(&stream, ordinal)?;
+        let cublas_version = blas.version()?;
+        let what = "the GEMM operands at the largest shapes (A, B and C)";
+        let (free, _) = mem_info(&ctx, ordinal)?;
+        if total > free {
+            return Err(out_of_memory(&ctx, ordinal, what, total));
+        }
+        let pattern = fill_pattern(FILL_ELEMS.min(na.max(nb) as usize));
+        let mut a = alloc_bf16(&ctx, &stream, ordinal, na as usize, what)?;
+        let mut b = alloc_bf16(&ctx, &stream, ordinal, nb as usize, what)?;
+        let c = alloc_bf16(&ctx, &stream, ordinal, nc as usize, what)?;
+        fill(&stream, &mut a, &pattern)?;
+        fill(&stream, &mut b, &pattern)?;
+        // Raw addresses, taken once: the buffers outlive every call, all on `stream`.
+        let (pa, pb, pc) = {
+            let (pa, _ra) = a.device_ptr(&stream);
+            let (pb, _rb) = b.device_ptr(&stream);
+            let (pc, _rc) = c.device_ptr(&stream);
+            (pa, pb, pc)
+        };
+        let mut points = Vec::with_capacity(shapes.len());
+        for s in shapes {
+            let shape = format!("the GEMM {}x{}x{} (batch {})", s.m, s.n, s.k, s.batch);
+            let secs = timed_calls(&[(&ctx, &stream)], t, || {
+                bf16_gemm(&blas, (s.m, s.n, s.k), s.batch, (pa, pb, pc))
+                    .map_err(|e| format!("{shape}: {e}"))
+            })?;
+            points.push((s.clone(), median(&secs).unwrap_or(0.0)));
+        }
+        stream.synchronize().map_err(describe)?;
+        Ok(GemmTimes {
+            points,
+            cublas_version,
+        })
+    })
+}

@@ -1,0 +1,102 @@
+//! HBM bandwidth: device copies and memsets.
+
+use std::sync::Arc;
+
+use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use sextant_planner::calibration::median;
+
+use super::{check_timing, timed_calls, Timing};
+use crate::cuda::{context, describe, device, guarded, mem_info, oom_or, out_of_memory};
+
+/// A device-memory operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemOp {
+    /// `cuMemcpyDtoDAsync` within one device: reads and writes the bytes.
+    Copy,
+    /// `cuMemsetD8Async`: writes them.
+    Memset,
+}
+
+impl MemOp {
+    pub fn label(self) -> &'static str {
+        match self {
+            MemOp::Copy => "copy",
+            MemOp::Memset => "memset",
+        }
+    }
+}
+
+/// A byte buffer from `stream`'s pool and its address.
+pub(super) fn bytes_on(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    ordinal: usize,
+    bytes: u64,
+    what: &str,
+) -> Result<(CudaSlice<u8>, u64), String> {
+    let n = usize::try_from(bytes)
+        .map_err(|_| format!("{what}: {bytes} bytes do not fit this machine's address space"))?;
+    // SAFETY: every byte is written before it is read, or its value is irrelevant
+    // (a copy's or a collective's source: only the traffic is measured).
+    let slice =
+        unsafe { stream.alloc::<u8>(n) }.map_err(|e| oom_or(e, ctx, ordinal, what, bytes))?;
+    let ptr = {
+        let (p, _sync) = slice.device_ptr(stream);
+        p
+    };
+    Ok((slice, ptr))
+}
+
+/// Times a device-to-device copy and a memset of each size on device `ordinal`
+/// (two buffers of the largest size, allocated once). Returns (op, bytes, median
+/// seconds).
+pub fn memory(ordinal: usize, sizes: &[u64], t: Timing) -> Result<Vec<(MemOp, u64, f64)>, String> {
+    check_timing(t)?;
+    let Some(&max) = sizes.iter().max() else {
+        return Err("no buffer size to time".into());
+    };
+    if sizes.contains(&0) {
+        return Err("a buffer size of 0 bytes: give sizes of 1 byte or more".into());
+    }
+    let need = max.checked_mul(2).ok_or("the buffers' size overflows")?;
+    guarded(|| {
+        device(ordinal)?;
+        let ctx = context(ordinal)?;
+        ctx.bind_to_thread().map_err(describe)?;
+        let stream = ctx.new_stream().map_err(|e| {
+            format!(
+                "creating a CUDA stream on device {ordinal}: {}",
+                describe(e)
+            )
+        })?;
+        let what = format!("two buffers of {max} bytes (copy source and destination)");
+        let (free, _) = mem_info(&ctx, ordinal)?;
+        if need > free {
+            return Err(out_of_memory(&ctx, ordinal, &what, need));
+        }
+        let (_src, ps) = bytes_on(&ctx, &stream, ordinal, max, &what)?;
+        let (_dst, pd) = bytes_on(&ctx, &stream, ordinal, max, &what)?;
+        let cu = stream.cu_stream();
+        // SAFETY: `ps` holds `max` bytes on this stream.
+        unsafe { drv::memset_d8_async(ps, 0x3c, max as usize, cu) }.map_err(describe)?;
+        let mut out = Vec::with_capacity(2 * sizes.len());
+        for &bytes in sizes {
+            let n = bytes as usize;
+            for op in [MemOp::Copy, MemOp::Memset] {
+                let secs = timed_calls(&[(&ctx, &stream)], t, || {
+                    // SAFETY: both buffers hold `max >= bytes` bytes and live on `stream`.
+                    unsafe {
+                        match op {
+                            MemOp::Copy => drv::memcpy_dtod_async(pd, ps, n, cu),
+                            MemOp::Memset => drv::memset_d8_async(pd, 0, n, cu),
+                        }
+                    }
+                    .map_err(|e| format!("{} of {bytes} bytes: {}", op.label(), describe(e)))
+                })?;
+                out.push((op, bytes, median(&secs).unwrap_or(0.0)));
+            }
+        }
+        stream.synchronize().map_err(describe)?;
+        Ok(out)
+    })
+}

@@ -1,0 +1,160 @@
+//! The checks before the timed steps: every communicator sums known data, and every
+//! distinct GEMM shape's result is compared with the host's on sampled entries.
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+
+use cudarc::driver::result as drv;
+use cudarc::nccl::sys as nccl_sys;
+use sextant_planner::ranks::GROUP_KINDS;
+
+use super::{alloc, DeviceJob, Gpu, GEMM_TOLERANCE};
+use crate::cuda::{bf16_gemm, describe, nccl_describe, nccl_group, Comm};
+use crate::cuload::nccl;
+use crate::record::Checks;
+use crate::trace::Op;
+
+/// Every communicator (the world's first, then one per group kind) sums its members'
+/// `rank + 1` in FP32, all of them in one NCCL group: a rank split into the wrong
+/// group gives a wrong sum here rather than a wrong timing later.
+pub(super) fn check_communicators(
+    gpu: &Gpu,
+    job: &DeviceJob,
+    checks: &mut Checks,
+) -> Result<(), String> {
+    let comms: Vec<&Comm> = std::iter::once(&gpu.comms.world)
+        .chain(&gpu.comms.kinds)
+        .collect();
+    let n = comms.len() as u64;
+    let buf = alloc(
+        &gpu.ctx,
+        &gpu.stream,
+        gpu.ordinal,
+        2 * n * 4,
+        "the communicator check",
+    )?;
+    let cu = gpu.stream.cu_stream();
+    let mine = vec![(job.rank + 1) as f32; n as usize];
+    // SAFETY: `buf` holds 2n floats; the first n are written here.
+    unsafe { drv::memcpy_htod_async(buf.ptr, &mine, cu) }
+        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
+    nccl_group("checking the communicators", || {
+        for (i, comm) in comms.iter().enumerate() {
+            let i = i as u64;
+            // SAFETY: one float each way, inside `buf`, on this rank's stream.
+            unsafe {
+                nccl::all_reduce(
+                    (buf.ptr + 4 * i) as *const c_void,
+                    (buf.ptr + 4 * (n + i)) as *mut c_void,
+                    1,
+                    nccl_sys::ncclDataType_t::ncclFloat32,
+                    nccl_sys::ncclRedOp_t::ncclSum,
+                    comm.raw,
+                    cu as _,
+                )
+            }
+            .map_err(|e| {
+                format!(
+                    "checking the communicators: ncclAllReduce failed: {}",
+                    nccl_describe(&e, Some(comm.raw))
+                )
+            })?;
+        }
+        Ok(())
+    })?;
+    let mut got = vec![0f32; n as usize];
+    // SAFETY: the last n floats of `buf` into `got`; the stream is synchronised below.
+    unsafe { drv::memcpy_dtoh_async(&mut got, buf.ptr + 4 * n, cu) }
+        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
+    gpu.stream
+        .synchronize()
+        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
+    for (i, g) in got.iter().enumerate() {
+        let (kind, members): (&str, Vec<u64>) = match i {
+            0 => ("world", (0..job.map.world_size).collect()),
+            _ => (
+                GROUP_KINDS[i - 1],
+                job.map.group_of(job.rank, i - 1).to_vec(),
+            ),
+        };
+        let want = members.iter().map(|q| q + 1).sum::<u64>() as f32;
+        if *g != want {
+            return Err(format!("the {kind} communicator of rank {} summed its members' rank + 1 to {g}, but its members {members:?} sum to {want}: NCCL grouped the ranks differently from the plan", job.rank));
+        }
+    }
+    checks.collectives += n;
+    Ok(())
+}
+
+/// A BF16 value of the fill pattern as f64.
+pub(super) fn pattern_value(pattern: &[u16], index: u64) -> f64 {
+    let h = pattern[(index % pattern.len() as u64) as usize];
+    f64::from(f32::from_bits(u32::from(h) << 16))
+}
+
+/// Runs each distinct GEMM shape of the program once on the scratch operands, which
+/// then hold only the fill pattern, and compares sampled entries of C (first and
+/// last product of a batch, corners and middle) with the same sums on the host: a
+/// wrong leading dimension, stride or operand order shows here.
+pub(super) fn check_gemms(
+    gpu: &Gpu,
+    program: &[Op],
+    (a, b, c): (u64, u64, u64),
+    pattern: &[u16],
+    checks: &mut Checks,
+) -> Result<(), String> {
+    let mut shapes: BTreeMap<(u64, u64, u64, u64), &str> = BTreeMap::new();
+    for op in program {
+        if let Op::Gemm {
+            class,
+            m,
+            n,
+            k,
+            batch,
+            ..
+        } = *op
+        {
+            shapes.entry((m, n, k, batch)).or_insert(class);
+        }
+    }
+    let cu = gpu.stream.cu_stream();
+    for (&(m, n, k, batch), class) in &shapes {
+        let shape = format!("the {class} GEMM {m}x{n}x{k} (batch {batch})");
+        bf16_gemm(&gpu.blas, (m, n, k), batch, (a, b, c)).map_err(|e| format!("{shape}: {e}"))?;
+        let mut at: Vec<(u64, u64, u64)> = Vec::new();
+        for q in [0, batch - 1] {
+            for (r, col) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3), (m - 1, 0)] {
+                if !at.contains(&(q, r, col)) {
+                    at.push((q, r, col));
+                }
+            }
+        }
+        let mut got = vec![0u16; at.len()];
+        for (&(q, r, col), g) in at.iter().zip(got.chunks_mut(1)) {
+            let offset = 2 * (q * m * n + r * n + col);
+            // SAFETY: one element of C (row-major m x n per product) into `g`.
+            unsafe { drv::memcpy_dtoh_async(g, c + offset, cu) }
+                .map_err(|e| format!("{shape}: reading its result: {}", describe(e)))?;
+        }
+        gpu.stream
+            .synchronize()
+            .map_err(|e| format!("{shape}: {}", describe(e)))?;
+        for (&(q, r, col), &g) in at.iter().zip(&got) {
+            let (mut want, mut scale) = (0f64, 0f64);
+            for p in 0..k {
+                let x = pattern_value(pattern, q * m * k + r * k + p)
+                    * pattern_value(pattern, q * k * n + p * n + col);
+                want += x;
+                scale += x.abs();
+            }
+            let got = f64::from(f32::from_bits(u32::from(g) << 16));
+            let rel = (got - want).abs() / scale.max(f64::MIN_POSITIVE);
+            if rel.is_nan() || rel > GEMM_TOLERANCE {
+                return Err(format!("{shape}: C[{q}][{r}][{col}] is {got}, the host computes {want:.6} (relative error {rel:.2e}, more than {GEMM_TOLERANCE:.2e}): cuBLAS was called with arguments that do not describe the operands"));
+            }
+            checks.max_rel_error = checks.max_rel_error.max(rel);
+        }
+        checks.gemm_results += 1;
+    }
+    Ok(())
+}

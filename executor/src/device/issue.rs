@@ -1,0 +1,276 @@
+//! Issuing the program on the stream: one op at a time (cuBLAS GEMMs, device copies,
+//! NCCL collectives and grouped transfers, allocations), in gate batches.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::ops::Range;
+
+use cudarc::driver::result as drv;
+use cudarc::nccl::sys as nccl_sys;
+use sextant_planner::ranks::GROUP_KINDS;
+
+use super::{alloc, Buf, Gpu, GATE_ENTRIES};
+use crate::cuda::{bf16_gemm, describe, nccl_describe, nccl_group};
+use crate::cuload::nccl;
+use crate::trace::{coll_sides, Coll, Op, COPY_PIECE};
+
+/// Stream entries an op queues: its launches, copies or NCCL calls (an allocation or
+/// a free with the events cudarc tracks it by), and the event after it.
+pub(super) fn entries(op: &Op, group_size: &impl Fn(usize) -> u64) -> u64 {
+    1 + match op {
+        Op::Gemm { count, .. } => *count,
+        Op::Memory { bytes, .. } => (bytes / 2).div_ceil(COPY_PIECE),
+        Op::Coll {
+            op: Coll::AllToAll,
+            group,
+            ..
+        } => 2 * group_size(*group),
+        Op::Coll { .. } | Op::Barrier => 1,
+        Op::P2p { sends, recvs, .. } => (sends.len() + recvs.len()) as u64,
+        Op::Keep { .. } | Op::Free { .. } => 4,
+    }
+}
+
+/// The program cut into gate batches of at most [`GATE_ENTRIES`] entries: `true`
+/// where the batch is gated. An op bigger than a batch runs alone and ungated (the
+/// host would block on the full launch queue behind its own gate), and so do the
+/// allocations and frees where the device has no memory pool (a free would then
+/// synchronise the stream behind the gate).
+pub(super) fn gate_batches(
+    program: &[Op],
+    group_size: &impl Fn(usize) -> u64,
+    pools: bool,
+) -> Vec<(Range<usize>, bool)> {
+    let mut out: Vec<(Range<usize>, bool)> = Vec::new();
+    let mut start = 0;
+    let mut used = 0;
+    for (i, op) in program.iter().enumerate() {
+        let e = entries(op, group_size);
+        let alone = e > GATE_ENTRIES || (!pools && matches!(op, Op::Keep { .. } | Op::Free { .. }));
+        if alone || used + e > GATE_ENTRIES {
+            if start < i {
+                out.push((start..i, true));
+            }
+            start = i;
+            used = 0;
+        }
+        if alone {
+            out.push((i..i + 1, false));
+            start = i + 1;
+        } else {
+            used += e;
+        }
+    }
+    if start < program.len() {
+        out.push((start..program.len(), true));
+    }
+    out
+}
+
+/// What the ops run on.
+pub(super) struct Issue<'a> {
+    pub(super) gpu: &'a Gpu,
+    /// Scratch A (GEMM inputs, sends), B (GEMM weights, receives), C (GEMM outputs).
+    pub(super) a: u64,
+    pub(super) b: u64,
+    pub(super) c: u64,
+    pub(super) group_size: &'a dyn Fn(usize) -> u64,
+}
+
+pub(super) fn nccl_err(
+    what: &str,
+    comm: nccl_sys::ncclComm_t,
+) -> impl Fn(nccl::NcclError) -> String + '_ {
+    move |e| format!("{what} failed: {}", nccl_describe(&e, Some(comm)))
+}
+
+impl Issue<'_> {
+    pub(super) fn op(&self, op: &Op, kept: &mut HashMap<(u64, u64), Buf>) -> Result<(), String> {
+        let gpu = self.gpu;
+        let cu = gpu.stream.cu_stream();
+        let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
+        let sum = nccl_sys::ncclRedOp_t::ncclSum;
+        let (a, b, c) = (self.a, self.b, self.c);
+        match op {
+            Op::Gemm {
+                class,
+                m,
+                n,
+                k,
+                batch,
+                count,
+                ..
+            } => {
+                for _ in 0..*count {
+                    bf16_gemm(&gpu.blas, (*m, *n, *k), *batch, (a, b, c))
+                        .map_err(|e| format!("the {class} GEMM: {e}"))?;
+                }
+            }
+            Op::Memory { bytes, .. } => {
+                let mut left = bytes / 2;
+                while left > 0 {
+                    let n = left.min(COPY_PIECE);
+                    // SAFETY: scratch A and B each hold at least one copy piece.
+                    unsafe { drv::memcpy_dtod_async(b, a, n as usize, cu) }
+                        .map_err(|e| format!("element-wise copy of {n} bytes: {}", describe(e)))?;
+                    left -= n;
+                }
+            }
+            Op::Coll {
+                group,
+                op: kind,
+                bytes,
+                ..
+            } => self.coll(*group, *kind, *bytes)?,
+            Op::P2p { kind, sends, recvs } => self.p2p(kind, sends, recvs)?,
+            Op::Keep { key, bytes } => {
+                let buf = alloc(
+                    &gpu.ctx,
+                    &gpu.stream,
+                    gpu.ordinal,
+                    *bytes,
+                    &format!(
+                        "the stored activations of chunk {} micro-batch {}",
+                        key.0, key.1
+                    ),
+                )?;
+                kept.insert(*key, buf);
+            }
+            Op::Free { key } => {
+                kept.remove(key);
+            }
+            Op::Barrier => {
+                let comm = gpu.comms.world.raw;
+                // SAFETY: one element of scratch A and B.
+                unsafe {
+                    nccl::all_reduce(
+                        a as *const c_void,
+                        b as *mut c_void,
+                        1,
+                        bf16,
+                        sum,
+                        comm,
+                        cu as _,
+                    )
+                }
+                .map_err(nccl_err("the step's barrier", comm))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A collective over one group kind's communicator.
+    fn coll(&self, group: usize, kind: Coll, bytes: u64) -> Result<(), String> {
+        let gpu = self.gpu;
+        let cu = self.gpu.stream.cu_stream();
+        let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
+        let sum = nccl_sys::ncclRedOp_t::ncclSum;
+        let (a, b) = (self.a, self.b);
+        let comm = gpu.comms.kinds[group].raw;
+        let n = (self.group_size)(group);
+        let what = format!(
+            "{} of {bytes} bytes over the {} group",
+            kind.label(),
+            GROUP_KINDS[group]
+        );
+        let (snd, _) = coll_sides(kind, bytes, n);
+        let (pa, pb) = (a as *const c_void, b as *mut c_void);
+        let s = cu as _;
+        // SAFETY (all four): scratch A holds the send side and B the receive
+        // side of every collective of the program (`Scratch::of`).
+        match kind {
+            Coll::AllGather => {
+                unsafe { nccl::all_gather(pa, pb, (snd / 2) as usize, bf16, comm, s) }
+                    .map(|_| ())
+                    .map_err(nccl_err(&what, comm))
+            }
+            Coll::ReduceScatter => unsafe {
+                nccl::reduce_scatter(pa, pb, (bytes / n / 2) as usize, bf16, sum, comm, s)
+            }
+            .map(|_| ())
+            .map_err(nccl_err(&what, comm)),
+            Coll::AllReduce => {
+                unsafe { nccl::all_reduce(pa, pb, (bytes / 2) as usize, bf16, sum, comm, s) }
+                    .map(|_| ())
+                    .map_err(nccl_err(&what, comm))
+            }
+            Coll::AllToAll => nccl_group(&what, || {
+                let part = bytes / n / 2 * 2;
+                for j in 0..n {
+                    // SAFETY: part j of A and of B, inside their scratch
+                    // buffers (n parts of `part` bytes, `Scratch::of`).
+                    unsafe {
+                        nccl::send(
+                            (a + j * part) as *const c_void,
+                            (part / 2) as usize,
+                            bf16,
+                            j as c_int,
+                            comm,
+                            s,
+                        )
+                    }
+                    .map_err(nccl_err(&what, comm))?;
+                    // SAFETY: the same part of B.
+                    unsafe {
+                        nccl::recv(
+                            (b + j * part) as *mut c_void,
+                            (part / 2) as usize,
+                            bf16,
+                            j as c_int,
+                            comm,
+                            s,
+                        )
+                    }
+                    .map_err(nccl_err(&what, comm))?;
+                }
+                Ok(())
+            }),
+        }?;
+        Ok(())
+    }
+
+    /// A pass's pipeline or CP transfers, in one NCCL group.
+    fn p2p(&self, kind: &str, sends: &[(u64, u64)], recvs: &[(u64, u64)]) -> Result<(), String> {
+        let gpu = self.gpu;
+        let cu = self.gpu.stream.cu_stream();
+        let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
+        let (a, b) = (self.a, self.b);
+        let comm = gpu.comms.world.raw;
+        let what = format!("{kind} transfers (sends {sends:?}, receives {recvs:?})");
+        let s = cu as _;
+        nccl_group(&what, || {
+            for &(to, bytes) in sends {
+                // SAFETY: scratch A holds the largest send.
+                unsafe {
+                    nccl::send(
+                        a as *const c_void,
+                        (bytes / 2) as usize,
+                        bf16,
+                        to as c_int,
+                        comm,
+                        s,
+                    )
+                }
+                .map_err(nccl_err(&what, comm))?;
+            }
+            let mut off = 0;
+            for &(from, bytes) in recvs {
+                // SAFETY: scratch B holds all of a group's receives side by side.
+                unsafe {
+                    nccl::recv(
+                        (b + off) as *mut c_void,
+                        (bytes / 2) as usize,
+                        bf16,
+                        from as c_int,
+                        comm,
+                        s,
+                    )
+                }
+                .map_err(nccl_err(&what, comm))?;
+                off += bytes;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! Built without the `cuda` feature: the CUDA backend's public functions with the
+//! same signatures, each returning one error that says so (candle's dummy backend),
+//! so that callers need no `cfg` of their own. "Compiled with CUDA" is answered
+//! here; "a GPU is present" is the real backend's question, at run time.
+
+/// The one error every function here returns.
+pub const NOT_COMPILED: &str = "this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`";
+
+/// The stand-in for [`crate::cuda`] (library loading, probe, NCCL id).
+pub mod cuda {
+    use super::NOT_COMPILED;
+
+    /// Always the not-compiled error.
+    pub fn probe(_ordinal: usize) -> Result<String, String> {
+        Err(NOT_COMPILED.into())
+    }
+
+    /// Always the not-compiled error.
+    pub fn free_memory(_ordinal: usize) -> Result<(u64, u64), String> {
+        Err(NOT_COMPILED.into())
+    }
+
+    /// Always the not-compiled error.
+    pub fn nccl_unique_id() -> Result<Vec<u8>, String> {
+        Err(NOT_COMPILED.into())
+    }
+}
+
+/// The stand-in for [`crate::device`] (the device program's interpreter).
+pub mod device {
+    use std::sync::Mutex;
+
+    use sextant_planner::ranks::RankMap;
+
+    use super::NOT_COMPILED;
+    use crate::record::RankStats;
+    use crate::trace::Op;
+
+    /// Longest program the backend records events for (one per op and one per gate
+    /// batch); cut the step down with --micro-batches.
+    pub const MAX_PROGRAM_OPS: usize = 4_000_000;
+
+    /// What one rank's run needs besides its program (the same fields as the CUDA
+    /// backend's, so a caller builds it the same way in either build).
+    pub struct DeviceJob<'a> {
+        pub ordinal: usize,
+        pub unique_id: &'a [u8],
+        pub rank: u64,
+        pub map: &'a RankMap,
+        pub program: &'a [Op],
+        /// Model state bytes: (weights, gradients, optimizer).
+        pub footprint: (u64, u64, u64),
+        pub warmup: u64,
+        pub steps: u64,
+        /// What the rank is doing, for the watchdog's message.
+        pub phase: &'a Mutex<String>,
+    }
+
+    /// Always the not-compiled error.
+    pub fn run_device(_job: &DeviceJob) -> Result<RankStats, String> {
+        Err(NOT_COMPILED.into())
+    }
+}

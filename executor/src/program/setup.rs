@@ -1,0 +1,239 @@
+//! Preparing a run: the executed sizes, layout and micro-batches derived from the
+//! plan alone, and what the executor refuses to run.
+
+use sextant_planner::config::{Layout, ParallelConfig, Workload};
+use sextant_planner::model::ModelSpec;
+use sextant_planner::plan::PlanFile;
+use sextant_planner::ranks::rank_map;
+use sextant_planner::schedule::Schedule;
+
+use super::Options;
+use crate::model::Dims;
+
+/// Everything a rank needs, derived from the plan alone.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub cfg: ParallelConfig,
+    pub dims: Dims,
+    pub micro_batches: u64,
+    pub schedule: Schedule,
+    /// Layers per virtual stage and the first layer of each.
+    pub stage_layers: Vec<usize>,
+    pub first_layer: Vec<usize>,
+    pub model: ModelSpec,
+    pub workload: Workload,
+    pub plan_hash: u64,
+    pub profile: String,
+    pub gpus_per_node: u64,
+    pub rank_order: String,
+    /// The plan's predicted peak memory per GPU, bytes (for out-of-memory messages).
+    pub predicted_bytes: f64,
+}
+
+/// Room in a message for one rank's measurements (JSON: at most 4096 samples per
+/// GEMM shape and collective size).
+const STATS_ALLOWANCE_BYTES: u64 = 64 << 20;
+
+impl Setup {
+    /// The plan's rank map: every rank's coordinates and groups.
+    pub fn rank_map(&self) -> Result<sextant_planner::ranks::RankMap, String> {
+        rank_map(&self.cfg, &self.rank_order, self.gpus_per_node.max(1))
+    }
+
+    /// The longest message a rank of this plan can send another, with room to
+    /// spare: twice every executed parameter (a DualPipe mirror sends all it holds,
+    /// a ZeRO-3 gather a whole stage) plus twice a micro-batch's widest activation
+    /// over all routed copies, as f32, plus the measurements sent to rank 0. The
+    /// mesh refuses longer frames from their header.
+    pub fn max_message_bytes(&self) -> u64 {
+        let d = &self.dims;
+        let n = |x: usize| x as u64;
+        let (h, q) = (n(d.hidden), n(d.heads.max(d.kv_heads)) * n(d.head_dim));
+        let dense = 4 * h * q + 2 * h * n(d.ffn) + 4 * h + 4 * q;
+        let experts = n(d.experts) * (2 * h * n(d.expert_ffn) + h + n(d.expert_ffn));
+        let params = n(d.layers).saturating_mul(dense.saturating_add(experts));
+        let width = h.max(q).max(n(d.ffn)).max(n(d.expert_ffn));
+        let rows = n(d.mbs) * n(d.seq) * n(d.top_k.max(1));
+        let activations = rows.saturating_mul(width);
+        params
+            .saturating_add(activations)
+            .saturating_mul(2 * 4)
+            .saturating_add(STATS_ALLOWANCE_BYTES)
+    }
+}
+
+/// FNV-1a of the plan file's bytes: what ranks compare at the rendezvous.
+pub fn plan_hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3)
+    })
+}
+
+/// `n` layers split in proportion to `counts`, every entry at least 1.
+fn rescale(counts: &[u64], n: usize) -> Result<Vec<usize>, String> {
+    let k = counts.len();
+    if n < k {
+        return Err(format!("--scale-layers {n} is fewer than the plan's {k} virtual pipeline stages (each needs a layer)"));
+    }
+    let total: u64 = counts.iter().sum();
+    let spare = n - k;
+    let exact: Vec<f64> = counts
+        .iter()
+        .map(|&c| spare as f64 * c.saturating_sub(1) as f64 / (total - k as u64).max(1) as f64)
+        .collect();
+    let mut out: Vec<usize> = exact.iter().map(|x| 1 + x.floor() as usize).collect();
+    let mut order: Vec<usize> = (0..k).collect();
+    order.sort_by(|&a, &b| {
+        (exact[b] - exact[b].floor())
+            .total_cmp(&(exact[a] - exact[a].floor()))
+            .then(a.cmp(&b))
+    });
+    let mut left = n - out.iter().sum::<usize>();
+    for &i in order.iter().cycle() {
+        if left == 0 {
+            break;
+        }
+        out[i] += 1;
+        left -= 1;
+    }
+    Ok(out)
+}
+
+/// Derives the executed sizes and layout from the plan; refuses what the executor
+/// cannot run, with the reason.
+pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String> {
+    let ranked = plan.plans.get(o.plan_rank.wrapping_sub(1)).ok_or_else(|| {
+        format!(
+            "--plan {} : the file holds plans 1 to {}",
+            o.plan_rank,
+            plan.plans.len()
+        )
+    })?;
+    let cfg = ranked.config.clone();
+    let m0 = &plan.model;
+    if m0.mla.is_some() && o.full_size {
+        return Err("MLA attention is executed as standard multi-head attention; full-size runs of MLA models are refused".into());
+    }
+    let schedule = cfg.schedule;
+    let (p, v) = (cfg.pp as usize, cfg.vpp as usize);
+    let plan_counts = cfg.stage_layers(m0.layers).map_err(|r| r.to_string())?;
+    let layers = match o.scale_layers {
+        Some(n) => n as usize,
+        None if o.full_size => m0.layers as usize,
+        None => (2 * p * v).min(m0.layers as usize).max(p * v),
+    };
+    if layers == 0 || layers > 100_000 {
+        return Err(format!(
+            "{layers} layers: choose --scale-layers between {} and {}",
+            p * v,
+            m0.layers
+        ));
+    }
+    let stage_layers = if layers as u64 == m0.layers {
+        plan_counts.iter().map(|&c| c as usize).collect()
+    } else {
+        rescale(&plan_counts, layers)?
+    };
+    let mut first_layer = vec![0usize; stage_layers.len()];
+    for i in 1..stage_layers.len() {
+        first_layer[i] = first_layer[i - 1] + stage_layers[i - 1];
+    }
+    let (tp, cp) = (cfg.tp as usize, cfg.cp as usize);
+    let moe_layer: Vec<bool> = (0..layers)
+        .map(|i| m0.is_moe_layer((i as u64 * m0.layers) / layers as u64))
+        .collect();
+    let dims = if o.full_size {
+        let moe = m0.moe.as_ref();
+        Dims {
+            layers,
+            hidden: m0.hidden as usize,
+            heads: m0.heads as usize,
+            kv_heads: m0.kv_heads as usize,
+            head_dim: m0.head_dim as usize,
+            ffn: m0.ffn_hidden as usize,
+            experts: moe.map_or(0, |x| x.experts as usize),
+            top_k: moe.map_or(0, |x| x.top_k as usize),
+            expert_ffn: moe.map_or(0, |x| x.expert_ffn_hidden as usize),
+            seq: plan.workload.seq as usize,
+            mbs: cfg.mbs as usize,
+            moe_layer,
+        }
+    } else {
+        let heads = 2 * tp;
+        let head_dim = 8;
+        let hidden = heads * head_dim;
+        let experts = if m0.moe.is_some() {
+            2 * cfg.ep as usize
+        } else {
+            0
+        };
+        Dims {
+            layers,
+            hidden,
+            heads,
+            kv_heads: heads,
+            head_dim,
+            ffn: 2 * hidden,
+            experts,
+            top_k: m0
+                .moe
+                .as_ref()
+                .map_or(0, |x| (x.top_k as usize).min(experts)),
+            // A multiple of etp, which splits each expert's FFN columns.
+            expert_ffn: hidden * cfg.etp as usize,
+            seq: 4 * cp * tp,
+            mbs: (cfg.mbs as usize).min(2),
+            moe_layer,
+        }
+    };
+    let etp = cfg.etp as usize;
+    if dims.heads % tp != 0
+        || dims.ffn % tp != 0
+        || dims.seq % (cp * tp) != 0
+        || (dims.experts > 0 && (dims.experts % cfg.ep as usize != 0 || dims.expert_ffn % etp != 0))
+    {
+        return Err(format!(
+            "sizes do not divide: heads {} and ffn {} by tp {tp}, seq {} by cp x tp, experts {} by ep {}, expert ffn {} by etp {etp}",
+            dims.heads, dims.ffn, dims.seq, dims.experts, cfg.ep, dims.expert_ffn
+        ));
+    }
+    let plan_m = cfg.micro_batches(&plan.workload);
+    let mut m = match o.micro_batches {
+        Some(m) => m,
+        None if o.full_size => plan_m,
+        None => plan_m.min(2 * cfg.pp).max(1),
+    };
+    if schedule == Schedule::Interleaved && !m.is_multiple_of(cfg.pp) {
+        if o.micro_batches.is_some() {
+            return Err(format!("interleaved schedule needs the micro-batch count to be a multiple of pp {}; {m} is not", cfg.pp));
+        }
+        m = m.div_ceil(cfg.pp) * cfg.pp;
+    }
+    if m == 0 || m >= 1 << 20 || o.steps + o.warmup >= 4096 || stage_layers.len() >= 8192 {
+        return Err(format!("micro-batches {m} (1 to 2^20), steps {} (below 4096) and virtual stages {} (below 8192) bound the executor's message tags", o.steps + o.warmup, stage_layers.len()));
+    }
+    let mut exec_cfg = cfg.clone();
+    exec_cfg.mbs = dims.mbs as u64;
+    exec_cfg.layout = Layout::Explicit {
+        layers: stage_layers.iter().map(|&c| c as u64).collect(),
+    };
+    let model = dims.to_model(m0);
+    let mut workload = plan.workload.clone();
+    workload.seq = dims.seq as u64;
+    workload.global_batch = m * cfg.dp * dims.mbs as u64;
+    Ok(Setup {
+        cfg: exec_cfg,
+        dims,
+        micro_batches: m,
+        schedule,
+        stage_layers,
+        first_layer,
+        model,
+        workload,
+        plan_hash: hash,
+        profile: plan.hardware.name.clone(),
+        gpus_per_node: plan.hardware.node.gpus_per_node,
+        rank_order: plan.rank_order.clone(),
+        predicted_bytes: ranked.estimate.memory.total,
+    })
+}

@@ -1,0 +1,302 @@
+//! Megatron-Core Python: `initialize_model_parallel`, `TransformerConfig`,
+//! `DistributedDataParallelConfig` and, with BF16 moments, `OptimizerConfig`.
+
+use std::fmt::Write;
+
+use sextant_planner::config::{
+    Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero,
+};
+use sextant_planner::plan::PlanFile;
+
+use super::{
+    check_rank_order, fp8_recipe, loss_fields, megatron_schedule, moe_layer_pattern,
+    moe_token_fields, pipeline_layout, MEGATRON_VERSION,
+};
+use crate::quote;
+use crate::{ExportError, Target};
+
+/// Megatron-Core: `initialize_model_parallel` (megatron/core/parallel_state.py),
+/// `TransformerConfig` (megatron/core/transformer/transformer_config.py, with the
+/// parallel fields of megatron/core/model_parallel_config.py) and
+/// `DistributedDataParallelConfig` (megatron/core/distributed/distributed_data_parallel_config.py).
+pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::MegatronCore;
+    let cfg = &plan.plans[index].config;
+    let m = &plan.model;
+    let w = &plan.workload;
+    let py_bool = |b: bool| if b { "True" } else { "False" };
+    megatron_schedule(cfg, "Megatron-Core").map_err(|r| r.at(t))?;
+    check_rank_order(plan, cfg).map_err(|r| r.at(t))?;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Megatron-Core, {MEGATRON_VERSION}, for plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank,
+        quote::comment(&m.name),
+        plan.gpus
+    );
+    let _ = writeln!(s, "import torch");
+    let _ = writeln!(s, "from megatron.core import parallel_state");
+    // Multi-latent attention takes MLATransformerConfig, a TransformerConfig subclass
+    // in the same module.
+    let config_class = if m.mla.is_some() {
+        "MLATransformerConfig"
+    } else {
+        "TransformerConfig"
+    };
+    let _ = writeln!(
+        s,
+        "from megatron.core.transformer.transformer_config import {config_class}"
+    );
+    let _ = writeln!(
+        s,
+        "from megatron.core.distributed import DistributedDataParallelConfig"
+    );
+    if !plan.assumptions.flash_attention {
+        let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
+    }
+    if cfg.bf16_moments {
+        let _ = writeln!(s, "from megatron.core.optimizer import OptimizerConfig");
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "parallel_state.initialize_model_parallel(");
+    let _ = writeln!(s, "    tensor_model_parallel_size={},", cfg.tp);
+    let _ = writeln!(s, "    pipeline_model_parallel_size={},", cfg.pp);
+    let _ = writeln!(
+        s,
+        "    virtual_pipeline_model_parallel_size={},",
+        if cfg.vpp > 1 {
+            cfg.vpp.to_string()
+        } else {
+            "None".into()
+        }
+    );
+    let _ = writeln!(s, "    context_parallel_size={},", cfg.cp);
+    let _ = writeln!(s, "    expert_model_parallel_size={},", cfg.ep);
+    // A dense model leaves it to Megatron-Core's default (TP), as Megatron-LM does;
+    // check_rank_order counts with the same sizes.
+    if m.moe.is_some() {
+        let _ = writeln!(s, "    expert_tensor_parallel_size={},", cfg.etp);
+    } else {
+        let _ = writeln!(s, "    expert_tensor_parallel_size=None,");
+    }
+    let _ = writeln!(s, "    order={},", quote::double_quoted(&plan.rank_order));
+    let _ = writeln!(s, ")\n");
+    config_fields(&mut s, plan, cfg, config_class);
+    training_fields(&mut s, plan, cfg)?;
+    let _ = writeln!(s, "ddp_config = DistributedDataParallelConfig(");
+    let _ = writeln!(s, "    grad_reduce_in_fp32={},", py_bool(!cfg.bf16_grads));
+    let _ = writeln!(
+        s,
+        "    overlap_grad_reduce={},",
+        py_bool(cfg.overlap.grad_reduce)
+    );
+    let _ = writeln!(
+        s,
+        "    overlap_param_gather={},",
+        py_bool(cfg.overlap.param_gather && cfg.zero != Zero::None)
+    );
+    let _ = writeln!(
+        s,
+        "    use_distributed_optimizer={},",
+        py_bool(cfg.zero != Zero::None)
+    );
+    // The sharding strategy takes effect only under Megatron-FSDP (training flag
+    // --use-megatron-fsdp); the distributed optimizer is ZeRO-1 by itself.
+    match cfg.zero {
+        Zero::Zero2 => {
+            let _ = writeln!(s, "    data_parallel_sharding_strategy=\"optim_grads\",  # with Megatron-FSDP (--use-megatron-fsdp)");
+        }
+        Zero::Zero3 => {
+            let _ = writeln!(s, "    data_parallel_sharding_strategy=\"optim_grads_params\",  # with Megatron-FSDP (--use-megatron-fsdp)");
+        }
+        Zero::None | Zero::DistOpt => {}
+    }
+    let _ = writeln!(s, ")");
+    if cfg.bf16_moments {
+        let _ = writeln!(
+            s,
+            "\noptimizer_config = OptimizerConfig(  # megatron/core/optimizer/optimizer_config.py"
+        );
+        let _ = writeln!(s, "    optimizer=\"adam\",\n    use_precision_aware_optimizer=True,\n    exp_avg_dtype=torch.bfloat16,\n    exp_avg_sq_dtype=torch.bfloat16,\n)");
+    }
+    let _ = writeln!(
+        s,
+        "# micro-batch {} x {} accumulation steps = global batch {} at sequence length {}",
+        cfg.mbs,
+        w.global_batch / (cfg.mbs * cfg.dp),
+        w.global_batch,
+        w.seq
+    );
+    Ok(s)
+}
+
+/// The `TransformerConfig` call's model, parallel and MoE fields.
+fn config_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig, config_class: &str) {
+    let m = &plan.model;
+    let w = &plan.workload;
+    let py_bool = |b: bool| if b { "True" } else { "False" };
+    let _ = writeln!(s, "config = {config_class}(");
+    let _ = writeln!(s, "    num_layers={},\n    hidden_size={},\n    ffn_hidden_size={},\n    num_attention_heads={},", m.layers, m.hidden, m.ffn_hidden, m.heads);
+    if let Some(mla) = &m.mla {
+        let q = if mla.q_lora_rank > 0 {
+            mla.q_lora_rank.to_string()
+        } else {
+            "None".into()
+        };
+        let _ = writeln!(
+            s,
+            "    q_lora_rank={q},\n    kv_lora_rank={},\n    qk_head_dim={},\n    qk_pos_emb_head_dim={},\n    v_head_dim={},",
+            mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+        );
+    }
+    if m.kv_heads != m.heads && m.mla.is_none() {
+        let _ = writeln!(s, "    num_query_groups={},", m.kv_heads);
+    }
+    let _ = writeln!(s, "    tensor_model_parallel_size={},", cfg.tp);
+    let _ = writeln!(s, "    pipeline_model_parallel_size={},", cfg.pp);
+    if cfg.vpp > 1 {
+        let _ = writeln!(s, "    virtual_pipeline_model_parallel_size={},", cfg.vpp);
+    }
+    if cfg.pp > 1 {
+        // TransformerConfig raises without a pipeline dtype when PP > 1.
+        let _ = writeln!(
+            s,
+            "    pipeline_dtype={},",
+            if w.precision == Precision::Fp16 {
+                "torch.float16"
+            } else {
+                "torch.bfloat16"
+            }
+        );
+    }
+    let _ = writeln!(s, "    context_parallel_size={},", cfg.cp);
+    let _ = writeln!(
+        s,
+        "    sequence_parallel={},",
+        py_bool(cfg.sp && cfg.tp > 1)
+    );
+    let (fusion, fusion_impl) = loss_fields(plan.assumptions.loss);
+    let _ = writeln!(s, "    cross_entropy_loss_fusion={},", py_bool(fusion));
+    if let Some(i) = fusion_impl {
+        let _ = writeln!(s, "    cross_entropy_fusion_impl=\"{i}\",");
+    }
+    if m.mtp_layers > 0 {
+        let _ = writeln!(s, "    mtp_num_layers={},", m.mtp_layers);
+    }
+    if let Some(moe) = &m.moe {
+        let _ = writeln!(
+            s,
+            "    expert_model_parallel_size={},\n    expert_tensor_parallel_size={},",
+            cfg.ep, cfg.etp
+        );
+        let _ = writeln!(
+            s,
+            "    num_moe_experts={},\n    moe_router_topk={},\n    moe_ffn_hidden_size={},\n    moe_grouped_gemm=True,",
+            moe.experts, moe.top_k, moe.expert_ffn_hidden
+        );
+        if moe.shared_hidden() > 0 {
+            let _ = writeln!(
+                s,
+                "    moe_shared_expert_intermediate_size={},",
+                moe.shared_hidden()
+            );
+        }
+        if let Some(pattern) = moe_layer_pattern(m) {
+            let _ = writeln!(s, "    moe_layer_freq=[{}],", pattern.join(", "));
+        }
+        if moe.balancing == sextant_planner::routing::Balancing::LossFree {
+            let _ = writeln!(s, "    moe_router_enable_expert_bias=True,\n    moe_router_score_function=\"sigmoid\",");
+        }
+        for (key, value) in moe_token_fields(plan, cfg) {
+            let _ = writeln!(s, "    {key}={},", value.python());
+        }
+        // ModelParallelConfig.overlap_moe_expert_parallel_comm / delay_wgrad_compute.
+        if cfg.megatron_ep_overlap(w) {
+            let _ = writeln!(
+                s,
+                "    overlap_moe_expert_parallel_comm=True,\n    delay_wgrad_compute=True,"
+            );
+        }
+    }
+}
+
+/// The `TransformerConfig` call's attention backend, layout, recomputation and
+/// precision fields, and its end.
+fn training_fields(
+    s: &mut String,
+    plan: &PlanFile,
+    cfg: &ParallelConfig,
+) -> Result<(), ExportError> {
+    let t = Target::MegatronCore;
+    let w = &plan.workload;
+    let py_bool = |b: bool| if b { "True" } else { "False" };
+    // TransformerConfig.attention_backend (enums.py AttnBackend); the default, auto,
+    // lets Transformer Engine pick a fused kernel.
+    if !plan.assumptions.flash_attention {
+        let _ = writeln!(s, "    attention_backend=AttnBackend.unfused,");
+    }
+    match &cfg.layout {
+        Layout::Even => {}
+        Layout::AccountEmbeddingLoss => {
+            let _ = writeln!(s, "    account_for_embedding_in_pipeline_split=True,\n    account_for_loss_in_pipeline_split=True,");
+        }
+        Layout::FirstLast { first, last } => {
+            let _ = writeln!(s, "    num_layers_in_first_pipeline_stage={first},\n    num_layers_in_last_pipeline_stage={last},");
+        }
+        Layout::Explicit { .. } => {
+            let layout = pipeline_layout(plan, cfg).map_err(|r| r.at(t))?;
+            let _ = writeln!(
+                s,
+                "    pipeline_model_parallel_layout={},",
+                quote::double_quoted(&layout)
+            );
+        }
+    }
+    match cfg.recompute {
+        Recompute::None => {}
+        Recompute::Selective => {
+            let _ = writeln!(s, "    recompute_granularity=\"selective\",");
+            if cfg.recompute_modules != RecomputeModules::DEFAULT {
+                let names: Vec<String> = cfg
+                    .recompute_modules
+                    .names()
+                    .iter()
+                    .map(|n| format!("\"{n}\""))
+                    .collect();
+                let _ = writeln!(s, "    recompute_modules=[{}],", names.join(", "));
+            }
+        }
+        Recompute::Full => {
+            let _ = writeln!(s, "    recompute_granularity=\"full\",\n    recompute_method=\"uniform\",\n    recompute_num_layers=1,");
+        }
+    }
+    match w.precision {
+        Precision::Bf16 => {
+            let _ = writeln!(s, "    bf16=True,");
+        }
+        Precision::Fp16 => {
+            let _ = writeln!(s, "    fp16=True,");
+        }
+        Precision::Fp8 => {
+            let _ = writeln!(
+                s,
+                "    bf16=True,\n    fp8=\"hybrid\",\n    fp8_recipe=\"{}\",",
+                fp8_recipe(cfg)
+            );
+        }
+        Precision::Mxfp8 => {
+            let _ = writeln!(
+                s,
+                "    bf16=True,\n    fp8=\"e4m3\",\n    fp8_recipe=\"mxfp8\","
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "    tp_comm_overlap={},",
+        py_bool(cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp)
+    );
+    let _ = writeln!(s, ")\n");
+    Ok(())
+}

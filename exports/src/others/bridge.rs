@@ -1,0 +1,153 @@
+//! Megatron-Bridge: Hydra-style overrides on a `ConfigContainer`.
+
+use std::fmt::Write;
+
+use sextant_planner::config::{Layout, Precision, Zero};
+use sextant_planner::plan::PlanFile;
+
+use crate::megatron::moe_token_fields;
+use crate::quote;
+use crate::{ExportError, Target};
+
+use super::{cannot, layout_fields, mtp_value, recompute_fields, vpp_value};
+
+/// Megatron-Bridge: Hydra-style overrides for `scripts/training/run_recipe.py`
+/// (parsed by src/megatron/bridge/training/utils/omegaconf_utils.py) on a
+/// `ConfigContainer` (src/megatron/bridge/training/config.py).
+pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::MegatronBridge;
+    let cfg = &plan.plans[index].config;
+    crate::megatron::megatron_schedule(cfg, "Megatron-Bridge").map_err(|r| cannot(t, r))?;
+    let w = &plan.workload;
+    let mut lines: Vec<(String, String)> = Vec::new();
+    let mut put = |k: &str, v: String| lines.push((k.to_string(), v));
+    // cfg.model is a GPTModelProvider (src/megatron/bridge/models/gpt_provider.py)
+    // whose parallel fields are Megatron-Core's (megatron/core/model_parallel_config.py).
+    put("model.tensor_model_parallel_size", cfg.tp.to_string());
+    put("model.pipeline_model_parallel_size", cfg.pp.to_string());
+    put("model.virtual_pipeline_model_parallel_size", vpp_value(cfg));
+    put("model.context_parallel_size", cfg.cp.to_string());
+    put("model.sequence_parallel", cfg.sp.to_string());
+    if plan.model.moe.is_some() {
+        put("model.expert_model_parallel_size", cfg.ep.to_string());
+        put("model.expert_tensor_parallel_size", cfg.etp.to_string());
+        // Megatron-Core TransformerConfig fields on the provider; Bridge recipes set
+        // the flex backend and the capacity the same way.
+        for (key, value) in moe_token_fields(plan, cfg) {
+            put(&format!("model.{key}"), value.yaml());
+        }
+        if cfg.megatron_ep_overlap(w) {
+            put(
+                "comm_overlap.overlap_moe_expert_parallel_comm",
+                "true".into(),
+            );
+            put("comm_overlap.delay_wgrad_compute", "true".into());
+        }
+    }
+    // TransformerConfig.attention_backend is an enum that the override parser
+    // (src/megatron/bridge/training/utils/omegaconf_utils.py) leaves a string; a
+    // _target_ dict is instantiated there instead, and _call_: false returns the
+    // member itself. Without it the recipe's backend (a fused kernel) runs.
+    if !plan.assumptions.flash_attention {
+        put(
+            "model.attention_backend",
+            "{_target_:megatron.core.transformer.enums.AttnBackend.unfused,_call_:false}".into(),
+        );
+    }
+    for (k, v) in layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
+        put(&format!("model.{k}"), v);
+    }
+    put("model.mtp_num_layers", mtp_value(plan));
+    // The loss the plan priced (megatron/core/model_parallel_config.py fields; the
+    // provider's default turns the fusion on).
+    let (fusion, fusion_impl) = crate::megatron::loss_fields(plan.assumptions.loss);
+    put("model.cross_entropy_loss_fusion", fusion.to_string());
+    if let Some(i) = fusion_impl {
+        put("model.cross_entropy_fusion_impl", i.into());
+    }
+    // megatron/core/transformer/transformer_config.py
+    for (k, v) in recompute_fields(cfg) {
+        put(&format!("model.{k}"), v);
+    }
+    // megatron/training/config/training_config.py (TrainingConfig)
+    put("train.micro_batch_size", cfg.mbs.to_string());
+    put("train.global_batch_size", w.global_batch.to_string());
+    // GPTDatasetConfig in src/megatron/bridge/training/config.py owns the length;
+    // a validator requires model.seq_length to match it.
+    put("dataset.seq_length", w.seq.to_string());
+    put("model.seq_length", w.seq.to_string());
+    // megatron/core/distributed/distributed_data_parallel_config.py; the config
+    // validator keeps ddp.* and optimizer.use_distributed_optimizer in sync.
+    match cfg.zero {
+        Zero::None => put("ddp.use_distributed_optimizer", "false".into()),
+        Zero::DistOpt => put("ddp.use_distributed_optimizer", "true".into()),
+        Zero::Zero2 | Zero::Zero3 => {
+            put("ddp.use_megatron_fsdp", "true".into());
+            put("dist.use_megatron_fsdp", "true".into());
+            put(
+                "ddp.data_parallel_sharding_strategy",
+                if cfg.zero == Zero::Zero2 {
+                    "optim_grads"
+                } else {
+                    "optim_grads_params"
+                }
+                .into(),
+            );
+        }
+    }
+    put(
+        "ddp.overlap_grad_reduce",
+        cfg.overlap.grad_reduce.to_string(),
+    );
+    put(
+        "ddp.overlap_param_gather",
+        cfg.overlap.param_gather.to_string(),
+    );
+    put("ddp.grad_reduce_in_fp32", (!cfg.bf16_grads).to_string());
+    // Megatron-Core OptimizerConfig (megatron/core/optimizer/optimizer_config.py);
+    // the override parser turns dtype names into torch dtypes (str_to_dtype in
+    // src/megatron/bridge/utils/activation_map.py).
+    if cfg.bf16_moments {
+        put("optimizer.use_precision_aware_optimizer", "true".into());
+        put("optimizer.exp_avg_dtype", "bf16".into());
+        put("optimizer.exp_avg_sq_dtype", "bf16".into());
+    }
+    // Precision presets: src/megatron/bridge/training/mixed_precision.py.
+    let preset = match w.precision {
+        Precision::Bf16 => "bf16_mixed",
+        Precision::Fp16 => "fp16_mixed",
+        Precision::Fp8 => "bf16_with_fp8_delayed_scaling_mixed",
+        Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+    };
+    put("mixed_precision", preset.into());
+    // comm_overlap: CommOverlapConfig in src/megatron/bridge/training/comm_overlap.py.
+    put(
+        "comm_overlap.tp_comm_overlap",
+        (cfg.overlap.tp_comm && cfg.tp > 1).to_string(),
+    );
+    if cfg.layout != Layout::Even && cfg.vpp > 1 && matches!(cfg.layout, Layout::FirstLast { .. }) {
+        return Err(cannot(
+            t,
+            "first/last stage layer counts with virtual stages",
+        ));
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Megatron-Bridge 0.7 overrides for scripts/training/run_recipe.py --recipe <your recipe>"
+    );
+    let _ = writeln!(
+        s,
+        "# (ConfigContainer: src/megatron/bridge/training/config.py). Plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank,
+        quote::comment(&plan.model.name),
+        plan.gpus
+    );
+    for (k, v) in &lines {
+        // One override, one shell word: quoted where the shell would expand
+        // (braces, brackets) or strip (double quotes) a character.
+        let word = quote::shell(&format!("{k}={v}")).map_err(|r| cannot(t, r))?;
+        let _ = writeln!(s, "{word}");
+    }
+    Ok(s)
+}

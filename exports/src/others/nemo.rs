@@ -1,0 +1,177 @@
+//! NeMo 2.0: recipe overrides in Python.
+
+use std::fmt::Write;
+
+use sextant_planner::config::{Layout, ParallelConfig, Precision, Zero};
+use sextant_planner::plan::PlanFile;
+
+use crate::megatron::moe_token_fields;
+use crate::quote;
+use crate::{ExportError, Target};
+
+use super::{cannot, describe_layout, recompute_fields};
+
+/// NeMo 2.0 recipe overrides (Python, on a `nemo.collections.llm` recipe): the
+/// strategy fields of nemo/lightning/pytorch/strategies/megatron_strategy.py, the
+/// data module's batch fields, and the precision plugins of
+/// nemo/collections/llm/recipes/precision/mixed_precision.py.
+pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::Nemo;
+    let cfg = &plan.plans[index].config;
+    crate::megatron::megatron_schedule(cfg, "NeMo 2.0").map_err(|r| cannot(t, r))?;
+    let w = &plan.workload;
+    let py = |b: bool| if b { "True" } else { "False" };
+    // Megatron-Core's combined 1F1B schedule calls the forward step with
+    // return_schedule_plan=True; NeMo's wrapped_forward_step_func
+    // (nemo/lightning/megatron_parallel.py) takes no such argument.
+    if cfg.megatron_ep_overlap(w) {
+        return Err(cannot(t, "NeMo 2.0's forward step cannot build the schedule plan that expert-parallel communication overlap needs; re-plan without --ep-comm-overlap"));
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# NeMo 2.0 recipe overrides for plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank,
+        quote::comment(&plan.model.name),
+        plan.gpus
+    );
+    if cfg.bf16_moments {
+        let _ = writeln!(s, "import torch");
+    }
+    if !plan.assumptions.flash_attention {
+        let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
+    }
+    let tp_overlap = cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp;
+    if tp_overlap {
+        let _ = writeln!(s, "import nemo_run as run\nfrom nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback");
+    }
+    let _ = writeln!(
+        s,
+        "from nemo.collections.llm.recipes.precision.mixed_precision import {}",
+        match w.precision {
+            Precision::Bf16 => "bf16_mixed",
+            Precision::Fp16 => "fp16_mixed",
+            Precision::Fp8 => "bf16_with_fp8_mixed",
+            Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+        }
+    );
+    let st = "recipe.trainer.strategy";
+    let _ = writeln!(s, "{st}.tensor_model_parallel_size = {}", cfg.tp);
+    let _ = writeln!(s, "{st}.pipeline_model_parallel_size = {}", cfg.pp);
+    let _ = writeln!(
+        s,
+        "{st}.virtual_pipeline_model_parallel_size = {}",
+        if cfg.vpp > 1 {
+            cfg.vpp.to_string()
+        } else {
+            "None".into()
+        }
+    );
+    let _ = writeln!(s, "{st}.context_parallel_size = {}", cfg.cp);
+    let _ = writeln!(s, "{st}.sequence_parallel = {}", py(cfg.sp && cfg.tp > 1));
+    if plan.model.moe.is_some() {
+        let _ = writeln!(s, "{st}.expert_model_parallel_size = {}", cfg.ep);
+        let _ = writeln!(s, "{st}.expert_tensor_parallel_size = {}", cfg.etp);
+    }
+    match &cfg.layout {
+        Layout::Even => {}
+        Layout::AccountEmbeddingLoss => {
+            let _ = writeln!(s, "{st}.account_for_embedding_in_pipeline_split = True\n{st}.account_for_loss_in_pipeline_split = True");
+        }
+        _ => return Err(cannot(t, format!("NeMo 2.0's strategy states uneven pipelines only by counting embedding and loss as layers; this plan uses {}", describe_layout(plan, cfg)))),
+    }
+    match cfg.zero {
+        Zero::None | Zero::DistOpt => {
+            let _ = writeln!(s, "recipe.optim.config.use_distributed_optimizer = {}", py(cfg.zero == Zero::DistOpt));
+        }
+        Zero::Zero2 | Zero::Zero3 => return Err(cannot(t, "ZeRO-2/3 through NeMo 2.0's FSDP strategy option is not mapped; re-plan with --zero 0,1")),
+    }
+    let _ = writeln!(
+        s,
+        "{st}.ddp.overlap_grad_reduce = {}",
+        py(cfg.overlap.grad_reduce)
+    );
+    let _ = writeln!(
+        s,
+        "{st}.ddp.overlap_param_gather = {}",
+        py(cfg.overlap.param_gather && cfg.zero == Zero::DistOpt)
+    );
+    let _ = writeln!(s, "{st}.ddp.grad_reduce_in_fp32 = {}", py(!cfg.bf16_grads));
+    // recipe.optim.config is Megatron-Core's OptimizerConfig (recipes/optim/adam.py).
+    if cfg.bf16_moments {
+        let _ = writeln!(s, "recipe.optim.config.use_precision_aware_optimizer = True\nrecipe.optim.config.exp_avg_dtype = torch.bfloat16\nrecipe.optim.config.exp_avg_sq_dtype = torch.bfloat16");
+    }
+    let _ = writeln!(s, "recipe.data.micro_batch_size = {}", cfg.mbs);
+    let _ = writeln!(s, "recipe.data.global_batch_size = {}", w.global_batch);
+    let _ = writeln!(s, "recipe.data.seq_length = {}", w.seq);
+    let _ = writeln!(s, "recipe.model.config.seq_length = {}", w.seq);
+    model_fields(&mut s, plan, cfg);
+    // TP overlap is switched on by a callback that also initialises Transformer
+    // Engine's userbuffers (nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py);
+    // the config field alone would be reset. Performance recipes may add one already.
+    if tp_overlap {
+        let _ = writeln!(s, "recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True))");
+    } else if cfg.tp > 1 {
+        let _ = writeln!(s, "# This plan prices TP communication without overlap: remove a MegatronCommOverlapCallback with tp_comm_overlap=True if the recipe adds one.");
+    }
+    let _ = writeln!(
+        s,
+        "recipe.trainer.plugins = {}()",
+        match w.precision {
+            Precision::Bf16 => "bf16_mixed",
+            Precision::Fp16 => "fp16_mixed",
+            Precision::Fp8 => "bf16_with_fp8_mixed",
+            Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+        }
+    );
+    Ok(s)
+}
+
+/// The model config's fields: recomputation, MTP, the loss kernel, the attention
+/// backend and the MoE token path.
+fn model_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig) {
+    let py = |b: bool| if b { "True" } else { "False" };
+    for (k, v) in recompute_fields(cfg) {
+        let v = if k == "recompute_granularity" || k == "recompute_method" {
+            format!("\"{v}\"")
+        } else {
+            v
+        };
+        let _ = writeln!(s, "recipe.model.config.{k} = {v}");
+    }
+    // GPTConfig is a Megatron-Core TransformerConfig.
+    let _ = writeln!(
+        s,
+        "recipe.model.config.mtp_num_layers = {}",
+        if plan.model.mtp_layers > 0 {
+            plan.model.mtp_layers.to_string()
+        } else {
+            "None".into()
+        }
+    );
+    let (fusion, fusion_impl) = crate::megatron::loss_fields(plan.assumptions.loss);
+    let _ = writeln!(
+        s,
+        "recipe.model.config.cross_entropy_loss_fusion = {}",
+        py(fusion)
+    );
+    if let Some(i) = fusion_impl {
+        let _ = writeln!(s, "recipe.model.config.cross_entropy_fusion_impl = \"{i}\"");
+    }
+    if !plan.assumptions.flash_attention {
+        let _ = writeln!(
+            s,
+            "recipe.model.config.attention_backend = AttnBackend.unfused"
+        );
+    }
+    for (key, value) in moe_token_fields(plan, cfg) {
+        // NeMo's pinned Megatron-Core (2025-09) predates moe_flex_dispatcher_backend
+        // and selects DeepEP with moe_enable_deepep (as its DeepEP callback does).
+        let (key, value) = if key == "moe_flex_dispatcher_backend" {
+            ("moe_enable_deepep", crate::megatron::Value::Bool(true))
+        } else {
+            (key, value)
+        };
+        let _ = writeln!(s, "recipe.model.config.{key} = {}", value.python());
+    }
+}

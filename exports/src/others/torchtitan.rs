@@ -1,0 +1,128 @@
+//! torchtitan: the TOML job config of its last TOML-configured release.
+
+use std::fmt::Write;
+
+use sextant_planner::config::{Layout, Precision, Recompute, Zero};
+use sextant_planner::plan::PlanFile;
+use sextant_planner::schedule::Schedule;
+
+use crate::quote;
+use crate::{ExportError, Target};
+
+use super::{cannot, describe_layout, TORCHTITAN_VERSION};
+
+/// torchtitan: the TOML sections of `torchtitan/config/job_config.py` at
+/// [`TORCHTITAN_VERSION`] (the last TOML-configured release).
+pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
+    let t = Target::Torchtitan;
+    let cfg = &plan.plans[index].config;
+    let w = &plan.workload;
+    if plan.model.mtp_layers > 0 {
+        return Err(cannot(t, "torchtitan's models train no multi-token-prediction layers; re-plan with --mtp-layers 0"));
+    }
+    if cfg.tp > 1 && !cfg.sp {
+        return Err(cannot(
+            t,
+            "torchtitan applies sequence parallelism whenever TP > 1; this plan has TP without SP",
+        ));
+    }
+    if cfg.etp != 1 && cfg.etp != cfg.tp {
+        return Err(cannot(t, format!("torchtitan's expert_tensor_parallel_degree must be 1 or equal to TP ({}); plan has {}", cfg.tp, cfg.etp)));
+    }
+    let (replicate, shard, reshard) = match cfg.zero {
+        Zero::None => (cfg.dp, 1, None),
+        Zero::DistOpt => return Err(cannot(t, "torchtitan has no optimizer-only sharding (ZeRO-1 / distributed optimizer); re-plan with --zero 0,2,3")),
+        Zero::Zero2 => (1, cfg.dp, Some("never")),
+        Zero::Zero3 => (1, cfg.dp, None),
+    };
+    // Schedule names: torch/distributed/pipelining/schedules.py (get_schedule_class).
+    let schedule = match cfg.schedule {
+        Schedule::OneFOneB => "1F1B",
+        Schedule::Interleaved => "Interleaved1F1B",
+        Schedule::Gpipe => "GPipe",
+        other => {
+            return Err(cannot(
+                t,
+                format!("torchtitan has no {other} schedule with one stage per rank (its ZBVZeroBubble and DualPipeV put two stages on each rank in a V); re-plan with --schedule 1f1b,interleaved,gpipe"),
+            ))
+        }
+    };
+    let layers = plan.model.layers;
+    let per_stage = match &cfg.layout {
+        Layout::Even => layers / (cfg.pp * cfg.vpp),
+        _ => return Err(cannot(t, format!("torchtitan splits stages evenly by pipeline_parallel_layers_per_stage; this plan uses {}", describe_layout(plan, cfg)))),
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# torchtitan job config (TOML, torchtitan/config/job_config.py) for plan #{}: {} on {} GPUs.",
+        plan.plans[index].rank,
+        quote::comment(&plan.model.name),
+        plan.gpus
+    );
+    let _ = writeln!(s, "# For {TORCHTITAN_VERSION}; later torchtitan is configured in Python and does not read this file.");
+    let _ = writeln!(s, "[parallelism]");
+    let _ = writeln!(s, "data_parallel_replicate_degree = {replicate}");
+    let _ = writeln!(s, "data_parallel_shard_degree = {shard}");
+    if let Some(r) = reshard {
+        let _ = writeln!(
+            s,
+            "fsdp_reshard_after_forward = {}",
+            quote::double_quoted(r)
+        );
+    }
+    let _ = writeln!(s, "tensor_parallel_degree = {}", cfg.tp);
+    let _ = writeln!(
+        s,
+        "enable_async_tensor_parallel = {}",
+        cfg.overlap.tp_comm && cfg.tp > 1
+    );
+    let _ = writeln!(s, "pipeline_parallel_degree = {}", cfg.pp);
+    if cfg.pp > 1 {
+        // Schedule names: torch/distributed/pipelining/schedules.py.
+        let _ = writeln!(
+            s,
+            "pipeline_parallel_schedule = {}",
+            quote::double_quoted(schedule)
+        );
+        let _ = writeln!(s, "pipeline_parallel_layers_per_stage = {per_stage}");
+        let _ = writeln!(s, "pipeline_parallel_microbatch_size = {}", cfg.mbs);
+    }
+    let _ = writeln!(s, "context_parallel_degree = {}", cfg.cp);
+    if plan.model.moe.is_some() {
+        let _ = writeln!(s, "expert_parallel_degree = {}", cfg.ep);
+        let _ = writeln!(s, "expert_tensor_parallel_degree = {}", cfg.etp);
+    }
+    let _ = writeln!(s, "\n[training]");
+    let _ = writeln!(s, "local_batch_size = {}", w.global_batch / cfg.dp);
+    let _ = writeln!(s, "global_batch_size = {}", w.global_batch);
+    let _ = writeln!(s, "seq_len = {}", w.seq);
+    let _ = writeln!(s, "\n[activation_checkpoint]");
+    match cfg.recompute {
+        Recompute::None => {
+            let _ = writeln!(s, "mode = \"none\"");
+        }
+        Recompute::Selective => {
+            let _ = writeln!(s, "mode = \"selective\"\nselective_ac_option = \"op\"");
+        }
+        Recompute::Full => {
+            let _ = writeln!(s, "mode = \"full\"");
+        }
+    }
+    match w.precision {
+        Precision::Bf16 => {}
+        Precision::Fp16 => {
+            return Err(cannot(
+                t,
+                "torchtitan trains in BF16 (mixed_precision_param); FP16 is not offered",
+            ))
+        }
+        Precision::Fp8 => {
+            let _ = writeln!(s, "\n[model]\nconverters = [\"quantize.linear.float8\"]");
+        }
+        Precision::Mxfp8 => {
+            let _ = writeln!(s, "\n[model]\nconverters = [\"quantize.linear.mx\"]\n\n[quantize.linear.mx]\nrecipe_name = \"mxfp8_cublas\"");
+        }
+    }
+    Ok(s)
+}
