@@ -13,6 +13,7 @@ mod megatron;
 mod others;
 mod quote;
 mod rankmap;
+pub mod rl;
 mod scaletorch;
 
 use std::fmt;
