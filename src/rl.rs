@@ -46,6 +46,9 @@ pub struct RlPlanArgs {
     /// Mean prompt tokens.
     #[arg(long = "prompt-len", default_value_t = 512)]
     pub prompt_len: u64,
+    /// Longest prompt (the frameworks' prompt-length limit); default the mean.
+    #[arg(long = "prompt-max")]
+    pub prompt_max: Option<u64>,
     /// Mean response tokens.
     #[arg(long = "response-len", default_value_t = 2048)]
     pub response_len: u64,
@@ -116,6 +119,7 @@ fn workload(a: &RlPlanArgs) -> Result<RlWorkload> {
         responses_per_prompt: a.responses,
         lengths: Lengths {
             prompt_mean: a.prompt_len,
+            prompt_max: a.prompt_max.unwrap_or(a.prompt_len),
             response_mean: a.response_len,
             response_max: a.response_max.unwrap_or(a.response_len),
         },
@@ -126,8 +130,7 @@ fn workload(a: &RlPlanArgs) -> Result<RlWorkload> {
 }
 
 fn search_of(a: &RlPlanArgs) -> Result<RlSearch> {
-    let mut s = RlSearch::default();
-    s.placements = a
+    let placements = a
         .placement
         .iter()
         .map(|p| match p.as_str() {
@@ -136,6 +139,10 @@ fn search_of(a: &RlPlanArgs) -> Result<RlSearch> {
             other => bail!("unknown --placement '{other}' (colocated, disaggregated)"),
         })
         .collect::<Result<_>>()?;
+    let mut s = RlSearch {
+        placements,
+        ..RlSearch::default()
+    };
     if let Some(v) = &a.rollout_tp {
         if v.contains(&0) {
             bail!("--rollout-tp sizes must be at least 1");

@@ -3,10 +3,14 @@
 //! export refuses is refused here too), the rollout engine, the reference, critic
 //! and reward sections, the batch sizes and the placement.
 //!
-//! Every key written is in [`VERL_KEYS`] or [`RLINF_KEYS`] with the framework file
-//! and line that defines it, at the commits [`VERL_COMMIT`] and [`RLINF_COMMIT`];
-//! docs/rl.md prints the table and `tools/rl_keys_check.py` re-checks it against a
-//! fresh checkout. The actor's Megatron keys are those of the actor-only exports.
+//! Every key written is in the key table of docs/rl.md with the framework file and
+//! line that defines it, at the commits [`VERL_COMMIT`] and [`RLINF_COMMIT`]
+//! (`tests/it/rl.rs` requires it; `tools/rl_keys_check.py` re-checks the table
+//! against a fresh checkout). verl's keys are those of
+//! verl/trainer/config/_generated_ppo_megatron_trainer.yaml (separate pools:
+//! verl/experimental/one_step_off_policy/config/one_step_off_ppo_megatron_trainer.yaml);
+//! RLinf's those of examples/reasoning/config/math/*-megatron*.yaml and
+//! rlinf/config.py.
 
 use std::fmt::Write;
 
@@ -23,121 +27,6 @@ use crate::{export, ExportError, LaunchOptions, Target};
 pub const VERL_COMMIT: &str = "b178a3cd56f58b2d502255daba591e92833930a7";
 /// RLinf commit whose configuration the RLinf keys were read from (2026-08-22).
 pub const RLINF_COMMIT: &str = "a3816b596478dcd8a5c69a6ec1468c9519f77b5b";
-
-const VERL_GEN: &str = "verl/trainer/config/_generated_ppo_megatron_trainer.yaml";
-const VERL_OFF: &str =
-    "verl/experimental/one_step_off_policy/config/one_step_off_ppo_megatron_trainer.yaml";
-const RLINF_GRPO: &str = "examples/reasoning/config/math/qwen2.5-1.5b-grpo-megatron-pipeline.yaml";
-const RLINF_PPO: &str = "examples/reasoning/config/math/qwen2.5-1.5b-ppo-megatron.yaml";
-
-/// (dotted key, file, line) of every RL key the verl export writes beyond the
-/// actor's Megatron block.
-pub const VERL_KEYS: &[(&str, &str, u32)] = &[
-    ("data.max_prompt_length", VERL_GEN, 378),
-    ("data.max_response_length", VERL_GEN, 379),
-    ("data.train_batch_size", VERL_GEN, 380),
-    ("actor_rollout_ref.hybrid_engine", VERL_GEN, 367),
-    ("actor_rollout_ref.actor.ppo_mini_batch_size", VERL_GEN, 63),
-    (
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-        VERL_GEN,
-        65,
-    ),
-    ("actor_rollout_ref.actor.use_kl_loss", VERL_GEN, 87),
-    ("actor_rollout_ref.actor.ppo_epochs", VERL_GEN, 92),
-    (
-        "actor_rollout_ref.actor.megatron.param_offload",
-        VERL_GEN,
-        31,
-    ),
-    (
-        "actor_rollout_ref.actor.megatron.grad_offload",
-        VERL_GEN,
-        32,
-    ),
-    (
-        "actor_rollout_ref.actor.megatron.optimizer_offload",
-        VERL_GEN,
-        33,
-    ),
-    (
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-        VERL_GEN,
-        140,
-    ),
-    ("actor_rollout_ref.rollout.name", VERL_GEN, 202),
-    (
-        "actor_rollout_ref.rollout.gpu_memory_utilization",
-        VERL_GEN,
-        210,
-    ),
-    ("actor_rollout_ref.rollout.free_cache_engine", VERL_GEN, 214),
-    (
-        "actor_rollout_ref.rollout.tensor_model_parallel_size",
-        VERL_GEN,
-        215,
-    ),
-    ("actor_rollout_ref.rollout.max_num_seqs", VERL_GEN, 221),
-    (
-        "actor_rollout_ref.rollout.enable_prefix_caching",
-        VERL_GEN,
-        223,
-    ),
-    (
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        VERL_GEN,
-        228,
-    ),
-    ("actor_rollout_ref.rollout.n", VERL_GEN, 233),
-    ("critic.megatron.tensor_model_parallel_size", VERL_GEN, 444),
-    (
-        "critic.megatron.pipeline_model_parallel_size",
-        VERL_GEN,
-        447,
-    ),
-    ("critic.strategy", VERL_GEN, 472),
-    ("critic.ppo_micro_batch_size_per_gpu", VERL_GEN, 506),
-    ("reward_model.enable", VERL_GEN, 551),
-    ("reward_model.micro_batch_size_per_gpu", VERL_GEN, 563),
-    ("algorithm.adv_estimator", VERL_GEN, 643),
-    ("trainer.nnodes", VERL_GEN, 670),
-    ("trainer.n_gpus_per_node", VERL_GEN, 671),
-    ("rollout.nnodes", VERL_OFF, 12),
-    ("rollout.n_gpus_per_node", VERL_OFF, 14),
-];
-
-/// (dotted key, file, line) of every RL key the RLinf export writes beyond the
-/// actor's Megatron block.
-pub const RLINF_KEYS: &[(&str, &str, u32)] = &[
-    ("cluster.num_nodes", RLINF_GRPO, 10),
-    ("cluster.component_placement", RLINF_GRPO, 11),
-    ("runner.seq_length", RLINF_GRPO, 31),
-    ("algorithm.group_size", RLINF_GRPO, 41),
-    ("algorithm.n_minibatches", RLINF_GRPO, 43),
-    ("algorithm.training_batch_size_per_gpu", RLINF_GRPO, 44),
-    ("algorithm.logprob_forward_micro_batch_size", RLINF_GRPO, 50),
-    ("algorithm.recompute_logprobs", RLINF_GRPO, 55),
-    ("algorithm.adv_type", RLINF_GRPO, 72),
-    ("inference.model.tensor_model_parallel_size", RLINF_GRPO, 93),
-    (
-        "inference.model.pipeline_model_parallel_size",
-        RLINF_GRPO,
-        94,
-    ),
-    ("rollout.gpu_memory_utilization", RLINF_GRPO, 99),
-    ("rollout.rollout_backend", RLINF_GRPO, 112),
-    ("rollout.tensor_parallel_size", RLINF_GRPO, 130),
-    ("rollout.max_running_requests", RLINF_GRPO, 137),
-    ("data.max_prompt_length", RLINF_GRPO, 143),
-    ("data.rollout_batch_size", RLINF_GRPO, 145),
-    ("actor.offload_optimizer", RLINF_GRPO, 164),
-    ("actor.offload_weight", RLINF_GRPO, 165),
-    ("actor.offload_grad", RLINF_GRPO, 166),
-    ("critic.use_critic_model", RLINF_PPO, 277),
-    ("critic.training_backend", RLINF_PPO, 279),
-    ("critic.model.tensor_model_parallel_size", RLINF_PPO, 297),
-    ("critic.model.pipeline_model_parallel_size", RLINF_PPO, 298),
-];
 
 /// What an RL export reads: the plan, its workload and the hardware it was priced on.
 pub struct RlExport<'a> {
@@ -232,7 +121,7 @@ pub fn verl(x: &RlExport) -> Result<String, ExportError> {
     let colocated = p.placement.kind == PlacementKind::Colocated;
     let per_node = x.hardware.node.gpus_per_node;
     let cfg = &p.train.config;
-    if w.prompts % w.mini_batches != 0 {
+    if !w.prompts.is_multiple_of(w.mini_batches) {
         return Err(cannot(
             t,
             format!(
@@ -272,7 +161,7 @@ pub fn verl(x: &RlExport) -> Result<String, ExportError> {
     let _ = writeln!(
         s,
         "data:\n  train_batch_size: {}\n  max_prompt_length: {}\n  max_response_length: {}",
-        w.prompts, w.lengths.prompt_mean, w.lengths.response_max
+        w.prompts, w.lengths.prompt_max, w.lengths.response_max
     );
     for l in &lines {
         let _ = writeln!(s, "{l}");
@@ -360,7 +249,7 @@ pub fn rlinf(x: &RlExport) -> Result<String, ExportError> {
     let mut lines = actor_block(x, t)?;
     // RLinf's runner.seq_length is the longest sequence (max_new_tokens is it less
     // the prompt), not the mean the actor block was priced at.
-    let longest = w.lengths.prompt_mean + w.lengths.response_max;
+    let longest = w.lengths.prompt_max + w.lengths.response_max;
     for l in lines.iter_mut() {
         if l.starts_with("  seq_length: ") {
             *l = format!("  seq_length: {longest}");
@@ -408,7 +297,7 @@ pub fn rlinf(x: &RlExport) -> Result<String, ExportError> {
     let _ = writeln!(
         s,
         "data:\n  max_prompt_length: {}\n  rollout_batch_size: {}",
-        w.lengths.prompt_mean, w.prompts
+        w.lengths.prompt_max, w.prompts
     );
     let _ = writeln!(s, "rollout:\n  rollout_backend: vllm");
     let _ = writeln!(s, "  tensor_parallel_size: {}", p.rollout.layout.tp);

@@ -19,3 +19,4 @@ mod properties;
 mod published;
 mod reliability;
 mod report;
+mod rl;

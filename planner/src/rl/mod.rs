@@ -65,6 +65,8 @@ impl Algorithm {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Lengths {
     pub prompt_mean: u64,
+    /// The longest prompt (what the frameworks' prompt-length limits must admit).
+    pub prompt_max: u64,
     pub response_mean: u64,
     /// The longest response of the iteration (the tail; often the length cap).
     pub response_max: u64,
@@ -130,12 +132,18 @@ impl RlWorkload {
                 max: self.lengths.response_max,
             });
         }
-        if self.lengths.prompt_mean + self.lengths.response_max > 1 << 20 {
-            return Err(RlError::TooLong {
-                tokens: self.lengths.prompt_mean + self.lengths.response_max,
+        if self.lengths.prompt_max < self.lengths.prompt_mean {
+            return Err(RlError::PromptTailBelowMean {
+                mean: self.lengths.prompt_mean,
+                max: self.lengths.prompt_max,
             });
         }
-        if self.sequences() % self.mini_batches != 0 {
+        if self.lengths.prompt_max + self.lengths.response_max > 1 << 20 {
+            return Err(RlError::TooLong {
+                tokens: self.lengths.prompt_max + self.lengths.response_max,
+            });
+        }
+        if !self.sequences().is_multiple_of(self.mini_batches) {
             return Err(RlError::MiniBatches {
                 sequences: self.sequences(),
                 mini_batches: self.mini_batches,
@@ -158,6 +166,8 @@ pub enum RlError {
     Zero { name: &'static str },
     #[error("the longest response ({max} tokens) is shorter than the mean response ({mean} tokens); give --response-max >= --response-len")]
     TailBelowMean { mean: u64, max: u64 },
+    #[error("the longest prompt ({max} tokens) is shorter than the mean prompt ({mean} tokens); give --prompt-max >= --prompt-len")]
+    PromptTailBelowMean { mean: u64, max: u64 },
     #[error("a sequence of {tokens} tokens is beyond what Sextant prices (at most 1048576)")]
     TooLong { tokens: u64 },
     #[error("{sequences} sequences per iteration do not split into {mini_batches} mini-batches; choose --mini-batches dividing prompts x responses per prompt")]

@@ -196,6 +196,7 @@ mod tests {
             responses_per_prompt: 8,
             lengths: Lengths {
                 prompt_mean: 512,
+                prompt_max: 1024,
                 response_mean: 1536,
                 response_max: 4096,
             },

@@ -98,7 +98,7 @@ pub fn rollout_cost(
     let workspace = hw.memory.reserve_gib * GIB;
     let kv_bytes = layout.budget_bytes - weights - workspace;
     let kv_token = kv_bytes_per_token(model, tp);
-    let longest = (lengths.prompt_mean + lengths.response_max) as f64;
+    let longest = (lengths.prompt_max + lengths.response_max) as f64;
     if kv_bytes < longest * kv_token {
         return Err(Reject::KvCache {
             tp,
@@ -165,6 +165,7 @@ mod tests {
     fn lengths(mean: u64, max: u64) -> Lengths {
         Lengths {
             prompt_mean: 512,
+            prompt_max: 512,
             response_mean: mean,
             response_max: max,
         }

@@ -160,12 +160,10 @@ pub fn evaluate(
     let m = &side.estimate.memory;
     let colocated = placement.kind == PlacementKind::Colocated;
     // Colocated, the engine gets what the resident training state leaves.
-    let resident = if !colocated {
-        0.0
-    } else if offload_params {
-        0.0
-    } else {
+    let resident = if colocated && !offload_params {
         m.weights
+    } else {
+        0.0
     };
     let fraction = ((capacity - resident) / hw.hbm_bytes()).min(MAX_MEMORY_FRACTION);
     let layout = RolloutLayout {
@@ -335,7 +333,7 @@ pub fn plan(
             rollout_gpus: gpus,
         };
         for side in layouts(w, hw, gpus, s, &mut tally) {
-            for &tp in tps.iter().filter(|&&tp| gpus % tp == 0) {
+            for &tp in tps.iter().filter(|&&tp| gpus.is_multiple_of(tp)) {
                 for off in [false, true] {
                     try_one(&mut tally, p, &side, tp, off);
                 }
@@ -357,7 +355,7 @@ pub fn plan(
                 rollout_gpus: gpus - t,
             };
             for side in layouts(w, hw, t, s, &mut tally) {
-                for &tp in tps.iter().filter(|&&tp| (gpus - t) % tp == 0) {
+                for &tp in tps.iter().filter(|&&tp| (gpus - t).is_multiple_of(tp)) {
                     try_one(&mut tally, p, &side, tp, false);
                 }
             }
@@ -440,6 +438,7 @@ mod tests {
             responses_per_prompt: 8,
             lengths: Lengths {
                 prompt_mean: 512,
+                prompt_max: 1024,
                 response_mean: 1024,
                 response_max: 4096,
             },
