@@ -262,8 +262,12 @@ fn layouts(
     s: &RlSearch,
     tally: &mut Tally,
 ) -> Vec<TrainSide> {
-    let Ok(cluster) = Cluster::new(hw.clone(), gpus) else {
-        return vec![];
+    let cluster = match Cluster::new(hw.clone(), gpus) {
+        Ok(c) => c,
+        Err(e) => {
+            tally.note("training pool", format!("{gpus} GPUs: {e}"));
+            return vec![];
+        }
     };
     let tw = train_workload(w);
     let found = search(&w.actor, &cluster, &tw, &s.space, s.layouts);
