@@ -28,6 +28,7 @@ mod flags;
 mod io;
 mod progress;
 mod render;
+mod rl;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -59,6 +60,8 @@ struct Cli {
 enum Command {
     /// Search every valid parallel configuration and rank the best.
     Plan(PlanArgs),
+    /// Plan an RL iteration (verl, RLinf): rollout, resharding, training, both placements.
+    RlPlan(rl::RlPlanArgs),
     /// Evaluate one given configuration and print its full cost breakdown.
     Estimate(EstimateArgs),
     /// List the built-in models.
@@ -993,6 +996,7 @@ fn estimate_mixed(
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Plan(a) => cmd_plan(a),
+        Command::RlPlan(a) => rl::cmd_rl_plan(a),
         Command::Estimate(a) => cmd_estimate(a),
         Command::Models => {
             print!("{}", render::models_list());

@@ -14,6 +14,7 @@ mod others;
 mod quote;
 mod rankmap;
 mod reason;
+pub mod rl;
 mod scaletorch;
 
 use std::fmt;

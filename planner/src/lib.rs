@@ -34,6 +34,7 @@ pub mod plan;
 pub mod presets;
 pub mod ranks;
 pub mod reach;
+pub mod rl;
 pub mod routing;
 pub mod runs;
 pub mod schedule;

@@ -20,3 +20,4 @@ mod properties;
 mod published;
 mod reliability;
 mod report;
+mod rl;

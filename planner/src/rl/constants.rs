@@ -1,0 +1,37 @@
+//! The constants the RL model needs beyond a hardware profile, each with its source.
+//! No constant here was fitted to a published RL run.
+
+use crate::hardware::HardwareProfile;
+
+/// Bytes per element of the rollout engine's weights and KV cache (BF16, verl's
+/// `rollout.dtype` default and RLinf's `rollout.model.precision` in its examples).
+pub const ROLLOUT_BYTES: f64 = 2.0;
+
+/// Host link of one GPU, GB/s per direction, for offloading training state to host
+/// memory and back: the interface's signalling rate, a floor on the copy time.
+/// Sources: PCI-SIG, PCIe 4.0 x16 = 32 GB/s and PCIe 5.0 x16 = 64 GB/s per direction;
+/// NVIDIA A100 and H100/H200/H800 SXM datasheets (host interface PCIe Gen4 / Gen5
+/// x16); B200 HGX: PCIe Gen5 x16 (NVIDIA HGX B200 datasheet); GB200: NVLink-C2C
+/// 900 GB/s bidirectional = 450 GB/s per direction (NVIDIA GB200 NVL72 page);
+/// MI300X: PCIe Gen5 x16 (AMD Instinct MI300X datasheet).
+pub fn host_link_gbytes_per_s(hw: &HardwareProfile) -> f64 {
+    let name = hw.name.to_ascii_lowercase();
+    if name.starts_with("a100") {
+        32.0
+    } else if name.starts_with("gb200") {
+        450.0
+    } else {
+        64.0
+    }
+}
+
+/// GEMM launches per transformer layer in one decode step (QKV, attention output,
+/// fused gate/up, down projection), each charged the profile's
+/// `efficiency.gemm_overhead_us`; the attention kernel is charged the same once.
+pub const DECODE_KERNELS_PER_LAYER: f64 = 5.0;
+
+/// The largest rollout memory fraction exported: vLLM refuses more than the free
+/// memory at start-up, and verl's perf-tuning guide (docs/perf/perf_tuning.rst,
+/// "gpu_memory_utilization") calls 0.5 to 0.7 the usual range; 0.9 is vLLM's own
+/// default (`EngineArgs.gpu_memory_utilization`).
+pub const MAX_MEMORY_FRACTION: f64 = 0.9;

@@ -1,0 +1,220 @@
+//! Reinforcement-learning iterations (verl, RLinf): actor training, rollout
+//! generation, the forward-only passes of the other models, and the resharding of
+//! the actor's weights into the rollout engine's layout, priced and searched
+//! together.
+//!
+//! One RL iteration is: the rollout engines generate `prompts x responses_per_prompt`
+//! responses ([`rollout`]); the actor's weights move from the training layout into
+//! the engines' ([`reshard`]); the actor (old log-probabilities), the reference, the
+//! critic (values) and the reward model run forward passes; the actor (and, for
+//! PPO, the critic) train on the batch. The training and forward passes are priced by
+//! the pre-training cost model ([`crate::cost`]) and searched by
+//! [`crate::search::search`]; nothing here re-derives a GEMM or a collective.
+//!
+//! Two placements are searched ([`search`]): colocated (every GPU runs every phase
+//! in turn, training state offloaded to host memory while the engines generate) and
+//! disaggregated (a rollout pool and a training pool, the split searched, finished
+//! responses streamed to training mini-batch by mini-batch as RLinf's pipeline
+//! does).
+//!
+//! Pure: values in, values out.
+
+pub mod constants;
+pub mod phases;
+pub mod reshard;
+pub mod rollout;
+pub mod search;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::config::Precision;
+use crate::model::ModelSpec;
+
+pub use search::{plan, RlPlan, RlSearch};
+
+/// Which models run which passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// Group-relative advantages: actor, reference; no critic.
+    Grpo,
+    /// Actor, critic (values and its own update), reference.
+    Ppo,
+}
+
+impl Algorithm {
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        match s.to_ascii_lowercase().as_str() {
+            "grpo" => Some(Algorithm::Grpo),
+            "ppo" => Some(Algorithm::Ppo),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Grpo => "grpo",
+            Algorithm::Ppo => "ppo",
+        }
+    }
+}
+
+/// Token lengths of one iteration. The mean sets the work; the longest response
+/// sets how long a synchronous rollout runs after the batch has drained.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Lengths {
+    pub prompt_mean: u64,
+    /// The longest prompt (what the frameworks' prompt-length limits must admit).
+    pub prompt_max: u64,
+    pub response_mean: u64,
+    /// The longest response of the iteration (the tail; often the length cap).
+    pub response_max: u64,
+}
+
+impl Lengths {
+    /// Mean tokens of one trained sequence (prompt and response).
+    pub fn sequence_mean(&self) -> u64 {
+        self.prompt_mean + self.response_mean
+    }
+}
+
+/// What one RL iteration does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlWorkload {
+    pub actor: ModelSpec,
+    /// PPO's value model (trained); `None` for GRPO.
+    pub critic: Option<ModelSpec>,
+    /// A learned reward model (forward only); `None` for rule-based rewards.
+    pub reward: Option<ModelSpec>,
+    /// A frozen reference policy for the KL term (the actor's architecture).
+    pub reference: bool,
+    pub algorithm: Algorithm,
+    pub prompts: u64,
+    pub responses_per_prompt: u64,
+    pub lengths: Lengths,
+    /// Optimizer steps per iteration (`ppo_mini_batch_size` divides the batch).
+    pub mini_batches: u64,
+    /// Passes over the batch per iteration (`ppo_epochs`).
+    pub epochs: u64,
+    pub precision: Precision,
+}
+
+impl RlWorkload {
+    /// Responses generated and trained per iteration.
+    pub fn sequences(&self) -> u64 {
+        self.prompts * self.responses_per_prompt
+    }
+
+    /// Sequences per optimizer step.
+    pub fn mini_batch(&self) -> u64 {
+        self.sequences() / self.mini_batches
+    }
+
+    /// Checks the workload; every problem is one [`RlError`].
+    pub fn check(&self) -> Result<(), RlError> {
+        let pos = |name: &'static str, v: u64| {
+            if v == 0 {
+                Err(RlError::Zero { name })
+            } else {
+                Ok(())
+            }
+        };
+        pos("prompts", self.prompts)?;
+        pos("responses per prompt", self.responses_per_prompt)?;
+        pos("prompt length", self.lengths.prompt_mean)?;
+        pos("response length", self.lengths.response_mean)?;
+        pos("mini-batches", self.mini_batches)?;
+        pos("epochs", self.epochs)?;
+        if self.lengths.response_max < self.lengths.response_mean {
+            return Err(RlError::TailBelowMean {
+                mean: self.lengths.response_mean,
+                max: self.lengths.response_max,
+            });
+        }
+        if self.lengths.prompt_max < self.lengths.prompt_mean {
+            return Err(RlError::PromptTailBelowMean {
+                mean: self.lengths.prompt_mean,
+                max: self.lengths.prompt_max,
+            });
+        }
+        if self.lengths.prompt_max + self.lengths.response_max > 1 << 20 {
+            return Err(RlError::TooLong {
+                tokens: self.lengths.prompt_max + self.lengths.response_max,
+            });
+        }
+        if !self.sequences().is_multiple_of(self.mini_batches) {
+            return Err(RlError::MiniBatches {
+                sequences: self.sequences(),
+                mini_batches: self.mini_batches,
+            });
+        }
+        if self.algorithm == Algorithm::Ppo && self.critic.is_none() {
+            return Err(RlError::PpoWithoutCritic);
+        }
+        if self.algorithm == Algorithm::Grpo && self.critic.is_some() {
+            return Err(RlError::GrpoWithCritic);
+        }
+        Ok(())
+    }
+}
+
+/// A workload or request that cannot be planned.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum RlError {
+    #[error("{name} must be at least 1")]
+    Zero { name: &'static str },
+    #[error("the longest response ({max} tokens) is shorter than the mean response ({mean} tokens); give --response-max >= --response-len")]
+    TailBelowMean { mean: u64, max: u64 },
+    #[error("the longest prompt ({max} tokens) is shorter than the mean prompt ({mean} tokens); give --prompt-max >= --prompt-len")]
+    PromptTailBelowMean { mean: u64, max: u64 },
+    #[error("a sequence of {tokens} tokens is beyond what Sextant prices (at most 1048576)")]
+    TooLong { tokens: u64 },
+    #[error("{sequences} sequences per iteration do not split into {mini_batches} mini-batches; choose --mini-batches dividing prompts x responses per prompt")]
+    MiniBatches { sequences: u64, mini_batches: u64 },
+    #[error("PPO trains a critic; give --critic MODEL (the actor's name for a critic of the same shape)")]
+    PpoWithoutCritic,
+    #[error("GRPO has no critic; drop --critic or use --algorithm ppo")]
+    GrpoWithCritic,
+    #[error("{gpus} GPUs cannot be split into a rollout pool and a training pool of whole nodes ({per_node} GPUs each)")]
+    NoSplit { gpus: u64, per_node: u64 },
+    #[error("no RL plan fits: {reason}")]
+    NothingFits { reason: String },
+}
+
+/// Why one RL configuration was not kept: data, counted by the search.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum Reject {
+    #[error("rollout TP {tp}: weights {weights_gib:.1} GiB, the engine's share {budget_gib:.1} GiB holds no KV cache for the longest sequence (needs {needed_gib:.1} GiB)")]
+    KvCache {
+        tp: u64,
+        weights_gib: f64,
+        budget_gib: f64,
+        needed_gib: f64,
+    },
+    #[error("training layout: {0}")]
+    Training(crate::config::Rejection),
+    #[error("{model} on the actor's layout: {rejection}")]
+    OtherModel {
+        model: &'static str,
+        rejection: crate::config::Rejection,
+    },
+    #[error("{phase}: {needed_gib:.1} GiB per GPU over the {capacity_gib:.1} GiB a plan may use")]
+    Memory {
+        phase: &'static str,
+        needed_gib: f64,
+        capacity_gib: f64,
+    },
+}
+
+impl Reject {
+    /// A short name to count rejections by.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reject::KvCache { .. } => "rollout KV cache",
+            Reject::Training(_) => "training layout",
+            Reject::OtherModel { .. } => "critic/reference/reward layout",
+            Reject::Memory { .. } => "phase memory",
+        }
+    }
+}

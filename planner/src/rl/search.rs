@@ -1,0 +1,526 @@
+//! The RL placement search: colocated and disaggregated placements, the pool split,
+//! the training layout (from [`crate::search::search`]), the rollout engines' tensor
+//! parallel size and, colocated, whether the parameters leave HBM during generation.
+//! Every phase's memory is checked; a configuration that fails is a [`Reject`],
+//! counted by kind.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::constants::MAX_MEMORY_FRACTION;
+use super::phases::{assumptions, train_side, train_workload, TrainSide};
+use super::reshard;
+use super::rollout::{rollout_cost, RolloutCost, RolloutLayout};
+use super::{Reject, RlError, RlWorkload};
+use crate::config::{divisors, ParallelConfig, Recompute, Zero};
+use crate::hardware::{Cluster, HardwareProfile, GIB};
+use crate::schedule::Schedule;
+use crate::search::{search, SearchSpace};
+
+/// Where the phases run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementKind {
+    /// Every GPU trains and generates, in turn.
+    Colocated,
+    /// A rollout pool and a training pool.
+    Disaggregated,
+}
+
+impl PlacementKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PlacementKind::Colocated => "colocated",
+            PlacementKind::Disaggregated => "disaggregated",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub kind: PlacementKind,
+    pub train_gpus: u64,
+    pub rollout_gpus: u64,
+}
+
+impl Placement {
+    /// GPUs of the whole job.
+    pub fn gpus(&self) -> u64 {
+        match self.kind {
+            PlacementKind::Colocated => self.train_gpus,
+            PlacementKind::Disaggregated => self.train_gpus + self.rollout_gpus,
+        }
+    }
+}
+
+/// Seconds per phase of one iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTimes {
+    pub rollout: f64,
+    pub reshard: f64,
+    /// Training state to host memory and back (colocated only).
+    pub offload: f64,
+    /// Old log-probabilities, reference, values, reward: forward passes.
+    pub forward: f64,
+    /// Actor and critic updates.
+    pub training: f64,
+    /// The iteration: the sum, or with separate pools the overlapped time.
+    pub iteration: f64,
+}
+
+/// Peak bytes per GPU in one phase.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PhaseMemory {
+    pub phase: &'static str,
+    pub bytes: f64,
+}
+
+/// One priced RL configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RlPlan {
+    pub placement: Placement,
+    pub train: TrainSide,
+    pub rollout: RolloutCost,
+    /// Colocated: the actor's parameters leave HBM while the engines generate.
+    pub offload_params: bool,
+    /// The engine's share of HBM (vLLM / SGLang memory fraction).
+    pub memory_fraction: f64,
+    pub times: PhaseTimes,
+    pub memory: Vec<PhaseMemory>,
+    pub capacity_bytes: f64,
+    /// Tokens (prompt and response) trained per second per GPU of the whole job.
+    pub tokens_per_sec_per_gpu: f64,
+}
+
+/// What to search.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlSearch {
+    pub placements: Vec<PlacementKind>,
+    /// Rollout TP sizes; `None`: the divisors of a node.
+    pub rollout_tp: Option<Vec<u64>>,
+    /// Training-pool sizes of the disaggregated placement; `None`: every whole-node split.
+    pub train_gpus: Option<Vec<u64>>,
+    /// The training search's space (TP, PP, ... restrictions).
+    pub space: SearchSpace,
+    /// Training layouts kept from each training search.
+    pub layouts: usize,
+    pub top: usize,
+}
+
+impl Default for RlSearch {
+    fn default() -> Self {
+        RlSearch {
+            placements: vec![PlacementKind::Colocated, PlacementKind::Disaggregated],
+            rollout_tp: None,
+            train_gpus: None,
+            space: default_space(),
+            layouts: 3,
+            top: 10,
+        }
+    }
+}
+
+/// The training space verl's and RLinf's Megatron backends run: 1F1B or interleaved,
+/// the distributed optimizer, the unfused loss.
+pub fn default_space() -> SearchSpace {
+    SearchSpace {
+        schedule: Some(vec![Schedule::OneFOneB, Schedule::Interleaved]),
+        zero: vec![Zero::DistOpt],
+        mbs: vec![1, 2, 4],
+        recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+        assumptions: assumptions(),
+        ..SearchSpace::default()
+    }
+}
+
+/// The searched plans.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlResult {
+    /// Fastest first.
+    pub plans: Vec<RlPlan>,
+    pub best_colocated: Option<RlPlan>,
+    pub best_disaggregated: Option<RlPlan>,
+    pub evaluated: u64,
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// An example reason per rejection kind.
+    pub reasons: BTreeMap<&'static str, String>,
+}
+
+/// Prices one RL configuration.
+pub fn evaluate(
+    w: &RlWorkload,
+    hw: &HardwareProfile,
+    placement: Placement,
+    side: &TrainSide,
+    rollout_tp: u64,
+    offload_params: bool,
+) -> Result<RlPlan, Reject> {
+    let capacity = hw.capacity_bytes();
+    let m = &side.estimate.memory;
+    let colocated = placement.kind == PlacementKind::Colocated;
+    // Colocated, the engine gets what the resident training state leaves.
+    let resident = if colocated && !offload_params {
+        m.weights
+    } else {
+        0.0
+    };
+    let fraction = ((capacity - resident) / hw.hbm_bytes()).min(MAX_MEMORY_FRACTION);
+    let layout = RolloutLayout {
+        tp: rollout_tp,
+        engines: placement.rollout_gpus / rollout_tp,
+        budget_bytes: fraction * hw.hbm_bytes(),
+    };
+    let rollout = rollout_cost(&w.actor, hw, &w.lengths, w.prompts, w.sequences(), layout)?;
+    let cfg = &side.config;
+    let (reshard, offload) = if colocated {
+        let mut moved = m.gradients + m.optimizer;
+        if offload_params {
+            moved += m.weights;
+        }
+        (
+            reshard::colocated_secs(&w.actor, hw, cfg, rollout_tp),
+            reshard::offload_secs(hw, moved),
+        )
+    } else {
+        let secs = reshard::disaggregated_secs(
+            &w.actor,
+            hw,
+            cfg,
+            placement.train_gpus,
+            placement.rollout_gpus,
+            rollout_tp,
+        );
+        (secs, 0.0)
+    };
+    let forward = side.forward_secs();
+    let training = side.train_secs();
+    let iteration = if colocated {
+        rollout.secs + reshard + offload + forward + training
+    } else {
+        // Responses stream to the training pool mini-batch by mini-batch.
+        let gen = rollout.secs;
+        let rest = forward + training;
+        gen.max(rest) + gen.min(rest) / w.mini_batches as f64 + reshard
+    };
+    let memory = vec![
+        PhaseMemory {
+            phase: "rollout",
+            bytes: resident + layout.budget_bytes,
+        },
+        PhaseMemory {
+            phase: "forward",
+            bytes: side.forward_bytes,
+        },
+        PhaseMemory {
+            phase: "training",
+            bytes: m.total,
+        },
+    ];
+    for p in &memory {
+        if p.bytes > capacity * (1.0 + 1e-9) {
+            return Err(Reject::Memory {
+                phase: p.phase,
+                needed_gib: p.bytes / GIB,
+                capacity_gib: capacity / GIB,
+            });
+        }
+    }
+    let tokens = (w.sequences() * w.lengths.sequence_mean()) as f64;
+    let rollout_secs = rollout.secs;
+    Ok(RlPlan {
+        placement,
+        train: side.clone(),
+        rollout,
+        offload_params,
+        memory_fraction: fraction,
+        times: PhaseTimes {
+            rollout: rollout_secs,
+            reshard,
+            offload,
+            forward,
+            training,
+            iteration,
+        },
+        memory,
+        capacity_bytes: capacity,
+        tokens_per_sec_per_gpu: tokens / iteration / placement.gpus() as f64,
+    })
+}
+
+/// Whole-node training-pool sizes of a disaggregated split.
+fn splits(gpus: u64, per_node: u64) -> Vec<u64> {
+    let nodes = gpus / per_node;
+    (1..nodes).map(|n| n * per_node).collect()
+}
+
+/// The best few training layouts of `w` on `gpus` GPUs.
+fn layouts(
+    w: &RlWorkload,
+    hw: &HardwareProfile,
+    gpus: u64,
+    s: &RlSearch,
+    tally: &mut Tally,
+) -> Vec<TrainSide> {
+    let cluster = match Cluster::new(hw.clone(), gpus) {
+        Ok(c) => c,
+        Err(e) => {
+            tally.note("training pool", format!("{gpus} GPUs: {e}"));
+            return vec![];
+        }
+    };
+    let tw = train_workload(w);
+    let found = search(&w.actor, &cluster, &tw, &s.space, s.layouts);
+    let mut out = Vec::new();
+    for c in found.top {
+        match train_side(w, &cluster, &c.config) {
+            Ok(side) => out.push(side),
+            Err(r) => tally.reject(&r),
+        }
+    }
+    if out.is_empty() && found.valid == 0 {
+        tally.note(
+            "training layout",
+            format!("no training layout of {} fits on {gpus} GPUs", w.actor.name),
+        );
+    }
+    out
+}
+
+#[derive(Default)]
+struct Tally {
+    evaluated: u64,
+    rejected: BTreeMap<&'static str, u64>,
+    reasons: BTreeMap<&'static str, String>,
+}
+
+impl Tally {
+    fn reject(&mut self, r: &Reject) {
+        *self.rejected.entry(r.kind()).or_default() += 1;
+        self.reasons
+            .entry(r.kind())
+            .or_insert_with(|| r.to_string());
+    }
+
+    fn note(&mut self, kind: &'static str, reason: String) {
+        *self.rejected.entry(kind).or_default() += 1;
+        self.reasons.entry(kind).or_insert(reason);
+    }
+}
+
+/// Searches both placements and ranks the plans by iteration time.
+pub fn plan(
+    w: &RlWorkload,
+    hw: &HardwareProfile,
+    gpus: u64,
+    s: &RlSearch,
+) -> Result<RlResult, RlError> {
+    w.check()?;
+    let per_node = hw.node.gpus_per_node;
+    let tps: Vec<u64> = s
+        .rollout_tp
+        .clone()
+        .unwrap_or_else(|| divisors(per_node.min(hw.node.nvlink_domain)));
+    let mut tally = Tally::default();
+    let mut plans = Vec::new();
+    let mut try_one = |tally: &mut Tally, p: Placement, side: &TrainSide, tp: u64, off: bool| {
+        tally.evaluated += 1;
+        match evaluate(w, hw, p, side, tp, off) {
+            Ok(plan) => plans.push(plan),
+            Err(r) => tally.reject(&r),
+        }
+    };
+    if s.placements.contains(&PlacementKind::Colocated) {
+        let p = Placement {
+            kind: PlacementKind::Colocated,
+            train_gpus: gpus,
+            rollout_gpus: gpus,
+        };
+        for side in layouts(w, hw, gpus, s, &mut tally) {
+            for &tp in tps.iter().filter(|&&tp| gpus.is_multiple_of(tp)) {
+                for off in [false, true] {
+                    try_one(&mut tally, p, &side, tp, off);
+                }
+            }
+        }
+    }
+    if s.placements.contains(&PlacementKind::Disaggregated) {
+        let sizes = s
+            .train_gpus
+            .clone()
+            .unwrap_or_else(|| splits(gpus, per_node));
+        if sizes.is_empty() && s.placements == [PlacementKind::Disaggregated] {
+            return Err(RlError::NoSplit { gpus, per_node });
+        }
+        for t in sizes.into_iter().filter(|&t| t > 0 && t < gpus) {
+            let p = Placement {
+                kind: PlacementKind::Disaggregated,
+                train_gpus: t,
+                rollout_gpus: gpus - t,
+            };
+            for side in layouts(w, hw, t, s, &mut tally) {
+                for &tp in tps.iter().filter(|&&tp| (gpus - t).is_multiple_of(tp)) {
+                    try_one(&mut tally, p, &side, tp, false);
+                }
+            }
+        }
+    }
+    plans.sort_by(|a, b| a.times.iteration.total_cmp(&b.times.iteration));
+    let best = |k: PlacementKind| plans.iter().find(|p| p.placement.kind == k).cloned();
+    let best_colocated = best(PlacementKind::Colocated);
+    let best_disaggregated = best(PlacementKind::Disaggregated);
+    if plans.is_empty() {
+        let reason = tally
+            .reasons
+            .values()
+            .next()
+            .cloned()
+            .unwrap_or_else(|| "nothing was searched".into());
+        return Err(RlError::NothingFits { reason });
+    }
+    plans.truncate(s.top.max(1));
+    Ok(RlResult {
+        plans,
+        best_colocated,
+        best_disaggregated,
+        evaluated: tally.evaluated,
+        rejected: tally.rejected,
+        reasons: tally.reasons,
+    })
+}
+
+/// Prices a stated configuration (a published run's): the training layout as
+/// given, colocated unless `rollout_gpus < gpus`.
+pub fn evaluate_stated(
+    w: &RlWorkload,
+    hw: &HardwareProfile,
+    gpus: u64,
+    train: &ParallelConfig,
+    rollout_tp: u64,
+    rollout_gpus: u64,
+) -> Result<RlPlan, RlError> {
+    w.check()?;
+    let colocated = rollout_gpus >= gpus;
+    let train_gpus = if colocated { gpus } else { gpus - rollout_gpus };
+    let cluster = Cluster::new(hw.clone(), train_gpus).map_err(|e| RlError::NothingFits {
+        reason: e.to_string(),
+    })?;
+    let nothing = |r: Reject| RlError::NothingFits {
+        reason: r.to_string(),
+    };
+    let side = train_side(w, &cluster, train).map_err(nothing)?;
+    let placement = Placement {
+        kind: if colocated {
+            PlacementKind::Colocated
+        } else {
+            PlacementKind::Disaggregated
+        },
+        train_gpus,
+        rollout_gpus: rollout_gpus.min(gpus),
+    };
+    evaluate(w, hw, placement, &side, rollout_tp, false)
+        .or_else(|_| evaluate(w, hw, placement, &side, rollout_tp, true))
+        .map_err(nothing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Precision;
+    use crate::hardware::builtin_profile;
+    use crate::presets::resolve;
+    use crate::rl::{Algorithm, Lengths};
+
+    fn workload() -> RlWorkload {
+        RlWorkload {
+            actor: resolve("8b").unwrap().spec,
+            critic: None,
+            reward: None,
+            reference: true,
+            algorithm: Algorithm::Grpo,
+            prompts: 128,
+            responses_per_prompt: 8,
+            lengths: Lengths {
+                prompt_mean: 512,
+                prompt_max: 1024,
+                response_mean: 1024,
+                response_max: 4096,
+            },
+            mini_batches: 4,
+            epochs: 1,
+            precision: Precision::Bf16,
+        }
+    }
+
+    fn small_search() -> RlSearch {
+        let mut s = RlSearch::default();
+        s.space.tp = Some(vec![1, 2]);
+        s.space.pp = Some(vec![1]);
+        s.space.mbs = vec![1];
+        s.space.recompute = vec![Recompute::Full];
+        s.layouts = 1;
+        s
+    }
+
+    #[test]
+    fn rl_both_placements_are_searched_and_every_phase_fits() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let r = plan(&workload(), &hw, 32, &small_search()).unwrap();
+        let c = r.best_colocated.expect("a colocated plan");
+        let d = r.best_disaggregated.expect("a disaggregated plan");
+        assert_eq!(c.placement.train_gpus, 32);
+        assert_eq!(d.placement.train_gpus + d.placement.rollout_gpus, 32);
+        for p in r.plans.iter().chain([&c, &d]) {
+            for m in &p.memory {
+                assert!(m.bytes <= p.capacity_bytes * (1.0 + 1e-9), "{}", m.phase);
+            }
+            assert!(p.times.iteration.is_finite() && p.times.iteration > 0.0);
+        }
+        assert!(r
+            .plans
+            .windows(2)
+            .all(|p| p[0].times.iteration <= p[1].times.iteration));
+    }
+
+    #[test]
+    fn rl_colocated_iteration_is_the_sum_of_its_phases() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let mut s = small_search();
+        s.placements = vec![PlacementKind::Colocated];
+        let r = plan(&workload(), &hw, 16, &s).unwrap();
+        let t = r.plans[0].times;
+        let sum = t.rollout + t.reshard + t.offload + t.forward + t.training;
+        assert!((t.iteration - sum).abs() < 1e-9 * sum);
+    }
+
+    #[test]
+    fn rl_disaggregated_overlaps_generation_with_training() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let mut s = small_search();
+        s.placements = vec![PlacementKind::Disaggregated];
+        let r = plan(&workload(), &hw, 16, &s).unwrap();
+        let t = r.plans[0].times;
+        assert!(t.iteration < t.rollout + t.forward + t.training + t.reshard);
+        assert!(t.iteration >= t.rollout.max(t.forward + t.training));
+    }
+
+    #[test]
+    fn rl_bad_workloads_are_errors() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let mut w = workload();
+        w.mini_batches = 3;
+        assert!(matches!(
+            plan(&w, &hw, 16, &small_search()),
+            Err(RlError::MiniBatches { .. })
+        ));
+        let mut w = workload();
+        w.lengths.response_max = 10;
+        assert!(plan(&w, &hw, 16, &small_search()).is_err());
+        let mut s = small_search();
+        s.placements = vec![PlacementKind::Disaggregated];
+        assert!(matches!(
+            plan(&workload(), &hw, 8, &s),
+            Err(RlError::NoSplit { .. })
+        ));
+    }
+}

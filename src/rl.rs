@@ -1,0 +1,333 @@
+//! `sextant rl-plan`: an RL iteration (verl, RLinf) searched over both placements,
+//! printed as the best of each side by side and the ranked plans, optionally with the
+//! chosen plan's verl or RLinf configuration.
+
+use anyhow::{bail, Result};
+use clap::Args;
+use sextant_exports::rl::{rlinf, verl, RlExport};
+use sextant_planner::config::Precision;
+use sextant_planner::hardware::{HardwareProfile, GIB};
+use sextant_planner::rl::search::{PlacementKind, RlSearch};
+use sextant_planner::rl::{plan, Algorithm, Lengths, RlPlan, RlWorkload};
+
+use crate::args::{load_model, load_profile};
+
+#[derive(Args, Debug)]
+pub struct RlPlanArgs {
+    /// The actor (and reference) model: a preset, a Hugging Face config.json or a model JSON.
+    #[arg(long)]
+    pub model: String,
+    /// PPO's critic (`--critic` with the actor's name for a critic of the same shape).
+    #[arg(long)]
+    pub critic: Option<String>,
+    /// A learned reward model (forward passes only); omit for rule-based rewards.
+    #[arg(long)]
+    pub reward: Option<String>,
+    /// No reference model (no KL term).
+    #[arg(long = "no-reference")]
+    pub no_reference: bool,
+    /// grpo or ppo.
+    #[arg(long, default_value = "grpo")]
+    pub algorithm: String,
+    #[arg(long)]
+    pub gpus: u64,
+    /// Built-in hardware profile (default h100-sxm).
+    #[arg(long, conflicts_with = "cluster")]
+    pub gpu: Option<String>,
+    /// Your own hardware profile JSON.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Prompts per iteration.
+    #[arg(long, default_value_t = 512)]
+    pub prompts: u64,
+    /// Responses generated per prompt (verl rollout.n, RLinf group_size).
+    #[arg(long, default_value_t = 8)]
+    pub responses: u64,
+    /// Mean prompt tokens.
+    #[arg(long = "prompt-len", default_value_t = 512)]
+    pub prompt_len: u64,
+    /// Longest prompt (the frameworks' prompt-length limit); default the mean.
+    #[arg(long = "prompt-max")]
+    pub prompt_max: Option<u64>,
+    /// Mean response tokens.
+    #[arg(long = "response-len", default_value_t = 2048)]
+    pub response_len: u64,
+    /// Longest response of an iteration (the tail, often the length cap); default the mean.
+    #[arg(long = "response-max")]
+    pub response_max: Option<u64>,
+    /// Optimizer steps per iteration.
+    #[arg(long = "mini-batches", default_value_t = 4)]
+    pub mini_batches: u64,
+    /// Passes over the batch per iteration (ppo_epochs).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// bf16 or fp16.
+    #[arg(long, default_value = "bf16")]
+    pub precision: String,
+    /// Placements to search: colocated, disaggregated.
+    #[arg(long, value_delimiter = ',', default_value = "colocated,disaggregated")]
+    pub placement: Vec<String>,
+    /// Rollout engine TP sizes to try (default: the divisors of a node).
+    #[arg(long = "rollout-tp", value_delimiter = ',')]
+    pub rollout_tp: Option<Vec<u64>>,
+    /// Training-pool sizes of the disaggregated placement (default: every whole-node split).
+    #[arg(long = "train-gpus", value_delimiter = ',')]
+    pub train_gpus: Option<Vec<u64>>,
+    /// Training TP sizes to search.
+    #[arg(long, value_delimiter = ',')]
+    pub tp: Option<Vec<u64>>,
+    /// Training PP sizes to search.
+    #[arg(long, value_delimiter = ',')]
+    pub pp: Option<Vec<u64>>,
+    /// Training EP sizes to search.
+    #[arg(long, value_delimiter = ',')]
+    pub ep: Option<Vec<u64>>,
+    #[arg(long, default_value_t = 5)]
+    pub top: usize,
+    /// Also print the best plan's configuration: verl or rlinf.
+    #[arg(long)]
+    pub emit: Option<String>,
+}
+
+fn workload(a: &RlPlanArgs) -> Result<RlWorkload> {
+    let (actor, _) = load_model(&a.model)?;
+    let critic = match &a.critic {
+        Some(m) => Some(load_model(m)?.0),
+        None => None,
+    };
+    let reward = match &a.reward {
+        Some(m) => Some(load_model(m)?.0),
+        None => None,
+    };
+    let Some(algorithm) = Algorithm::parse(&a.algorithm) else {
+        bail!("unknown --algorithm '{}' (grpo or ppo)", a.algorithm);
+    };
+    let precision = match Precision::parse(&a.precision) {
+        Some(p @ (Precision::Bf16 | Precision::Fp16)) => p,
+        _ => bail!(
+            "--precision '{}': RL plans train in bf16 or fp16 (verl and RLinf state no FP8 actor setting)",
+            a.precision
+        ),
+    };
+    Ok(RlWorkload {
+        actor,
+        critic,
+        reward,
+        reference: !a.no_reference,
+        algorithm,
+        prompts: a.prompts,
+        responses_per_prompt: a.responses,
+        lengths: Lengths {
+            prompt_mean: a.prompt_len,
+            prompt_max: a.prompt_max.unwrap_or(a.prompt_len),
+            response_mean: a.response_len,
+            response_max: a.response_max.unwrap_or(a.response_len),
+        },
+        mini_batches: a.mini_batches,
+        epochs: a.epochs,
+        precision,
+    })
+}
+
+fn search_of(a: &RlPlanArgs) -> Result<RlSearch> {
+    let placements = a
+        .placement
+        .iter()
+        .map(|p| match p.as_str() {
+            "colocated" => Ok(PlacementKind::Colocated),
+            "disaggregated" => Ok(PlacementKind::Disaggregated),
+            other => bail!("unknown --placement '{other}' (colocated, disaggregated)"),
+        })
+        .collect::<Result<_>>()?;
+    let mut s = RlSearch {
+        placements,
+        ..RlSearch::default()
+    };
+    if let Some(v) = &a.rollout_tp {
+        if v.contains(&0) {
+            bail!("--rollout-tp sizes must be at least 1");
+        }
+    }
+    s.rollout_tp = a.rollout_tp.clone();
+    s.train_gpus = a.train_gpus.clone();
+    s.space.tp = a.tp.clone();
+    s.space.pp = a.pp.clone();
+    s.space.ep = a.ep.clone();
+    s.top = a.top.max(1);
+    Ok(s)
+}
+
+pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
+    let w = workload(&a)?;
+    let hw = load_profile(a.gpu.as_deref(), a.cluster.as_deref())?;
+    if a.gpus == 0 {
+        bail!("--gpus must be at least 1");
+    }
+    if let Some(e) = &a.emit {
+        if e != "verl" && e != "rlinf" {
+            bail!("--emit '{e}': the RL exports are verl and rlinf");
+        }
+    }
+    let s = search_of(&a)?;
+    let r = plan(&w, &hw, a.gpus, &s)?;
+    print!("{}", header(&w, &hw, a.gpus));
+    let rejected: u64 = r.rejected.values().sum();
+    println!(
+        "searched {} configurations ({} rejected{})",
+        r.evaluated,
+        rejected,
+        r.reasons
+            .iter()
+            .map(|(k, why)| format!("; {k}: {} e.g. {why}", r.rejected[k]))
+            .collect::<String>()
+    );
+    println!();
+    print!(
+        "{}",
+        side_by_side(r.best_colocated.as_ref(), r.best_disaggregated.as_ref())
+    );
+    println!();
+    print!("{}", ranked(&r.plans));
+    if let Some(target) = &a.emit {
+        let x = RlExport {
+            plan: &r.plans[0],
+            workload: &w,
+            hardware: &hw,
+        };
+        let text = if target == "verl" {
+            verl(&x)
+        } else {
+            rlinf(&x)
+        }?;
+        println!();
+        print!("{text}");
+    }
+    Ok(())
+}
+
+fn header(w: &RlWorkload, hw: &HardwareProfile, gpus: u64) -> String {
+    let l = &w.lengths;
+    let mut models = vec![format!("actor {}", w.actor.name)];
+    if w.reference {
+        models.push("reference".into());
+    }
+    if let Some(c) = &w.critic {
+        models.push(format!("critic {}", c.name));
+    }
+    if let Some(m) = &w.reward {
+        models.push(format!("reward {}", m.name));
+    }
+    format!(
+        "RL iteration ({}): {} on {gpus} x {}\n{} prompts x {} responses; prompt {} tokens, response mean {} / longest {}; {} mini-batches x {} epochs\n",
+        w.algorithm.name().to_uppercase(),
+        models.join(", "),
+        hw.gpu.name,
+        w.prompts,
+        w.responses_per_prompt,
+        l.prompt_mean,
+        l.response_mean,
+        l.response_max,
+        w.mini_batches,
+        w.epochs
+    )
+}
+
+fn layout(p: &RlPlan) -> String {
+    let c = &p.train.config;
+    let mut s = format!("TP{} PP{} DP{}", c.tp, c.pp, c.dp);
+    if c.cp > 1 {
+        s += &format!(" CP{}", c.cp);
+    }
+    if c.ep > 1 {
+        s += &format!(" EP{}", c.ep);
+    }
+    s += &format!(" mbs{} {}", c.mbs, c.recompute_label());
+    s
+}
+
+fn gib(b: f64) -> String {
+    format!("{:.1}", b / GIB)
+}
+
+/// The best plan of each placement, one column each.
+pub fn side_by_side(c: Option<&RlPlan>, d: Option<&RlPlan>) -> String {
+    type Row = (&'static str, fn(&RlPlan) -> String);
+    let rows: [Row; 14] = [
+        ("GPUs train / rollout", |p| {
+            format!("{} / {}", p.placement.train_gpus, p.placement.rollout_gpus)
+        }),
+        ("training layout", layout),
+        ("rollout engines", |p| {
+            format!(
+                "TP{} x {}, {} seqs each",
+                p.rollout.layout.tp, p.rollout.layout.engines, p.rollout.concurrent
+            )
+        }),
+        ("engine memory fraction", |p| {
+            format!("{:.2}", p.memory_fraction)
+        }),
+        ("params offloaded", |p| {
+            (p.placement.kind == PlacementKind::Colocated && p.offload_params).to_string()
+        }),
+        ("rollout (s)", |p| format!("{:.1}", p.times.rollout)),
+        ("resharding (s)", |p| format!("{:.2}", p.times.reshard)),
+        ("offload/onload (s)", |p| format!("{:.2}", p.times.offload)),
+        ("forward passes (s)", |p| format!("{:.1}", p.times.forward)),
+        ("training (s)", |p| format!("{:.1}", p.times.training)),
+        ("iteration (s)", |p| format!("{:.1}", p.times.iteration)),
+        ("tokens/s/GPU", |p| {
+            format!("{:.0}", p.tokens_per_sec_per_gpu)
+        }),
+        ("memory GiB roll/fwd/train", |p| {
+            let m: Vec<String> = p.memory.iter().map(|m| gib(m.bytes)).collect();
+            m.join(" / ")
+        }),
+        ("usable GiB", |p| gib(p.capacity_bytes)),
+    ];
+    let cell =
+        |p: Option<&RlPlan>, f: fn(&RlPlan) -> String| p.map(f).unwrap_or("none fits".into());
+    let mut s = format!(
+        "{:<27} {:<32} {}\n",
+        "best of each placement", "colocated", "disaggregated"
+    );
+    for (name, f) in rows {
+        s += &format!("{:<27} {:<32} {}\n", name, cell(c, f), cell(d, f));
+    }
+    s
+}
+
+/// The ranked plans, one line each.
+pub fn ranked(plans: &[RlPlan]) -> String {
+    let mut s = format!(
+        "{:<2} {:<13} {:>9} {:<40} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {}\n",
+        "#",
+        "placement",
+        "trn/roll",
+        "training layout",
+        "rTP",
+        "iter(s)",
+        "rollout",
+        "reshard",
+        "fwd",
+        "train",
+        "mem GiB roll/fwd/train"
+    );
+    for (i, p) in plans.iter().enumerate() {
+        let m: Vec<String> = p.memory.iter().map(|m| gib(m.bytes)).collect();
+        s += &format!(
+            "{:<2} {:<13} {:>9} {:<40} {:>4} {:>8.1} {:>8.1} {:>8.2} {:>8.1} {:>8.1} {}\n",
+            i + 1,
+            p.placement.kind.name(),
+            format!("{}/{}", p.placement.train_gpus, p.placement.rollout_gpus),
+            layout(p),
+            p.rollout.layout.tp,
+            p.times.iteration,
+            p.times.rollout,
+            p.times.reshard + p.times.offload,
+            p.times.forward,
+            p.times.training,
+            m.join("/")
+        );
+    }
+    s + "  reshard: weight transfer into the engines, plus (colocated) training state to host memory and back\n"
+}

@@ -1,0 +1,372 @@
+//! RL iterations: published runs predicted, the `rl-plan` command on the two bar
+//! workloads (both placements side by side, per-phase times and memory), the verl and
+//! RLinf exports' keys against the key table of docs/rl.md, and bad input.
+
+use std::collections::BTreeSet;
+
+use sextant_planner::config::{Layout, Precision, Recompute};
+use sextant_planner::hardware::builtin_profile;
+use sextant_planner::hf::from_hf_config;
+use sextant_planner::model::ModelSpec;
+use sextant_planner::presets::resolve;
+use sextant_planner::rl::phases::fixed_config;
+use sextant_planner::rl::search::evaluate_stated;
+use sextant_planner::rl::{Algorithm, Lengths, RlWorkload};
+use yaml_rust2::{Yaml, YamlLoader};
+
+use crate::common::{data, sextant, stderr, stdout};
+
+struct Row {
+    id: String,
+    predicted: f64,
+    measured: f64,
+    phases: String,
+}
+
+fn model(name: &str) -> ModelSpec {
+    if name.ends_with(".json") {
+        let text = std::fs::read_to_string(data(name)).unwrap();
+        from_hf_config(&text, name).unwrap()
+    } else {
+        resolve(name).unwrap().spec
+    }
+}
+
+fn predict(r: &csv::StringRecord, h: &csv::StringRecord) -> Row {
+    let get = |k: &str| r[h.iter().position(|c| c == k).unwrap()].to_string();
+    let num = |k: &str| get(k).parse::<u64>().unwrap();
+    let mut actor = model(&get("model"));
+    actor.mtp_layers = 0;
+    let sequences = num("sequences");
+    let n = num("responses_per_prompt");
+    let w = RlWorkload {
+        critic: None,
+        reward: None,
+        reference: true,
+        algorithm: Algorithm::parse(&get("algorithm")).unwrap(),
+        prompts: sequences / n,
+        responses_per_prompt: n,
+        lengths: Lengths {
+            prompt_mean: num("prompt_mean"),
+            prompt_max: num("prompt_mean"),
+            response_mean: num("response_mean"),
+            response_max: num("response_max"),
+        },
+        mini_batches: num("mini_batches"),
+        epochs: 1,
+        precision: Precision::Bf16,
+        actor,
+    };
+    let hw = builtin_profile(&get("gpu")).unwrap();
+    let gpus = num("gpus");
+    let (tp, cp, ep, pp) = (num("tp"), num("cp"), num("ep"), num("pp"));
+    let mut cfg = fixed_config(tp, pp, cp, ep, gpus / (tp * cp * pp));
+    if !w.actor.layers.is_multiple_of(pp) {
+        cfg.layout = Layout::balanced(w.actor.layers, pp, 1);
+    }
+    // The stated layout; what the table leaves out, the first recomputation that fits.
+    let mut last = None;
+    for rc in [Recompute::None, Recompute::Selective, Recompute::Full] {
+        cfg.recompute = rc;
+        match evaluate_stated(&w, &hw, gpus, &cfg, num("rollout_tp"), num("rollout_gpus")) {
+            Ok(p) => {
+                return Row {
+                    id: get("id"),
+                    predicted: p.times.iteration,
+                    measured: get("value").parse().unwrap(),
+                    phases: format!(
+                        "rollout {:.0} reshard+offload {:.1} fwd {:.0} train {:.0} ({})",
+                        p.times.rollout,
+                        p.times.reshard + p.times.offload,
+                        p.times.forward,
+                        p.times.training,
+                        rc_name(rc)
+                    ),
+                }
+            }
+            Err(e) => last = Some(e.to_string()),
+        }
+    }
+    panic!("{}: no recomputation fits: {}", get("id"), last.unwrap());
+}
+
+fn rc_name(rc: Recompute) -> &'static str {
+    match rc {
+        Recompute::None => "no recompute",
+        Recompute::Selective => "selective",
+        Recompute::Full => "full recompute",
+    }
+}
+
+/// Every published RL run predicted from its stated configuration; the table is
+/// printed. The bars are the median error and a factor per row.
+#[test]
+fn rl_published_runs_predicted() {
+    let text = std::fs::read_to_string(data("published_rl_runs.csv")).unwrap();
+    let mut rd = csv::Reader::from_reader(text.as_bytes());
+    let h = rd.headers().unwrap().clone();
+    let rows: Vec<Row> = rd.records().map(|r| predict(&r.unwrap(), &h)).collect();
+    assert!(rows.len() >= 5, "at least five published RL runs");
+    println!(
+        "{:<34} {:>10} {:>10} {:>8}  phases (s)",
+        "run", "predicted", "measured", "error"
+    );
+    let mut errors: Vec<f64> = Vec::new();
+    for r in &rows {
+        let e = r.predicted / r.measured - 1.0;
+        errors.push(e.abs());
+        println!(
+            "{:<34} {:>10.1} {:>10.1} {:>+7.1}%  {}",
+            r.id,
+            r.predicted,
+            r.measured,
+            100.0 * e,
+            r.phases
+        );
+    }
+    let mut sorted = errors.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    println!("median |error| {:.1}%", 100.0 * median);
+    for r in &rows {
+        let ratio = r.predicted / r.measured;
+        assert!(
+            ratio.is_finite() && (1.0 / ROW_BAR..ROW_BAR).contains(&ratio),
+            "{} predicted {:.1} s against {:.1} s measured",
+            r.id,
+            r.predicted,
+            r.measured
+        );
+    }
+    assert!(median < MEDIAN_BAR, "median error {median}");
+}
+
+/// How far off one row may be (a factor): a regression bar above today's errors
+/// (every row under-predicted, by 41% to 79%; docs/rl.md), not the goal.
+const ROW_BAR: f64 = 5.0;
+
+/// The median error the published RL rows must stay under: a regression bar above
+/// today's 64%; the goal, 20%, is not met (docs/rl.md says where the time goes).
+const MEDIAN_BAR: f64 = 0.70;
+
+fn bar_args(model: &str, gpus: &str) -> Vec<String> {
+    let common = if model == "8b" {
+        "--prompts 512 --responses 8 --prompt-len 512 --prompt-max 1024 --response-len 2048 --response-max 8192"
+    } else {
+        "--prompts 512 --responses 16 --prompt-len 1024 --prompt-max 2048 --response-len 4096 --response-max 16384"
+    };
+    let mut v: Vec<String> = vec![
+        "rl-plan".into(),
+        "--model".into(),
+        model.into(),
+        "--gpus".into(),
+        gpus.into(),
+    ];
+    v.extend(common.split(' ').map(String::from));
+    v
+}
+
+fn run(args: &[String]) -> String {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = sextant(&a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o)
+}
+
+/// The bar workloads: both placements side by side with a pool split, per-phase
+/// times and memory, and ranked plans.
+#[test]
+fn rl_plan_shows_both_placements_for_the_bar_workloads() {
+    for (model, gpus) in [("8b", "64"), ("qwen3-30b-a3b", "128")] {
+        let out = run(&bar_args(model, gpus));
+        println!("{out}");
+        let side = out
+            .lines()
+            .find(|l| l.starts_with("GPUs train / rollout"))
+            .expect("side-by-side table");
+        assert!(!out.contains("none fits"), "{out}");
+        let cells: Vec<&str> = side.split_whitespace().collect();
+        // colocated: all GPUs both ways; disaggregated: a split summing to all.
+        assert_eq!(&cells[4..7], &[gpus, "/", gpus]);
+        let t: u64 = cells[7].parse().unwrap();
+        let r: u64 = cells[9].parse().unwrap();
+        assert_eq!(t + r, gpus.parse::<u64>().unwrap());
+        for row in [
+            "rollout (s)",
+            "resharding (s)",
+            "forward passes (s)",
+            "training (s)",
+            "iteration (s)",
+            "memory GiB roll/fwd/train",
+        ] {
+            assert!(out.lines().any(|l| l.starts_with(row)), "{row} missing");
+        }
+        assert!(out.lines().any(|l| l.starts_with("1  ")), "ranked plans");
+    }
+}
+
+fn key_table() -> BTreeSet<(String, String)> {
+    let doc =
+        std::fs::read_to_string(format!("{}/docs/rl.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let start = doc.find("<!-- keys:start -->").unwrap();
+    let end = doc.find("<!-- keys:end -->").unwrap();
+    doc[start..end]
+        .lines()
+        .filter_map(|l| {
+            let c: Vec<&str> = l
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().trim_matches('`'))
+                .collect();
+            let sourced = c.len() >= 3
+                && c[2]
+                    .rsplit_once(':')
+                    .is_some_and(|(f, n)| !f.is_empty() && n.parse::<u32>().is_ok());
+            (sourced && (c[0] == "verl" || c[0] == "rlinf"))
+                .then(|| (c[0].to_string(), c[1].to_string()))
+        })
+        .collect()
+}
+
+fn flatten(y: &Yaml, prefix: &str, out: &mut Vec<String>) {
+    if let Yaml::Hash(h) = y {
+        for (k, v) in h {
+            let k = k.as_str().unwrap();
+            let p = if prefix.is_empty() {
+                k.to_string()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            if matches!(v, Yaml::Hash(_)) && !p.ends_with("component_placement") {
+                flatten(v, &p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+}
+
+/// Every key of the verl and RLinf exports is in docs/rl.md's table with a
+/// file:line, for colocated, disaggregated, PPO and MoE plans.
+#[test]
+fn rl_exports_keys_are_all_in_the_key_table() {
+    let table = key_table();
+    let variants: [&[&str]; 4] = [
+        &[],
+        &["--placement", "disaggregated"],
+        &["--algorithm", "ppo", "--critic", "8b", "--reward", "8b"],
+        &["--tp", "2", "--pp", "2"],
+    ];
+    let mut seen = 0;
+    for (fw, marker) in [("verl", "# verl"), ("rlinf", "# RLinf")] {
+        for (model, gpus) in [("8b", "64"), ("qwen3-30b-a3b", "128")] {
+            for extra in variants {
+                if model != "8b" && !extra.is_empty() && extra[0] == "--algorithm" {
+                    continue;
+                }
+                let mut a = bar_args(model, gpus);
+                a.extend(extra.iter().map(|s| s.to_string()));
+                a.extend(["--emit".to_string(), fw.to_string()]);
+                let out = run(&a);
+                let yaml = &out[out.find(marker).unwrap()..];
+                let docs = YamlLoader::load_from_str(yaml).expect("the export parses as YAML");
+                let mut keys = Vec::new();
+                flatten(&docs[0], "", &mut keys);
+                assert!(keys.len() > 20, "{yaml}");
+                for k in keys {
+                    assert!(
+                        table.contains(&(fw.to_string(), k.clone())),
+                        "{fw} key {k} is not in docs/rl.md's key table"
+                    );
+                    seen += 1;
+                }
+            }
+        }
+    }
+    assert!(seen > 300);
+}
+
+#[test]
+fn rl_plan_bad_input_is_one_line() {
+    for bad in [
+        vec![
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "16",
+            "--algorithm",
+            "dpo",
+        ],
+        vec![
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "16",
+            "--algorithm",
+            "ppo",
+        ],
+        vec![
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "16",
+            "--mini-batches",
+            "3",
+        ],
+        vec![
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "16",
+            "--response-max",
+            "10",
+        ],
+        vec![
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "16",
+            "--placement",
+            "mixed",
+        ],
+        vec![
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--placement",
+            "disaggregated",
+        ],
+        vec![
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "16",
+            "--emit",
+            "megatron-lm",
+        ],
+        vec![
+            "rl-plan",
+            "--model",
+            "405b",
+            "--gpus",
+            "8",
+            "--response-len",
+            "100000",
+        ],
+    ] {
+        let o = sextant(&bad);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{bad:?} succeeded");
+        assert_eq!(err.trim().lines().count(), 1, "{bad:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
