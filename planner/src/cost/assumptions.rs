@@ -1,0 +1,181 @@
+//! Software assumptions that are not search knobs: the attention and loss kernels,
+//! the rank order groups are placed by, and the framework whose memory layout an
+//! estimate follows.
+
+use serde::{Deserialize, Serialize};
+
+/// Software assumptions that are not search knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assumptions {
+    /// Fused (flash) attention; `false` models the unfused softmax of 2021-era Megatron.
+    pub flash_attention: bool,
+    /// The cross-entropy implementation behind the output layer.
+    #[serde(default)]
+    pub loss: LossKernel,
+    /// How the framework lays ranks out, which decides which groups share an
+    /// NVLink domain.
+    #[serde(default)]
+    pub rank_order: RankOrder,
+    /// The framework whose memory layout the estimate follows (Megatron-Core unless
+    /// a measured run says otherwise).
+    #[serde(default, skip_serializing_if = "Framework::is_megatron_core")]
+    pub framework: Framework,
+}
+
+impl Default for Assumptions {
+    fn default() -> Self {
+        Assumptions {
+            flash_attention: true,
+            loss: LossKernel::default(),
+            rank_order: RankOrder::default(),
+            framework: Framework::default(),
+        }
+    }
+}
+
+/// The training framework whose memory layout an estimate follows. The cost model
+/// is Megatron-Core's; measured runs of other frameworks differ in what they keep
+/// in memory, and [`crate::memory`] prices each as its code does (see
+/// [`Framework::MegatronCore`] and the other variants for what differs and where it
+/// is read from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Framework {
+    /// Megatron-Core (Megatron-LM, NeMo, Megatron-Bridge): gradients live in the
+    /// DDP buffer (no second copy), the SwiGLU is fused (it keeps its input and
+    /// recomputes the activation), the loss keeps the BF16 logits and an FP32 copy,
+    /// selective recomputation is by module (`--recompute-modules`).
+    #[default]
+    MegatronCore,
+    /// Hugging Face nanotron (the Ultra-Scale Playbook's benchmark runs, at
+    /// e24d2483): PyTorch DDP keeps its own BF16 gradient buckets beside the FP32
+    /// accumulator, the GLU runs as separate ops (`GLUActivation`: the activation's
+    /// output is kept beside the product), and the loss (`sharded_cross_entropy`)
+    /// holds an FP32 copy of the logits and a shifted FP32 copy.
+    Nanotron,
+    /// PyTorch torchtitan (FSDP2, torch.distributed.pipelining): sharded FP32
+    /// parameters, gradients and Adam moments; FSDP2's unsharded buffers; selective
+    /// recomputation is op-level ("op" SAC: every other matmul's output is saved);
+    /// the loss is `cross_entropy` over an FP32 copy of the logits.
+    Torchtitan,
+}
+
+impl Framework {
+    pub const NAMES: &'static str = "megatron-core, nanotron, torchtitan";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::MegatronCore => "megatron-core",
+            Framework::Nanotron => "nanotron",
+            Framework::Torchtitan => "torchtitan",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Framework> {
+        [
+            Framework::MegatronCore,
+            Framework::Nanotron,
+            Framework::Torchtitan,
+        ]
+        .into_iter()
+        .find(|f| f.name() == s)
+    }
+
+    pub fn is_megatron_core(&self) -> bool {
+        *self == Framework::MegatronCore
+    }
+}
+
+/// The rank layouts the cost model places groups by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RankOrder {
+    /// Megatron-Core's default `tp-cp-ep-dp-pp` (parallel_state.py `order`): TP,
+    /// then CP, then DP consecutive, PP slowest.
+    #[default]
+    Megatron,
+    /// ScaleTorch's `ProcessGroupManager` grid `[DP, PP, CP, EP, TP]`
+    /// (scaletorch/parallel/process_group.py): TP fastest, then EP, CP, PP, DP, so
+    /// a pipeline sits inside each data-parallel replica.
+    ScaleTorch,
+}
+
+impl RankOrder {
+    /// The order as the rank-map and plan files spell it, fastest first.
+    pub fn order(self) -> &'static str {
+        match self {
+            RankOrder::Megatron => crate::config::RANK_ORDER,
+            RankOrder::ScaleTorch => crate::ranks::SCALETORCH_ORDER,
+        }
+    }
+}
+
+/// How the loss over the vocabulary-parallel logits runs. The three differ in how many
+/// element-wise passes they make over the logits; [`LossKernel::bytes_per_logit`]
+/// counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossKernel {
+    /// Transformer Engine's Triton kernel (`cross_entropy_fusion_impl = "te"`), as of
+    /// the 2026-04 containers: it reads the BF16 logits and writes the gradient in
+    /// place.
+    Te,
+    /// Megatron's own fusion (`--cross-entropy-loss-fusion`, the `native` impl), the
+    /// only one Megatron-LM allows since it disabled TE's in June 2026.
+    #[default]
+    Native,
+    /// Without `--cross-entropy-loss-fusion` (Megatron-LM's default), and the only
+    /// loss Megatron-LM had before June 2024.
+    Unfused,
+}
+
+impl LossKernel {
+    pub const NAMES: &'static str = "te, native, unfused";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LossKernel::Te => "te",
+            LossKernel::Native => "native",
+            LossKernel::Unfused => "unfused",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<LossKernel> {
+        [LossKernel::Te, LossKernel::Native, LossKernel::Unfused]
+            .into_iter()
+            .find(|k| k.name() == s)
+    }
+
+    /// HBM bytes per logit (one token, one vocabulary entry on this rank) that the
+    /// loss moves beyond the logits GEMM, forward and backward together.
+    ///
+    /// - `Te` (transformer_engine/pytorch/triton/cross_entropy.py): the online-softmax
+    ///   pass reads the BF16 logits (2), the loss pass reads them again and writes the
+    ///   gradient in place (2 + 2), the backward scales it by the loss gradient
+    ///   (2 + 2): 10.
+    /// - `Native` (megatron/core/fusions/fused_cross_entropy.py), one kernel per fused
+    ///   function, the fuser's best case: the FP32 upcast with the row maximum
+    ///   (2 + 4), the shifted `exp` with its row sum (4 + 4), the normalisation into the
+    ///   saved softmax (4 + 4), and the backward's in-place gradient and BF16 cast
+    ///   (4 + 4 + 2): 32.
+    /// - `Unfused` (megatron/core/tensor_parallel/cross_entropy.py): `.float()` (2 + 4),
+    ///   the max (4), the in-place subtraction (4 + 4), `exp` (4 + 4), the sum (4), the
+    ///   in-place division (4 + 4); backward the in-place scaling (4 + 4) and the cast
+    ///   back to BF16 (4 + 2): 52.
+    pub fn bytes_per_logit(self) -> f64 {
+        match self {
+            LossKernel::Te => 2.0 + (2.0 + 2.0) + (2.0 + 2.0),
+            LossKernel::Native => (2.0 + 4.0) + (4.0 + 4.0) + (4.0 + 4.0) + (4.0 + 4.0 + 2.0),
+            LossKernel::Unfused => {
+                (2.0 + 4.0)
+                    + 4.0
+                    + (4.0 + 4.0)
+                    + (4.0 + 4.0)
+                    + 4.0
+                    + (4.0 + 4.0)
+                    + (4.0 + 4.0)
+                    + (4.0 + 2.0)
+            }
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! Data-parallel synchronisation per stage: the dense and expert gradients'
+//! reduction and the parameters' gathers (by ZeRO stage, in Megatron's buckets, or
+//! per layer under ZeRO-3), what the backward, the forward and the pipeline's
+//! drain hide of them, DualPipe's sum of a stage's two copies, and the optimizer
+//! step on the shard each rank owns. The step waits for the slowest stage.
+
+use crate::comm::{Collective, Placement};
+use crate::config::Zero;
+use crate::memory;
+
+use super::kernel::Ctx;
+use super::{CommKind, CommTerm, Framework, StageSummary, BUCKET_PARAMS};
+
+/// The step's data-parallel synchronisation and optimizer.
+pub(super) struct DpSync {
+    /// The terms of the stage whose exposed synchronisation delays the step most.
+    pub(super) terms: Vec<CommTerm>,
+    /// What of it delays the step.
+    pub(super) exposed: f64,
+    /// The overlapped communication of the step: the layers' (given) and that
+    /// stage's.
+    pub(super) overlapped: f64,
+    /// The slowest rank's optimizer step.
+    pub(super) optimizer_secs: f64,
+}
+
+/// One stage's synchronisation, before the drain's slack.
+#[derive(Default)]
+struct StageSync {
+    terms: Vec<CommTerm>,
+    exposed: f64,
+    overlapped: f64,
+}
+
+/// The compute a stage's synchronisation can hide behind: one micro-batch's
+/// forward and backward on its rank, over `mb` micro-batches and `units` layers.
+struct Window {
+    t_f: f64,
+    t_b: f64,
+    mb: f64,
+    units: f64,
+}
+
+/// One group's parameters to synchronise, and the kinds its terms are reported as.
+struct Shard {
+    params: f64,
+    group: Placement,
+    grad_kind: CommKind,
+    param_kind: CommKind,
+}
+
+/// Data-parallel synchronisation, per stage; the step waits for the slowest.
+/// Stage i finishes its last backward i micro-batch-backwards before stage 0
+/// (the drain of 1F1B), which hides that much of its reduction. Under ZB-H1 and
+/// DualPipe the deferred W's fill the drain, so every rank computes weight
+/// gradients until the end of the step and nothing is hidden that way.
+/// `overlapped_layers` is the layers' overlapped communication, which the
+/// chosen stage's is added to.
+pub(super) fn dp_sync(
+    c: &Ctx,
+    stages: &[StageSummary],
+    rank_expert_params: &[f64],
+    rank_secs: &[f64],
+    mb: f64,
+    overlapped_layers: f64,
+) -> DpSync {
+    let cfg = c.cfg;
+    let drains = !cfg.schedule.splits_weight_grad();
+    let mut dp_exposed_max = 0.0f64;
+    let mut dp_terms: Vec<CommTerm> = Vec::new();
+    let mut overlapped_total = overlapped_layers;
+    let mut optimizer_secs = 0.0f64;
+    for s in stages {
+        let mem = &s.memory;
+        let expert_p = rank_expert_params[s.stage as usize];
+        let dense_p = mem.params - expert_p;
+        let win = Window {
+            t_b: rank_secs[s.stage as usize] * 2.0 / 3.0,
+            t_f: rank_secs[s.stage as usize] / 3.0,
+            mb,
+            units: (s.layers + s.mtp_layers).max(1) as f64,
+        };
+        let slack = if drains {
+            s.stage as f64 * win.t_b
+        } else {
+            0.0
+        };
+        let StageSync {
+            mut terms,
+            exposed,
+            overlapped,
+        } = stage_sync(c, s, dense_p, expert_p, &win);
+        // Exposure beyond this stage's drain slack delays the step.
+        let stage_exposed = (exposed - slack).max(0.0);
+        if stage_exposed >= dp_exposed_max && (!terms.is_empty() || dp_terms.is_empty()) {
+            dp_exposed_max = stage_exposed;
+            for term in &mut terms {
+                // Attribute the slack proportionally so the terms add up.
+                if exposed > 0.0 {
+                    let kept = stage_exposed / exposed;
+                    let hidden = term.exposed_secs * (1.0 - kept);
+                    term.exposed_secs -= hidden;
+                    term.overlapped_secs += hidden;
+                }
+            }
+            dp_terms = terms;
+            overlapped_total += overlapped;
+        }
+        // Optimizer: Adam reads and writes the FP32 master weight, momentum and
+        // variance, reads the FP32 gradient and writes the BF16 weight (~30 bytes
+        // per parameter), plus the gradient-norm pass (4 bytes): on the shard this
+        // rank owns. BF16 moments move 8 bytes fewer.
+        let (_, _, opt_bytes) =
+            memory::model_state(cfg, dense_p, expert_p, Framework::MegatronCore);
+        let owned = opt_bytes / memory::optimizer_bytes(cfg);
+        let per_param = if cfg.bf16_moments { 26.0 } else { 34.0 };
+        optimizer_secs = optimizer_secs.max(c.mem(owned * per_param));
+    }
+    DpSync {
+        terms: dp_terms,
+        exposed: dp_exposed_max,
+        overlapped: overlapped_total,
+        optimizer_secs,
+    }
+}
+
+/// Stage `s`'s dense and expert synchronisation and, under DualPipe, the sum of
+/// its two copies.
+fn stage_sync(c: &Ctx, s: &StageSummary, dense_p: f64, expert_p: f64, win: &Window) -> StageSync {
+    let cfg = c.cfg;
+    let mut sync = StageSync::default();
+    for (params_local, group, grad_kind, param_kind) in [
+        (dense_p, c.dp_group(), CommKind::DpGrad, CommKind::DpParam),
+        (
+            expert_p,
+            c.edp_group(),
+            CommKind::EdpGrad,
+            CommKind::EdpParam,
+        ),
+    ] {
+        if params_local <= 0.0 || group.size <= 1 {
+            continue;
+        }
+        let shard = Shard {
+            params: params_local,
+            group,
+            grad_kind,
+            param_kind,
+        };
+        group_sync(c, &shard, win, &mut sync);
+    }
+    // DualPipe: the two copies of each stage (on ranks i and p-1-i) sum their
+    // gradients, an all-reduce between the pair of the gradient shard each rank
+    // keeps, after the backward.
+    if cfg.schedule == crate::schedule::Schedule::DualPipe {
+        let shard = if cfg.zero == Zero::None {
+            1.0
+        } else {
+            (cfg.dp * cfg.cp) as f64
+        };
+        let bytes = s.memory.params * memory::grad_bytes(cfg) / shard;
+        let g = c.pp_group();
+        let secs = c.coll(Collective::AllReduce, bytes, g);
+        sync.exposed += secs;
+        sync.terms.push(CommTerm {
+            kind: CommKind::DpGrad,
+            collective: Collective::AllReduce,
+            group: g,
+            tier: g.tier(),
+            bytes_per_call: bytes,
+            calls_per_step: 1.0,
+            total_secs: secs,
+            exposed_secs: secs,
+            overlapped_secs: 0.0,
+        });
+    }
+    sync
+}
+
+/// One group's gradient reduction and parameter gathers, bucketed (ZeRO-0/1/2),
+/// or per layer under ZeRO-3.
+fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
+    let cfg = c.cfg;
+    let (group, mb) = (sh.group, win.mb);
+    let grad_bytes = sh.params * memory::grad_bytes(cfg);
+    let param_bytes = sh.params * memory::WEIGHT_BYTES;
+    let (grad_coll, grad_calls, gather_calls) = match cfg.zero {
+        Zero::None => (Collective::AllReduce, 1.0, 0.0),
+        Zero::DistOpt => (Collective::ReduceScatter, 1.0, 1.0),
+        // Sharded gradients cannot accumulate locally: reduce-scatter after
+        // every micro-batch's backward.
+        Zero::Zero2 => (Collective::ReduceScatter, mb, 1.0),
+        // FSDP: gather before each forward and backward, reduce after each backward.
+        Zero::Zero3 => (Collective::ReduceScatter, mb, 2.0 * mb),
+    };
+    if cfg.zero == Zero::Zero3 {
+        zero3_sync(c, sh, win, (grad_bytes, param_bytes), sync);
+        return;
+    }
+    let buckets = (sh.params / BUCKET_PARAMS).ceil().max(1.0);
+    let grad_one = c.coll(grad_coll, grad_bytes / buckets, group) * buckets;
+    let grad_total = grad_one * grad_calls;
+    let last_bucket = grad_one / buckets;
+    let grad_exposed = if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
+        // Per micro-batch reduction overlaps that micro-batch's backward.
+        ((grad_one - win.t_b).max(last_bucket) * mb).min(grad_total)
+    } else if cfg.overlap.grad_reduce {
+        (grad_total - win.t_b).max(last_bucket).min(grad_total)
+    } else {
+        grad_total
+    };
+    let gather_one = if gather_calls > 0.0 {
+        c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets
+    } else {
+        0.0
+    };
+    let gather_total = gather_one * gather_calls;
+    let gather_exposed = if gather_calls == 0.0 {
+        0.0
+    } else if cfg.zero == Zero::Zero3 {
+        ((gather_one - win.t_f).max(gather_one / buckets) * gather_calls).min(gather_total)
+    } else if cfg.overlap.param_gather {
+        (gather_total - win.t_f)
+            .max(gather_one / buckets)
+            .min(gather_total)
+    } else {
+        gather_total
+    };
+    sync.exposed += grad_exposed + gather_exposed;
+    sync.overlapped += grad_total - grad_exposed + gather_total - gather_exposed;
+    sync.terms.push(CommTerm {
+        kind: sh.grad_kind,
+        collective: grad_coll,
+        group,
+        tier: group.tier(),
+        bytes_per_call: grad_bytes / buckets,
+        calls_per_step: grad_calls * buckets,
+        total_secs: grad_total,
+        exposed_secs: grad_exposed,
+        overlapped_secs: grad_total - grad_exposed,
+    });
+    if gather_calls > 0.0 {
+        sync.terms.push(CommTerm {
+            kind: sh.param_kind,
+            collective: Collective::AllGather,
+            group,
+            tier: group.tier(),
+            bytes_per_call: param_bytes / buckets,
+            calls_per_step: gather_calls * buckets,
+            total_secs: gather_total,
+            exposed_secs: gather_exposed,
+            overlapped_secs: gather_total - gather_exposed,
+        });
+    }
+}
+
+/// ZeRO-3 / FSDP shards by layer: before each layer's forward and again before its
+/// backward (parameters are freed after the forward, the default of PyTorch
+/// FSDP2's reshard_after_forward and Megatron-FSDP) the layer's parameters are
+/// all-gathered, and after its backward its gradient is reduce-scattered, for every
+/// micro-batch. With one layer prefetched (FSDP2's default), a gather hides behind
+/// the previous layer's pass only; in the backward the gather and the
+/// reduce-scatter share the rank's links. The first gather of each pass and the
+/// last reduce-scatter wait in the open. Latency counts once per layer, so it
+/// grows with DP (see collective_secs). `bytes`: the gradient's and the
+/// parameters' bytes on this rank.
+fn zero3_sync(c: &Ctx, sh: &Shard, win: &Window, bytes: (f64, f64), sync: &mut StageSync) {
+    let (group, mb, units) = (sh.group, win.mb, win.units);
+    let (grad_bytes, param_bytes) = bytes;
+    let ag = c.coll(Collective::AllGather, param_bytes / units, group);
+    let rs = c.coll(Collective::ReduceScatter, grad_bytes / units, group);
+    let (f_u, b_u) = (win.t_f / units, win.t_b / units);
+    let fwd = ag + (units - 1.0) * (ag - f_u).max(0.0);
+    let bwd = ag + (units - 1.0) * (ag + rs - b_u).max(0.0) + rs;
+    let gather_total = 2.0 * mb * units * ag;
+    let grad_total = mb * units * rs;
+    let busy = fwd + bwd;
+    // Split the exposed time between the two terms by their share of the traffic.
+    let share = gather_total / (gather_total + grad_total).max(f64::MIN_POSITIVE);
+    let gather_exposed = (mb * busy * share).min(gather_total);
+    let grad_exposed = (mb * busy * (1.0 - share)).min(grad_total);
+    sync.exposed += grad_exposed + gather_exposed;
+    sync.overlapped += grad_total - grad_exposed + gather_total - gather_exposed;
+    sync.terms.push(CommTerm {
+        kind: sh.grad_kind,
+        collective: Collective::ReduceScatter,
+        group,
+        tier: group.tier(),
+        bytes_per_call: grad_bytes / units,
+        calls_per_step: mb * units,
+        total_secs: grad_total,
+        exposed_secs: grad_exposed,
+        overlapped_secs: grad_total - grad_exposed,
+    });
+    sync.terms.push(CommTerm {
+        kind: sh.param_kind,
+        collective: Collective::AllGather,
+        group,
+        tier: group.tier(),
+        bytes_per_call: param_bytes / units,
+        calls_per_step: 2.0 * mb * units,
+        total_secs: gather_total,
+        exposed_secs: gather_exposed,
+        overlapped_secs: gather_total - gather_exposed,
+    });
+}

@@ -1,0 +1,564 @@
+//! One layer's compute for one micro-batch on one GPU: the attention projections,
+//! the core attention, the dense MLP or the routed experts, the element-wise
+//! traffic, what recomputation replays, and the FLOPs for MFU and HFU. Its
+//! communication is added by [`super::layer_comm`].
+
+use crate::config::{Dispatcher, Recompute, RecomputeModules};
+use crate::hardware::AttentionPass;
+use crate::memory::{self, kv_dim_per_rank, LayerKind};
+use crate::model::ModelSpec;
+
+use super::kernel::{Ctx, Pass};
+use super::layer_comm;
+use super::OpClasses;
+
+/// Costs of one layer for one micro-batch on one GPU.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct LayerCost {
+    pub(super) fwd: OpClasses,
+    pub(super) bwd: OpClasses,
+    /// Extra forward time replayed by recomputation.
+    pub(super) recompute: f64,
+    pub(super) attn_core_fwd: f64,
+    pub(super) attn_core_bwd: f64,
+    /// GEMM time that TP overlap can hide communication behind.
+    pub(super) gemm: f64,
+    /// Weight-gradient GEMM time of the backward (the W pass of ZB-H1 and DualPipe).
+    pub(super) wgrad: f64,
+    /// Communication of this layer for one micro-batch: (total, exposed) per kind.
+    pub(super) tp: (f64, f64),
+    pub(super) cp: (f64, f64),
+    pub(super) ep: (f64, f64),
+    pub(super) etp: (f64, f64),
+    pub(super) tp_calls: f64,
+    pub(super) cp_calls: f64,
+    /// Bytes of one CP ring step and of one ETP all-gather.
+    pub(super) cp_bytes: f64,
+    pub(super) etp_bytes: f64,
+    pub(super) ep_calls: f64,
+    pub(super) etp_calls: f64,
+    /// Overlapped communication time (for the contention slowdown).
+    pub(super) overlapped: f64,
+    /// Model FLOPs (forward + backward, Megatron convention) of this layer.
+    pub(super) model_flops: f64,
+    /// Recomputed FLOPs.
+    pub(super) recompute_flops: f64,
+}
+
+impl LayerCost {
+    /// Critical-path seconds for one micro-batch through this layer.
+    pub(super) fn secs(&self) -> f64 {
+        self.fwd.total()
+            + self.bwd.total()
+            + self.recompute
+            + self.tp.1
+            + self.cp.1
+            + self.ep.1
+            + self.etp.1
+    }
+}
+
+/// Average causal (query, key) pairs per sequence on one CP rank, and the same in
+/// the non-causal convention used for model FLOPs.
+fn attention_pairs(model: &ModelSpec, seq: u64, cp: u64) -> (f64, f64) {
+    let s = seq as f64;
+    let full_causal = s * (s + 1.0) / 2.0;
+    let (causal, dense) = match &model.sliding_window {
+        Some(sw) if sw.window < seq => {
+            let wdw = sw.window as f64;
+            let windowed = s * wdw - wdw * (wdw - 1.0) / 2.0;
+            let frac = sw.layers as f64 / model.layers as f64;
+            (
+                (1.0 - frac) * full_causal + frac * windowed,
+                (1.0 - frac) * s * s + frac * 2.0 * windowed,
+            )
+        }
+        _ => (full_causal, s * s),
+    };
+    (causal / cp as f64, dense / cp as f64)
+}
+
+/// The attention projections of one micro-batch.
+pub(super) struct Projections {
+    /// Their GEMMs, forward and backward.
+    pub(super) pass: Pass,
+    /// What "mla_up_proj" replays: (time, FLOPs) of one forward of MLA's
+    /// up-projections; zero without MLA.
+    pub(super) mla_up: (f64, f64),
+    /// Query and key/value widths on this TP rank.
+    pub(super) q_rank: f64,
+    pub(super) kv_rank: f64,
+    /// The output projection's input width on this TP rank.
+    pub(super) out_in: f64,
+}
+
+impl Projections {
+    /// Rotary on Q and K, bytes per token.
+    fn rotary(&self) -> f64 {
+        4.0 * (self.q_rank + self.kv_rank)
+    }
+}
+
+/// Core attention of one micro-batch (always BF16).
+pub(super) struct CoreAttention {
+    pub(super) fwd: f64,
+    pub(super) bwd: f64,
+    /// Forward FLOPs of the causal work.
+    pub(super) fwd_flops: f64,
+    /// QK plus V head widths of this TP rank's heads.
+    pub(super) head_flops: f64,
+    /// (query, key) pairs per sequence on this CP rank, non-causal convention.
+    pub(super) dense_pairs: f64,
+}
+
+/// The feed-forward of one micro-batch: a dense MLP, or routed experts with the
+/// router and shared experts.
+pub(super) struct FeedForward {
+    /// Dense MLP or shared experts, over every token.
+    pub(super) ffn: Pass,
+    pub(super) experts: Pass,
+    pub(super) router: Pass,
+    /// Matrices before the MLP's last one (2 when gated).
+    first_mats: f64,
+    /// The busiest expert-parallel rank's load over the balanced share (1 for a
+    /// dense model).
+    pub(super) moe_load: f64,
+    /// Tokens each routed-expert rank processes for this micro-batch.
+    pub(super) routed_tokens: f64,
+    expert_ffn: f64,
+    /// Shared experts' hidden width; zero without them.
+    pub(super) shared_ffn: f64,
+    /// Bytes each routed token moves in HBM to be shuffled into expert order and
+    /// back (BF16 rows of h): the permutation into routed order and the
+    /// un-permutation that merges the top-k outputs (each reads and writes a row:
+    /// 8h). Megatron's all-to-all dispatcher also sorts the received chunks by local
+    /// expert and restores the order before the return all-to-all
+    /// (`sort_chunks_by_idxs`, run when a rank holds more than one expert): another
+    /// 8h. DeepEP / HybridEP permute once on the receiving side.
+    shuffle: f64,
+}
+
+impl FeedForward {
+    /// Activation function bytes per token of an MLP `ffn` wide split `div` ways
+    /// (gated: read 2f, write f).
+    fn act(&self, ffn: f64, div: f64) -> f64 {
+        (2.0 * (self.first_mats + 1.0) * ffn) / div
+    }
+}
+
+/// What one layer's recomputation, FLOPs and communication are priced from.
+pub(super) struct Parts {
+    pub(super) kind: LayerKind,
+    pub(super) proj: Projections,
+    pub(super) core: CoreAttention,
+    pub(super) ff: FeedForward,
+    /// torchtitan's op-level selective recomputation applies to this layer.
+    pub(super) op_sac: bool,
+    /// The (out, in) shapes of the matmuls it replays.
+    op_sac_mms: Vec<(f64, f64)>,
+}
+
+pub(super) fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
+    let cfg = c.cfg;
+    let mut lc = LayerCost::default();
+    let proj = projections(c);
+    let core = core_attention(c);
+    let ff = feed_forward(c, kind);
+
+    let mut fwd = OpClasses {
+        attention_core: core.fwd,
+        attention_proj: proj.pass.fwd,
+        mlp: ff.ffn.fwd,
+        moe_experts: ff.experts.fwd,
+        router: ff.router.fwd,
+        ..OpClasses::default()
+    };
+    lc.attn_core_fwd = core.fwd;
+    lc.attn_core_bwd = core.bwd;
+    fwd.elementwise = elementwise_secs(c, kind, &proj, &ff);
+
+    // Backward: each GEMM's input and weight gradients; attention backward;
+    // element-wise twice.
+    let mut bwd = fwd.scaled(2.0);
+    bwd.attention_core = core.bwd;
+    bwd.attention_proj = proj.pass.bwd;
+    bwd.mlp = ff.ffn.bwd;
+    bwd.moe_experts = ff.experts.bwd;
+    bwd.router = ff.router.bwd;
+    lc.gemm = fwd.attention_proj + fwd.mlp + fwd.moe_experts;
+    lc.wgrad = proj.pass.wgrad + ff.ffn.wgrad + ff.experts.wgrad + ff.router.wgrad;
+    lc.fwd = fwd;
+    lc.bwd = bwd;
+
+    // torchtitan's op-level policy (`memory::op_sac_per_token`) replays every op of
+    // the block it did not save: the even-numbered matmuls and every element-wise
+    // pass; the attention kernel's output is saved.
+    let op_sac =
+        cfg.recompute == Recompute::Selective && memory::op_sac_applies(c.model, kind, c.a);
+    let op_sac_mms: Vec<(f64, f64)> = if op_sac {
+        memory::torchtitan_mms(c.model, cfg.tp)
+            .into_iter()
+            .skip(1)
+            .step_by(2)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let parts = Parts {
+        kind,
+        proj,
+        core,
+        ff,
+        op_sac,
+        op_sac_mms,
+    };
+    lc.recompute = recompute_secs(c, &parts, &lc.fwd);
+    let fwd_flops_seq = forward_flops_per_sequence(c, &parts);
+    // Per GPU: the micro-batch is spread over TP x CP ranks.
+    lc.model_flops = 3.0 * fwd_flops_seq / (cfg.tp as f64 * cfg.cp as f64);
+    lc.recompute_flops = recompute_flops(c, &parts, fwd_flops_seq);
+
+    layer_comm::add_layer_comm(c, &parts, &mut lc);
+    lc
+}
+
+/// The attention projections (QKV, or MLA's latent and up-projections, and the
+/// output projection).
+fn projections(c: &Ctx) -> Projections {
+    let m = c.model;
+    let t = c.cfg.tp as f64;
+    let h = m.hidden as f64;
+    let tokens = c.tokens;
+    // MLA's up-projections: (time, FLOPs) of one forward.
+    let mut mla_up = (0.0, 0.0);
+    let proj;
+    let kv_rank = kv_dim_per_rank(m, c.cfg.tp) as f64;
+    let q_rank = m.q_dim() as f64 / t;
+    let out_in = m.attn_out_dim() as f64 / t;
+    match &m.mla {
+        Some(mla) => {
+            let q_lora = mla.q_lora_rank as f64;
+            let kv_lora = mla.kv_lora_rank as f64;
+            let q = if mla.q_lora_rank > 0 {
+                c.pass(tokens, q_lora, h, true) + c.pass(tokens, q_rank, q_lora, true)
+            } else {
+                c.pass(tokens, q_rank, h, true)
+            };
+            let kv_up = m.heads as f64 * (mla.qk_nope_head_dim + mla.v_head_dim) as f64 / t;
+            let kv = c.pass(tokens, kv_lora + mla.qk_rope_head_dim as f64, h, true)
+                + c.pass(tokens, kv_up, kv_lora, true);
+            proj = q + kv + c.pass(tokens, h, out_in, true);
+            // What "mla_up_proj" replays: both up-projections and the rotary.
+            let q_up = if mla.q_lora_rank > 0 {
+                c.gemm(tokens, q_rank, q_lora, true)
+            } else {
+                0.0
+            };
+            mla_up = (
+                q_up + c.gemm(tokens, kv_up, kv_lora, true),
+                2.0 * tokens
+                    * (if mla.q_lora_rank > 0 {
+                        q_rank * q_lora
+                    } else {
+                        0.0
+                    } + kv_up * kv_lora),
+            );
+        }
+        None => {
+            proj =
+                c.pass(tokens, q_rank + 2.0 * kv_rank, h, true) + c.pass(tokens, h, out_in, true);
+        }
+    }
+    Projections {
+        pass: proj,
+        mla_up,
+        q_rank,
+        kv_rank,
+        out_in,
+    }
+}
+
+/// The fused attention kernel, or the unfused score matrix through HBM.
+fn core_attention(c: &Ctx) -> CoreAttention {
+    let m = c.model;
+    let cfg = c.cfg;
+    let t = cfg.tp as f64;
+    let e = &c.hw.efficiency;
+    let (causal_pairs, dense_pairs) = attention_pairs(m, c.w.seq, cfg.cp);
+    let head_flops = (m.qk_head_dim() + m.v_head_dim()) as f64 * m.heads as f64 / t;
+    let attn_fwd_flops = 2.0 * cfg.mbs as f64 * head_flops * causal_pairs;
+    let peak16 = c.hw.peak_flops(false);
+    let (core_fwd, core_bwd) = if c.a.flash_attention {
+        // The kernel's efficiency at this head width and per-rank sequence, where the
+        // profile has a measured curve.
+        let shape = |pass| {
+            c.hw.attention_factor(pass, m.qk_head_dim() as f64, (c.w.seq / cfg.cp) as f64)
+                .unwrap_or(1.0)
+        };
+        (
+            attn_fwd_flops / (peak16 * e.attention_fwd * shape(AttentionPass::Fwd))
+                + e.gemm_overhead_us * 1e-6,
+            2.5 * attn_fwd_flops / (peak16 * e.attention_bwd * shape(AttentionPass::Bwd))
+                + e.gemm_overhead_us * 1e-6,
+        )
+    } else {
+        // Unfused: batched GEMMs over the full (masked) score matrix plus softmax
+        // and dropout passes over it in HBM.
+        let full_flops = 2.0 * cfg.mbs as f64 * head_flops * dense_pairs;
+        let scores = cfg.mbs as f64 * m.heads as f64 / t * dense_pairs;
+        let gemm = full_flops / (peak16 * e.gemm_bf16);
+        (
+            gemm + c.mem(scores * 2.0 * 5.0),
+            2.0 * gemm + c.mem(scores * 2.0 * 8.0),
+        )
+    };
+    CoreAttention {
+        fwd: core_fwd,
+        bwd: core_bwd,
+        fwd_flops: attn_fwd_flops,
+        head_flops,
+        dense_pairs,
+    }
+}
+
+/// The dense MLP, or the routed experts (at the busiest rank's load), the router
+/// and the shared experts.
+fn feed_forward(c: &Ctx, kind: LayerKind) -> FeedForward {
+    let m = c.model;
+    let cfg = c.cfg;
+    let t = cfg.tp as f64;
+    let h = m.hidden as f64;
+    let tokens = c.tokens;
+    let ffn;
+    let (mut experts, mut router) = (Pass::default(), Pass::default());
+    let first_mats = m.mlp.matrices() as f64 - 1.0;
+    let mlp = |ffn: f64, div: f64, rows: f64| -> Pass {
+        if ffn <= 0.0 {
+            return Pass::default();
+        }
+        c.pass(rows, first_mats * ffn / div, h, true) + c.pass(rows, h, ffn / div, true)
+    };
+    let moe_load = m
+        .moe
+        .as_ref()
+        .map_or(1.0, |moe| c.w.moe_rank_load(moe, cfg.ep).factor);
+    let mut routed_tokens = 0.0;
+    let mut expert_ffn = 0.0;
+    let mut shuffle = 0.0;
+    match (kind, &m.moe) {
+        (LayerKind::Moe, Some(moe)) => {
+            let etp = cfg.etp as f64;
+            let local_experts = (moe.experts / cfg.ep) as f64;
+            let sorts = cfg.moe_dispatcher == Dispatcher::AllToAll && local_experts > 1.0;
+            shuffle = if sorts { 16.0 * h } else { 8.0 * h };
+            routed_tokens = tokens / t * moe.top_k as f64 * etp * moe_load;
+            expert_ffn = moe.expert_ffn_hidden as f64;
+            let per_expert = routed_tokens / local_experts;
+            experts = local_experts * mlp(expert_ffn, etp, per_expert);
+            ffn = mlp(moe.shared_hidden() as f64, t, tokens);
+            router = c.pass(tokens / t, moe.experts as f64, h, false);
+        }
+        _ => ffn = mlp(m.ffn_hidden as f64, t, tokens),
+    }
+    FeedForward {
+        ffn,
+        experts,
+        router,
+        first_mats,
+        moe_load,
+        routed_tokens,
+        expert_ffn,
+        shared_ffn: m.moe.map_or(0.0, |x| x.shared_hidden() as f64),
+        shuffle,
+    }
+}
+
+/// Element-wise time of one forward.
+fn elementwise_secs(c: &Ctx, kind: LayerKind, proj: &Projections, ff: &FeedForward) -> f64 {
+    let m = c.model;
+    let cfg = c.cfg;
+    let t = cfg.tp as f64;
+    let h = m.hidden as f64;
+    let tokens = c.tokens;
+    // Element-wise traffic, bytes per token: norms (read 2h, write 2h; two per layer,
+    // four with sandwich norms) and residual adds (read 4h, write 2h, +1 mask byte
+    // with dropout), twice per layer, split by SP; activation function (gated: read
+    // 2f, write f); rotary on Q and K; FP8 casts of GEMM inputs (read 2, write 1).
+    let sp_div = if cfg.sp { t } else { 1.0 };
+    let mask = if m.dropout { 1.0 } else { 0.0 };
+    let norms = if m.sandwich_norms { 4.0 } else { 2.0 };
+    let outside = (norms * 4.0 * h + 2.0 * (6.0 * h + mask * h)) / sp_div;
+    let inner = match kind {
+        LayerKind::Moe => {
+            ff.routed_tokens / tokens * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle)
+                + ff.act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t)
+        }
+        LayerKind::Dense => ff.act(m.ffn_hidden as f64, t),
+    };
+    let rotary = proj.rotary();
+    // GEMM inputs cast to FP8, elements per token: the QKV and output projections'
+    // inputs, and the feed-forward's two inputs (dense MLP or shared experts over
+    // every token; routed experts over their routed rows, cast after the BF16
+    // dispatch). The router stays in BF16.
+    let token_ffn_casts = |ffn: f64| if ffn > 0.0 { h / sp_div + ffn / t } else { 0.0 };
+    let cast_elems = h / sp_div
+        + proj.out_in
+        + match kind {
+            LayerKind::Dense => token_ffn_casts(m.ffn_hidden as f64),
+            LayerKind::Moe => {
+                token_ffn_casts(m.moe.map_or(0.0, |x| x.shared_hidden() as f64))
+                    + ff.routed_tokens / tokens * (h + ff.expert_ffn / cfg.etp as f64)
+            }
+        };
+    let casts = if c.fp8 { 3.0 * cast_elems } else { 0.0 };
+    c.mem(tokens * (outside + inner + rotary + casts))
+}
+
+/// Recomputation replays work in the backward pass: the whole forward (full) or
+/// the selected modules' forward (selective).
+fn recompute_secs(c: &Ctx, parts: &Parts, fwd: &OpClasses) -> f64 {
+    match c.cfg.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective if parts.op_sac => {
+            parts
+                .op_sac_mms
+                .iter()
+                .map(|&(out, inp)| c.gemm(c.tokens, out, inp, true))
+                .sum::<f64>()
+                + fwd.elementwise
+        }
+        Recompute::Selective => selective_secs(c, parts, fwd),
+        Recompute::Full => fwd.total(),
+    }
+}
+
+/// The forward time of the modules `--recompute-modules` replays.
+fn selective_secs(c: &Ctx, parts: &Parts, fwd: &OpClasses) -> f64 {
+    let m = c.model;
+    let cfg = c.cfg;
+    let t = cfg.tp as f64;
+    let h = m.hidden as f64;
+    let tokens = c.tokens;
+    let (kind, ff) = (parts.kind, &parts.ff);
+    let sp_div = if cfg.sp { t } else { 1.0 };
+    let sel = |x: RecomputeModules| cfg.recomputes(x);
+    let shared_ffn = ff.shared_ffn;
+    let mut sel_secs = 0.0;
+    if sel(RecomputeModules::CORE_ATTN) {
+        sel_secs += parts.core.fwd;
+    }
+    if sel(RecomputeModules::LAYERNORM) {
+        // Two norms: read 2h, write 2h (+ the FP8 cast of the output) per token.
+        sel_secs += c.mem(tokens * 2.0 * (4.0 * h + if c.fp8 { 3.0 * h } else { 0.0 }) / sp_div);
+    }
+    if sel(RecomputeModules::MLA_UP_PROJ) {
+        sel_secs += parts.proj.mla_up.0 + c.mem(tokens * parts.proj.rotary());
+    }
+    match kind {
+        LayerKind::Dense if sel(RecomputeModules::MLP) => {
+            sel_secs += fwd.mlp + c.mem(tokens * ff.act(m.ffn_hidden as f64, t))
+        }
+        LayerKind::Moe if sel(RecomputeModules::MOE) => {
+            sel_secs += fwd.moe_experts
+                + fwd.router
+                + fwd.mlp
+                + c.mem(
+                    tokens
+                        * (ff.routed_tokens / tokens
+                            * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle)
+                            + ff.act(shared_ffn, t)),
+                );
+        }
+        LayerKind::Moe => {
+            if sel(RecomputeModules::MOE_ACT) {
+                sel_secs += c.mem(ff.routed_tokens * ff.act(ff.expert_ffn, cfg.etp as f64));
+            }
+            if sel(RecomputeModules::SHARED_EXPERTS) {
+                sel_secs += fwd.mlp + c.mem(tokens * ff.act(shared_ffn, t));
+            }
+        }
+        _ => {}
+    }
+    sel_secs
+}
+
+/// Forward FLOPs of one micro-batch's sequences through the layer, over the whole
+/// TP x CP group, in Megatron's convention for MFU: GEMM FLOPs from the weight
+/// shapes, attention counted as full s^2.
+fn forward_flops_per_sequence(c: &Ctx, parts: &Parts) -> f64 {
+    let m = c.model;
+    let cfg = c.cfg;
+    let t = cfg.tp as f64;
+    let h = m.hidden as f64;
+    let proj_params = match &m.mla {
+        Some(mla) => {
+            let q = if mla.q_lora_rank > 0 {
+                h * mla.q_lora_rank as f64 + mla.q_lora_rank as f64 * m.q_dim() as f64
+            } else {
+                h * m.q_dim() as f64
+            };
+            q + h * (mla.kv_lora_rank + mla.qk_rope_head_dim) as f64
+                + mla.kv_lora_rank as f64
+                    * m.heads as f64
+                    * (mla.qk_nope_head_dim + mla.v_head_dim) as f64
+                + m.attn_out_dim() as f64 * h
+        }
+        None => h * (m.q_dim() + 2 * m.kv_dim() + m.attn_out_dim()) as f64,
+    };
+    let mlp_params = match (parts.kind, &m.moe) {
+        (LayerKind::Moe, Some(moe)) => {
+            m.mlp.matrices() as f64
+                * h
+                * (moe.top_k * moe.expert_ffn_hidden + moe.shared_hidden()) as f64
+                + h * moe.experts as f64
+        }
+        _ => m.mlp.matrices() as f64 * h * m.ffn_hidden as f64,
+    };
+    let seq_tokens = (cfg.mbs * c.w.seq) as f64;
+    2.0 * (proj_params + mlp_params) * seq_tokens
+        + 2.0 * cfg.mbs as f64 * parts.core.head_flops * t * parts.core.dense_pairs * cfg.cp as f64
+}
+
+/// FLOPs the recomputation replays on this GPU (for HFU).
+fn recompute_flops(c: &Ctx, parts: &Parts, fwd_flops_seq: f64) -> f64 {
+    let m = c.model;
+    let cfg = c.cfg;
+    let t = cfg.tp as f64;
+    let h = m.hidden as f64;
+    let tokens = c.tokens;
+    let ff = &parts.ff;
+    let sel = |x: RecomputeModules| cfg.recomputes(x);
+    let mats = m.mlp.matrices() as f64;
+    let mut sel_flops = 0.0;
+    if sel(RecomputeModules::CORE_ATTN) {
+        sel_flops += parts.core.fwd_flops;
+    }
+    if sel(RecomputeModules::MLA_UP_PROJ) {
+        sel_flops += parts.proj.mla_up.1;
+    }
+    match (parts.kind, &m.moe) {
+        (LayerKind::Dense, _) if sel(RecomputeModules::MLP) => {
+            sel_flops += 2.0 * tokens * mats * h * m.ffn_hidden as f64 / t
+        }
+        (LayerKind::Moe, Some(moe)) => {
+            let experts = 2.0 * ff.routed_tokens * mats * h * ff.expert_ffn / cfg.etp as f64;
+            let shared = 2.0 * tokens * mats * h * ff.shared_ffn / t;
+            if sel(RecomputeModules::MOE) {
+                sel_flops += experts + shared + 2.0 * tokens / t * h * moe.experts as f64;
+            } else if sel(RecomputeModules::SHARED_EXPERTS) {
+                sel_flops += shared;
+            }
+        }
+        _ => {}
+    }
+    match cfg.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective if parts.op_sac => parts
+            .op_sac_mms
+            .iter()
+            .map(|&(out, inp)| 2.0 * tokens * out * inp)
+            .sum(),
+        Recompute::Selective => sel_flops,
+        Recompute::Full => fwd_flops_seq / (t * cfg.cp as f64),
+    }
+}
