@@ -1,0 +1,70 @@
+//! A cluster: a number of identical GPUs described by one profile, filling whole
+//! nodes (or dividing one).
+
+use super::HardwareProfile;
+use crate::error::InputError;
+
+/// A set of identical GPUs described by one profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    pub profile: HardwareProfile,
+    pub gpus: u64,
+    /// Let tensor parallelism span more than one NVLink domain (off by default:
+    /// TP's per-layer collectives need NVLink bandwidth).
+    pub allow_tp_beyond_nvlink: bool,
+}
+
+/// Largest cluster Sextant reasons about.
+pub const MAX_GPUS: u64 = 1 << 24;
+
+impl Cluster {
+    /// Checks the GPU count against the node size.
+    pub fn new(profile: HardwareProfile, gpus: u64) -> Result<Cluster, InputError> {
+        let per_node = profile.node.gpus_per_node;
+        if per_node == 0 {
+            return Err(InputError::Profile {
+                profile: profile.name.clone(),
+                field: "node.gpus_per_node".into(),
+                problem: "0 must be between 1 and 1024".into(),
+            });
+        }
+        if gpus == 0 {
+            return Err(InputError::Workload("--gpus must be at least 1".into()));
+        }
+        if gpus > MAX_GPUS {
+            return Err(InputError::Workload(format!(
+                "{gpus} GPUs is more than Sextant models (at most {MAX_GPUS})"
+            )));
+        }
+        let ok = if gpus < per_node {
+            per_node.is_multiple_of(gpus)
+        } else {
+            gpus.is_multiple_of(per_node)
+        };
+        if !ok {
+            let lower = if gpus < per_node {
+                (1..=gpus)
+                    .rev()
+                    .find(|d| per_node.is_multiple_of(*d))
+                    .unwrap_or(1)
+            } else {
+                gpus / per_node * per_node
+            };
+            return Err(InputError::Workload(format!(
+                "{gpus} GPUs do not fill {} nodes of {per_node} GPUs: use a multiple of {per_node} (e.g. {} or {}), or a divisor of {per_node} for a single node",
+                profile.name,
+                lower,
+                lower.max(per_node) + if gpus < per_node { 0 } else { per_node },
+            )));
+        }
+        Ok(Cluster {
+            profile,
+            gpus,
+            allow_tp_beyond_nvlink: false,
+        })
+    }
+
+    pub fn nodes(&self) -> u64 {
+        self.gpus.div_ceil(self.profile.node.gpus_per_node)
+    }
+}

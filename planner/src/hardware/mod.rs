@@ -1,0 +1,218 @@
+//! Hardware profiles: what one GPU, one node and the network can do, with the
+//! efficiency constants the cost model uses and the source of each.
+//!
+//! Profiles are JSON (schema in ARCHITECTURE.md); the built-in ones live in
+//! `hwprofiles/` and are compiled in. A user-written profile goes through the same
+//! [`HardwareProfile::from_json`] and is rejected with the offending field named.
+//!
+//! This file holds the profile's types and what the cost model asks of a profile;
+//! `profile.rs` reads and checks one, `ranges.rs` the physical range of every
+//! number, `curves.rs` the measured GEMM and attention curves, `builtin.rs` the
+//! compiled-in profiles, `cluster.rs` the [`Cluster`].
+
+mod builtin;
+mod cluster;
+mod curves;
+mod profile;
+pub mod ranges;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use builtin::{builtin_profile, builtin_profiles, DEFAULT_PROFILE, SOURCED_FIELDS};
+pub use cluster::{Cluster, MAX_GPUS};
+pub use curves::{AttentionCurve, AttentionPass, GemmCurve, GemmDtype};
+pub use ranges::{show, Range};
+
+pub const PROFILE_SCHEMA_VERSION: u32 = 1;
+
+/// Dense (non-sparse) peak throughput per data type, TFLOP/s.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PeakTflops {
+    pub bf16: f64,
+    pub fp16: f64,
+    /// 0 when the GPU has no FP8 tensor cores (A100).
+    #[serde(default)]
+    pub fp8: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub name: String,
+    pub peak_tflops: PeakTflops,
+    /// Usable HBM as the driver reports it, GiB.
+    pub hbm_gib: f64,
+    pub hbm_tbytes_per_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub gpus_per_node: u64,
+    /// GPUs that share one NVLink (or Infinity Fabric) domain. Equal to
+    /// `gpus_per_node` for DGX-style nodes, 72 for a GB200 NVL72 rack.
+    pub nvlink_domain: u64,
+    /// NVLink bandwidth per GPU, one direction, GB/s.
+    pub nvlink_gbytes_per_s: f64,
+    /// NVLink SHARP (in-switch reduction) available for all-reduce.
+    #[serde(default)]
+    pub nvls: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Network {
+    /// Scale-out (InfiniBand / RoCE / EFA) bandwidth per GPU, one direction, GB/s.
+    pub nic_gbytes_per_s: f64,
+    /// One-hop latency across the network, microseconds.
+    pub latency_us: f64,
+}
+
+/// Achieved fractions of peak. Each one is named in `sources`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Efficiency {
+    /// Fraction of BF16/FP16 peak that large training GEMMs sustain.
+    pub gemm_bf16: f64,
+    /// Fraction of FP8 peak that large FP8 training GEMMs sustain.
+    #[serde(default)]
+    pub gemm_fp8: f64,
+    /// Fixed cost per GEMM launch (fill/drain of the tile pipeline), microseconds.
+    pub gemm_overhead_us: f64,
+    /// Fraction of BF16 peak that the fused attention kernel reaches, forward.
+    pub attention_fwd: f64,
+    /// Fraction of BF16 peak that the fused attention kernel reaches, backward.
+    pub attention_bwd: f64,
+    /// Fraction of HBM bandwidth reached by element-wise and optimizer kernels.
+    pub hbm: f64,
+    /// Ring bus bandwidth inside the NVLink domain as a fraction of `nvlink_gbytes_per_s`.
+    pub nvlink_busbw: f64,
+    /// NVLS all-reduce bus bandwidth as a fraction of `nvlink_gbytes_per_s` (above 1:
+    /// the switch does the reduction). Used only when `node.nvls`.
+    #[serde(default)]
+    pub nvls_busbw: f64,
+    /// Per-step latency of an NVLink collective, microseconds.
+    pub nvlink_latency_us: f64,
+    /// Fraction of the NIC bandwidth that collectives across nodes reach.
+    pub network_busbw: f64,
+    /// Fraction by which compute slows when communication overlaps it on the same
+    /// GPU (SM and memory contention).
+    pub overlap_slowdown: f64,
+}
+
+/// Memory that the model cannot use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryReserve {
+    /// CUDA context, NCCL buffers, cuBLAS workspaces: GiB per GPU.
+    pub reserve_gib: f64,
+    /// Allocator fragmentation, as a fraction of the bytes the model allocates.
+    pub fragmentation: f64,
+    /// Fraction of HBM no plan may use: the margin against the memory model's
+    /// own error, so that no recommended plan sits at the edge of HBM. A
+    /// profile without it reads [`DEFAULT_HEADROOM`]; `--mem-headroom` overrides it.
+    #[serde(default = "default_headroom")]
+    pub headroom: f64,
+}
+
+/// The headroom of a profile that does not state one (see the built-in profiles'
+/// `memory.headroom` source).
+pub const DEFAULT_HEADROOM: f64 = 0.05;
+
+fn default_headroom() -> f64 {
+    DEFAULT_HEADROOM
+}
+
+/// A published bus-bandwidth measurement, kept beside the constants it supports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectivePoint {
+    pub collective: String,
+    pub ranks: u64,
+    pub bytes: f64,
+    pub busbw_gbytes_per_s: f64,
+    /// "nvlink", "nvls" or "network".
+    pub tier: String,
+    pub source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HardwareProfile {
+    pub schema_version: u32,
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    pub gpu: Gpu,
+    pub node: Node,
+    pub network: Network,
+    pub efficiency: Efficiency,
+    pub memory: MemoryReserve,
+    #[serde(default)]
+    pub collective_points: Vec<CollectivePoint>,
+    /// Measured GEMM throughput by shape, at most one per data type. Without one, GEMM
+    /// efficiency does not depend on shape (beyond the memory roofline).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gemm_curves: Vec<GemmCurve>,
+    /// Measured fused-attention throughput by head dimension and sequence length, at
+    /// most one per (pass, causal). Without one for a pass, attention efficiency does
+    /// not depend on shape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention_curves: Vec<AttentionCurve>,
+    /// Field path -> where its value comes from.
+    #[serde(default)]
+    pub sources: BTreeMap<String, String>,
+}
+
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+impl HardwareProfile {
+    /// The shape factor of a GEMM ([`GemmCurve::shape_factor`]) from the curve of its
+    /// data type, or the BF16 curve for FP8 when only that one was measured; `None`
+    /// without a curve.
+    pub fn gemm_shape_factor(&self, fp8: bool, m: f64, n: f64, k: f64) -> Option<f64> {
+        let want = if fp8 { GemmDtype::Fp8 } else { GemmDtype::Bf16 };
+        let curve = self
+            .gemm_curves
+            .iter()
+            .find(|c| c.dtype == want)
+            .or_else(|| self.gemm_curves.iter().find(|c| c.dtype == GemmDtype::Bf16));
+        curve.map(|c| c.shape_factor(m, n, k))
+    }
+
+    /// The shape factor of a causal attention pass ([`AttentionCurve::factor`]) from
+    /// the causal curve of that pass, or the unmasked one where only that was
+    /// measured; `None` without a curve for the pass.
+    pub fn attention_factor(&self, pass: AttentionPass, head_dim: f64, seq: f64) -> Option<f64> {
+        let of_pass = |causal: bool| {
+            self.attention_curves
+                .iter()
+                .find(|c| c.pass == pass && c.causal == causal)
+        };
+        of_pass(true)
+            .or_else(|| of_pass(false))
+            .map(|c| c.factor(head_dim, seq))
+    }
+
+    /// Peak dense throughput for GEMMs in the given precision, FLOP/s.
+    pub fn peak_flops(&self, fp8: bool) -> f64 {
+        if fp8 && self.gpu.peak_tflops.fp8 > 0.0 {
+            self.gpu.peak_tflops.fp8 * 1e12
+        } else {
+            self.gpu.peak_tflops.bf16 * 1e12
+        }
+    }
+
+    pub fn hbm_bytes(&self) -> f64 {
+        self.gpu.hbm_gib * GIB
+    }
+
+    /// What a plan may use: HBM less the headroom (the reserve is inside it, in
+    /// each plan's own memory).
+    pub fn capacity_bytes(&self) -> f64 {
+        self.hbm_bytes() * (1.0 - self.memory.headroom)
+    }
+
+    /// Usable bytes for the model: HBM less the reserve.
+    pub fn usable_bytes(&self) -> f64 {
+        (self.gpu.hbm_gib - self.memory.reserve_gib) * GIB
+    }
+}
