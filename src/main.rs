@@ -111,7 +111,8 @@ struct ValidateArgs {
     /// A CSV completing the runs' software configuration: `id`, `source`, and any of
     /// recompute, attention (flash/unfused), recompute_modules, optimizer_moments (bf16/fp32), dispatcher
     /// (alltoall/deepep/hybridep), ep_comm_overlap, tp_comm_overlap (true/false),
-    /// pp_layout, mtp_layers, cross_entropy (te/native/unfused).
+    /// pp_layout, mtp_layers, cross_entropy (te/native/unfused), cuda_graphs (Megatron's
+    /// scopes: attn moe_router moe_preprocess, full_iteration, or none).
     /// Blank columns follow the default rules (see ARCHITECTURE.md).
     #[arg(long, value_name = "CSV")]
     stack: Option<String>,

@@ -52,7 +52,7 @@ pub fn assumptions(inp: &Inputs) -> String {
         onoff(inp.overlap.tp_comm),
         if m.moe.is_some() {
             let cap = w.moe_capacity.map(|c| format!("capacity factor {}{}", c.factor, if c.pad { " padded" } else { "" })).unwrap_or_else(|| "dropless".into());
-            format!(", ep-comm {}, MoE imbalance {:.2}, {cap}", onoff(inp.overlap.ep_comm), w.moe_imbalance)
+            format!(", ep-comm {}, MoE imbalance {:.2}, {cap}, CUDA graphs {}", onoff(inp.overlap.ep_comm), w.moe_imbalance, inp.assumptions.cuda_graphs)
         } else {
             String::new()
         }
@@ -557,6 +557,7 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         ("pipeline bubble", e.time.bubble),
         ("optimizer step", e.time.optimizer),
         ("overlap contention", e.time.overlap_slowdown),
+        ("waiting for the host", e.time.host_wait),
     ] {
         if v > 0.0 {
             let _ = writeln!(s, "  {:<24} {}  {:5.1}%", name, secs(v), pct(v));

@@ -46,9 +46,12 @@
 //!   performance scripts pick TE's kernel, so tests/data/published_runs_stack.csv
 //!   states it for every Megatron-Core row from its recipe.
 //!
+//! - CUDA graphs: none unless a row or its stack states Megatron's scopes in
+//!   `cuda_graphs` (`attn moe_router moe_preprocess`, or `full_iteration`).
+//!
 //! Optional columns (`recompute_modules`, `optimizer_moments`, `dispatcher`,
 //! `ep_comm_overlap`, `tp_comm_overlap`, `pp_layout` in Megatron's layout syntax,
-//! `mtp_layers`, `cross_entropy`), in the CSV or from a stack file
+//! `mtp_layers`, `cross_entropy`, `cuda_graphs`), in the CSV or from a stack file
 //! ([`parse_runs_with`]), replace these rules for the rows that state them.
 
 use serde::Serialize;
@@ -57,7 +60,7 @@ use crate::config::{
     Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload,
     Zero,
 };
-use crate::cost::{Assumptions, Framework, LossKernel};
+use crate::cost::{Assumptions, CudaGraphs, Framework, LossKernel};
 use crate::hardware::{builtin_profile, Cluster};
 use crate::memory::MemKind;
 use crate::model::{MlpKind, ModelSpec, Moe, Norm};
@@ -650,6 +653,8 @@ fn case(r: &Row) -> Result<RunCase, String> {
             )
         })?,
     };
+    let cuda_graphs = CudaGraphs::parse(get(r, "cuda_graphs"))
+        .map_err(|e| format!("column 'cuda_graphs': {e}"))?;
     let moe_dispatcher = match get(r, "dispatcher") {
         "" => Dispatcher::AllToAll,
         name => Dispatcher::parse(name).ok_or_else(|| {
@@ -757,6 +762,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
             flash_attention,
             loss,
             framework,
+            cuda_graphs,
             ..Assumptions::default()
         },
         recompute_stated,
@@ -771,7 +777,7 @@ pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>
 }
 
 /// Optional columns a stack file may add to a run (see [`parse_runs_with`]).
-pub const STACK_COLUMNS: [&str; 11] = [
+pub const STACK_COLUMNS: [&str; 12] = [
     "framework",
     "recompute",
     "attention",
@@ -783,6 +789,7 @@ pub const STACK_COLUMNS: [&str; 11] = [
     "pp_layout",
     "mtp_layers",
     "cross_entropy",
+    "cuda_graphs",
 ];
 
 /// Most rows a runs or stack CSV may hold: the published runs are 39, and
@@ -966,6 +973,23 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
         assert!(
             old_stack.assumptions.loss == LossKernel::Unfused
                 && !old_stack.assumptions.flash_attention
+        );
+        // CUDA graphs: none unless stated; a scope Megatron does not have is refused.
+        assert!(plain.assumptions.cuda_graphs.is_none());
+        let graphed = parse_runs_with(RUNS, Some("id,cuda_graphs\nr1,moe_router moe_preprocess\n"))
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        let g = graphed.assumptions.cuda_graphs;
+        assert!(g.moe_router && g.moe_preprocess && !g.attn && !g.full_iteration);
+        let wrong = parse_runs_with(RUNS, Some("id,cuda_graphs\nr1,everything\n"))
+            .unwrap()
+            .remove(0)
+            .unwrap_err();
+        assert!(
+            wrong.reason.contains("column 'cuda_graphs'") && wrong.reason.contains("'everything'"),
+            "{}",
+            wrong.reason
         );
         let bad = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,fused\n"))
             .unwrap()

@@ -57,7 +57,7 @@ impl Shares {
     pub fn of(e: &crate::cost::Estimate) -> Shares {
         let t = &e.time;
         let parts = [
-            t.compute.total() + t.recompute + t.overlap_slowdown,
+            t.compute.total() + t.recompute + t.overlap_slowdown + t.host_wait,
             t.exposed_comm,
             t.bubble,
             t.optimizer,

@@ -56,7 +56,10 @@ pub fn components(e: &Estimate) -> Vec<(&'static str, f64)> {
             ]),
         ),
         ("bubble", e.time.bubble),
-        ("other", e.time.optimizer + e.time.overlap_slowdown),
+        (
+            "other",
+            e.time.optimizer + e.time.overlap_slowdown + e.time.host_wait,
+        ),
     ]
 }
 

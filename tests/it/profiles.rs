@@ -47,6 +47,8 @@ fn scalar_fields() -> Vec<(String, Get)> {
         efficiency.nvlink_latency_us,
         efficiency.network_busbw,
         efficiency.overlap_slowdown,
+        efficiency.host_op_us,
+        efficiency.host_kernel_us,
         memory.reserve_gib,
         memory.fragmentation,
         memory.headroom,

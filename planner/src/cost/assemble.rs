@@ -96,7 +96,7 @@ pub fn evaluate(
     let slowdown = hw.efficiency.overlap_slowdown * sync.overlapped;
     let step = pipe + p2p_exposed + dp_exposed_max + optimizer_secs + slowdown;
 
-    let (compute, recompute) = critical_compute(&pc, &crit, &layout, mb);
+    let (compute, recompute, host_wait) = critical_compute(&pc, &crit, &layout, mb);
     let exposed_layer_comm = exposed_layer_comm(&mut comm, &pc, &crit, &layout, mb);
     let exposed_comm = exposed_layer_comm + p2p_exposed + dp_exposed_max;
     let (model_flops, recompute_flops) = step_flops(&c, &pc, &layout);
@@ -122,6 +122,7 @@ pub fn evaluate(
             bubble,
             optimizer: optimizer_secs,
             overlap_slowdown: slowdown,
+            host_wait,
         },
         comm,
         memory: worst_mem,
@@ -144,13 +145,14 @@ pub fn evaluate(
     })
 }
 
-/// Compute and recomputation of the step on the critical rank, by operation class.
+/// Compute and recomputation of the step on the critical rank, by operation class,
+/// and the time its GPU waits for the host.
 fn critical_compute(
     pc: &Pieces,
     crit: &CriticalRank,
     layout: &StageLayout,
     mb: f64,
-) -> (OpClasses, f64) {
+) -> (OpClasses, f64, f64) {
     let (dense, moe, mtp) = (&pc.dense, &pc.moe, layout.mtp);
     let mut compute = OpClasses::default();
     compute.add_scaled(&dense.fwd, mb * crit.dense);
@@ -162,7 +164,8 @@ fn critical_compute(
         crit.last * mb * ((1.0 + mtp) * pc.output_secs + mtp * pc.mtp.proj_secs);
     compute.elementwise += crit.last * mb * mtp * pc.mtp.elementwise_secs;
     let recompute = mb * (crit.dense * dense.recompute + crit.moe * moe.recompute);
-    (compute, recompute)
+    let host_wait = mb * crit.moe * moe.host_wait;
+    (compute, recompute, host_wait)
 }
 
 /// The exposed per-layer communication on the critical rank, the output layer's

@@ -1,6 +1,6 @@
 //! Software assumptions that are not search knobs: the attention and loss kernels,
-//! the rank order groups are placed by, and the framework whose memory layout an
-//! estimate follows.
+//! the rank order groups are placed by, the framework whose memory layout an
+//! estimate follows, and the CUDA graphs the run captures.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +20,10 @@ pub struct Assumptions {
     /// a measured run says otherwise).
     #[serde(default, skip_serializing_if = "Framework::is_megatron_core")]
     pub framework: Framework,
+    /// The CUDA graphs the run captures, which the host then launches whole instead
+    /// of kernel by kernel (none unless stated: Megatron-Core's default).
+    #[serde(default, skip_serializing_if = "CudaGraphs::is_none")]
+    pub cuda_graphs: CudaGraphs,
 }
 
 impl Default for Assumptions {
@@ -29,6 +33,88 @@ impl Default for Assumptions {
             loss: LossKernel::default(),
             rank_order: RankOrder::default(),
             framework: Framework::default(),
+            cuda_graphs: CudaGraphs::default(),
+        }
+    }
+}
+
+/// What a run captures in CUDA graphs: Megatron-Core's per-layer scopes
+/// (`--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router
+/// moe_preprocess`; `--cuda-graph-scope` before) or one graph for the whole
+/// forward and backward (`full_iteration`, which needs static MoE shapes: a
+/// capacity on the expert-parallel ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CudaGraphs {
+    /// `TransformerLayer._forward_attention` (norm, projections, attention).
+    #[serde(default)]
+    pub attn: bool,
+    /// The MoE router (and shared experts that are not overlapped).
+    #[serde(default)]
+    pub moe_router: bool,
+    /// `MoELayer.preprocess` (token counts and split sizes).
+    #[serde(default)]
+    pub moe_preprocess: bool,
+    /// The whole forward and backward as one graph.
+    #[serde(default)]
+    pub full_iteration: bool,
+}
+
+impl CudaGraphs {
+    /// The scope names Megatron accepts.
+    pub const SCOPES: [&'static str; 4] =
+        ["attn", "moe_router", "moe_preprocess", "full_iteration"];
+
+    pub fn is_none(&self) -> bool {
+        *self == CudaGraphs::default()
+    }
+
+    /// Parses Megatron's scope list, separated by spaces, commas or `+`; `none` or
+    /// an empty string is no graphs.
+    pub fn parse(text: &str) -> Result<CudaGraphs, String> {
+        let mut g = CudaGraphs::default();
+        for word in text.split([' ', ',', '+']).filter(|w| !w.is_empty()) {
+            match word {
+                "none" => {}
+                "attn" => g.attn = true,
+                "moe_router" => g.moe_router = true,
+                "moe_preprocess" => g.moe_preprocess = true,
+                "full_iteration" => g.full_iteration = true,
+                other => {
+                    return Err(format!(
+                        "CUDA graph scope '{other}' is not one of none, {}",
+                        CudaGraphs::SCOPES.join(", ")
+                    ))
+                }
+            }
+        }
+        if g.full_iteration && (g.attn || g.moe_router || g.moe_preprocess) {
+            return Err(
+                "CUDA graph scope full_iteration already holds the per-layer scopes: give it alone"
+                    .into(),
+            );
+        }
+        Ok(g)
+    }
+}
+
+impl std::fmt::Display for CudaGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let on = [
+            self.attn,
+            self.moe_router,
+            self.moe_preprocess,
+            self.full_iteration,
+        ];
+        let names: Vec<&str> = CudaGraphs::SCOPES
+            .iter()
+            .zip(on)
+            .filter(|(_, b)| *b)
+            .map(|(n, _)| *n)
+            .collect();
+        if names.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&names.join(" "))
         }
     }
 }

@@ -9,8 +9,8 @@ use crate::memory::{self, kv_dim_per_rank, LayerKind};
 use crate::model::ModelSpec;
 
 use super::kernel::{Ctx, Pass};
-use super::layer_comm;
 use super::OpClasses;
+use super::{host, layer_comm};
 
 /// Costs of one layer for one micro-batch on one GPU.
 #[derive(Debug, Clone, Copy, Default)]
@@ -43,6 +43,9 @@ pub(super) struct LayerCost {
     pub(super) model_flops: f64,
     /// Recomputed FLOPs.
     pub(super) recompute_flops: f64,
+    /// Time the GPU waits for the host to issue this layer's kernels
+    /// ([`super::host`]).
+    pub(super) host_wait: f64,
 }
 
 impl LayerCost {
@@ -55,6 +58,7 @@ impl LayerCost {
             + self.cp.1
             + self.ep.1
             + self.etp.1
+            + self.host_wait
     }
 }
 
@@ -219,6 +223,9 @@ pub(super) fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     lc.recompute_flops = recompute_flops(c, &parts, fwd_flops_seq);
 
     layer_comm::add_layer_comm(c, &parts, &mut lc);
+    if let (LayerKind::Moe, Some(moe)) = (kind, &c.model.moe) {
+        lc.host_wait = host::host_wait(c, moe, &lc);
+    }
     lc
 }
 

@@ -52,6 +52,7 @@
 mod assemble;
 mod assumptions;
 mod dp_sync;
+mod host;
 mod kernel;
 mod layer;
 mod layer_comm;
@@ -69,7 +70,7 @@ use crate::memory::StageMemory;
 use crate::model::ModelSpec;
 
 pub use assemble::evaluate;
-pub use assumptions::{Assumptions, Framework, LossKernel, RankOrder};
+pub use assumptions::{Assumptions, CudaGraphs, Framework, LossKernel, RankOrder};
 pub use layer_comm::expected_remote_domains;
 pub use pipeline::{apply_simulation, MAX_SIMULATED_PASSES};
 pub use stage::stage_problem;
@@ -196,6 +197,10 @@ pub struct TimeBreakdown {
     pub optimizer: f64,
     /// Compute slowed by overlapped communication.
     pub overlap_slowdown: f64,
+    /// The GPU idle while the host issues the kernels of mixture-of-experts layers
+    /// (their forward blocks the host once per layer; [`host`]).
+    #[serde(default)]
+    pub host_wait: f64,
 }
 
 /// Per pipeline stage: what it holds and how long one micro-batch takes on it.

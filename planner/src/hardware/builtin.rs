@@ -45,6 +45,8 @@ pub const SOURCED_FIELDS: &[&str] = &[
     "efficiency.gemm_bf16",
     "efficiency.attention_fwd",
     "efficiency.hbm",
+    "efficiency.host_op_us",
+    "efficiency.host_kernel_us",
     "efficiency.nvlink_busbw",
     "efficiency.network_busbw",
     "memory.reserve_gib",

@@ -98,6 +98,17 @@ pub struct Efficiency {
     /// Fraction by which compute slows when communication overlaps it on the same
     /// GPU (SM and memory contention).
     pub overlap_slowdown: f64,
+    /// Host (CPU) time of one operation an eager PyTorch training layer issues from
+    /// Python (the interpreter, module hooks, autograd, the dispatcher and the
+    /// launch), microseconds. With `host_kernel_us` it bounds a mixture-of-experts
+    /// layer, whose forward blocks the host until the GPU has caught up (see
+    /// `cost/host.rs`). 0: not priced (profiles that do not state it).
+    #[serde(default)]
+    pub host_op_us: f64,
+    /// Host time of one kernel a library issues from C++ in a loop (one cuBLASLt
+    /// call per expert of a grouped GEMM), microseconds.
+    #[serde(default)]
+    pub host_kernel_us: f64,
 }
 
 /// Memory that the model cannot use.

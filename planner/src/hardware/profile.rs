@@ -51,7 +51,7 @@ impl HardwareProfile {
             &self.efficiency,
             &self.memory,
         );
-        let checks: [(&str, f64, Range); 22] = [
+        let checks: [(&str, f64, Range); 24] = [
             ("gpu.peak_tflops.bf16", g.peak_tflops.bf16, PEAK_TFLOPS),
             ("gpu.peak_tflops.fp16", g.peak_tflops.fp16, PEAK_TFLOPS),
             (
@@ -99,6 +99,8 @@ impl HardwareProfile {
                 e.overlap_slowdown,
                 OVERLAP_SLOWDOWN,
             ),
+            ("efficiency.host_op_us", e.host_op_us, HOST_US),
+            ("efficiency.host_kernel_us", e.host_kernel_us, HOST_US),
             ("memory.reserve_gib", m.reserve_gib, RESERVE_GIB),
             ("memory.fragmentation", m.fragmentation, FRAGMENTATION),
             ("memory.headroom", m.headroom, HEADROOM),

@@ -87,6 +87,7 @@ pub const NIC_GBYTES_PER_S: Range =
 pub const LATENCY_US: Range = Range::new(0.0, 1000.0, "microseconds per hop");
 /// A GEMM launch and its tile fill: added per call, never divided by.
 pub const GEMM_OVERHEAD_US: Range = Range::new(0.0, 1000.0, "microseconds per GEMM call");
+pub const HOST_US: Range = Range::new(0.0, 1000.0, "host microseconds per operation");
 /// An achieved fraction of a peak: no kernel beats the peak, and one below 1% of
 /// it is a broken kernel or a wrong peak (built-ins: 0.3 to 0.85).
 pub const EFFICIENCY: Range = Range::new(0.01, 1.0, "a fraction of peak");
