@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::flags::{DispatcherFlag, LossFlag, PrecisionFlag, ScheduleFlag};
 use sextant_planner::config::{Dispatcher, Overlap, Precision, RecomputeModules, Workload};
-use sextant_planner::cost::{Assumptions, LossKernel};
+use sextant_planner::cost::{Assumptions, CudaGraphs, LossKernel};
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile, DEFAULT_PROFILE};
 use sextant_planner::hf::from_hf_config;
 use sextant_planner::model::ModelSpec;
@@ -93,6 +93,11 @@ pub struct Common {
     /// Model unfused softmax attention instead of a flash-attention kernel.
     #[arg(long = "no-flash-attention")]
     pub no_flash_attention: bool,
+    /// CUDA graphs the run captures, as Megatron's scopes (`attn moe_router
+    /// moe_preprocess`, any of them, or `full_iteration`): the host then launches
+    /// them whole, which shortens a host-bound MoE layer. Default: none.
+    #[arg(long = "cuda-graphs", value_name = "SCOPES", value_parser = parse_cuda_graphs, default_value = "none")]
+    pub cuda_graphs: CudaGraphs,
     /// Cross-entropy kernel: native (Megatron's `--cross-entropy-loss-fusion`), te
     /// (Transformer Engine's, as Megatron-Bridge's performance scripts pick) or
     /// unfused (Megatron-LM without the flag).
@@ -342,9 +347,14 @@ impl Common {
             assumptions: Assumptions {
                 flash_attention: !self.no_flash_attention,
                 loss: LossKernel::from(self.loss),
+                cuda_graphs: self.cuda_graphs,
                 ..Assumptions::default()
             },
             schedules,
         })
     }
+}
+
+fn parse_cuda_graphs(text: &str) -> Result<CudaGraphs, String> {
+    CudaGraphs::parse(text)
 }

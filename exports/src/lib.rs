@@ -175,6 +175,25 @@ pub fn export(
     if cfg.bf16_moments && matches!(target, Target::Verl | Target::Rlinf | Target::Torchtitan) {
         return Err(ExportError::Inexpressible { target, reason: "BF16 Adam moments (Megatron's precision-aware optimizer) have no verified setting here; re-plan without --bf16-moments".into() });
     }
+    // CUDA graphs priced by the plan: only Megatron-LM's arguments carry them.
+    let graphs = plan.assumptions.cuda_graphs;
+    if !graphs.is_none()
+        && !matches!(
+            target,
+            Target::MegatronLm
+                | Target::Torchrun
+                | Target::Slurm
+                | Target::TorchrunExec
+                | Target::SlurmExec
+                | Target::RankMap
+                | Target::RankMapJson
+        )
+    {
+        return Err(ExportError::Inexpressible {
+            target,
+            reason: format!("the plan prices CUDA graphs ({graphs}), which this export does not set; export to megatron-lm, or re-plan without --cuda-graphs"),
+        });
+    }
     if target == Target::Torchtitan
         && cfg.recompute_modules != sextant_planner::config::RecomputeModules::DEFAULT
         && cfg.recompute == sextant_planner::config::Recompute::Selective

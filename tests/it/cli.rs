@@ -1895,3 +1895,40 @@ fn default_target_steps_aside_for_a_model_it_cannot_build() {
         "normalises after each attention and MLP block",
     );
 }
+
+/// `--cuda-graphs` takes Megatron's scope names; anything else is one line that
+/// lists them.
+#[test]
+fn cuda_graph_scopes_are_checked() {
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "qwen3-30b-a3b",
+            "--gpus",
+            "16",
+            "--ep",
+            "16",
+            "--cuda-graphs",
+            "attn,mlp",
+        ],
+        "moe_preprocess",
+    );
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "qwen3-30b-a3b",
+        "--gpus",
+        "16",
+        "--ep",
+        "16",
+        "--cuda-graphs",
+        "attn,moe_router,moe_preprocess",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("CUDA graphs attn moe_router moe_preprocess"),
+        "{}",
+        stdout(&o)
+    );
+}

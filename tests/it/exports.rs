@@ -1263,3 +1263,46 @@ fn qwen2_exports_qkv_biases_only() {
         assert_eq!(out.contains("--add-qkv-bias"), qkv, "{model}: {out}");
     }
 }
+
+/// CUDA graphs the plan priced: the Megatron-LM export (and the launchers built on
+/// its arguments) passes Transformer Engine's per-layer graphs over the priced
+/// scopes; a full-iteration graph, and every other framework's export, is refused
+/// in one line; the plan file keeps the scopes.
+#[test]
+fn exports_carry_or_refuse_the_priced_cuda_graphs() {
+    let opts = LaunchOptions::default();
+    let mut p = moe();
+    p.assumptions.cuda_graphs =
+        sextant_planner::cost::CudaGraphs::parse("attn moe_router moe_preprocess").unwrap();
+    let text = export(&p, 1, Target::MegatronLm, &opts).unwrap();
+    assert!(
+        text.contains("--cuda-graph-impl transformer_engine")
+            && text.contains("--cuda-graph-modules attn moe_router moe_preprocess"),
+        "{text}"
+    );
+    assert!(export(&p, 1, Target::Torchrun, &opts)
+        .unwrap()
+        .contains("--cuda-graph-modules attn moe_router moe_preprocess"));
+    for target in [
+        Target::MegatronCore,
+        Target::MegatronBridge,
+        Target::Torchtitan,
+    ] {
+        let e = export(&p, 1, target, &opts).unwrap_err().to_string();
+        assert!(
+            e.contains("CUDA graphs (attn moe_router moe_preprocess)") && !e.contains('\n'),
+            "{target:?}: {e}"
+        );
+    }
+    let back = PlanFile::from_json(&p.to_json()).unwrap();
+    assert_eq!(back.assumptions.cuda_graphs, p.assumptions.cuda_graphs);
+    p.assumptions.cuda_graphs = sextant_planner::cost::CudaGraphs::parse("full_iteration").unwrap();
+    let e = export(&p, 1, Target::MegatronLm, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("full-iteration"), "{e}");
+    // Without graphs nothing is written.
+    assert!(!export(&moe(), 1, Target::MegatronLm, &opts)
+        .unwrap()
+        .contains("cuda-graph"));
+}

@@ -219,6 +219,21 @@ fn precision_args(
             "unfused"
         },
     );
+    // CUDA graphs the plan priced: Transformer Engine's per-layer graphs over the
+    // named scopes (`--cuda-graph-impl`, `--cuda-graph-modules`: arguments.py at
+    // d98e8a6). A full-iteration graph needs static MoE shapes (a HybridEP
+    // expert-rank capacity) that no plan sets.
+    let graphs = plan.assumptions.cuda_graphs;
+    if graphs.full_iteration {
+        return Err(ExportError::Inexpressible {
+            target: Target::MegatronLm,
+            reason: "the plan prices a full-iteration CUDA graph, which needs a static expert-rank capacity this export does not set; re-plan with --cuda-graphs attn,moe_router,moe_preprocess or without it".into(),
+        });
+    }
+    if !graphs.is_none() {
+        arg(v, "cuda-graph-impl", "transformer_engine");
+        arg(v, "cuda-graph-modules", graphs.to_string());
+    }
     // The loss the plan priced (cost::LossKernel): without the flag Megatron-LM runs
     // the unfused one (52 bytes per logit); with it, its own fusion (32).
     // Megatron-LM's arguments.py rejects Transformer Engine's kernel.
