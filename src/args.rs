@@ -95,7 +95,8 @@ pub struct Common {
     pub no_flash_attention: bool,
     /// CUDA graphs the run captures, as Megatron's scopes (`attn moe_router
     /// moe_preprocess`, any of them, or `full_iteration`): the host then launches
-    /// them whole, which shortens a host-bound MoE layer. Default: none.
+    /// them whole, which the model prices as a shorter host-bound MoE layer (one
+    /// published A/B measured no gain; see docs/trust.md). Default: none.
     #[arg(long = "cuda-graphs", value_name = "SCOPES", value_parser = parse_cuda_graphs, default_value = "none")]
     pub cuda_graphs: CudaGraphs,
     /// Cross-entropy kernel: native (Megatron's `--cross-entropy-loss-fusion`), te
@@ -285,6 +286,12 @@ impl Common {
             && (self.moe_imbalance.is_some() || self.moe_capacity_factor.is_some())
         {
             bail!("--moe-imbalance and --moe-capacity-factor describe expert routing, but '{}' is a dense model; drop them", model.name);
+        }
+        if self.cuda_graphs.full_iteration
+            && model.moe.is_some()
+            && !(self.moe_pad_to_capacity && self.moe_capacity_factor.is_some())
+        {
+            bail!("--cuda-graphs full_iteration captures fixed shapes, which a dropless MoE layer does not have: also give --moe-capacity-factor with --moe-pad-to-capacity, or graph the per-layer scopes (attn,moe_router,moe_preprocess)");
         }
         if self.moe_pad_to_capacity && self.moe_capacity_factor.is_none() {
             bail!("--moe-pad-to-capacity pads to a capacity: also give --moe-capacity-factor (for example 1.25)");

@@ -1914,6 +1914,12 @@ fn cuda_graph_scopes_are_checked() {
         ]
     };
     fails_with_one_line(&with("attn,mlp"), "moe_preprocess");
+    // A full-iteration graph needs the fixed shapes of drop-and-pad routing.
+    fails_with_one_line(&with("full_iteration"), "--moe-pad-to-capacity");
+    let mut padded = with("full_iteration");
+    padded.extend(["--moe-capacity-factor", "1.25", "--moe-pad-to-capacity"]);
+    let o = sextant(&padded);
+    assert!(o.status.success(), "{}", stderr(&o));
     let o = sextant(&with("attn,moe_router,moe_preprocess"));
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(

@@ -71,10 +71,18 @@ impl CudaGraphs {
     /// Parses Megatron's scope list, separated by spaces, commas or `+`; `none` or
     /// an empty string is no graphs.
     pub fn parse(text: &str) -> Result<CudaGraphs, String> {
+        if text.len() > 100 || text.chars().any(char::is_control) {
+            return Err(format!(
+                "CUDA graph scopes must be a short list of {} or none ({} characters given)",
+                CudaGraphs::SCOPES.join(", "),
+                text.chars().count()
+            ));
+        }
         let mut g = CudaGraphs::default();
+        let mut none = false;
         for word in text.split([' ', ',', '+']).filter(|w| !w.is_empty()) {
             match word {
-                "none" => {}
+                "none" => none = true,
                 "attn" => g.attn = true,
                 "moe_router" => g.moe_router = true,
                 "moe_preprocess" => g.moe_preprocess = true,
@@ -86,6 +94,11 @@ impl CudaGraphs {
                     ))
                 }
             }
+        }
+        if none && !g.is_none() {
+            return Err(format!(
+                "CUDA graph scopes '{text}' say none and name scopes: give one or the other"
+            ));
         }
         if g.full_iteration && (g.attn || g.moe_router || g.moe_preprocess) {
             return Err(

@@ -7,6 +7,7 @@ use crate::model::Moe;
 
 use super::kernel::Ctx;
 use super::layer::LayerCost;
+use super::Framework;
 
 /// What the host issues for one mixture-of-experts transformer layer and one
 /// micro-batch, (forward, backward), in Megatron-Core with Transformer Engine,
@@ -27,22 +28,30 @@ const PREPROCESS_OPS: (f64, f64) = (8.0, 2.0);
 /// - the rest of the MoE block (permute, both all-to-alls, chunk sort, activation,
 ///   unsort, unpermute, residual);
 const DISPATCH_OPS: (f64, f64) = (14.0, 35.0);
-/// - shared experts: their MLP.
+/// - shared experts: their MLP;
 const SHARED_EXPERT_OPS: (f64, f64) = (4.0, 8.0);
+/// - the `moe_act` recomputation: one checkpointed activation (and its probability
+///   scaling) over all local experts' rows at once (`CheckpointWithoutOutput` in
+///   `moe/experts.py`), replayed in the backward.
+const MOE_ACT_REPLAY_OPS: f64 = 3.0;
 /// Kernels issued from C++ per local expert, each at `efficiency.host_kernel_us`:
 /// Transformer Engine's grouped GEMM makes one cuBLASLt call per expert (fc1 and
 /// fc2: 2 forward, 4 backward with input and weight gradients) unless CUTLASS
-/// grouped GEMM is switched on; FP8 recipes other than delayed scaling (current
-/// scaling, blockwise, MXFP8) quantize each expert's GEMM inputs apart.
+/// grouped GEMM is switched on. FP8 recipes other than delayed scaling (current
+/// scaling, blockwise, MXFP8) quantize each expert's GEMM inputs apart; Sextant's
+/// FP8 precisions are the current-scaling and MXFP8 recipes Megatron-Bridge's
+/// performance configurations run, so every FP8 plan pays them.
 const EXPERT_GEMM_KERNELS: (f64, f64) = (2.0, 4.0);
 const EXPERT_FP8_CAST_KERNELS: (f64, f64) = (2.0, 4.0);
 
 /// GPU time lost per micro-batch to the host issuing one mixture-of-experts layer.
 ///
-/// Megatron-Core's dropless all-to-all dispatcher copies the per-expert token counts
-/// to the host in every MoE layer's forward and blocks the host thread on them
-/// (`_maybe_dtoh_and_synchronize`, token_dispatcher.py at d98e8a6, once per layer
-/// when EP or TP is above 1; DeepEP waits for its received counts the same way).
+/// Megatron-Core's all-to-all dispatcher copies the per-expert token counts to the
+/// host in every MoE layer's forward and blocks the host thread on them
+/// (`_maybe_dtoh_and_synchronize`, token_dispatcher.py at d98e8a6: before the
+/// all-to-all when EP or TP is above 1, at the end of the dispatch otherwise;
+/// DeepEP waits for its received counts the same way). Only drop-and-pad routing
+/// (a capacity factor with padding: fixed shapes) skips it, and is not priced here.
 /// The host cannot run ahead across layers: the all-to-all, the expert GEMMs, the
 /// combine and the next layer's attention are issued only after the GPU has caught
 /// up, so a layer's forward takes the longer of its GPU time and the host's time to
@@ -52,11 +61,21 @@ const EXPERT_FP8_CAST_KERNELS: (f64, f64) = (2.0, 4.0);
 /// backward are issued together and hide each other's host time. A captured CUDA
 /// graph scope costs the host one launch per pass instead of its operations; a
 /// full-iteration graph leaves nothing to wait for.
+///
+/// The counts are Megatron-Core's: other frameworks' MoE layers (torchtitan's also
+/// waits for its split sizes) are not priced. `efficiency.host_op_us` is an
+/// effective figure fitted on measured steps, not a bare per-operation cost: it
+/// also holds whatever else the GPU loses once a layer's queue has drained.
 pub(super) fn host_wait(c: &Ctx, moe: &Moe, lc: &LayerCost) -> f64 {
     let (fwd, bwd) = (&lc.fwd, &lc.bwd);
     let e = &c.hw.efficiency;
     let graphs = c.a.cuda_graphs;
-    if (e.host_op_us <= 0.0 && e.host_kernel_us <= 0.0) || graphs.full_iteration {
+    let drop_and_pad = c.w.moe_capacity.is_some_and(|cap| cap.pad);
+    if (e.host_op_us <= 0.0 && e.host_kernel_us <= 0.0)
+        || graphs.full_iteration
+        || drop_and_pad
+        || c.a.framework != Framework::MegatronCore
+    {
         return 0.0;
     }
     let cfg = c.cfg;
@@ -93,17 +112,21 @@ pub(super) fn host_wait(c: &Ctx, moe: &Moe, lc: &LayerCost) -> f64 {
     let replay = if cfg.recompute == Recompute::Full || cfg.recomputes(RecomputeModules::MOE) {
         host_f
     } else if cfg.recomputes(RecomputeModules::MOE_ACT) {
-        host(local, 0.0)
+        host(MOE_ACT_REPLAY_OPS, 0.0)
     } else {
         0.0
     };
     let host_b = host(ops_b, kernels_b) + replay;
     // GPU time of the layer, with its exposed communication split between the
-    // passes in proportion to their compute.
-    let exposed = lc.tp.1 + lc.cp.1 + lc.ep.1 + lc.etp.1;
+    // passes: the all-to-alls half and half (dispatch and combine each way), the
+    // rest in proportion to the passes' compute.
+    let exposed = lc.tp.1 + lc.cp.1 + lc.etp.1;
     let (gf, gb) = (fwd.total(), bwd.total() + lc.recompute);
     let share_f = if gf + gb > 0.0 { gf / (gf + gb) } else { 0.5 };
-    let (gpu_f, gpu_b) = (gf + share_f * exposed, gb + (1.0 - share_f) * exposed);
+    let (gpu_f, gpu_b) = (
+        gf + share_f * exposed + 0.5 * lc.ep.1,
+        gb + (1.0 - share_f) * exposed + 0.5 * lc.ep.1,
+    );
     let apart = (host_f - gpu_f).max(0.0) + (host_b - gpu_b).max(0.0);
     match cfg.ep_overlap(c.w) {
         Some(f) => (1.0 - f) * apart + f * (host_f + host_b - gpu_f - gpu_b).max(0.0),

@@ -490,6 +490,12 @@ fn ep_all_to_all_overlap_follows_megatrons_rules() {
         },
         ..k.clone()
     };
+    // The overlap's own mechanics, without the host: at micro-batch 1 this layer is
+    // host-bound (`super::host`), and hiding its all-to-all then gains nothing.
+    let mut quiet = c.profile.clone();
+    quiet.efficiency.host_op_us = 0.0;
+    quiet.efficiency.host_kernel_us = 0.0;
+    let c = Cluster::new(quiet, 256).unwrap();
     let run = |k: &ParallelConfig| evaluate(&m, &c, &w, k, Assumptions::default()).unwrap();
     let (off_e, on_e) = (run(&base), run(&on(&base)));
     let (t_off, t_on) = (term(&off_e, CommKind::Ep), term(&on_e, CommKind::Ep));
@@ -900,6 +906,37 @@ fn host_wait_bounds_fine_grained_moe_layers() {
         eager.step_secs - eager.time.host_wait,
         none.step_secs
     ));
+    // Drop-and-pad routing has fixed shapes and no sync; other frameworks' MoE
+    // layers are not priced with Megatron's counts.
+    let padded = Workload {
+        moe_capacity: Some(crate::routing::Capacity {
+            factor: 1.25,
+            pad: true,
+        }),
+        ..w.clone()
+    };
+    let pad = evaluate(&m, &c, &padded, &k(1), Assumptions::default()).unwrap();
+    assert_eq!(pad.time.host_wait, 0.0);
+    let titan = Assumptions {
+        framework: Framework::Torchtitan,
+        ..Assumptions::default()
+    };
+    assert_eq!(run(&k(1), titan, &c).time.host_wait, 0.0);
+    // Recomputing the expert activation replays one checkpointed call, not one per
+    // expert: a few hundred microseconds per layer at most.
+    let moe_act = ParallelConfig {
+        recompute: Recompute::Selective,
+        recompute_modules: crate::config::RecomputeModules::MOE_ACT,
+        ..k(1)
+    };
+    let act = run(&moe_act, Assumptions::default(), &c);
+    let layers = m.moe_layers() as f64 * moe_act.micro_batches(&w) as f64;
+    assert!(
+        act.time.host_wait - eager.time.host_wait < layers * 400e-6,
+        "{} vs {}",
+        act.time.host_wait,
+        eager.time.host_wait
+    );
     // Dense layers do not block the host.
     let dense = resolve("llama3-8b").unwrap().spec;
     let d = evaluate(&dense, &c, &w, &cfg(1, 1, 1, 8), Assumptions::default()).unwrap();
@@ -919,4 +956,9 @@ fn cuda_graph_scopes_parse_and_print() {
     assert!(e.contains("'mlp'") && e.contains("moe_preprocess"), "{e}");
     let e = CudaGraphs::parse("full_iteration attn").unwrap_err();
     assert!(e.contains("alone"), "{e}");
+    let e = CudaGraphs::parse("none,attn").unwrap_err();
+    assert!(e.contains("one or the other"), "{e}");
+    let e = CudaGraphs::parse(&"attn ".repeat(1000)).unwrap_err();
+    assert!(e.contains("5000 characters") && e.len() < 200, "{e}");
+    assert!(CudaGraphs::parse("attn\nmoe_router").is_err());
 }
