@@ -353,3 +353,21 @@ pub enum TraceError {
         if .stuck.len() > 4 { format!(" (and {} more ranks)", .stuck.len() - 4) } else { String::new() })]
     Hang { stuck: Vec<String> },
 }
+
+/// Finding and opening the CUDA libraries and binding NCCL's functions
+/// ([`crate::cuload`], feature `cuda`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// What was searched and why nothing opened, on one line.
+    #[error("{}", .0.to_string().replace(['\n', '\r'], " "))]
+    NotFound(crate::culibs::NotFound),
+    #[error("NCCL was not opened")]
+    NcclNotOpened,
+    /// `detail`: the loader's words, on one line.
+    #[error("{file} is not a usable NCCL 2.18 or later: it has no {symbol} ({detail})")]
+    NoSymbol {
+        file: String,
+        symbol: &'static str,
+        detail: String,
+    },
+}
