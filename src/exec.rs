@@ -382,10 +382,10 @@ fn run_cuda(
         bail!("this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu")
     }
     let rank = env.rank;
-    let tag = |phase: &str, e: String| anyhow!("rank {rank}, {phase}: {e}");
+    let tag = |phase: &str, e: &dyn std::fmt::Display| anyhow!("rank {rank}, {phase}: {e}");
     let ordinal = env.local_rank as usize;
-    let gpu = cuda::probe(ordinal).map_err(|e| tag("opening the GPU", e))?;
-    let map = setup.rank_map().map_err(|e| tag("setting up groups", e))?;
+    let gpu = cuda::probe(ordinal).map_err(|e| tag("opening the GPU", &e))?;
+    let map = setup.rank_map().map_err(|e| tag("setting up groups", &e))?;
     if map.world_size != env.world {
         bail!(
             "rank {rank}: the plan needs {} ranks (tp x cp x dp x pp) but {} were started",
@@ -398,10 +398,10 @@ fn run_cuda(
     // work: a plan whose programs would hang is refused here, not after a timeout.
     if (program.len() as u64).saturating_mul(env.world) <= DRY_RUN_MAX_OPS {
         trace::check(&trace::programs(setup, &map), &map)
-            .map_err(|e| tag("checking the device programs", e))?;
+            .map_err(|e| tag("checking the device programs", &e))?;
     }
     let id = if rank == 0 {
-        cuda::nccl_unique_id().map_err(|e| tag("creating the NCCL id", e))?
+        cuda::nccl_unique_id().map_err(|e| tag("creating the NCCL id", &e))?
     } else {
         vec![]
     };
@@ -464,6 +464,7 @@ fn run_cuda(
     let result = run_device(&job).and_then(|stats| {
         *phase.lock().unwrap_or_else(|e| e.into_inner()) = "gathering measurements".into();
         program::collect(setup, opts, &mesh, &map, stats, ("cuda", "bf16"), &device)
+            .map_err(|e| e.to_string())
     });
     done.store(true, Ordering::Relaxed);
     let _ = watchdog.join();
@@ -536,25 +537,24 @@ fn connect(
     timeout: Duration,
     blob: Vec<u8>,
 ) -> Result<(Mesh, Vec<u8>)> {
-    let tag = |phase: &str, e: String| anyhow!("rank {}, {phase}: {e}", env.rank);
+    let tag = |phase: &str, e: &dyn std::fmt::Display| anyhow!("rank {}, {phase}: {e}", env.rank);
     let root = if env.rank == 0 {
-        Some(bind_root(env).map_err(|e| tag("rendezvous", e))?)
+        Some(bind_root(env).map_err(|e| tag("rendezvous", &e))?)
     } else {
         None
     };
-    let data = TcpListener::bind(("0.0.0.0", 0))
-        .map_err(|e| tag("opening the peer port", e.to_string()))?;
+    let data = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| tag("opening the peer port", &e))?;
     let port = data
         .local_addr()
-        .map_err(|e| tag("opening the peer port", e.to_string()))?
+        .map_err(|e| tag("opening the peer port", &e))?
         .port();
     let rz =
-        rendezvous(env, root, key, hash, port, timeout, blob).map_err(|e| tag("rendezvous", e))?;
+        rendezvous(env, root, key, hash, port, timeout, blob).map_err(|e| tag("rendezvous", &e))?;
     let max_frame = setup.max_message_bytes();
     let mesh = Mesh::connect(
         env.rank, env.world, data, &rz.peers, timeout, key, max_frame,
     )
-    .map_err(|e| tag("connecting to peers", e))?;
+    .map_err(|e| tag("connecting to peers", &e))?;
     Ok((mesh, rz.blob))
 }
 

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+pub use crate::error::AuthError;
+
 /// The environment variable that carries the job secret to every rank.
 pub const SECRET_VAR: &str = "SEXTANT_JOB_SECRET";
 /// Shortest secret accepted, in bytes.
@@ -43,22 +45,21 @@ impl std::fmt::Debug for JobKey {
 
 impl JobKey {
     /// A key from the secret's text, refused when shorter than [`MIN_SECRET_LEN`].
-    pub fn new(secret: &str) -> Result<JobKey, String> {
+    pub fn new(secret: &str) -> Result<JobKey, AuthError> {
         let s = secret.trim();
         if s.len() < MIN_SECRET_LEN {
-            return Err(format!(
-                "{SECRET_VAR} is {} bytes long; use at least {MIN_SECRET_LEN} random ASCII characters (e.g. the output of `openssl rand -hex 32`)",
-                s.len()
-            ));
+            return Err(AuthError::ShortSecret { len: s.len() });
         }
         Ok(JobKey(Arc::from(s.as_bytes())))
     }
 
     /// A fresh random secret (64 hex digits) for a launcher to hand to its ranks.
-    pub fn generate() -> Result<String, String> {
+    pub fn generate() -> Result<String, AuthError> {
         let mut b = [0u8; 32];
-        getrandom::fill(&mut b)
-            .map_err(|e| format!("no random numbers for the job secret: {e}"))?;
+        getrandom::fill(&mut b).map_err(|e| AuthError::NoRandom {
+            what: "the job secret",
+            detail: e.to_string(),
+        })?;
         Ok(b.iter().map(|x| format!("{x:02x}")).collect())
     }
 
@@ -81,9 +82,12 @@ impl JobKey {
     }
 }
 
-fn nonce() -> Result<[u8; NONCE], String> {
+fn nonce() -> Result<[u8; NONCE], AuthError> {
     let mut n = [0u8; NONCE];
-    getrandom::fill(&mut n).map_err(|e| format!("no random numbers for a nonce: {e}"))?;
+    getrandom::fill(&mut n).map_err(|e| AuthError::NoRandom {
+        what: "a nonce",
+        detail: e.to_string(),
+    })?;
     Ok(n)
 }
 
@@ -148,7 +152,7 @@ pub fn accept_handshake(
     ctx: &[u8],
     deadline: Instant,
 ) -> Result<(u64, Session), Refusal> {
-    let na = nonce().map_err(Refusal::Io)?;
+    let na = nonce().map_err(|e| Refusal::Io(e.to_string()))?;
     let mut hello = MAGIC.to_vec();
     hello.extend_from_slice(&na);
     write_by(s, &hello, deadline).map_err(io)?;
@@ -190,7 +194,7 @@ pub fn connect_handshake(
         return Err(Refusal::BadSecret);
     }
     let na: [u8; NONCE] = h[8..].try_into().expect("32 bytes");
-    let nc = nonce().map_err(Refusal::Io)?;
+    let nc = nonce().map_err(|e| Refusal::Io(e.to_string()))?;
     let claim = claim.to_le_bytes();
     let mut m = MAGIC.to_vec();
     m.extend_from_slice(&nc);
@@ -223,12 +227,12 @@ impl Session {
         dir: &[u8],
         payload: &[u8],
         deadline: Instant,
-    ) -> Result<(), String> {
-        let len = u32::try_from(payload.len()).map_err(|_| "message too long".to_string())?;
+    ) -> Result<(), AuthError> {
+        let len = u32::try_from(payload.len()).map_err(|_| AuthError::MessageTooLong)?;
         let mut m = len.to_le_bytes().to_vec();
         m.extend_from_slice(payload);
         m.extend_from_slice(&self.tag_of(dir, payload));
-        write_by(s, &m, deadline).map_err(|e| e.to_string())
+        Ok(write_by(s, &m, deadline)?)
     }
 
     /// Receives one tagged message of at most `max_len` bytes: a longer one is
@@ -239,19 +243,17 @@ impl Session {
         dir: &[u8],
         max_len: usize,
         deadline: Instant,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, AuthError> {
         let mut l = [0u8; 4];
-        read_exact_by(s, &mut l, deadline).map_err(|e| e.to_string())?;
+        read_exact_by(s, &mut l, deadline)?;
         let len = u32::from_le_bytes(l) as usize;
         if len > max_len {
-            return Err(format!(
-                "a message of {len} bytes was announced, more than the {max_len} this job can need"
-            ));
+            return Err(AuthError::Oversized { len, max_len });
         }
         let mut payload = vec![0u8; len];
-        read_exact_by(s, &mut payload, deadline).map_err(|e| e.to_string())?;
+        read_exact_by(s, &mut payload, deadline)?;
         let mut tag = [0u8; TAG];
-        read_exact_by(s, &mut tag, deadline).map_err(|e| e.to_string())?;
+        read_exact_by(s, &mut tag, deadline)?;
         let parts: [&[u8]; 5] = [
             dir,
             &self.ctx,
@@ -260,7 +262,7 @@ impl Session {
             &payload,
         ];
         if !self.key.verify(&parts, &tag) {
-            return Err("a message failed its authentication check".into());
+            return Err(AuthError::BadTag);
         }
         Ok(payload)
     }
@@ -289,21 +291,23 @@ pub enum Accepted {
 /// passes, whichever is first, whatever the traffic. Each connection is handed to
 /// `handshake` on its own thread (bounded by the deadline and a few seconds);
 /// connections it refuses are closed and counted, successes go to `on_ok` on this
-/// thread. An error from `on_ok` ends the loop with it.
-pub fn accept_until<T, H, F>(
+/// thread. An error from `on_ok` ends the loop with it; the loop's own errors are
+/// [`AuthError`]s converted into the caller's error type `E`.
+pub fn accept_until<T, E, H, F>(
     listener: &TcpListener,
     deadline: Instant,
     handshake: H,
     mut on_ok: F,
-) -> Result<Accepted, String>
+) -> Result<Accepted, E>
 where
     T: Send + 'static,
+    E: From<AuthError>,
     H: Fn(TcpStream, SocketAddr, Instant) -> Result<T, Refusal> + Send + Sync + 'static,
-    F: FnMut(T) -> Result<bool, String>,
+    F: FnMut(T) -> Result<bool, E>,
 {
     let handshake = Arc::new(handshake);
     let (tx, rx) = mpsc::channel::<Result<T, Refusal>>();
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    listener.set_nonblocking(true).map_err(AuthError::from)?;
     let mut pending = 0usize;
     let mut refused = 0u64;
     loop {
@@ -324,15 +328,13 @@ where
                         .spawn(move || {
                             let _ = tx.send(h(s, from, own));
                         })
-                        .map_err(|e| {
-                            format!("cannot start a thread to accept a connection: {e}")
-                        })?;
+                        .map_err(|e| AuthError::AcceptThread(e.to_string()))?;
                     pending += 1;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
-                Err(e) => return Err(format!("accepting connections failed: {e}")),
+                Err(e) => return Err(AuthError::Accept(e.to_string()).into()),
             }
         }
         let now = Instant::now();
@@ -399,7 +401,10 @@ mod tests {
 
     #[test]
     fn short_secrets_are_refused_and_generated_ones_are_fresh() {
-        assert!(JobKey::new("short").unwrap_err().contains("at least 16"));
+        assert!(JobKey::new("short")
+            .unwrap_err()
+            .to_string()
+            .contains("at least 16"));
         let (a, b) = (JobKey::generate().unwrap(), JobKey::generate().unwrap());
         assert_ne!(a, b);
         assert_eq!(a.len(), 64);
@@ -422,7 +427,14 @@ mod tests {
         c.write_all(&u32::MAX.to_le_bytes()).unwrap();
         let t0 = Instant::now();
         let e = t.join().unwrap().unwrap_err();
-        assert!(e.contains("more than the 4096"), "{e}");
+        assert_eq!(
+            e,
+            AuthError::Oversized {
+                len: u32::MAX as usize,
+                max_len: 4096
+            }
+        );
+        assert!(e.to_string().contains("more than the 4096"), "{e}");
         assert!(t0.elapsed() < Duration::from_secs(2));
     }
 
@@ -437,7 +449,7 @@ mod tests {
             &l,
             t0 + Duration::from_millis(800),
             move |mut s, _, d| accept_handshake(&mut s, &key, b"x", d),
-            |_| Ok(true),
+            |_| Ok::<_, AuthError>(true),
         )
         .unwrap();
         assert_eq!(r, Accepted::TimedOut { refused: 0 });

@@ -112,7 +112,9 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo, String> {
 /// Where each library in `libs` was loaded from (`None`: by name, through the
 /// system loader). Loads what is not loaded yet.
 pub fn library_files(libs: &[Lib]) -> Result<Vec<(Lib, Option<PathBuf>)>, String> {
-    libs.iter().map(|&l| Ok((l, ensure(l)?))).collect()
+    libs.iter()
+        .map(|&l| Ok((l, ensure(l).map_err(|e| e.to_string())?)))
+        .collect()
 }
 
 /// Times `issue` (which queues one call on every stream of `streams`): `warmup`

@@ -10,6 +10,7 @@
 
 use std::cell::Cell;
 
+pub use crate::error::CommError;
 use crate::mesh::Mesh;
 
 /// Group kinds, numbered for tags. `Pp` is used by the pipeline's point-to-point.
@@ -44,12 +45,9 @@ pub fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-pub fn from_bytes(b: &[u8]) -> Result<Vec<f32>, String> {
+pub fn from_bytes(b: &[u8]) -> Result<Vec<f32>, CommError> {
     if !b.len().is_multiple_of(4) {
-        return Err(format!(
-            "received {} bytes, not a whole number of f32 values",
-            b.len()
-        ));
+        return Err(CommError::Bytes(b.len()));
     }
     Ok(b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -71,13 +69,14 @@ fn bounds(len: usize, n: usize, i: usize) -> (usize, usize) {
 }
 
 impl Group {
-    pub fn new(kind: Kind, members: Vec<u64>, rank: u64) -> Result<Group, String> {
-        let me = members.iter().position(|&r| r == rank).ok_or_else(|| {
-            format!(
-                "rank {rank} is not in its own {} group {members:?}",
-                kind.label()
-            )
-        })?;
+    pub fn new(kind: Kind, members: Vec<u64>, rank: u64) -> Result<Group, CommError> {
+        let Some(me) = members.iter().position(|&r| r == rank) else {
+            return Err(CommError::NotMember {
+                rank,
+                group: kind.label(),
+                members,
+            });
+        };
         Ok(Group {
             kind,
             members,
@@ -103,7 +102,7 @@ impl Group {
 
     /// Ring reduce-scatter over `data` split into `size()` near-equal chunks;
     /// returns the summed chunk `me`.
-    pub fn reduce_scatter(&self, mesh: &Mesh, data: &[f32]) -> Result<Vec<f32>, String> {
+    pub fn reduce_scatter(&self, mesh: &Mesh, data: &[f32]) -> Result<Vec<f32>, CommError> {
         let n = self.size();
         let tag = self.next_tag();
         let mut acc = data.to_vec();
@@ -116,12 +115,13 @@ impl Group {
             let got = from_bytes(&mesh.recv(prev, tag | s as u64)?)?;
             let (a, b) = bounds(data.len(), n, recv);
             if got.len() != b - a {
-                return Err(format!(
-                    "{} reduce-scatter: rank {prev} sent {} values, expected {}",
-                    self.kind.label(),
-                    got.len(),
-                    b - a
-                ));
+                return Err(CommError::Count {
+                    group: self.kind.label(),
+                    op: "reduce-scatter",
+                    from: prev,
+                    got: got.len(),
+                    expected: b - a,
+                });
             }
             for (x, y) in acc[a..b].iter_mut().zip(got) {
                 *x += y;
@@ -133,7 +133,7 @@ impl Group {
 
     /// Ring all-gather in place: on entry `out` holds this member's near-equal chunk
     /// (the split [`Group::reduce_scatter`] uses); on return, every chunk.
-    pub fn all_gather_chunks(&self, mesh: &Mesh, out: &mut [f32]) -> Result<(), String> {
+    pub fn all_gather_chunks(&self, mesh: &Mesh, out: &mut [f32]) -> Result<(), CommError> {
         let n = self.size();
         let tag = self.next_tag();
         let (next, prev) = (self.peer(1), self.peer(-1));
@@ -145,12 +145,13 @@ impl Group {
             let got = from_bytes(&mesh.recv(prev, tag | s as u64)?)?;
             let (a, b) = bounds(out.len(), n, recv);
             if got.len() != b - a {
-                return Err(format!(
-                    "{} all-gather: rank {prev} sent {} values, expected {}",
-                    self.kind.label(),
-                    got.len(),
-                    b - a
-                ));
+                return Err(CommError::Count {
+                    group: self.kind.label(),
+                    op: "all-gather",
+                    from: prev,
+                    got: got.len(),
+                    expected: b - a,
+                });
             }
             out[a..b].copy_from_slice(&got);
         }
@@ -158,7 +159,7 @@ impl Group {
     }
 
     /// All-gather of equal-sized pieces, concatenated in member order.
-    pub fn all_gather(&self, mesh: &Mesh, mine: &[f32]) -> Result<Vec<f32>, String> {
+    pub fn all_gather(&self, mesh: &Mesh, mine: &[f32]) -> Result<Vec<f32>, CommError> {
         let n = self.size();
         let mut out = vec![0.0; mine.len() * n];
         out[self.me * mine.len()..(self.me + 1) * mine.len()].copy_from_slice(mine);
@@ -167,7 +168,7 @@ impl Group {
     }
 
     /// Sum over the group, in place (reduce-scatter then all-gather).
-    pub fn all_reduce(&self, mesh: &Mesh, data: &mut [f32]) -> Result<(), String> {
+    pub fn all_reduce(&self, mesh: &Mesh, data: &mut [f32]) -> Result<(), CommError> {
         if self.size() == 1 {
             return Ok(());
         }
@@ -182,14 +183,14 @@ impl Group {
         &self,
         mesh: &Mesh,
         mut parts: Vec<Vec<f32>>,
-    ) -> Result<Vec<Vec<f32>>, String> {
+    ) -> Result<Vec<Vec<f32>>, CommError> {
         let n = self.size();
         if parts.len() != n {
-            return Err(format!(
-                "{} all-to-all needs {n} parts, got {}",
-                self.kind.label(),
-                parts.len()
-            ));
+            return Err(CommError::Parts {
+                group: self.kind.label(),
+                needs: n,
+                got: parts.len(),
+            });
         }
         let tag = self.next_tag();
         for (j, p) in parts.iter().enumerate() {
@@ -208,15 +209,15 @@ impl Group {
         Ok(out)
     }
 
-    pub fn barrier(&self, mesh: &Mesh) -> Result<(), String> {
+    pub fn barrier(&self, mesh: &Mesh) -> Result<(), CommError> {
         let mut one = vec![1.0f32; self.size()];
         self.all_reduce(mesh, &mut one)?;
         if one.iter().any(|&x| x != self.size() as f32) {
-            return Err(format!(
-                "{} barrier summed to {one:?}, expected {} everywhere",
-                self.kind.label(),
-                self.size()
-            ));
+            return Err(CommError::Barrier {
+                group: self.kind.label(),
+                sum: one,
+                size: self.size(),
+            });
         }
         Ok(())
     }

@@ -154,7 +154,7 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, Str
 
 /// Loads the driver, initialises it and returns device `ordinal`.
 pub(crate) fn device(ordinal: usize) -> Result<drv_sys::CUdevice, String> {
-    ensure(Lib::Driver)?;
+    ensure(Lib::Driver).map_err(|e| e.to_string())?;
     match drv::init() {
         Ok(()) => {}
         Err(DriverError(drv_sys::CUresult::CUDA_ERROR_NO_DEVICE)) => return Err(no_such_device(ordinal, 0)),
@@ -216,8 +216,8 @@ pub(crate) fn mem_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<(u64, u
 
 pub(crate) fn nccl_loaded() -> Result<(), String> {
     // NCCL runs on the driver: without it the clearer message is the driver's.
-    ensure(Lib::Driver)?;
-    nccl::bind().map(|_| ())
+    ensure(Lib::Driver).map_err(|e| e.to_string())?;
+    nccl::bind().map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// "CUDA_ERROR_X: text" for a driver error (the library is loaded when one exists).

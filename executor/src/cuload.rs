@@ -25,6 +25,7 @@ use std::sync::Mutex;
 use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
 
 use crate::culibs::{candidates, python_sites, Lib, NotFound, SearchEnv};
+pub use crate::error::LoadError;
 
 /// Libraries opened so far: which, from where (`None`: by name through the system
 /// loader), and the handle that keeps it loaded.
@@ -57,18 +58,18 @@ fn cudarc_finds(lib: Lib) -> bool {
     }
 }
 
-fn open_global(file: &std::ffi::OsStr) -> Result<Library, String> {
+fn open_global(file: &std::ffi::OsStr) -> Result<Library, libloading::Error> {
     // SAFETY: opening runs the library's initialisers; the files opened here are the
     // CUDA, cuBLAS and NCCL libraries (or the test fakes) that the process is about to
     // use anyway, found by name in the directories `culibs` searched.
-    unsafe { Library::open(Some(file), RTLD_NOW | RTLD_GLOBAL) }.map_err(one_line)
+    unsafe { Library::open(Some(file), RTLD_NOW | RTLD_GLOBAL) }
 }
 
 /// Finds and opens `lib` once per process: `Ok(Some(path))` for a file found by
 /// [`crate::culibs`], `Ok(None)` where only the system loader had it, `Err` with
 /// one line saying what was tried. A failure is not remembered (the next call
 /// searches again).
-pub fn ensure(lib: Lib) -> Result<Option<PathBuf>, String> {
+pub fn ensure(lib: Lib) -> Result<Option<PathBuf>, LoadError> {
     let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, from, _)) = opened.iter().find(|(l, _, _)| *l == lib) {
         return Ok(from.clone());
@@ -89,7 +90,7 @@ pub fn ensure(lib: Lib) -> Result<Option<PathBuf>, String> {
                 match open_global(lt.as_os_str()) {
                     Ok(l) => opened.push((lib, Some(lt), Some(l))),
                     Err(e) => {
-                        unloadable.push(format!("{} did not load: {e}", lt.display()));
+                        unloadable.push(format!("{} did not load: {}", lt.display(), one_line(e)));
                         continue;
                     }
                 }
@@ -105,7 +106,7 @@ pub fn ensure(lib: Lib) -> Result<Option<PathBuf>, String> {
                 file.display(),
                 cudarc_names(lib)
             )),
-            Err(e) => unloadable.push(format!("{} did not load: {e}", file.display())),
+            Err(e) => unloadable.push(format!("{} did not load: {}", file.display(), one_line(e))),
         }
     }
     let by_name = match lib {
@@ -118,13 +119,12 @@ pub fn ensure(lib: Lib) -> Result<Option<PathBuf>, String> {
         opened.push((lib, None, by_name));
         return Ok(None);
     }
-    let e = NotFound {
+    Err(LoadError::NotFound(NotFound {
         lib,
         dirs,
         unloadable,
         system_loader: true,
-    };
-    Err(e.to_string().replace(['\n', '\r'], " "))
+    }))
 }
 
 /// The names cudarc tries for `lib` (for messages).
@@ -156,7 +156,7 @@ pub mod nccl {
         ncclUniqueId,
     };
 
-    use super::{one_line, Lib, OPENED};
+    use super::{one_line, Lib, LoadError, OPENED};
 
     type Coll = unsafe extern "C" fn(
         *const c_void,
@@ -217,24 +217,25 @@ pub mod nccl {
         get_last_error: Option<unsafe extern "C" fn(ncclComm_t) -> *const c_char>,
     }
 
-    static API: OnceLock<Result<Api, String>> = OnceLock::new();
+    static API: OnceLock<Result<Api, LoadError>> = OnceLock::new();
 
     /// The function `name` in `lib` (opened from `from`), or one line saying it is missing.
-    fn sym<T: Copy>(lib: &super::Library, from: &str, name: &str) -> Result<T, String> {
+    fn sym<T: Copy>(lib: &super::Library, from: &str, name: &'static str) -> Result<T, LoadError> {
         // SAFETY: `T` is the function-pointer type NCCL's header (nccl.h, 2.18+) gives
         // `name`; `Api` declares each one, and the pointer is used only while `lib`,
         // kept open in `OPENED` for the life of the process, is loaded.
         let f = unsafe { lib.get::<T>(format!("{name}\0").as_bytes()) }.map_err(|e| {
-            format!(
-                "{from} is not a usable NCCL 2.18 or later: it has no {name} ({})",
-                one_line(e)
-            )
+            LoadError::NoSymbol {
+                file: from.to_string(),
+                symbol: name,
+                detail: one_line(e),
+            }
         })?;
         Ok(*f)
     }
 
     /// Resolves NCCL's symbols in the library [`super::ensure`] opened (once).
-    pub(crate) fn bind() -> Result<&'static Api, String> {
+    pub(crate) fn bind() -> Result<&'static Api, LoadError> {
         super::ensure(Lib::Nccl)?;
         API.get_or_init(|| {
             let opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
@@ -242,7 +243,7 @@ pub mod nccl {
                 .iter()
                 .find(|(l, _, _)| *l == Lib::Nccl)
                 .and_then(|(_, from, lib)| lib.as_ref().map(|lib| (from, lib)))
-                .ok_or("NCCL was not opened")?;
+                .ok_or(LoadError::NcclNotOpened)?;
             let from = match from {
                 Some(p) => p.display().to_string(),
                 None => "libnccl.so.2".into(),

@@ -158,7 +158,7 @@ fn open(job: &DeviceJob, memory: &mut DeviceMemory) -> Result<Gpu, String> {
     set(job.phase, "opening the GPU".into());
     device(ordinal)?;
     nccl_loaded()?;
-    ensure(Lib::Cublas)?;
+    ensure(Lib::Cublas).map_err(|e| e.to_string())?;
     let ctx = context(ordinal)?;
     ctx.bind_to_thread().map_err(describe)?;
     let pool = keep_pool(&ctx, ordinal)?;

@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::auth::{accept_handshake, accept_until, connect_handshake, Accepted, JobKey, Refusal};
+pub use crate::error::MeshError;
 
 const TAG_ABORT: u64 = u64::MAX;
 const TAG_BYE: u64 = u64::MAX - 1;
@@ -27,7 +28,7 @@ const TAG_BYE: u64 = u64::MAX - 1;
 #[derive(Default)]
 struct Inbox {
     frames: HashMap<(u64, u64), VecDeque<Vec<u8>>>,
-    failure: Option<String>,
+    failure: Option<MeshError>,
     /// Peers that said BYE.
     finished: Vec<bool>,
 }
@@ -40,7 +41,7 @@ pub struct MeshWatch(Shared);
 
 impl MeshWatch {
     /// Why the mesh failed, once it has.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<MeshError> {
         lock(&self.0).failure.clone()
     }
 }
@@ -58,7 +59,7 @@ fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Inbox> {
     shared.0.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn fail(shared: &Shared, msg: String) {
+fn fail(shared: &Shared, msg: MeshError) {
     let mut inbox = lock(shared);
     if inbox.failure.is_none() {
         inbox.failure = Some(msg);
@@ -79,7 +80,7 @@ fn reader_loop(mut stream: TcpStream, peer: u64, shared: Shared, max_frame: u64)
             Ok(h) => h,
             Err(_) => {
                 if !lock(&shared).finished[peer as usize] {
-                    fail(&shared, format!("rank {peer} closed its connection before finishing (it exited, crashed or was killed)"));
+                    fail(&shared, MeshError::PeerClosed(peer));
                 }
                 return;
             }
@@ -87,24 +88,25 @@ fn reader_loop(mut stream: TcpStream, peer: u64, shared: Shared, max_frame: u64)
         if len > max_frame {
             fail(
                 &shared,
-                format!("rank {peer} announced a message of {len} bytes, more than this plan can need ({max_frame}): its stream is corrupt"),
+                MeshError::PeerOversized {
+                    peer,
+                    len,
+                    max_frame,
+                },
             );
             return;
         }
         let mut payload = vec![0u8; len as usize];
         if stream.read_exact(&mut payload).is_err() {
-            fail(
-                &shared,
-                format!("rank {peer} closed its connection in the middle of a message"),
-            );
+            fail(&shared, MeshError::PeerCut(peer));
             return;
         }
         let mut inbox = lock(&shared);
         match tag {
             TAG_ABORT => {
-                let msg = String::from_utf8_lossy(&payload).into_owned();
+                let message = String::from_utf8_lossy(&payload).into_owned();
                 if inbox.failure.is_none() {
-                    inbox.failure = Some(format!("rank {peer} failed: {msg}"));
+                    inbox.failure = Some(MeshError::PeerFailed { peer, message });
                 }
             }
             TAG_BYE => inbox.finished[peer as usize] = true,
@@ -137,12 +139,13 @@ impl Mesh {
         timeout: Duration,
         key: &JobKey,
         max_frame: u64,
-    ) -> Result<Mesh, String> {
+    ) -> Result<Mesh, MeshError> {
         if rank >= world || addrs.len() as u64 != world {
-            return Err(format!(
-                "rank {rank} of world size {world} with {} peer addresses",
-                addrs.len()
-            ));
+            return Err(MeshError::BadWorld {
+                rank,
+                world,
+                addrs: addrs.len(),
+            });
         }
         let deadline = Instant::now() + timeout;
         let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
@@ -161,14 +164,14 @@ impl Mesh {
                     );
                 match attempt {
                     Ok(s) => break s,
-                    Err(e) if e.is_empty() => {
-                        return Err(format!("rank {q} at {addr} refused this rank's credentials (or is not rank {q} of this job)"))
-                    }
+                    Err(e) if e.is_empty() => return Err(MeshError::Credentials { peer: q, addr }),
                     Err(e) if Instant::now() >= deadline => {
-                        return Err(format!(
-                            "could not connect to rank {q} at {addr} within {} s: {e}",
-                            timeout.as_secs()
-                        ))
+                        return Err(MeshError::Unreachable {
+                            peer: q,
+                            addr,
+                            secs: timeout.as_secs(),
+                            detail: e,
+                        })
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
@@ -183,13 +186,13 @@ impl Mesh {
                 Ok((s, q))
             };
             let mut missing = world - rank - 1;
-            let ended = accept_until(
+            let ended = accept_until::<_, MeshError, _, _>(
                 &listener,
                 deadline,
                 handshake,
                 |(s, q): (TcpStream, u64)| {
                     if q <= rank || q >= world || streams[q as usize].is_some() {
-                        return Err(format!("a process holding this job's secret claims rank {q} twice or out of order (world size {world}): are two launches sharing the secret?"));
+                        return Err(MeshError::BadClaim { claim: q, world });
                     }
                     streams[q as usize] = Some(s);
                     missing -= 1;
@@ -197,20 +200,14 @@ impl Mesh {
                 },
             )?;
             if let Accepted::TimedOut { refused } = ended {
-                let absent: Vec<String> = ((rank + 1)..world)
+                let absent: Vec<u64> = ((rank + 1)..world)
                     .filter(|q| streams[*q as usize].is_none())
-                    .map(|q| q.to_string())
                     .collect();
-                return Err(format!(
-                    "ranks {} never connected within {} s{}",
-                    absent.join(", "),
-                    timeout.as_secs(),
-                    if refused > 0 {
-                        format!(" ({refused} connections without this job's secret refused)")
-                    } else {
-                        String::new()
-                    }
-                ));
+                return Err(MeshError::NeverConnected {
+                    absent,
+                    secs: timeout.as_secs(),
+                    refused,
+                });
             }
         }
         let shared: Shared = Arc::new((
@@ -226,15 +223,17 @@ impl Mesh {
             match s {
                 Some(s) => {
                     s.set_nodelay(true).ok();
-                    s.set_read_timeout(None).map_err(|e| e.to_string())?;
-                    s.set_write_timeout(None).map_err(|e| e.to_string())?;
-                    let r = s.try_clone().map_err(|e| e.to_string())?;
+                    s.set_read_timeout(None)?;
+                    s.set_write_timeout(None)?;
+                    let r = s.try_clone()?;
                     let sh = shared.clone();
                     let reader = std::thread::Builder::new()
                         .name(format!("sextant-from-{q}"))
                         .spawn(move || reader_loop(r, q as u64, sh, max_frame))
-                        .map_err(|e| {
-                            format!("cannot start the thread that reads from rank {q}: {e} (the CPU mesh needs one thread per peer: {} here)", world - 1)
+                        .map_err(|e| MeshError::ReaderThread {
+                            peer: q as u64,
+                            detail: e.to_string(),
+                            threads: world - 1,
                         })?;
                     readers.push(reader);
                     writers.push(Some(Mutex::new(s)));
@@ -262,23 +261,25 @@ impl Mesh {
         self.timeout
     }
 
-    fn write_frame(&self, to: u64, tag: u64, payload: &[u8]) -> Result<(), String> {
+    fn write_frame(&self, to: u64, tag: u64, payload: &[u8]) -> Result<(), MeshError> {
         let w = self
             .writers
             .get(to as usize)
             .and_then(|w| w.as_ref())
-            .ok_or_else(|| format!("no connection to rank {to}"))?;
+            .ok_or(MeshError::NoConnection(to))?;
         let mut frame = Vec::with_capacity(16 + payload.len());
         frame.extend_from_slice(&tag.to_le_bytes());
         frame.extend_from_slice(&(payload.len() as u64).to_le_bytes());
         frame.extend_from_slice(payload);
         let mut s = w.lock().unwrap_or_else(|p| p.into_inner());
-        s.write_all(&frame)
-            .map_err(|e| format!("sending to rank {to} failed: {e}"))
+        s.write_all(&frame).map_err(|e| MeshError::Send {
+            to,
+            detail: e.to_string(),
+        })
     }
 
     /// Sends `payload` to rank `to` under `tag` (to itself too).
-    pub fn send(&self, to: u64, tag: u64, payload: &[u8]) -> Result<(), String> {
+    pub fn send(&self, to: u64, tag: u64, payload: &[u8]) -> Result<(), MeshError> {
         if let Some(f) = lock(&self.shared).failure.clone() {
             return Err(f);
         }
@@ -296,7 +297,7 @@ impl Mesh {
     }
 
     /// Waits for the frame `tag` from rank `from`, at most the mesh timeout.
-    pub fn recv(&self, from: u64, tag: u64) -> Result<Vec<u8>, String> {
+    pub fn recv(&self, from: u64, tag: u64) -> Result<Vec<u8>, MeshError> {
         let deadline = Instant::now() + self.timeout;
         let mut inbox = lock(&self.shared);
         loop {
@@ -312,14 +313,15 @@ impl Mesh {
                 return Err(f.clone());
             }
             if inbox.finished[from as usize] {
-                return Err(format!("rank {from} finished without sending the message this rank waits for (tag {tag:#x}): the ranks disagree on the schedule"));
+                return Err(MeshError::Unsent { from, tag });
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(format!(
-                    "waited {} s for rank {from} (tag {tag:#x}): it is stuck, or the ranks disagree on the plan's schedule",
-                    self.timeout.as_secs()
-                ));
+                return Err(MeshError::Waited {
+                    secs: self.timeout.as_secs(),
+                    from,
+                    tag,
+                });
             }
             inbox = self
                 .shared
@@ -332,7 +334,7 @@ impl Mesh {
 
     /// Tells every peer this rank failed (best effort), so that they stop at once.
     pub fn abort(&self, message: &str) {
-        fail(&self.shared, format!("this rank failed: {message}"));
+        fail(&self.shared, MeshError::ThisRankFailed(message.to_string()));
         for q in 0..self.world {
             if q != self.rank {
                 let _ = self.write_frame(q, TAG_ABORT, message.as_bytes());
@@ -389,7 +391,7 @@ mod tests {
     }
 
     /// Rank 0 of a 2-rank mesh on a thread; the test plays rank 1 by hand.
-    fn rank0(max_frame: u64) -> (SocketAddr, std::thread::JoinHandle<Result<Mesh, String>>) {
+    fn rank0(max_frame: u64) -> (SocketAddr, std::thread::JoinHandle<Result<Mesh, MeshError>>) {
         let l = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let addr = l.local_addr().unwrap();
         let k = key("the-right-secret-0123");
@@ -441,7 +443,7 @@ mod tests {
         let t0 = Instant::now();
         let e = mesh.recv(1, 5).unwrap_err();
         assert!(
-            e.contains(
+            e.to_string().contains(
                 "announced a message of 1073741824 bytes, more than this plan can need (1048576)"
             ),
             "{e}"

@@ -326,7 +326,7 @@ impl Saved {
     }
 }
 
-type R<T> = Result<T, String>;
+type R<T> = Result<T, crate::error::CommError>;
 
 fn gemm(s: &Shard, class: &'static str, a: &Mat, ta: bool, b: &Mat, tb: bool) -> Mat {
     let t = s.rec.start();

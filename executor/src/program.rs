@@ -32,7 +32,7 @@ use sextant_planner::config::Zero;
 use sextant_planner::schedule::{virtual_stage, Schedule};
 
 use crate::comm::{Group, Kind};
-use crate::error::ExecError;
+pub use crate::error::{ExecError, ProgramError, SetupError};
 use crate::mesh::Mesh;
 use crate::model::LayerParams;
 use crate::record::Recorder;
@@ -87,10 +87,10 @@ fn group(
     name: &str,
     kind: Kind,
     rank: u64,
-) -> Result<Group, String> {
-    let k =
-        sextant_planner::ranks::group_kind(name).ok_or_else(|| format!("no group kind {name}"))?;
-    Group::new(kind, map.group_of(rank, k).to_vec(), rank)
+) -> Result<Group, ProgramError> {
+    let k = sextant_planner::ranks::group_kind(name)
+        .ok_or_else(|| ProgramError::NoGroupKind(name.to_string()))?;
+    Ok(Group::new(kind, map.group_of(rank, k).to_vec(), rank)?)
 }
 /// Runs this rank's part of the plan over `mesh`. Rank 0 returns the measured run.
 pub fn run(
@@ -101,27 +101,27 @@ pub fn run(
 ) -> Result<Option<MeasuredRun>, ExecError> {
     let rank = mesh.rank();
     let world = mesh.world();
-    let early = |d: String| ExecError {
+    let early = |d: &dyn std::fmt::Display| ExecError {
         rank,
         phase: "setting up groups".into(),
-        detail: d,
+        detail: d.to_string(),
     };
     if world != s.cfg.gpus() {
-        return Err(early(format!(
+        return Err(early(&format!(
             "the plan needs {} ranks (tp x cp x dp x pp) but {world} were started",
             s.cfg.gpus()
         )));
     }
-    let map = s.rank_map().map_err(early)?;
+    let map = s.rank_map().map_err(|e| early(&e))?;
     let g = Groups {
-        tp: group(&map, "tp", Kind::Tp, rank).map_err(early)?,
-        cp: group(&map, "cp", Kind::Cp, rank).map_err(early)?,
-        dp_cp: group(&map, "dp_cp", Kind::DpCp, rank).map_err(early)?,
-        pp: group(&map, "pp", Kind::Pp, rank).map_err(early)?,
-        ep: group(&map, "ep", Kind::Ep, rank).map_err(early)?,
-        etp: group(&map, "etp", Kind::Etp, rank).map_err(early)?,
-        edp: group(&map, "edp", Kind::Edp, rank).map_err(early)?,
-        world: Group::new(Kind::World, (0..world).collect(), rank).map_err(early)?,
+        tp: group(&map, "tp", Kind::Tp, rank).map_err(|e| early(&e))?,
+        cp: group(&map, "cp", Kind::Cp, rank).map_err(|e| early(&e))?,
+        dp_cp: group(&map, "dp_cp", Kind::DpCp, rank).map_err(|e| early(&e))?,
+        pp: group(&map, "pp", Kind::Pp, rank).map_err(|e| early(&e))?,
+        ep: group(&map, "ep", Kind::Ep, rank).map_err(|e| early(&e))?,
+        etp: group(&map, "etp", Kind::Etp, rank).map_err(|e| early(&e))?,
+        edp: group(&map, "edp", Kind::Edp, rank).map_err(|e| early(&e))?,
+        world: Group::new(Kind::World, (0..world).collect(), rank).map_err(|e| early(&e))?,
     };
     let entry = &map.ranks[rank as usize];
     let d = &s.dims;

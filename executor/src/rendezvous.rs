@@ -16,9 +16,25 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{
-    accept_handshake, accept_until, connect_handshake, Accepted, JobKey, Refusal, Session,
-    SECRET_VAR,
+    accept_handshake, accept_until, connect_handshake, Accepted, AuthError, JobKey, Refusal,
+    Session,
 };
+pub use crate::error::RendezvousError;
+
+/// Why an authenticated rank's hello could not be read.
+enum AuthOrJson {
+    Auth(AuthError),
+    Json(String),
+}
+
+impl std::fmt::Display for AuthOrJson {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthOrJson::Auth(e) => e.fmt(f),
+            AuthOrJson::Json(e) => f.write_str(e),
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchEnv {
@@ -33,7 +49,7 @@ pub struct LaunchEnv {
 /// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or Open MPI (OMPI_COMM_WORLD_RANK,
 /// _SIZE, _LOCAL_RANK), first found wins; MASTER_ADDR and MASTER_PORT (default
 /// 29500, torchrun's) locate rank 0. `get` looks a variable up.
-pub fn launch_env(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, String> {
+pub fn launch_env(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, RendezvousError> {
     let families = [
         ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
         ("Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
@@ -44,14 +60,17 @@ pub fn launch_env(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, Str
             "OMPI_COMM_WORLD_LOCAL_RANK",
         ),
     ];
-    let num = |name: &str| -> Result<Option<u64>, String> {
+    let num = |name: &str| -> Result<Option<u64>, RendezvousError> {
         match get(name) {
             None => Ok(None),
             Some(v) => v
                 .trim()
                 .parse::<u64>()
                 .map(Some)
-                .map_err(|_| format!("{name}={v:?} is not a non-negative integer")),
+                .map_err(|_| RendezvousError::NotInteger {
+                    name: name.to_string(),
+                    value: v,
+                }),
         }
     };
     for (who, r, w, l) in families {
@@ -59,11 +78,17 @@ pub fn launch_env(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, Str
             continue;
         };
         if world == 0 || rank >= world {
-            return Err(format!("{who} says rank {rank} of world size {world}: the rank must be below the world size"));
+            return Err(RendezvousError::RankBeyondWorld {
+                launcher: who,
+                rank,
+                world,
+            });
         }
         let local_rank = num(l)?.unwrap_or(rank);
-        let master_addr = get("MASTER_ADDR").ok_or_else(|| {
-            format!("{r}/{w} are set ({who}) but MASTER_ADDR is not: set it to rank 0's host name or address")
+        let master_addr = get("MASTER_ADDR").ok_or(RendezvousError::NoMasterAddr {
+            launcher: who,
+            rank_var: r,
+            world_var: w,
         })?;
         let master_port = match get("MASTER_PORT") {
             None => 29500,
@@ -72,7 +97,7 @@ pub fn launch_env(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, Str
                 .parse::<u16>()
                 .ok()
                 .filter(|p| *p > 0)
-                .ok_or_else(|| format!("MASTER_PORT={p:?} is not a port number (1-65535)"))?,
+                .ok_or_else(|| RendezvousError::BadPort(p.clone()))?,
         };
         return Ok(LaunchEnv {
             rank,
@@ -82,7 +107,7 @@ pub fn launch_env(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, Str
             master_port,
         });
     }
-    Err("no launcher variables found (RANK/WORLD_SIZE from torchrun, SLURM_PROCID/SLURM_NTASKS, or OMPI_COMM_WORLD_RANK/SIZE): start under torchrun, srun or mpirun, or use --ranks N to start local ranks".into())
+    Err(RendezvousError::NoLauncher)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -129,16 +154,19 @@ pub struct Rendezvous {
     pub blob: Vec<u8>,
 }
 
-fn resolve(env: &LaunchEnv) -> Result<SocketAddr, String> {
+fn resolve(env: &LaunchEnv) -> Result<SocketAddr, RendezvousError> {
     (env.master_addr.as_str(), env.master_port)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve MASTER_ADDR {:?}: {e}", env.master_addr))?
+        .map_err(|e| RendezvousError::Resolve {
+            addr: env.master_addr.clone(),
+            detail: e.to_string(),
+        })?
         .next()
-        .ok_or_else(|| format!("MASTER_ADDR {:?} resolves to no address", env.master_addr))
+        .ok_or_else(|| RendezvousError::NoAddress(env.master_addr.clone()))
 }
 
 /// Binds rank 0's rendezvous port. Separate so that "port in use" is its own error.
-pub fn bind_root(env: &LaunchEnv) -> Result<TcpListener, String> {
+pub fn bind_root(env: &LaunchEnv) -> Result<TcpListener, RendezvousError> {
     let ip: IpAddr = if resolve(env)?.ip().is_loopback() {
         IpAddr::from([127, 0, 0, 1])
     } else {
@@ -146,9 +174,12 @@ pub fn bind_root(env: &LaunchEnv) -> Result<TcpListener, String> {
     };
     TcpListener::bind((ip, env.master_port)).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
-            format!("MASTER_PORT {} is already in use on this host (another job or a leftover process): choose a free port", env.master_port)
+            RendezvousError::PortInUse(env.master_port)
         } else {
-            format!("cannot listen on MASTER_PORT {}: {e}", env.master_port)
+            RendezvousError::Listen {
+                port: env.master_port,
+                detail: e.to_string(),
+            }
         }
     })
 }
@@ -168,18 +199,12 @@ pub fn rendezvous(
     data_port: u16,
     timeout: Duration,
     blob: Vec<u8>,
-) -> Result<Rendezvous, String> {
+) -> Result<Rendezvous, RendezvousError> {
     if env.world > MAX_WORLD {
-        return Err(format!(
-            "world size {} is more than the {MAX_WORLD} ranks the rendezvous serves",
-            env.world
-        ));
+        return Err(RendezvousError::WorldTooLarge(env.world));
     }
     if blob.len() > MAX_BLOB {
-        return Err(format!(
-            "rank 0's blob is {} bytes, more than {MAX_BLOB}",
-            blob.len()
-        ));
+        return Err(RendezvousError::BlobTooLarge(blob.len()));
     }
     let deadline = Instant::now() + timeout;
     let hash = format!("{plan_hash:016x}");
@@ -205,7 +230,7 @@ fn client_side(
     hello: &Hello,
     deadline: Instant,
     timeout: Duration,
-) -> Result<Rendezvous, String> {
+) -> Result<Rendezvous, RendezvousError> {
     let addr = resolve(env)?;
     let at = format!("{}:{}", env.master_addr, env.master_port);
     let ctx = context(env);
@@ -227,39 +252,38 @@ fn client_side(
         );
         match attempt {
             Ok(x) => break x,
-            Err(e) if e.is_empty() => {
-                return Err(format!(
-                    "rank 0 at {at} refused this rank's credentials: every rank needs the same {SECRET_VAR} (or another job holds MASTER_PORT)"
-                ))
-            }
+            Err(e) if e.is_empty() => return Err(RendezvousError::Credentials { at }),
             Err(e) if Instant::now() >= deadline => {
-                return Err(format!(
-                    "could not reach rank 0 at {at} within {} s: {e}",
-                    timeout.as_secs()
-                ))
+                return Err(RendezvousError::Unreachable {
+                    at,
+                    secs: timeout.as_secs(),
+                    detail: e,
+                })
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     };
-    let line = serde_json::to_vec(hello).map_err(|e| e.to_string())?;
+    let line = serde_json::to_vec(hello).map_err(|e| RendezvousError::Json(e.to_string()))?;
     session
         .send(&mut s, HELLO, &line, deadline)
-        .map_err(|e| format!("sending this rank's hello to rank 0 failed: {e}"))?;
+        .map_err(RendezvousError::SendHello)?;
     let answer = session
         .recv(&mut s, REPLY, max_reply(env.world), deadline)
-        .map_err(|e| format!("no answer from rank 0 within {} s ({e})", timeout.as_secs()))?;
+        .map_err(|reason| RendezvousError::NoAnswer {
+            secs: timeout.as_secs(),
+            reason,
+        })?;
     let reply: Reply = serde_json::from_slice(&answer)
-        .map_err(|e| format!("malformed answer from rank 0: {e}"))?;
+        .map_err(|e| RendezvousError::MalformedAnswer(e.to_string()))?;
     if let Some(err) = reply.error {
-        return Err(format!("rendezvous refused by rank 0: {err}"));
+        return Err(RendezvousError::Refused(err));
     }
     if reply.peers.len() as u64 != env.world || reply.blob.len() > MAX_BLOB {
-        return Err(format!(
-            "rank 0 sent {} peer addresses for world size {} and a blob of {} bytes",
-            reply.peers.len(),
-            env.world,
-            reply.blob.len()
-        ));
+        return Err(RendezvousError::BadReply {
+            peers: reply.peers.len(),
+            world: env.world,
+            blob: reply.blob.len(),
+        });
     }
     Ok(Rendezvous {
         peers: reply.peers,
@@ -273,7 +297,7 @@ struct Arrival {
     session: Session,
     from: SocketAddr,
     claim: u64,
-    hello: Result<Hello, String>,
+    hello: Result<Hello, AuthOrJson>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -286,23 +310,25 @@ fn root_side(
     deadline: Instant,
     timeout: Duration,
     blob: Vec<u8>,
-) -> Result<Rendezvous, String> {
+) -> Result<Rendezvous, RendezvousError> {
     let world = env.world as usize;
     let mut peers: Vec<Option<SocketAddr>> = vec![None; world];
     let mut conns: Vec<(TcpStream, Session)> = Vec::new();
     let mut my_ip: Option<IpAddr> = None;
-    let answer = |conns: &mut Vec<(TcpStream, Session)>, reply: &Reply| -> Result<(), String> {
-        let bytes = serde_json::to_vec(reply).map_err(|e| e.to_string())?;
-        let d = Instant::now() + Duration::from_secs(5);
-        let mut first = Ok(());
-        for (c, session) in conns.iter_mut() {
-            if let Err(e) = session.send(c, REPLY, &bytes, d) {
-                first = first.and(Err(e));
+    let answer =
+        |conns: &mut Vec<(TcpStream, Session)>, reply: &Reply| -> Result<(), RendezvousError> {
+            let bytes =
+                serde_json::to_vec(reply).map_err(|e| RendezvousError::Answer(e.to_string()))?;
+            let d = Instant::now() + Duration::from_secs(5);
+            let mut first = Ok(());
+            for (c, session) in conns.iter_mut() {
+                if let Err(e) = session.send(c, REPLY, &bytes, d) {
+                    first = first.and(Err(RendezvousError::Answer(e.to_string())));
+                }
             }
-        }
-        first
-    };
-    let refuse_all = |conns: &mut Vec<(TcpStream, Session)>, msg: &str| {
+            first
+        };
+    let refuse_all = |conns: &mut Vec<(TcpStream, Session)>, msg: &RendezvousError| {
         let _ = answer(
             conns,
             &Reply {
@@ -319,7 +345,10 @@ fn root_side(
         // Only an authenticated rank gets this far; its hello is still capped.
         let hello = session
             .recv(&mut s, HELLO, MAX_HELLO, d)
-            .and_then(|b| serde_json::from_slice::<Hello>(&b).map_err(|e| e.to_string()));
+            .map_err(AuthOrJson::Auth)
+            .and_then(|b| {
+                serde_json::from_slice::<Hello>(&b).map_err(|e| AuthOrJson::Json(e.to_string()))
+            });
         Ok(Arrival {
             stream: s,
             session,
@@ -329,9 +358,9 @@ fn root_side(
         })
     };
     let mut arrived = 1;
-    let mut failure: Option<String> = None;
+    let mut failure: Option<RendezvousError> = None;
     let ended = if world > 1 {
-        accept_until(&listener, deadline, handshake, |a: Arrival| {
+        accept_until::<_, RendezvousError, _, _>(&listener, deadline, handshake, |a: Arrival| {
             let Arrival {
                 stream,
                 session,
@@ -341,21 +370,32 @@ fn root_side(
             } = a;
             conns.push((stream, session));
             let problem = match hello {
-                Err(e) => Some(format!("rank {claim} sent no readable hello: {e}")),
-                Ok(h) if h.rank != claim => Some(format!(
-                    "a process authenticated as rank {claim} says it is rank {}",
-                    h.rank
-                )),
-                Ok(h) if h.world != env.world => Some(format!(
-                    "rank {} was started with world size {} but rank 0 with {}",
-                    h.rank, h.world, env.world
-                )),
-                Ok(h) if h.rank == 0 || h.rank >= env.world => Some(format!("a process claims rank {} (world size {}): two launches share MASTER_PORT and {SECRET_VAR}, or the ranks are numbered wrongly", h.rank, env.world)),
-                Ok(h) if peers[h.rank as usize].is_some() => Some(format!("rank {} arrived twice: two launches share MASTER_PORT and {SECRET_VAR}, or the ranks are numbered wrongly", h.rank)),
-                Ok(h) if h.plan_hash != hash => Some(format!("rank {} runs a different plan file (hash {}) from rank 0 ({hash}): give every rank the same plan", h.rank, h.plan_hash)),
+                Err(e) => Some(RendezvousError::UnreadableHello {
+                    claim,
+                    detail: e.to_string(),
+                }),
+                Ok(h) if h.rank != claim => Some(RendezvousError::WrongClaim {
+                    claim,
+                    said: h.rank,
+                }),
+                Ok(h) if h.world != env.world => Some(RendezvousError::WorldMismatch {
+                    rank: h.rank,
+                    theirs: h.world,
+                    ours: env.world,
+                }),
+                Ok(h) if h.rank == 0 || h.rank >= env.world => Some(RendezvousError::BadRank {
+                    rank: h.rank,
+                    world: env.world,
+                }),
+                Ok(h) if peers[h.rank as usize].is_some() => Some(RendezvousError::Twice(h.rank)),
+                Ok(h) if h.plan_hash != hash => Some(RendezvousError::PlanMismatch {
+                    rank: h.rank,
+                    theirs: h.plan_hash,
+                    ours: hash.to_string(),
+                }),
                 Ok(h) => {
                     let c = &conns.last().expect("just pushed").0;
-                    my_ip.get_or_insert(c.local_addr().map_err(|e| e.to_string())?.ip());
+                    my_ip.get_or_insert(c.local_addr().map_err(AuthError::from)?.ip());
                     peers[h.rank as usize] = Some(SocketAddr::new(from.ip(), h.data_port));
                     arrived += 1;
                     None
@@ -370,32 +410,23 @@ fn root_side(
     } else {
         Accepted::Done
     };
-    if let Some(msg) = failure {
-        refuse_all(&mut conns, &msg);
-        return Err(msg);
+    if let Some(e) = failure {
+        refuse_all(&mut conns, &e);
+        return Err(e);
     }
     if let Accepted::TimedOut { refused } = ended {
-        let absent: Vec<String> = (1..world)
+        let absent: Vec<u64> = (1..world)
             .filter(|&q| peers[q].is_none())
-            .map(|q| q.to_string())
+            .map(|q| q as u64)
             .collect();
-        let msg = format!(
-            "timed out after {} s: rank{} {} of world size {} never arrived{}",
-            timeout.as_secs(),
-            if absent.len() > 1 { "s" } else { "" },
-            absent.join(", "),
-            env.world,
-            if refused > 0 {
-                format!(
-                    " ({refused} connection{} without this job's {SECRET_VAR} refused)",
-                    if refused > 1 { "s" } else { "" }
-                )
-            } else {
-                String::new()
-            }
-        );
-        refuse_all(&mut conns, &msg);
-        return Err(msg);
+        let e = RendezvousError::TimedOut {
+            secs: timeout.as_secs(),
+            absent,
+            world: env.world,
+            refused,
+        };
+        refuse_all(&mut conns, &e);
+        return Err(e);
     }
     let ip = my_ip.unwrap_or(IpAddr::from([127, 0, 0, 1]));
     peers[0] = Some(SocketAddr::new(ip, data_port));
@@ -410,8 +441,7 @@ fn root_side(
             peers: peers.clone(),
             blob: blob.clone(),
         },
-    )
-    .map_err(|e| format!("answering a rank failed: {e}"))?;
+    )?;
     Ok(Rendezvous { peers, blob })
 }
 
@@ -420,7 +450,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn env(vars: &[(&str, &str)]) -> Result<LaunchEnv, String> {
+    fn env(vars: &[(&str, &str)]) -> Result<LaunchEnv, RendezvousError> {
         let m: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -464,17 +494,23 @@ mod tests {
 
     #[test]
     fn refuses_bad_launcher_values() {
-        assert!(env(&[]).unwrap_err().contains("no launcher variables"));
+        assert!(env(&[])
+            .unwrap_err()
+            .to_string()
+            .contains("no launcher variables"));
         assert!(
             env(&[("RANK", "8"), ("WORLD_SIZE", "8"), ("MASTER_ADDR", "n")])
                 .unwrap_err()
+                .to_string()
                 .contains("below the world size")
         );
         assert!(env(&[("RANK", "x"), ("WORLD_SIZE", "8")])
             .unwrap_err()
+            .to_string()
             .contains("not a non-negative integer"));
         assert!(env(&[("RANK", "0"), ("WORLD_SIZE", "1")])
             .unwrap_err()
+            .to_string()
             .contains("MASTER_ADDR"));
         assert!(env(&[
             ("RANK", "0"),
@@ -483,6 +519,7 @@ mod tests {
             ("MASTER_PORT", "0")
         ])
         .unwrap_err()
+        .to_string()
         .contains("port number"));
     }
 }

@@ -1,5 +1,7 @@
 //! Row-major f32 matrices and the few operations the per-rank program needs.
 
+use crate::error::CommError;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mat {
     pub rows: usize,
@@ -15,12 +17,13 @@ impl Mat {
             data: vec![0.0; rows * cols],
         }
     }
-    pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Result<Mat, String> {
+    pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Result<Mat, CommError> {
         if data.len() != rows * cols {
-            return Err(format!(
-                "received {} values for a {rows} x {cols} tensor",
-                data.len()
-            ));
+            return Err(CommError::Shape {
+                len: data.len(),
+                rows,
+                cols,
+            });
         }
         Ok(Mat { rows, cols, data })
     }

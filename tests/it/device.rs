@@ -301,7 +301,7 @@ fn a_broken_device_program_is_caught_with_the_ranks_named() {
         .position(|o| matches!(o, Op::P2p { recvs, .. } if !recvs.is_empty()))
         .unwrap();
     lost[2].remove(i);
-    let e = check(&lost, &map).unwrap_err();
+    let e = check(&lost, &map).unwrap_err().to_string();
     assert!(e.contains("would hang") && e.contains("rank 0"), "{e}");
     // Two TP collectives issued in the other order on one rank.
     let mut swapped = good.clone();
@@ -313,7 +313,7 @@ fn a_broken_device_program_is_caught_with_the_ranks_named() {
         .take(2)
         .collect();
     swapped[0].swap(tp[0], tp[1]);
-    let e = check(&swapped, &map).unwrap_err();
+    let e = check(&swapped, &map).unwrap_err().to_string();
     assert!(
         e.contains("different collectives") && e.contains("rank 0") && e.contains("rank 1"),
         "{e}"
@@ -327,7 +327,7 @@ fn a_broken_device_program_is_caught_with_the_ranks_named() {
     if let Op::P2p { sends, .. } = &mut sized[0][j] {
         sends[0].1 += 2;
     }
-    let e = check(&sized, &map).unwrap_err();
+    let e = check(&sized, &map).unwrap_err().to_string();
     assert!(e.contains("bytes"), "{e}");
 }
 

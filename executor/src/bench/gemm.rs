@@ -85,7 +85,7 @@ pub fn gemms(ordinal: usize, shapes: &[GemmShape], t: Timing) -> Result<GemmTime
         .ok_or("the GEMM operands' size overflows")?;
     guarded(|| {
         device(ordinal)?;
-        ensure(Lib::Cublas)?;
+        ensure(Lib::Cublas).map_err(|e| e.to_string())?;
         let ctx = context(ordinal)?;
         ctx.bind_to_thread().map_err(describe)?;
         let stream = ctx.new_stream().map_err(|e| {

@@ -7,6 +7,7 @@ use sextant_planner::calibration::{
 
 use super::{Options, Setup};
 use crate::comm::Kind;
+use crate::error::ProgramError;
 use crate::mesh::Mesh;
 use crate::record::RankStats;
 
@@ -192,10 +193,10 @@ pub fn collect(
     stats: RankStats,
     (backend, dtype): (&str, &str),
     device: &str,
-) -> Result<Option<MeasuredRun>, String> {
+) -> Result<Option<MeasuredRun>, ProgramError> {
     let (rank, world) = (mesh.rank(), mesh.world());
     if rank != 0 {
-        let bytes = serde_json::to_vec(&stats).map_err(|e| e.to_string())?;
+        let bytes = serde_json::to_vec(&stats).map_err(|e| ProgramError::Json(e.to_string()))?;
         mesh.send(0, STATS_TAG, &bytes)?;
         return Ok(None);
     }
@@ -203,8 +204,10 @@ pub fn collect(
     for q in 1..world {
         let bytes = mesh.recv(q, STATS_TAG)?;
         all.push(
-            serde_json::from_slice(&bytes)
-                .map_err(|e| format!("rank {q} sent unreadable measurements: {e}"))?,
+            serde_json::from_slice(&bytes).map_err(|e| ProgramError::UnreadableStats {
+                rank: q,
+                detail: e.to_string(),
+            })?,
         );
     }
     let gpn = s.gpus_per_node.max(1);

@@ -58,11 +58,11 @@ pub(super) struct Live {
 }
 
 impl<'a> Rank<'a> {
-    pub(super) fn err(&self, detail: impl Into<String>) -> ExecError {
+    pub(super) fn err(&self, detail: impl std::fmt::Display) -> ExecError {
         ExecError {
             rank: self.rank,
             phase: self.phase.clone(),
-            detail: detail.into(),
+            detail: detail.to_string(),
         }
     }
 

@@ -8,6 +8,7 @@ use sextant_planner::ranks::rank_map;
 use sextant_planner::schedule::Schedule;
 
 use super::Options;
+use crate::error::SetupError;
 use crate::model::Dims;
 
 /// Everything a rank needs, derived from the plan alone.
@@ -36,8 +37,9 @@ const STATS_ALLOWANCE_BYTES: u64 = 64 << 20;
 
 impl Setup {
     /// The plan's rank map: every rank's coordinates and groups.
-    pub fn rank_map(&self) -> Result<sextant_planner::ranks::RankMap, String> {
+    pub fn rank_map(&self) -> Result<sextant_planner::ranks::RankMap, SetupError> {
         rank_map(&self.cfg, &self.rank_order, self.gpus_per_node.max(1))
+            .map_err(SetupError::RankMap)
     }
 
     /// The longest message a rank of this plan can send another, with room to
@@ -70,10 +72,13 @@ pub fn plan_hash(bytes: &[u8]) -> u64 {
 }
 
 /// `n` layers split in proportion to `counts`, every entry at least 1.
-fn rescale(counts: &[u64], n: usize) -> Result<Vec<usize>, String> {
+fn rescale(counts: &[u64], n: usize) -> Result<Vec<usize>, SetupError> {
     let k = counts.len();
     if n < k {
-        return Err(format!("--scale-layers {n} is fewer than the plan's {k} virtual pipeline stages (each needs a layer)"));
+        return Err(SetupError::FewerLayersThanStages {
+            layers: n,
+            stages: k,
+        });
     }
     let total: u64 = counts.iter().sum();
     let spare = n - k;
@@ -101,33 +106,35 @@ fn rescale(counts: &[u64], n: usize) -> Result<Vec<usize>, String> {
 
 /// Derives the executed sizes and layout from the plan; refuses what the executor
 /// cannot run, with the reason.
-pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String> {
-    let ranked = plan.plans.get(o.plan_rank.wrapping_sub(1)).ok_or_else(|| {
-        format!(
-            "--plan {} : the file holds plans 1 to {}",
-            o.plan_rank,
-            plan.plans.len()
-        )
-    })?;
+pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, SetupError> {
+    let ranked = plan
+        .plans
+        .get(o.plan_rank.wrapping_sub(1))
+        .ok_or(SetupError::NoSuchPlan {
+            rank: o.plan_rank,
+            count: plan.plans.len(),
+        })?;
     let cfg = ranked.config.clone();
     let m0 = &plan.model;
     if m0.mla.is_some() && o.full_size {
-        return Err("MLA attention is executed as standard multi-head attention; full-size runs of MLA models are refused".into());
+        return Err(SetupError::FullSizeMla);
     }
     let schedule = cfg.schedule;
     let (p, v) = (cfg.pp as usize, cfg.vpp as usize);
-    let plan_counts = cfg.stage_layers(m0.layers).map_err(|r| r.to_string())?;
+    let plan_counts = cfg
+        .stage_layers(m0.layers)
+        .map_err(|r| SetupError::Layout(r.to_string()))?;
     let layers = match o.scale_layers {
         Some(n) => n as usize,
         None if o.full_size => m0.layers as usize,
         None => (2 * p * v).min(m0.layers as usize).max(p * v),
     };
     if layers == 0 || layers > 100_000 {
-        return Err(format!(
-            "{layers} layers: choose --scale-layers between {} and {}",
-            p * v,
-            m0.layers
-        ));
+        return Err(SetupError::Layers {
+            layers,
+            min: p * v,
+            max: m0.layers,
+        });
     }
     let stage_layers = if layers as u64 == m0.layers {
         plan_counts.iter().map(|&c| c as usize).collect()
@@ -192,10 +199,16 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
         || dims.seq % (cp * tp) != 0
         || (dims.experts > 0 && (dims.experts % cfg.ep as usize != 0 || dims.expert_ffn % etp != 0))
     {
-        return Err(format!(
-            "sizes do not divide: heads {} and ffn {} by tp {tp}, seq {} by cp x tp, experts {} by ep {}, expert ffn {} by etp {etp}",
-            dims.heads, dims.ffn, dims.seq, dims.experts, cfg.ep, dims.expert_ffn
-        ));
+        return Err(SetupError::Indivisible {
+            heads: dims.heads,
+            ffn: dims.ffn,
+            tp,
+            seq: dims.seq,
+            experts: dims.experts,
+            ep: cfg.ep,
+            expert_ffn: dims.expert_ffn,
+            etp,
+        });
     }
     let plan_m = cfg.micro_batches(&plan.workload);
     let mut m = match o.micro_batches {
@@ -205,12 +218,19 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, String>
     };
     if schedule == Schedule::Interleaved && !m.is_multiple_of(cfg.pp) {
         if o.micro_batches.is_some() {
-            return Err(format!("interleaved schedule needs the micro-batch count to be a multiple of pp {}; {m} is not", cfg.pp));
+            return Err(SetupError::Interleaved {
+                pp: cfg.pp,
+                micro_batches: m,
+            });
         }
         m = m.div_ceil(cfg.pp) * cfg.pp;
     }
     if m == 0 || m >= 1 << 20 || o.steps + o.warmup >= 4096 || stage_layers.len() >= 8192 {
-        return Err(format!("micro-batches {m} (1 to 2^20), steps {} (below 4096) and virtual stages {} (below 8192) bound the executor's message tags", o.steps + o.warmup, stage_layers.len()));
+        return Err(SetupError::TagBounds {
+            micro_batches: m,
+            steps: o.steps + o.warmup,
+            stages: stage_layers.len(),
+        });
     }
     let mut exec_cfg = cfg.clone();
     exec_cfg.mbs = dims.mbs as u64;

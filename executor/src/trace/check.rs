@@ -3,6 +3,8 @@
 
 use sextant_planner::ranks::{RankMap, GROUP_KINDS};
 
+pub use crate::error::TraceError;
+
 use super::op::Op;
 
 /// What [`check`] found: every op paired, and totals.
@@ -49,13 +51,13 @@ fn open_group(done: &mut (Vec<bool>, Vec<bool>), head: Option<&Op>) {
 /// meets the matching transfer (same peer pair and size) at the head of the peer's
 /// program (sends are taken as blocking, which NCCL's large messages are).
 /// Errors name the ranks, their positions and what they were waiting for.
-pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
+pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, TraceError> {
     let n = programs.len();
     if n as u64 != map.world_size {
-        return Err(format!(
-            "{n} programs for a world of {} ranks",
-            map.world_size
-        ));
+        return Err(TraceError::Programs {
+            programs: n,
+            world: map.world_size,
+        });
     }
     let mut pos = vec![0usize; n];
     // Transfers of each rank's current P2p group already matched: (sends, recvs).
@@ -100,14 +102,17 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
                                 ..
                             }) if *g2 == k => {
                                 if c2 != c || b2 != bytes {
-                                    return Err(format!(
-                                        "ranks {r} and {q} meet on their {} group with different collectives: rank {r} op {} issues {}, rank {q} op {} issues {}",
-                                        GROUP_KINDS[k],
-                                        pos[r],
-                                        describe(op),
-                                        pos[q as usize],
-                                        describe(&programs[q as usize][pos[q as usize]])
-                                    ));
+                                    return Err(TraceError::Collectives {
+                                        first: r,
+                                        second: q,
+                                        group: GROUP_KINDS[k],
+                                        first_op: pos[r],
+                                        first_issues: describe(op),
+                                        second_op: pos[q as usize],
+                                        second_issues: describe(
+                                            &programs[q as usize][pos[q as usize]],
+                                        ),
+                                    });
                                 }
                             }
                             _ => ready = false,
@@ -129,10 +134,11 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
                         }
                         let q = to as usize;
                         if q >= n || q == r {
-                            return Err(format!(
-                                "rank {r} op {} sends to rank {to}, which is not a peer",
-                                pos[r]
-                            ));
+                            return Err(TraceError::NotAPeer {
+                                rank: r,
+                                op: pos[r],
+                                to,
+                            });
                         }
                         if let Some(Op::P2p { recvs: their, .. }) = head(&pos, q) {
                             open_group(&mut done[q], head(&pos, q));
@@ -140,7 +146,14 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
                                 (0..their.len()).find(|&j| !done[q].1[j] && their[j].0 == r as u64)
                             {
                                 if their[j].1 != bytes {
-                                    return Err(format!("rank {r} op {} sends {bytes} bytes to rank {q}, which receives {} bytes from it at op {}", pos[r], their[j].1, pos[q]));
+                                    return Err(TraceError::Sizes {
+                                        rank: r,
+                                        op: pos[r],
+                                        bytes,
+                                        to: q,
+                                        received: their[j].1,
+                                        their_op: pos[q],
+                                    });
                                 }
                                 done[r].0[i] = true;
                                 done[q].1[j] = true;
@@ -181,15 +194,7 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, String> {
         })
         .collect();
     if !stuck.is_empty() {
-        let more = if stuck.len() > 4 {
-            format!(" (and {} more ranks)", stuck.len() - 4)
-        } else {
-            String::new()
-        };
-        return Err(format!(
-            "the device programs would hang: {}{more}",
-            stuck.into_iter().take(4).collect::<Vec<_>>().join("; ")
-        ));
+        return Err(TraceError::Hang { stuck });
     }
     for p in programs {
         let f: f64 = p.iter().map(Op::flops).sum();
