@@ -508,12 +508,17 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     text.push_str(&render::plan_table(&res, &inp, table_width()));
     text.push('\n');
     text.push_str(&render::search_summary(&res, millis));
-    text.push_str(&render::notes(&sextant_planner::notes::sanity_notes(
+    let mut notes = sextant_planner::notes::sanity_notes(
         &inp.workload,
         inp.cluster.gpus,
         args::DEFAULT_SEQ,
         res.top.first().map(|c| &c.config),
-    )));
+    );
+    notes.extend(sextant_planner::notes::host_notes(
+        inp.model.moe.is_some(),
+        &inp.cluster.profile,
+    ));
+    text.push_str(&render::notes(&notes));
     if let Some(path) = &a.report {
         rescore_sensitivity(&mut res, &inp.model, &inp.cluster, &inp.workload, &space);
         write_report(
@@ -922,12 +927,17 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     let mut text = render::assumptions(&inp);
     text.push('\n');
     text.push_str(&render::breakdown(&cfg, &est, &inp.cluster.profile));
-    text.push_str(&render::notes(&sextant_planner::notes::sanity_notes(
+    let mut notes = sextant_planner::notes::sanity_notes(
         &inp.workload,
         inp.cluster.gpus,
         args::DEFAULT_SEQ,
         Some(&cfg),
-    )));
+    );
+    notes.extend(sextant_planner::notes::host_notes(
+        inp.model.moe.is_some(),
+        &inp.cluster.profile,
+    ));
+    text.push_str(&render::notes(&notes));
     emit(&a.common, &plan, text)
 }
 

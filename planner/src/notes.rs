@@ -46,6 +46,21 @@ pub fn sanity_notes(
     out
 }
 
+/// A note when a mixture-of-experts plan is priced on a profile that states no host
+/// costs: its MoE layers are then priced as if the host never held the GPU back
+/// (`cost/host.rs`), which is optimistic at small micro-batches.
+pub fn host_notes(moe: bool, profile: &crate::hardware::HardwareProfile) -> Vec<String> {
+    let e = &profile.efficiency;
+    if moe && e.host_op_us <= 0.0 && e.host_kernel_us <= 0.0 {
+        vec![format!(
+            "profile {} states no host costs (efficiency.host_op_us, host_kernel_us): its MoE layers are priced as if the GPU never waited for the host, optimistic at small micro-batches (the built-in profiles carry 90 and 3 us)",
+            profile.name
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +124,16 @@ mod tests {
                 .any(|s| s.contains("2 micro-batches per step on 4 pipeline stages")),
             "{n:?}"
         );
+    }
+
+    #[test]
+    fn a_profile_without_host_costs_is_named_for_moe_plans() {
+        let mut p = crate::hardware::builtin_profile("h100-sxm").unwrap();
+        assert!(host_notes(true, &p).is_empty());
+        p.efficiency.host_op_us = 0.0;
+        p.efficiency.host_kernel_us = 0.0;
+        assert!(host_notes(false, &p).is_empty());
+        let n = host_notes(true, &p);
+        assert!(n.len() == 1 && n[0].contains("host_op_us"), "{n:?}");
     }
 }
