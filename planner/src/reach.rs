@@ -34,14 +34,23 @@ use crate::hardware::Cluster;
 use crate::uncertainty::{Band, ValidationSet, COVERAGE};
 
 /// The axes along which a plan can leave the validated region, in table order.
-pub const AXES: [&str; 6] = [
+pub const AXES: [&str; 7] = [
     "virtual stages",
     "ZeRO-3 DP",
     "TP NVLink domains",
     "GPUs",
     "HBM fraction",
+    "sharded-gradient reductions",
     "schedule",
 ];
+
+/// Numeric axes: every axis of [`AXES`] but the last, the schedule.
+const NUMERIC: usize = AXES.len() - 1;
+/// [`AXES`] index of the HBM fraction, whose distance counts halvings of the
+/// free memory.
+const HBM: usize = 4;
+/// [`AXES`] index of the schedule.
+const SCHEDULE: usize = NUMERIC;
 
 /// Where a plan sits on each axis of [`AXES`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,25 +65,50 @@ pub struct Reach {
     pub gpus: f64,
     /// Peak memory over the GPU's HBM.
     pub hbm_fraction: f64,
+    /// Gradient reduce-scatters per step of each stage's sharded gradients: the
+    /// micro-batches per step under ZeRO-2/3 and FSDP, which cannot accumulate a
+    /// sharded gradient locally (Megatron-FSDP `optim_grads`: "RS communication
+    /// groups on all microbatches", mcore_fsdp_adapter.py at d98e8a6); 1 where
+    /// gradients accumulate unsharded and are reduced once per step. Files from
+    /// before this axis read 1.
+    #[serde(default = "one")]
+    pub grad_reductions: f64,
     pub schedule: String,
 }
 
+fn one() -> f64 {
+    1.0
+}
+
 impl Reach {
-    pub fn of(cluster: &Cluster, cfg: &ParallelConfig, peak_bytes: f64) -> Reach {
-        let [v, z, t, g, h] = Reach::numeric_of(cluster, cfg, peak_bytes);
+    /// `micro_batches`: the plan's micro-batches per step
+    /// ([`ParallelConfig::micro_batches`]).
+    pub fn of(
+        cluster: &Cluster,
+        cfg: &ParallelConfig,
+        micro_batches: u64,
+        peak_bytes: f64,
+    ) -> Reach {
+        let [v, z, t, g, h, r] = Reach::numeric_of(cluster, cfg, micro_batches, peak_bytes);
         Reach {
             virtual_stages: v,
             zero3_dp: z,
             tp_domains: t,
             gpus: g,
             hbm_fraction: h,
+            grad_reductions: r,
             schedule: cfg.schedule.name().to_string(),
         }
     }
 
     /// The numeric axes' values, in [`AXES`] order, without allocating (the
     /// search's inner loop).
-    fn numeric_of(cluster: &Cluster, cfg: &ParallelConfig, peak_bytes: f64) -> [f64; 5] {
+    fn numeric_of(
+        cluster: &Cluster,
+        cfg: &ParallelConfig,
+        micro_batches: u64,
+        peak_bytes: f64,
+    ) -> [f64; NUMERIC] {
         let domain = cluster.profile.node.nvlink_domain.max(1);
         [
             cfg.vpp.max(1) as f64,
@@ -86,17 +120,23 @@ impl Reach {
             cfg.tp.div_ceil(domain).max(1) as f64,
             cluster.gpus.max(1) as f64,
             (peak_bytes / cluster.profile.hbm_bytes()).clamp(0.0, 1.0),
+            if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
+                micro_batches.max(1) as f64
+            } else {
+                1.0
+            },
         ]
     }
 
     /// The numeric axes' values, in [`AXES`] order.
-    fn numeric(&self) -> [f64; 5] {
+    fn numeric(&self) -> [f64; NUMERIC] {
         [
             self.virtual_stages,
             self.zero3_dp,
             self.tp_domains,
             self.gpus,
             self.hbm_fraction,
+            self.grad_reductions,
         ]
     }
 }
@@ -241,7 +281,7 @@ pub struct Ranker {
     template: Option<Band>,
     /// Per numeric axis: (largest validated value, rate); `None` when no
     /// validated run carries a reach.
-    region: Option<[(f64, f64); 5]>,
+    region: Option<[(f64, f64); NUMERIC]>,
     schedules: Vec<String>,
     schedule_rate: f64,
 }
@@ -264,7 +304,7 @@ impl Ranker {
                 .map_or(0.0, |r| r.per_doubling)
         };
         let region = (!reaches.is_empty()).then(|| {
-            let mut out = [(0.0, 0.0); 5];
+            let mut out = [(0.0, 0.0); NUMERIC];
             for (k, slot) in out.iter_mut().enumerate() {
                 let max = reaches
                     .iter()
@@ -284,7 +324,7 @@ impl Ranker {
             template,
             region,
             schedules,
-            schedule_rate: rate(AXES[5]),
+            schedule_rate: rate(AXES[SCHEDULE]),
         }
     }
 
@@ -295,7 +335,7 @@ impl Ranker {
 
     /// Doublings of axis `k` beyond the validated region (0 inside).
     fn doublings(k: usize, value: f64, validated: f64) -> f64 {
-        let d = if k == 4 {
+        let d = if k == HBM {
             // Halvings of the free memory beyond the fullest validated run.
             ((1.0 - validated) / (1.0 - value).max(1e-6)).log2()
         } else {
@@ -315,15 +355,15 @@ impl Ranker {
     /// Each axis of [`AXES`] as (doublings beyond the validated region, drift per
     /// doubling): 0 doublings inside; a schedule no validated run used counts
     /// one. Allocates nothing (the search's inner loop).
-    fn drifts(&self, values: [f64; 5], schedule: &str) -> [(f64, f64); 6] {
-        let mut out = [(0.0, 0.0); 6];
+    fn drifts(&self, values: [f64; NUMERIC], schedule: &str) -> [(f64, f64); NUMERIC + 1] {
+        let mut out = [(0.0, 0.0); NUMERIC + 1];
         if let Some(region) = &self.region {
             for (k, value) in values.into_iter().enumerate() {
                 out[k] = (Ranker::doublings(k, value, region[k].0), region[k].1);
             }
         }
         if self.schedule_outside(schedule) {
-            out[5] = (1.0, self.schedule_rate);
+            out[SCHEDULE] = (1.0, self.schedule_rate);
         }
         out
     }
@@ -338,7 +378,7 @@ impl Ranker {
             if doublings == 0.0 {
                 continue;
             }
-            out.push(if k < 5 {
+            out.push(if k < NUMERIC {
                 Outside {
                     axis: AXES[k].to_string(),
                     value: values[k],
@@ -348,7 +388,7 @@ impl Ranker {
                 }
             } else {
                 Outside {
-                    axis: format!("{} {}", AXES[5], reach.schedule),
+                    axis: format!("{} {}", AXES[SCHEDULE], reach.schedule),
                     value: 0.0,
                     validated: 0.0,
                     doublings,
@@ -402,29 +442,43 @@ impl Ranker {
     }
 
     /// The number the search sorts by (smaller first), for a plan with step time
-    /// `point` and peak memory `peak_bytes`. Allocates nothing.
-    pub fn key(&self, cluster: &Cluster, cfg: &ParallelConfig, point: f64, peak_bytes: f64) -> f64 {
+    /// `point`, `micro_batches` per step and peak memory `peak_bytes`. Allocates
+    /// nothing.
+    pub fn key(
+        &self,
+        cluster: &Cluster,
+        cfg: &ParallelConfig,
+        micro_batches: u64,
+        point: f64,
+        peak_bytes: f64,
+    ) -> f64 {
         if self.by == RankBy::Point {
             return point;
         }
         self.key_from(
             point,
-            Reach::numeric_of(cluster, cfg, peak_bytes),
+            Reach::numeric_of(cluster, cfg, micro_batches, peak_bytes),
             cfg.schedule.name(),
         )
     }
 
     /// Whether a plan is inside the validated region on every axis.
-    pub fn is_inside(&self, cluster: &Cluster, cfg: &ParallelConfig, peak_bytes: f64) -> bool {
+    pub fn is_inside(
+        &self,
+        cluster: &Cluster,
+        cfg: &ParallelConfig,
+        micro_batches: u64,
+        peak_bytes: f64,
+    ) -> bool {
         self.drifts(
-            Reach::numeric_of(cluster, cfg, peak_bytes),
+            Reach::numeric_of(cluster, cfg, micro_batches, peak_bytes),
             cfg.schedule.name(),
         )
         .iter()
         .all(|&(d, _)| d == 0.0)
     }
 
-    fn key_from(&self, point: f64, values: [f64; 5], schedule: &str) -> f64 {
+    fn key_from(&self, point: f64, values: [f64; NUMERIC], schedule: &str) -> f64 {
         if self.by == RankBy::Point {
             return point;
         }
@@ -543,6 +597,7 @@ mod tests {
             tp_domains: 1.0,
             gpus: 64.0,
             hbm_fraction: frac,
+            grad_reductions: 1.0,
             schedule: schedule.into(),
         }
     }
@@ -573,6 +628,63 @@ mod tests {
         let zb = r.band(10.0, &reach(1.0, 0.5, "zb-h1")).unwrap();
         assert_eq!(zb.outside.len(), 1);
         assert!(zb.outside[0].axis.contains("zb-h1"));
+        // Sharded gradients reduced on each of 64 micro-batches, where every
+        // validated run reduced once per step: six doublings.
+        let many = r
+            .band(
+                10.0,
+                &Reach {
+                    grad_reductions: 64.0,
+                    ..reach(2.0, 0.8, "1f1b")
+                },
+            )
+            .unwrap();
+        assert_eq!(many.outside.len(), 1);
+        assert_eq!(many.outside[0].axis, "sharded-gradient reductions");
+        assert!((many.outside[0].doublings - 6.0).abs() < 1e-12);
+    }
+
+    /// The axis counts reductions only where gradients are sharded: the
+    /// distributed optimizer accumulates whole gradients over the micro-batches
+    /// and reduces once.
+    #[test]
+    fn sharded_gradient_reductions_count_micro_batches_only_when_sharded() {
+        use crate::hardware::builtin_profile;
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 128).unwrap();
+        use crate::config::{Dispatcher, Layout, Overlap, Recompute};
+        let mut cfg = ParallelConfig {
+            tp: 2,
+            pp: 4,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp: 16,
+            sp: true,
+            mbs: 1,
+            zero: Zero::None,
+            recompute: Recompute::None,
+            layout: Layout::Even,
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            bf16_moments: false,
+            recompute_modules: Default::default(),
+            moe_dispatcher: Dispatcher::AllToAll,
+            schedule: crate::schedule::Schedule::OneFOneB,
+        };
+        for (zero, want) in [
+            (Zero::None, 1.0),
+            (Zero::DistOpt, 1.0),
+            (Zero::Zero2, 64.0),
+            (Zero::Zero3, 64.0),
+        ] {
+            cfg.zero = zero;
+            assert_eq!(
+                Reach::of(&c, &cfg, 64, 1e9).grad_reductions,
+                want,
+                "{zero:?}"
+            );
+        }
     }
 
     #[test]

@@ -391,7 +391,13 @@ pub fn rescore_sensitivity(
         {
             crate::cost::apply_simulation(&mut e, &s.config);
             s.step_secs = e.step_secs;
-            s.rank_secs = ranker.key(cluster, &s.config, e.step_secs, e.memory.total);
+            s.rank_secs = ranker.key(
+                cluster,
+                &s.config,
+                e.micro_batches,
+                e.step_secs,
+                e.memory.total,
+            );
         }
     });
 }
@@ -537,6 +543,7 @@ pub fn search_with_progress(
                                             rank_secs: ranker.key(
                                                 cluster,
                                                 &cfg,
+                                                e.micro_batches,
                                                 e.step_secs,
                                                 e.memory.total,
                                             ),
@@ -587,7 +594,12 @@ pub fn search_with_progress(
     // priced beside the outside plans it competes with.
     let depth = top.saturating_mul(3);
     let inside = |(p, cfg): &(Point, ParallelConfig)| {
-        ranker.is_inside(cluster, cfg, p.peak_gib * crate::hardware::GIB)
+        ranker.is_inside(
+            cluster,
+            cfg,
+            cfg.micro_batches(w),
+            p.peak_gib * crate::hardware::GIB,
+        )
     };
     let mut picked: Vec<usize> = (0..all.len().min(depth)).collect();
     if space.rank_by == RankBy::Upper {
@@ -623,6 +635,7 @@ pub fn search_with_progress(
         ranker.key(
             cluster,
             &c.config,
+            c.estimate.micro_batches,
             c.estimate.step_secs,
             c.estimate.memory.total,
         )
@@ -640,8 +653,14 @@ pub fn search_with_progress(
     // the re-partitioning can lift one far down it. Only here does this cost
     // anything: when every leader is inside, or no plan is, nothing is added.
     let outside_leads = |l: &[Candidate]| {
-        l.first()
-            .is_some_and(|c| !ranker.is_inside(cluster, &c.config, c.estimate.memory.total))
+        l.first().is_some_and(|c| {
+            !ranker.is_inside(
+                cluster,
+                &c.config,
+                c.estimate.micro_batches,
+                c.estimate.memory.total,
+            )
+        })
     };
     if space.rank_by == RankBy::Upper && outside_leads(&leaders) {
         let more: Vec<usize> = (0..all.len())

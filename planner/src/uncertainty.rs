@@ -331,7 +331,10 @@ pub fn band_for(
 ) -> Option<Band> {
     use crate::reach::{RankBy, Ranker, Reach};
     let ranker = Ranker::builtin(&cluster.profile.name, moe, RankBy::Upper);
-    let mut b = ranker.band(e.step_secs, &Reach::of(cluster, cfg, e.memory.total))?;
+    let mut b = ranker.band(
+        e.step_secs,
+        &Reach::of(cluster, cfg, e.micro_batches, e.memory.total),
+    )?;
     b.attribution = attribution_of(e, moe);
     Some(b)
 }

@@ -72,6 +72,7 @@ fn published_runs_median_error_within_5_percent() {
             reach: Some(round_reach(Reach::of(
                 &case.cluster,
                 &case.config,
+                est.micro_batches,
                 est.memory.total,
             ))),
         });
@@ -394,7 +395,7 @@ fn sweeps() -> SweepData {
         match case.estimate() {
             Ok(e) => {
                 let (axis, sweep) = member[&case.id].clone();
-                let reach = Reach::of(&case.cluster, &case.config, e.memory.total);
+                let reach = Reach::of(&case.cluster, &case.config, e.micro_batches, e.memory.total);
                 // The sweep axes that are axes of the validated region.
                 let on = match axis.as_str() {
                     "vpp" => Some((AXES[0], reach.virtual_stages)),
