@@ -330,6 +330,22 @@ fn scaletorch_space(mut s: SearchSpace) -> Result<SearchSpace> {
     Ok(s)
 }
 
+/// What torchtitan runs (exports/src/others/torchtitan.rs states each): FSDP2
+/// (reshard after forward or not) or plain replication, never optimizer-only
+/// sharding; op-level selective checkpointing, not Megatron's module lists;
+/// stages split evenly. The rest its export refuses plan by plan.
+fn torchtitan_space(mut s: SearchSpace) -> Result<SearchSpace> {
+    s.zero.retain(|z| *z != Zero::DistOpt);
+    if s.zero.is_empty() {
+        bail!("--target torchtitan has no optimizer-only sharding (ZeRO-1 / distributed optimizer): include 0, 2 or 3 in --zero");
+    }
+    if s.recompute_modules.is_none() {
+        s.recompute_modules = Some(vec![sextant_planner::config::RecomputeModules::DEFAULT]);
+    }
+    s.even_layers = true;
+    Ok(s)
+}
+
 fn cmd_plan(a: PlanArgs) -> Result<()> {
     let mut outputs = a.common.outputs();
     if let Some(r) = &a.report {
@@ -418,6 +434,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     };
     let space = match target {
         Some(Target::ScaleTorch) => scaletorch_space(space)?,
+        Some(Target::Torchtitan) => torchtitan_space(space)?,
         _ => space,
     };
     let start = Instant::now();

@@ -1928,3 +1928,47 @@ fn cuda_graph_scopes_are_checked() {
         stdout(&o)
     );
 }
+
+/// `--target torchtitan` searches only what torchtitan runs: no distributed
+/// optimizer, no Megatron module lists, even stages; asking for only what it
+/// cannot run is one line naming what it can.
+#[test]
+fn torchtitan_target_searches_what_torchtitan_runs() {
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "64",
+        "--top",
+        "5",
+        "--target",
+        "torchtitan",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = PlanFile::from_json(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    assert!(!plan.plans.is_empty());
+    for p in &plan.plans {
+        assert_ne!(p.config.zero, sextant_planner::config::Zero::DistOpt);
+        assert_eq!(
+            p.config.recompute_modules,
+            sextant_planner::config::RecomputeModules::DEFAULT
+        );
+    }
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "64",
+        "--target",
+        "torchtitan",
+        "--zero",
+        "1",
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(e.contains("include 0, 2 or 3 in --zero"), "{e}");
+}
