@@ -8,7 +8,9 @@
 //! place off, so a file of the cost model's full-precision numbers can come back
 //! from a read and a write with a last digit changed, before and after the format
 //! layer alike; numbers of 12 digits read exactly, so these files test the format
-//! and not the float parser.
+//! and not the float parser. They were made by the `write_goldens` test of the
+//! commit that added this module, which also compared the records' output with the
+//! old derives' on full-precision plans; both left with the derives.
 
 use crate::cost::{Assumptions, CudaGraphs, Framework, LossKernel};
 use crate::error::InputError;
