@@ -14,12 +14,9 @@
 //! so the group gets `k` NICs per domain. NCCL picks between a flat ring and a
 //! hierarchical (tree / NVLS-tree) all-reduce; we take the faster of the two.
 
-use serde::{Deserialize, Serialize};
-
 use crate::hardware::HardwareProfile;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Collective {
     AllReduce,
     AllGather,
@@ -29,7 +26,7 @@ pub enum Collective {
 }
 
 /// Where a communication group's members sit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     /// Members of the group.
     pub size: u64,
@@ -40,8 +37,7 @@ pub struct Placement {
 }
 
 /// Which link limits a group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
     /// All members in one NVLink domain.
     Nvlink,

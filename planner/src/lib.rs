@@ -19,6 +19,7 @@ pub mod config;
 pub mod cost;
 pub mod error;
 pub mod floor;
+pub mod format;
 pub mod fuzzing;
 pub mod hardware;
 pub mod hf;

@@ -32,7 +32,7 @@ pub const OPTIMIZER_BYTES: f64 = 12.0;
 pub const OPTIMIZER_BYTES_BF16_MOMENTS: f64 = 8.0;
 
 /// Memory of one GPU in one pipeline stage, bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct StageMemory {
     pub stage: u64,
     /// Parameters held (dense + expert), count.
@@ -47,7 +47,6 @@ pub struct StageMemory {
     pub logits: f64,
     /// A framework's buffers beside the model state ([`framework_buffers`]):
     /// PyTorch DDP's gradient buckets, FSDP2's unsharded parameters and gradients.
-    #[serde(default)]
     pub buffers: f64,
     /// Allocator fragmentation on top of the activations, logits and buffers.
     pub fragmentation: f64,

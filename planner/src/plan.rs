@@ -1,130 +1,32 @@
-//! The plan file: what `sextant plan --out` and `sextant estimate --json` write, and
-//! what the executor, the report and the exports read. Self-contained: it carries
-//! the model and the full hardware profile, so a reader never needs to resolve a
-//! name or call the search. Versioned by `schema_version`; the fields are
-//! documented in ARCHITECTURE.md.
+//! The plan file in memory: what `sextant plan --out` and `sextant estimate --json`
+//! write, and what the executor, the report and the exports read. Self-contained:
+//! it carries the model and the full hardware profile, so a reader never needs to
+//! resolve a name or call the search.
+//!
+//! Its estimates are the cost model's values; the file holds the records of
+//! [`crate::format`], which owns the schema and its version. [`PlanFile::to_json`]
+//! and [`PlanFile::from_json`] convert at that edge; the fields are documented in
+//! `docs/plan-format.md`.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
-use crate::config::{
-    Dispatcher, Overlap, ParallelConfig, Recompute, RecomputeModules, RejectKind, Workload, Zero,
-};
+use crate::config::{ParallelConfig, Workload};
 use crate::cost::{Assumptions, Estimate};
 use crate::error::InputError;
+use crate::format;
 use crate::hardware::HardwareProfile;
 use crate::model::ModelSpec;
-use crate::schedule::Schedule;
-use crate::search::{SearchResult, SearchSpace};
+use crate::search::SearchResult;
 
-/// Version 2 spells the schedule, ZeRO stage and MoE dispatcher as the command line
-/// does (`1f1b`, `"1"`, `alltoall`); version 1 files (`one_f_one_b`, `dist_opt`,
-/// `all_to_all`) are read and migrated.
-pub const PLAN_SCHEMA_VERSION: u32 = 2;
-
-/// Plan-file versions this build reads.
-const READS: [u32; 2] = [1, 2];
-
-/// Counts from the search that produced the plans.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SearchSummary {
-    pub enumerated: u64,
-    pub valid: u64,
-    pub rejected: BTreeMap<RejectKind, u64>,
-    /// The space searched, so that a reader (`report`) searches the same one again;
-    /// absent in files written before it was recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub space: Option<SpaceRecord>,
-}
-
-/// The values each knob of a search could take, as the plan file records them
-/// (`null`: every sensible value), and the search options that are policy rather
-/// than hardware.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SpaceRecord {
-    pub tp: Option<Vec<u64>>,
-    pub pp: Option<Vec<u64>>,
-    pub vpp: Option<Vec<u64>>,
-    pub cp: Option<Vec<u64>>,
-    pub ep: Option<Vec<u64>>,
-    pub etp: Option<Vec<u64>>,
-    pub sp: Option<Vec<bool>>,
-    pub schedule: Option<Vec<Schedule>>,
-    pub mbs: Vec<u64>,
-    pub zero: Vec<Zero>,
-    pub recompute: Vec<Recompute>,
-    pub recompute_modules: Option<Vec<RecomputeModules>>,
-    pub overlap: Overlap,
-    pub bf16_grads: bool,
-    pub bf16_moments: bool,
-    pub moe_dispatcher: Dispatcher,
-    /// Only stages of equal layer counts (ScaleTorch).
-    pub even_layers: bool,
-    /// `--allow-tp-across-nodes`: TP groups could span NVLink domains.
-    pub allow_tp_across_nodes: bool,
-}
-
-impl SpaceRecord {
-    /// The record of `space`, searched with TP across nodes allowed or not.
-    pub fn of(space: &SearchSpace, allow_tp_across_nodes: bool) -> SpaceRecord {
-        SpaceRecord {
-            tp: space.tp.clone(),
-            pp: space.pp.clone(),
-            vpp: space.vpp.clone(),
-            cp: space.cp.clone(),
-            ep: space.ep.clone(),
-            etp: space.etp.clone(),
-            sp: space.sp.clone(),
-            schedule: space.schedule.clone(),
-            mbs: space.mbs.clone(),
-            zero: space.zero.clone(),
-            recompute: space.recompute.clone(),
-            recompute_modules: space.recompute_modules.clone(),
-            overlap: space.overlap,
-            bf16_grads: space.bf16_grads,
-            bf16_moments: space.bf16_moments,
-            moe_dispatcher: space.moe_dispatcher,
-            even_layers: space.even_layers,
-            allow_tp_across_nodes,
-        }
-    }
-
-    /// The search space again, priced with `assumptions` and ranked by `rank_by`.
-    pub fn space(&self, assumptions: Assumptions, rank_by: crate::reach::RankBy) -> SearchSpace {
-        SearchSpace {
-            tp: self.tp.clone(),
-            pp: self.pp.clone(),
-            vpp: self.vpp.clone(),
-            cp: self.cp.clone(),
-            ep: self.ep.clone(),
-            etp: self.etp.clone(),
-            sp: self.sp.clone(),
-            schedule: self.schedule.clone(),
-            mbs: self.mbs.clone(),
-            zero: self.zero.clone(),
-            recompute: self.recompute.clone(),
-            recompute_modules: self.recompute_modules.clone(),
-            overlap: self.overlap,
-            bf16_grads: self.bf16_grads,
-            bf16_moments: self.bf16_moments,
-            moe_dispatcher: self.moe_dispatcher,
-            assumptions,
-            rank_by,
-            even_layers: self.even_layers,
-        }
-    }
-}
+pub use crate::format::{SearchSummary, SpaceRecord, PLAN_SCHEMA_VERSION};
 
 /// One ranked plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RankedPlan {
     pub rank: usize,
     pub config: ParallelConfig,
     pub estimate: Estimate,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PlanFile {
     pub schema_version: u32,
     /// "sextant X.Y.Z".
@@ -135,21 +37,17 @@ pub struct PlanFile {
     pub workload: Workload,
     /// The kernels the estimates priced (attention, cross-entropy); exports launch
     /// the same ones. Plan files written before it was recorded read the defaults.
-    #[serde(default)]
     pub assumptions: Assumptions,
     /// Order in which parallel dimensions are laid over global ranks, innermost first.
     pub rank_order: String,
     /// Present when the plans came from a search.
-    #[serde(default)]
     pub search: Option<SearchSummary>,
     /// The framework the search was restricted to (`plan --target`); absent when
     /// it searched everything the cost model prices (`--target any`), for
     /// `estimate`, and for files written before the field existed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
     /// Which end of the error band ranked the plans (`plan --rank-by`); absent in
     /// files from before risk-aware ranking and for a single estimate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_by: Option<crate::reach::RankBy>,
     /// Best first; `plans[0]` is the chosen plan.
     pub plans: Vec<RankedPlan>,
@@ -196,23 +94,7 @@ impl PlanFile {
 
     /// Reads a plan file, checking its version and that its plans are coherent.
     pub fn from_json(text: &str) -> Result<PlanFile, InputError> {
-        // The version first, so a file from another version is refused by its
-        // number rather than by whichever field changed.
-        #[derive(Deserialize)]
-        struct Version {
-            schema_version: u32,
-        }
-        let v: Version = crate::json::from_str(text, "plan")?;
-        if !READS.contains(&v.schema_version) {
-            return Err(InputError::SchemaVersion {
-                what: "plan".into(),
-                found: v.schema_version,
-                supported: PLAN_SCHEMA_VERSION,
-            });
-        }
-        let mut p: PlanFile = crate::json::from_str(text, "plan")?;
-        // Version 1 differs only in enum spellings, which the readers accept.
-        p.schema_version = PLAN_SCHEMA_VERSION;
+        let p = PlanFile::from_record(format::read_plan(text)?);
         p.model.validate()?;
         p.hardware.validate()?;
         if p.plans.is_empty() {
@@ -253,7 +135,59 @@ impl PlanFile {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("plan serialises")
+        format::write_plan(&self.to_record())
+    }
+
+    /// The file's records of this plan.
+    pub fn to_record(&self) -> format::PlanFile {
+        format::PlanFile {
+            schema_version: self.schema_version,
+            generator: self.generator.clone(),
+            model: self.model.clone(),
+            hardware: self.hardware.clone(),
+            gpus: self.gpus,
+            workload: self.workload.clone(),
+            assumptions: self.assumptions.into(),
+            rank_order: self.rank_order.clone(),
+            search: self.search.clone(),
+            target: self.target.clone(),
+            rank_by: self.rank_by.map(Into::into),
+            plans: self
+                .plans
+                .iter()
+                .map(|rp| format::RankedPlan {
+                    rank: rp.rank,
+                    config: rp.config.clone(),
+                    estimate: (&rp.estimate).into(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The plan a file's records state, unchecked ([`PlanFile::from_json`] checks).
+    pub fn from_record(r: format::PlanFile) -> PlanFile {
+        PlanFile {
+            schema_version: r.schema_version,
+            generator: r.generator,
+            model: r.model,
+            hardware: r.hardware,
+            gpus: r.gpus,
+            workload: r.workload,
+            assumptions: r.assumptions.into(),
+            rank_order: r.rank_order,
+            search: r.search,
+            target: r.target,
+            rank_by: r.rank_by.map(Into::into),
+            plans: r
+                .plans
+                .into_iter()
+                .map(|rp| RankedPlan {
+                    rank: rp.rank,
+                    config: rp.config,
+                    estimate: (&rp.estimate).into(),
+                })
+                .collect(),
+        }
     }
 
     /// Prices every plan again with this build's cost model, as `plan` and

@@ -235,7 +235,7 @@ pub fn axis_rates(points: &[SweepPoint]) -> Vec<AxisRate> {
 }
 
 /// One axis on which a plan is outside the validated region.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Outside {
     pub axis: String,
     /// The plan's value (for the schedule: 0, with its name in `axis`).
@@ -249,8 +249,7 @@ pub struct Outside {
 }
 
 /// Which end of a plan's band ranks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RankBy {
     /// The point estimate.
     Point,

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 
 use crate::config::{
     divisors, Dispatcher, Layout, Overlap, ParallelConfig, Recompute, RecomputeModules, RejectKind,
@@ -107,49 +106,45 @@ pub fn fine_grained_modules(model: &ModelSpec, flash_attention: bool) -> Recompu
 }
 
 /// A valid configuration with its full estimate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
     pub config: ParallelConfig,
     pub estimate: Estimate,
 }
 
 /// Every valid configuration as a point (for scatter plots and Pareto fronts).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Point {
     pub step_secs: f64,
     pub peak_gib: f64,
     /// What the search ranks by: the step time or its band's upper end
     /// ([`crate::reach::Ranker::key`]).
-    #[serde(default)]
     pub rank_secs: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SearchResult {
     pub enumerated: u64,
     pub valid: u64,
     pub rejected: BTreeMap<RejectKind, u64>,
     /// The best configurations, fastest first.
     pub top: Vec<Candidate>,
-    #[serde(skip)]
     pub points: Vec<Point>,
     /// For each searched dimension and each value it took among valid plans, the
     /// best plan with that dimension fixed there, picked by the screening's rank
     /// key; closed-form times until [`rescore_sensitivity`] prices them as the
     /// ranked plans are.
-    #[serde(skip)]
     pub sensitivity: Vec<Sensitivity>,
 }
 
 /// The best plan when one dimension is held at one value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sensitivity {
     pub dimension: &'static str,
     pub value: String,
     /// Step time (simulated after [`rescore_sensitivity`]).
     pub step_secs: f64,
     /// What the ranking sorts by ([`crate::reach::Ranker::key`]).
-    #[serde(default)]
     pub rank_secs: f64,
     pub config: ParallelConfig,
 }

@@ -86,7 +86,7 @@ impl Shares {
 }
 
 /// How much each term contributes to the uncertainty of one prediction.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Attribution {
     /// The term with the largest share of the error variance.
     pub dominant: String,
@@ -110,7 +110,7 @@ pub struct ValidationSet {
 }
 
 /// An interval on the step time, with where it comes from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Band {
     /// Probability that the measured step time falls inside, if the comparable
     /// runs' errors are exchangeable with this one's: [`COVERAGE`] from 9 runs up,
@@ -123,11 +123,9 @@ pub struct Band {
     pub samples: usize,
     /// Which term dominates the uncertainty (absent when the validation set carries
     /// no term shares).
-    #[serde(default)]
     pub attribution: Option<Attribution>,
     /// The axes on which the plan is outside the validated runs, each of which
     /// widened the band ([`crate::reach`]); empty inside.
-    #[serde(default)]
     pub outside: Vec<crate::reach::Outside>,
 }
 

@@ -109,8 +109,16 @@ pub struct MemoryRow {
     /// predicted / measured - 1.
     pub error: f64,
     /// The predicted stage the measurement is compared with (for `max`, the
-    /// stage with the most of what `kind` counts), every component.
+    /// stage with the most of what `kind` counts), every component; written as
+    /// the plan file writes a stage's memory.
+    #[serde(serialize_with = "memory_record")]
     pub memory: StageMemory,
+}
+
+/// A stage's memory in `validate --json`: the plan file's record of it, so that the
+/// cost model's [`StageMemory`] stays free of serde.
+fn memory_record<S: serde::Serializer>(m: &StageMemory, s: S) -> Result<S::Ok, S::Error> {
+    crate::format::StageMemory::from(m).serialize(s)
 }
 
 /// Predicted against measured peak memory on every case that states one. The

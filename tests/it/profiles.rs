@@ -175,7 +175,7 @@ fn estimates_stay_finite(p: &HardwareProfile, probes: &[Probe]) -> Result<u32, S
             // A configuration that no longer fits is a rejection: data, not a number.
             if let Ok(e) = estimate(&pr.model, &cluster, &pr.workload, cfg) {
                 n += 1;
-                let v = serde_json::to_value(&e).unwrap();
+                let v = serde_json::to_value(sextant_planner::format::Estimate::from(&e)).unwrap();
                 if let Some(path) = non_finite(&v, "estimate") {
                     return Err(path);
                 }

@@ -2,27 +2,21 @@
 //! the rank order groups are placed by, the framework whose memory layout an
 //! estimate follows, and the CUDA graphs the run captures.
 
-use serde::{Deserialize, Serialize};
-
 /// Software assumptions that are not search knobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Assumptions {
     /// Fused (flash) attention; `false` models the unfused softmax of 2021-era Megatron.
     pub flash_attention: bool,
     /// The cross-entropy implementation behind the output layer.
-    #[serde(default)]
     pub loss: LossKernel,
     /// How the framework lays ranks out, which decides which groups share an
     /// NVLink domain.
-    #[serde(default)]
     pub rank_order: RankOrder,
     /// The framework whose memory layout the estimate follows (Megatron-Core unless
     /// a measured run says otherwise).
-    #[serde(default, skip_serializing_if = "Framework::is_megatron_core")]
     pub framework: Framework,
     /// The CUDA graphs the run captures, which the host then launches whole instead
     /// of kernel by kernel (none unless stated: Megatron-Core's default).
-    #[serde(default, skip_serializing_if = "CudaGraphs::is_none")]
     pub cuda_graphs: CudaGraphs,
 }
 
@@ -43,19 +37,15 @@ impl Default for Assumptions {
 /// moe_preprocess`; `--cuda-graph-scope` before) or one graph for the whole
 /// forward and backward (`full_iteration`, which needs static MoE shapes: a
 /// capacity on the expert-parallel ranks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CudaGraphs {
     /// `TransformerLayer._forward_attention` (norm, projections, attention).
-    #[serde(default)]
     pub attn: bool,
     /// The MoE router (and shared experts that are not overlapped).
-    #[serde(default)]
     pub moe_router: bool,
     /// `MoELayer.preprocess` (token counts and split sizes).
-    #[serde(default)]
     pub moe_preprocess: bool,
     /// The whole forward and backward as one graph.
-    #[serde(default)]
     pub full_iteration: bool,
 }
 
@@ -137,8 +127,7 @@ impl std::fmt::Display for CudaGraphs {
 /// in memory, and [`crate::memory`] prices each as its code does (see
 /// [`Framework::MegatronCore`] and the other variants for what differs and where it
 /// is read from).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Framework {
     /// Megatron-Core (Megatron-LM, NeMo, Megatron-Bridge): gradients live in the
     /// DDP buffer (no second copy), the SwiGLU is fused (it keeps its input and
@@ -186,8 +175,7 @@ impl Framework {
 }
 
 /// The rank layouts the cost model places groups by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RankOrder {
     /// Megatron-Core's default `tp-cp-ep-dp-pp` (parallel_state.py `order`): TP,
     /// then CP, then DP consecutive, PP slowest.
@@ -212,8 +200,7 @@ impl RankOrder {
 /// How the loss over the vocabulary-parallel logits runs. The three differ in how many
 /// element-wise passes they make over the logits; [`LossKernel::bytes_per_logit`]
 /// counts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LossKernel {
     /// Transformer Engine's Triton kernel (`cross_entropy_fusion_impl = "te"`), as of
     /// the 2026-04 containers: it reads the BF16 logits and writes the gradient in

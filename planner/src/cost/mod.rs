@@ -61,8 +61,6 @@ mod stage;
 #[cfg(test)]
 mod tests;
 
-use serde::{Deserialize, Serialize};
-
 use crate::comm::{Collective, Placement, Tier};
 use crate::config::{ParallelConfig, Rejection, Workload};
 use crate::hardware::{Cluster, GIB};
@@ -83,7 +81,7 @@ pub const ESTIMATE_SCHEMA_VERSION: u32 = 1;
 pub const BUCKET_PARAMS: f64 = 40e6;
 
 /// Seconds per step by operation class, forward + backward, on the critical stage.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct OpClasses {
     /// QKV and output projections (and MLA's latent projections).
     pub attention_proj: f64,
@@ -129,8 +127,7 @@ impl OpClasses {
 }
 
 /// Kinds of communication a step performs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommKind {
     /// Tensor-parallel all-reduce, or all-gather + reduce-scatter with SP.
     Tp,
@@ -169,7 +166,7 @@ impl CommKind {
 }
 
 /// One kind of communication over a step, on the critical stage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CommTerm {
     pub kind: CommKind,
     pub collective: Collective,
@@ -184,7 +181,7 @@ pub struct CommTerm {
 }
 
 /// Where the step time goes, seconds, on the critical path.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct TimeBreakdown {
     /// Forward + backward compute of all micro-batches on the slowest stage.
     pub compute: OpClasses,
@@ -199,25 +196,22 @@ pub struct TimeBreakdown {
     pub overlap_slowdown: f64,
     /// The GPU idle while the host issues the kernels of mixture-of-experts layers
     /// (their forward blocks the host once per layer; [`host`]).
-    #[serde(default)]
     pub host_wait: f64,
 }
 
 /// Per pipeline stage: what it holds and how long one micro-batch takes on it.
 /// Stage i runs on rank i (and, under DualPipe, also on rank p-1-i).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StageSummary {
     pub stage: u64,
     pub layers: u64,
     pub moe_layers: u64,
     /// Multi-token-prediction layers (on the last stage), beside `layers`.
-    #[serde(default)]
     pub mtp_layers: u64,
     /// Forward + backward (+ recompute, + exposed TP/CP/EP) of one micro-batch.
     pub secs_per_micro_batch: f64,
     /// The weight-gradient GEMMs within it (what zero-bubble schedules defer to a
     /// W pass), at most a third of it.
-    #[serde(default)]
     pub weight_grad_secs: f64,
     /// Memory of the GPU running this stage. Under DualPipe, whose rank i runs
     /// stages i and p-1-i, the memory of rank i (both stages' parameters).
@@ -225,7 +219,7 @@ pub struct StageSummary {
 }
 
 /// The cost of one configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Estimate {
     pub schema_version: u32,
     pub step_secs: f64,
@@ -251,19 +245,16 @@ pub struct Estimate {
     pub critical_stage: u64,
     /// 80% interval on the step time from the model's errors on comparable
     /// published runs ([`crate::uncertainty`]); absent when there are none.
-    #[serde(default)]
     pub band: Option<crate::uncertainty::Band>,
     /// Whether the pipeline time comes from the schedule simulator
     /// ([`apply_simulation`]) rather than the closed form.
-    #[serde(default)]
     pub pipeline_simulated: bool,
     /// MoE routing as costed (absent for dense models).
-    #[serde(default)]
     pub moe_routing: Option<MoeRouting>,
 }
 
 /// How expert routing was costed ([`crate::routing`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeRouting {
     /// Busiest expert's load over the mean, as assumed.
     pub imbalance: f64,

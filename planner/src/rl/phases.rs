@@ -9,8 +9,6 @@
 //! log-probability micro-batch's logits (BF16 logits, an FP32 copy and the FP32
 //! log-softmax, `vocab / tp` wide) and the reserve.
 
-use serde::{Deserialize, Serialize};
-
 use super::{Reject, RlWorkload};
 use crate::config::{Layout, Overlap, ParallelConfig, Recompute, RecomputeModules, Workload, Zero};
 use crate::cost::{estimate_with, Assumptions, Estimate, LossKernel};
@@ -74,7 +72,7 @@ pub fn fixed_config(tp: u64, pp: u64, cp: u64, ep: u64, dp: u64) -> ParallelConf
 }
 
 /// The training-side passes of one iteration on one layout.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TrainSide {
     pub config: ParallelConfig,
     /// One optimizer step of the actor (one mini-batch).

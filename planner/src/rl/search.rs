@@ -77,7 +77,7 @@ pub struct PhaseMemory {
 }
 
 /// One priced RL configuration.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RlPlan {
     pub placement: Placement,
     pub train: TrainSide,

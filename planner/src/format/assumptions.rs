@@ -1,0 +1,91 @@
+//! `assumptions`: the software choices the estimates priced that are not search
+//! knobs (kernels, rank order, framework, CUDA graphs). The exports launch what is
+//! recorded here.
+
+use serde::{Deserialize, Serialize};
+
+/// The record of [`crate::cost::Assumptions`]. A plan file without it reads the
+/// defaults: flash attention, the native loss, Megatron's rank order,
+/// Megatron-Core's memory layout, no CUDA graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assumptions {
+    pub flash_attention: bool,
+    #[serde(default)]
+    pub loss: LossKernel,
+    #[serde(default)]
+    pub rank_order: RankOrder,
+    /// Written only when it is not Megatron-Core.
+    #[serde(default, skip_serializing_if = "Framework::is_megatron_core")]
+    pub framework: Framework,
+    /// Written only when some scope is captured.
+    #[serde(default, skip_serializing_if = "CudaGraphs::is_none")]
+    pub cuda_graphs: CudaGraphs,
+}
+
+impl Default for Assumptions {
+    fn default() -> Self {
+        Assumptions {
+            flash_attention: true,
+            loss: LossKernel::default(),
+            rank_order: RankOrder::default(),
+            framework: Framework::default(),
+            cuda_graphs: CudaGraphs::default(),
+        }
+    }
+}
+
+/// The cross-entropy kernel: `te`, `native` (when absent) or `unfused`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossKernel {
+    Te,
+    #[default]
+    Native,
+    Unfused,
+}
+
+/// The rank layout groups were placed by: `megatron` (when absent) or
+/// `scaletorch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RankOrder {
+    #[default]
+    Megatron,
+    ScaleTorch,
+}
+
+/// The framework whose memory layout the estimate follows: `megatron-core` (when
+/// absent), `nanotron` or `torchtitan`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Framework {
+    #[default]
+    MegatronCore,
+    Nanotron,
+    Torchtitan,
+}
+
+impl Framework {
+    fn is_megatron_core(&self) -> bool {
+        *self == Framework::MegatronCore
+    }
+}
+
+/// Megatron-Core's CUDA-graph scopes the run captures; each false when absent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CudaGraphs {
+    #[serde(default)]
+    pub attn: bool,
+    #[serde(default)]
+    pub moe_router: bool,
+    #[serde(default)]
+    pub moe_preprocess: bool,
+    #[serde(default)]
+    pub full_iteration: bool,
+}
+
+impl CudaGraphs {
+    fn is_none(&self) -> bool {
+        *self == CudaGraphs::default()
+    }
+}
