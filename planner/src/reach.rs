@@ -65,12 +65,8 @@ pub struct Reach {
     pub gpus: f64,
     /// Peak memory over the GPU's HBM.
     pub hbm_fraction: f64,
-    /// Gradient reduce-scatters per step of each stage's sharded gradients: the
-    /// micro-batches per step under ZeRO-2/3 and FSDP, which cannot accumulate a
-    /// sharded gradient locally (Megatron-FSDP `optim_grads`: "RS communication
-    /// groups on all microbatches", mcore_fsdp_adapter.py at d98e8a6); 1 where
-    /// gradients accumulate unsharded and are reduced once per step. Files from
-    /// before this axis read 1.
+    /// Reductions per step of each stage's sharded gradients
+    /// ([`grad_reductions`]). Files from before this axis read 1.
     #[serde(default = "one")]
     pub grad_reductions: f64,
     pub schedule: String,
@@ -80,16 +76,46 @@ fn one() -> f64 {
     1.0
 }
 
+/// How many times per step a stage reduces its gradients, for the reach axis
+/// "sharded-gradient reductions": the micro-batches per step where the gradients
+/// are sharded and so cannot accumulate locally (ZeRO-2/3 and FSDP: Megatron-FSDP
+/// `optim_grads` "RS communication groups on all microbatches",
+/// mcore_fsdp_adapter.py at d98e8a6; PyTorch FSDP2 syncs every backward unless
+/// told not to), 1 otherwise: gradients accumulated whole and reduced once, no
+/// group to reduce over (one data-parallel rank and, for an MoE model, one
+/// expert-data-parallel rank), or a framework that defers the sync to the last
+/// micro-batch ([`crate::cost::Framework::defers_sharded_grad_sync`]: torchtitan
+/// with pipeline parallelism). The cost model prices the same counts
+/// (cost/dp_sync.rs).
+pub fn grad_reductions(
+    moe: bool,
+    cfg: &ParallelConfig,
+    micro_batches: u64,
+    framework: crate::cost::Framework,
+) -> f64 {
+    let expert_dp = if moe {
+        (cfg.tp * cfg.cp * cfg.dp) / (cfg.ep * cfg.etp).max(1)
+    } else {
+        1
+    };
+    let sharded =
+        matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) && (cfg.dp * cfg.cp > 1 || expert_dp > 1);
+    if sharded && !framework.defers_sharded_grad_sync(cfg.pp) {
+        micro_batches.max(1) as f64
+    } else {
+        1.0
+    }
+}
+
 impl Reach {
-    /// `micro_batches`: the plan's micro-batches per step
-    /// ([`ParallelConfig::micro_batches`]).
+    /// `grad_reductions`: the plan's [`grad_reductions`].
     pub fn of(
         cluster: &Cluster,
         cfg: &ParallelConfig,
-        micro_batches: u64,
+        grad_reductions: f64,
         peak_bytes: f64,
     ) -> Reach {
-        let [v, z, t, g, h, r] = Reach::numeric_of(cluster, cfg, micro_batches, peak_bytes);
+        let [v, z, t, g, h, r] = Reach::numeric_of(cluster, cfg, grad_reductions, peak_bytes);
         Reach {
             virtual_stages: v,
             zero3_dp: z,
@@ -106,7 +132,7 @@ impl Reach {
     fn numeric_of(
         cluster: &Cluster,
         cfg: &ParallelConfig,
-        micro_batches: u64,
+        grad_reductions: f64,
         peak_bytes: f64,
     ) -> [f64; NUMERIC] {
         let domain = cluster.profile.node.nvlink_domain.max(1);
@@ -120,11 +146,7 @@ impl Reach {
             cfg.tp.div_ceil(domain).max(1) as f64,
             cluster.gpus.max(1) as f64,
             (peak_bytes / cluster.profile.hbm_bytes()).clamp(0.0, 1.0),
-            if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
-                micro_batches.max(1) as f64
-            } else {
-                1.0
-            },
+            grad_reductions.max(1.0),
         ]
     }
 
@@ -441,13 +463,13 @@ impl Ranker {
     }
 
     /// The number the search sorts by (smaller first), for a plan with step time
-    /// `point`, `micro_batches` per step and peak memory `peak_bytes`. Allocates
-    /// nothing.
+    /// `point`, [`grad_reductions`] per step and peak memory `peak_bytes`.
+    /// Allocates nothing.
     pub fn key(
         &self,
         cluster: &Cluster,
         cfg: &ParallelConfig,
-        micro_batches: u64,
+        grad_reductions: f64,
         point: f64,
         peak_bytes: f64,
     ) -> f64 {
@@ -456,7 +478,7 @@ impl Ranker {
         }
         self.key_from(
             point,
-            Reach::numeric_of(cluster, cfg, micro_batches, peak_bytes),
+            Reach::numeric_of(cluster, cfg, grad_reductions, peak_bytes),
             cfg.schedule.name(),
         )
     }
@@ -466,11 +488,11 @@ impl Ranker {
         &self,
         cluster: &Cluster,
         cfg: &ParallelConfig,
-        micro_batches: u64,
+        grad_reductions: f64,
         peak_bytes: f64,
     ) -> bool {
         self.drifts(
-            Reach::numeric_of(cluster, cfg, micro_batches, peak_bytes),
+            Reach::numeric_of(cluster, cfg, grad_reductions, peak_bytes),
             cfg.schedule.name(),
         )
         .iter()
@@ -648,6 +670,7 @@ mod tests {
     /// and reduces once.
     #[test]
     fn sharded_gradient_reductions_count_micro_batches_only_when_sharded() {
+        use crate::cost::Framework;
         use crate::hardware::builtin_profile;
         let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 128).unwrap();
         use crate::config::{Dispatcher, Layout, Overlap, Recompute};
@@ -678,12 +701,32 @@ mod tests {
             (Zero::Zero3, 64.0),
         ] {
             cfg.zero = zero;
-            assert_eq!(
-                Reach::of(&c, &cfg, 64, 1e9).grad_reductions,
-                want,
-                "{zero:?}"
-            );
+            let r = grad_reductions(false, &cfg, 64, Framework::MegatronCore);
+            assert_eq!(r, want, "{zero:?}");
+            assert_eq!(Reach::of(&c, &cfg, r, 1e9).grad_reductions, want);
         }
+        // Nobody to reduce with: one data-parallel rank.
+        cfg.zero = Zero::Zero3;
+        cfg.dp = 1;
+        assert_eq!(
+            grad_reductions(false, &cfg, 64, Framework::MegatronCore),
+            1.0
+        );
+        // An MoE model's experts still shard over their expert-data-parallel group
+        // (TP 2 x DP 1 over EP 1: 2 ranks).
+        assert_eq!(
+            grad_reductions(true, &cfg, 64, Framework::MegatronCore),
+            64.0
+        );
+        // torchtitan's pipeline stages sync FSDP gradients on the last micro-batch
+        // only; without pipeline parallelism FSDP2 syncs every backward.
+        cfg.dp = 4;
+        assert_eq!(grad_reductions(false, &cfg, 64, Framework::Torchtitan), 1.0);
+        cfg.pp = 1;
+        assert_eq!(
+            grad_reductions(false, &cfg, 64, Framework::Torchtitan),
+            64.0
+        );
     }
 
     #[test]

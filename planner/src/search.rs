@@ -21,7 +21,7 @@ use crate::config::{
 use crate::cost::{estimate_with, Assumptions, Estimate};
 use crate::hardware::Cluster;
 use crate::model::ModelSpec;
-use crate::reach::{RankBy, Ranker};
+use crate::reach::{grad_reductions, RankBy, Ranker};
 use crate::schedule::Schedule;
 
 /// Which values each knob may take. `None` means "search all sensible values".
@@ -389,7 +389,12 @@ pub fn rescore_sensitivity(
             s.rank_secs = ranker.key(
                 cluster,
                 &s.config,
-                e.micro_batches,
+                grad_reductions(
+                    model.moe.is_some(),
+                    &s.config,
+                    e.micro_batches,
+                    space.assumptions.framework,
+                ),
                 e.step_secs,
                 e.memory.total,
             );
@@ -538,7 +543,12 @@ pub fn search_with_progress(
                                             rank_secs: ranker.key(
                                                 cluster,
                                                 &cfg,
-                                                e.micro_batches,
+                                                grad_reductions(
+                                                    model.moe.is_some(),
+                                                    &cfg,
+                                                    e.micro_batches,
+                                                    space.assumptions.framework,
+                                                ),
                                                 e.step_secs,
                                                 e.memory.total,
                                             ),
@@ -592,7 +602,12 @@ pub fn search_with_progress(
         ranker.is_inside(
             cluster,
             cfg,
-            cfg.micro_batches(w),
+            grad_reductions(
+                model.moe.is_some(),
+                cfg,
+                cfg.micro_batches(w),
+                space.assumptions.framework,
+            ),
             p.peak_gib * crate::hardware::GIB,
         )
     };
@@ -630,7 +645,12 @@ pub fn search_with_progress(
         ranker.key(
             cluster,
             &c.config,
-            c.estimate.micro_batches,
+            grad_reductions(
+                model.moe.is_some(),
+                &c.config,
+                c.estimate.micro_batches,
+                space.assumptions.framework,
+            ),
             c.estimate.step_secs,
             c.estimate.memory.total,
         )
@@ -652,7 +672,12 @@ pub fn search_with_progress(
             !ranker.is_inside(
                 cluster,
                 &c.config,
-                c.estimate.micro_batches,
+                grad_reductions(
+                    model.moe.is_some(),
+                    &c.config,
+                    c.estimate.micro_batches,
+                    space.assumptions.framework,
+                ),
                 c.estimate.memory.total,
             )
         })

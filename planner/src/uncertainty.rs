@@ -325,13 +325,15 @@ pub fn band_for(
     cluster: &crate::hardware::Cluster,
     cfg: &crate::config::ParallelConfig,
     moe: bool,
+    framework: crate::cost::Framework,
     e: &crate::cost::Estimate,
 ) -> Option<Band> {
-    use crate::reach::{RankBy, Ranker, Reach};
+    use crate::reach::{grad_reductions, RankBy, Ranker, Reach};
     let ranker = Ranker::builtin(&cluster.profile.name, moe, RankBy::Upper);
+    let reductions = grad_reductions(moe, cfg, e.micro_batches, framework);
     let mut b = ranker.band(
         e.step_secs,
-        &Reach::of(cluster, cfg, e.micro_batches, e.memory.total),
+        &Reach::of(cluster, cfg, reductions, e.memory.total),
     )?;
     b.attribution = attribution_of(e, moe);
     Some(b)

@@ -2,7 +2,7 @@
 //! estimated with its exact configuration and hardware: a table of predicted vs
 //! measured, and a bound on the median absolute error.
 
-use sextant_planner::reach::{axis_rates, Reach, SweepPoint, AXES};
+use sextant_planner::reach::{axis_rates, grad_reductions, Reach, SweepPoint, AXES};
 use sextant_planner::runs::{parse_runs_with, RunCase, Unrepresentable};
 use sextant_planner::uncertainty::{ErrorSample, Shares, ValidationSet};
 
@@ -72,7 +72,12 @@ fn published_runs_median_error_within_5_percent() {
             reach: Some(round_reach(Reach::of(
                 &case.cluster,
                 &case.config,
-                est.micro_batches,
+                grad_reductions(
+                    case.moe,
+                    &case.config,
+                    est.micro_batches,
+                    case.assumptions.framework,
+                ),
                 est.memory.total,
             ))),
         });
@@ -395,7 +400,13 @@ fn sweeps() -> SweepData {
         match case.estimate() {
             Ok(e) => {
                 let (axis, sweep) = member[&case.id].clone();
-                let reach = Reach::of(&case.cluster, &case.config, e.micro_batches, e.memory.total);
+                let reductions = grad_reductions(
+                    case.moe,
+                    &case.config,
+                    e.micro_batches,
+                    case.assumptions.framework,
+                );
+                let reach = Reach::of(&case.cluster, &case.config, reductions, e.memory.total);
                 // The sweep axes that are axes of the validated region.
                 let on = match axis.as_str() {
                     "vpp" => Some((AXES[0], reach.virtual_stages)),

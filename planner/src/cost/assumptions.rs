@@ -172,6 +172,17 @@ impl Framework {
     pub fn is_megatron_core(&self) -> bool {
         *self == Framework::MegatronCore
     }
+
+    /// Whether sharded gradients are reduced once per step, after the last
+    /// micro-batch, instead of after every one: torchtitan's pipeline stages
+    /// (torch.distributed.pipelining `PipelineStage.backward_maybe_with_nosync`)
+    /// turn FSDP's gradient sync off on every backward but the last, and
+    /// torchtitan keeps the parameters unsharded after the forward when
+    /// pipelining (so they are gathered once per step too). Megatron-FSDP and
+    /// FSDP without pipelining reduce after every micro-batch.
+    pub fn defers_sharded_grad_sync(self, pp: u64) -> bool {
+        self == Framework::Torchtitan && pp > 1
+    }
 }
 
 /// The rank layouts the cost model places groups by.

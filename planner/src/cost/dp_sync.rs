@@ -184,11 +184,14 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
     let (group, mb) = (sh.group, win.mb);
     let grad_bytes = sh.params * memory::grad_bytes(cfg);
     let param_bytes = sh.params * memory::WEIGHT_BYTES;
+    let deferred = c.a.framework.defers_sharded_grad_sync(cfg.pp);
     let (grad_coll, grad_calls, gather_calls) = match cfg.zero {
         Zero::None => (Collective::AllReduce, 1.0, 0.0),
         Zero::DistOpt => (Collective::ReduceScatter, 1.0, 1.0),
         // Sharded gradients cannot accumulate locally: reduce-scatter after
-        // every micro-batch's backward.
+        // every micro-batch's backward, unless the framework holds them whole
+        // until the last one.
+        Zero::Zero2 if deferred => (Collective::ReduceScatter, 1.0, 1.0),
         Zero::Zero2 => (Collective::ReduceScatter, mb, 1.0),
         // FSDP: gather before each forward and backward, reduce after each backward.
         Zero::Zero3 => (Collective::ReduceScatter, mb, 2.0 * mb),
@@ -201,7 +204,7 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
     let grad_one = c.coll(grad_coll, grad_bytes / buckets, group) * buckets;
     let grad_total = grad_one * grad_calls;
     let last_bucket = grad_one / buckets;
-    let grad_exposed = if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
+    let grad_exposed = if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) && !deferred {
         // Per micro-batch reduction overlaps that micro-batch's backward.
         ((grad_one - win.t_b).max(last_bucket) * mb).min(grad_total)
     } else if cfg.overlap.grad_reduce {
@@ -264,21 +267,41 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
 /// last reduce-scatter wait in the open. Latency counts once per layer, so it
 /// grows with DP (see collective_secs). `bytes`: the gradient's and the
 /// parameters' bytes on this rank.
+///
+/// Where the framework defers the sync ([`super::Framework::defers_sharded_grad_sync`]:
+/// torchtitan's pipeline stages), the parameters are gathered in the first
+/// micro-batch's forward and kept, and the gradients are reduce-scattered in the
+/// last one's backward: one forward's gathers and one backward's reductions per step.
 fn zero3_sync(c: &Ctx, sh: &Shard, win: &Window, bytes: (f64, f64), sync: &mut StageSync) {
     let (group, mb, units) = (sh.group, win.mb, win.units);
+    let deferred = c.a.framework.defers_sharded_grad_sync(c.cfg.pp);
     let (grad_bytes, param_bytes) = bytes;
     let ag = c.coll(Collective::AllGather, param_bytes / units, group);
     let rs = c.coll(Collective::ReduceScatter, grad_bytes / units, group);
     let (f_u, b_u) = (win.t_f / units, win.t_b / units);
     let fwd = ag + (units - 1.0) * (ag - f_u).max(0.0);
-    let bwd = ag + (units - 1.0) * (ag + rs - b_u).max(0.0) + rs;
-    let gather_total = 2.0 * mb * units * ag;
-    let grad_total = mb * units * rs;
-    let busy = fwd + bwd;
+    let (bwd, gathers, reductions) = if deferred {
+        (units * (rs - b_u).max(0.0) + rs, 1.0, 1.0)
+    } else {
+        (
+            ag + (units - 1.0) * (ag + rs - b_u).max(0.0) + rs,
+            2.0 * mb,
+            mb,
+        )
+    };
+    let gather_total = gathers * units * ag;
+    let grad_total = reductions * units * rs;
+    // Passes that wait on their gathers or reductions: every micro-batch's, or
+    // the first forward and the last backward.
+    let busy = if deferred {
+        fwd + bwd
+    } else {
+        mb * (fwd + bwd)
+    };
     // Split the exposed time between the two terms by their share of the traffic.
     let share = gather_total / (gather_total + grad_total).max(f64::MIN_POSITIVE);
-    let gather_exposed = (mb * busy * share).min(gather_total);
-    let grad_exposed = (mb * busy * (1.0 - share)).min(grad_total);
+    let gather_exposed = (busy * share).min(gather_total);
+    let grad_exposed = (busy * (1.0 - share)).min(grad_total);
     sync.exposed += grad_exposed + gather_exposed;
     sync.overlapped += grad_total - grad_exposed + gather_total - gather_exposed;
     sync.terms.push(CommTerm {
@@ -287,7 +310,7 @@ fn zero3_sync(c: &Ctx, sh: &Shard, win: &Window, bytes: (f64, f64), sync: &mut S
         group,
         tier: group.tier(),
         bytes_per_call: grad_bytes / units,
-        calls_per_step: mb * units,
+        calls_per_step: reductions * units,
         total_secs: grad_total,
         exposed_secs: grad_exposed,
         overlapped_secs: grad_total - grad_exposed,
@@ -298,7 +321,7 @@ fn zero3_sync(c: &Ctx, sh: &Shard, win: &Window, bytes: (f64, f64), sync: &mut S
         group,
         tier: group.tier(),
         bytes_per_call: param_bytes / units,
-        calls_per_step: 2.0 * mb * units,
+        calls_per_step: gathers * units,
         total_secs: gather_total,
         exposed_secs: gather_exposed,
         overlapped_secs: gather_total - gather_exposed,

@@ -285,7 +285,7 @@ pub fn estimate_with(
     a: Assumptions,
 ) -> Result<Estimate, Rejection> {
     let mut e = estimate_unbanded(model, cluster, w, cfg, a)?;
-    e.band = crate::uncertainty::band_for(cluster, cfg, model.moe.is_some(), &e);
+    e.band = crate::uncertainty::band_for(cluster, cfg, model.moe.is_some(), a.framework, &e);
     Ok(e)
 }
 
