@@ -339,8 +339,13 @@ fn torchtitan_space(mut s: SearchSpace) -> Result<SearchSpace> {
     if s.zero.is_empty() {
         bail!("--target torchtitan has no optimizer-only sharding (ZeRO-1 / distributed optimizer): include 0, 2 or 3 in --zero");
     }
-    if s.recompute_modules.is_none() {
-        s.recompute_modules = Some(vec![sextant_planner::config::RecomputeModules::DEFAULT]);
+    use sextant_planner::config::RecomputeModules;
+    match &s.recompute_modules {
+        None => s.recompute_modules = Some(vec![RecomputeModules::DEFAULT]),
+        Some(m) if m.iter().any(|m| *m != RecomputeModules::DEFAULT) => bail!(
+            "--target torchtitan has no per-module recomputation like Megatron's --recompute-modules (its selective checkpointing is op-level): drop --recompute-modules"
+        ),
+        Some(_) => {}
     }
     s.even_layers = true;
     Ok(s)
@@ -401,6 +406,12 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         }
         other => other,
     };
+    if target == Some(Target::Torchtitan) {
+        // Priced as torchtitan runs: its memory layout (FSDP2's buffers, its loss
+        // and GLU activations), no Megatron host-wait term, its pipeline stages'
+        // gradient sync.
+        inp.assumptions.framework = sextant_planner::cost::Framework::Torchtitan;
+    }
     if target == Some(Target::ScaleTorch) {
         // Priced as ScaleTorch runs: its rank grid and its unfused loss.
         inp.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;

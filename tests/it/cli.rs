@@ -1971,4 +1971,19 @@ fn torchtitan_target_searches_what_torchtitan_runs() {
     let e = stderr(&o);
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     assert!(e.contains("include 0, 2 or 3 in --zero"), "{e}");
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "64",
+        "--target",
+        "torchtitan",
+        "--recompute-modules",
+        "mlp",
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(e.contains("drop --recompute-modules"), "{e}");
 }
