@@ -20,13 +20,13 @@ mod gemm;
 mod memory;
 mod peer;
 
-use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaStream};
 
-use crate::cuda::{describe, device, guarded, timing_event, Gate, GATE_BATCH};
+use crate::cuda::ffi;
+use crate::cuda::{close_gate, describe, device, guarded, timing_event, GATE_BATCH};
 use crate::culibs::Lib;
 use crate::cuload::ensure;
 
@@ -75,16 +75,14 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo, String> {
         let dev = device(ordinal)?;
         let name = drv::device::get_name(dev)
             .map_err(|e| format!("reading the name of CUDA device {ordinal}: {}", describe(e)))?;
-        // SAFETY: a device handle from `device`.
-        let total = unsafe { drv::device::total_mem(dev) }.map_err(|e| {
+        let total = ffi::total_mem(dev).map_err(|e| {
             format!(
                 "reading the memory of CUDA device {ordinal}: {}",
                 describe(e)
             )
         })?;
         let attr = |a: drv_sys::CUdevice_attribute| {
-            // SAFETY: a device handle from `device`, an integer attribute.
-            unsafe { drv::device::get_attribute(dev, a) }
+            ffi::attribute(dev, a)
                 .map_err(|e| format!("reading {a:?} of CUDA device {ordinal}: {}", describe(e)))
         };
         use drv_sys::CUdevice_attribute as A;
@@ -93,10 +91,7 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo, String> {
         let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let visible = drv::device::get_count()
             .map_err(|e| format!("counting CUDA devices: {}", describe(e)))?;
-        let mut version: c_int = 0;
-        // SAFETY: writes one int.
-        unsafe { drv_sys::cuDriverGetVersion(&mut version) }
-            .result()
+        let version = ffi::driver_version()
             .map_err(|e| format!("reading the CUDA driver's version: {}", describe(e)))?;
         Ok(DeviceInfo {
             name,
@@ -146,7 +141,7 @@ fn timed_calls(
         let mut gates = Vec::with_capacity(streams.len());
         for (ctx, s) in streams {
             ctx.bind_to_thread().map_err(describe)?;
-            gates.push(Gate::close(s)?);
+            gates.push(close_gate(s)?);
         }
         let stop = (i + GATE_BATCH as usize).min(n);
         while i < stop {
@@ -238,8 +233,7 @@ mod tests {
     /// Without a driver every benchmark is one line naming what was looked for.
     #[test]
     fn bench_without_driver_is_one_line() {
-        // SAFETY: cudarc's probe of whether the driver library opens.
-        if unsafe { drv_sys::is_culib_present() } {
+        if ffi::driver_present() {
             return;
         }
         let no_driver = |e: String| crate::cuda::tests::no_driver::<()>(&Err(e));

@@ -7,6 +7,15 @@
 //! and schedule are consistent. The CUDA backend (feature `cuda`) is in the `cuda` and
 //! `device` modules; without the feature, modules of the same names (`nocuda.rs`)
 //! have the same functions, each returning one error saying so.
+//!
+//! `unsafe` is denied everywhere but in `cuda::ffi` (the CUDA backend's raw calls,
+//! behind safe functions) and `tensor`'s call of `matrixmultiply`'s GEMM; each
+//! `unsafe` block there says why it is sound in a `// SAFETY:` line (clippy's
+//! `undocumented_unsafe_blocks`).
+
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod auth;
 #[cfg(feature = "cuda")]

@@ -1,12 +1,11 @@
 //! BF16 cuBLAS GEMMs over shapes, operands allocated once at the largest shape.
 
-use cudarc::driver::DevicePtr;
 use sextant_planner::calibration::median;
 
 use super::{check_timing, timed_calls, Timing};
 use crate::cuda::{
-    alloc_bf16, bf16_gemm, colmajor_args, context, describe, device, fill, fill_pattern, guarded,
-    mem_info, out_of_memory, Blas, FILL_ELEMS,
+    alloc_bf16, bf16_gemm, blas_version, colmajor_args, context, describe, device, fill,
+    fill_pattern, guarded, mem_info, new_blas, out_of_memory, DevSpan, FILL_ELEMS,
 };
 use crate::culibs::Lib;
 use crate::cuload::ensure;
@@ -94,8 +93,8 @@ pub fn gemms(ordinal: usize, shapes: &[GemmShape], t: Timing) -> Result<GemmTime
                 describe(e)
             )
         })?;
-        let blas = Blas::new(&stream, ordinal)?;
-        let cublas_version = blas.version()?;
+        let blas = new_blas(&stream, ordinal)?;
+        let cublas_version = blas_version(&blas)?;
         let what = "the GEMM operands at the largest shapes (A, B and C)";
         let (free, _) = mem_info(&ctx, ordinal)?;
         if total > free {
@@ -107,13 +106,12 @@ pub fn gemms(ordinal: usize, shapes: &[GemmShape], t: Timing) -> Result<GemmTime
         let c = alloc_bf16(&ctx, &stream, ordinal, nc as usize, what)?;
         fill(&stream, &mut a, &pattern)?;
         fill(&stream, &mut b, &pattern)?;
-        // Raw addresses, taken once: the buffers outlive every call, all on `stream`.
-        let (pa, pb, pc) = {
-            let (pa, _ra) = a.device_ptr(&stream);
-            let (pb, _rb) = b.device_ptr(&stream);
-            let (pc, _rc) = c.device_ptr(&stream);
-            (pa, pb, pc)
-        };
+        // Addresses, taken once: the buffers outlive every call, all on `stream`.
+        let (pa, pb, pc) = (
+            DevSpan::of(&a, &stream),
+            DevSpan::of(&b, &stream),
+            DevSpan::of(&c, &stream),
+        );
         let mut points = Vec::with_capacity(shapes.len());
         for s in shapes {
             let shape = format!("the GEMM {}x{}x{} (batch {})", s.m, s.n, s.k, s.batch);
