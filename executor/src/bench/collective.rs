@@ -6,49 +6,12 @@ use cudarc::driver::{CudaContext, CudaStream};
 use sextant_planner::calibration::median;
 
 use super::memory::bytes_on;
-use super::{check_timing, timed_calls, Timing};
+use super::{check_timing, timed_calls, CollOp, CollTimes, Timing};
 use crate::cuda::ffi::nccl::{self, Elem};
 use crate::cuda::{
     context, describe, device, guarded, mem_info, nccl_describe, nccl_group, nccl_loaded,
     out_of_memory, Comm,
 };
-
-/// An NCCL collective, BF16, summed where it reduces, out of place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CollOp {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-}
-
-impl CollOp {
-    pub fn label(self) -> &'static str {
-        match self {
-            CollOp::AllReduce => "all_reduce",
-            CollOp::AllGather => "all_gather",
-            CollOp::ReduceScatter => "reduce_scatter",
-        }
-    }
-
-    /// Bytes each rank sends and receives for a collective of `bytes` in nccl-tests'
-    /// convention (the all-reduce's buffer, the all-gather's output, the
-    /// reduce-scatter's input) over `n` ranks.
-    pub fn sides(self, bytes: u64, n: u64) -> (u64, u64) {
-        match self {
-            CollOp::AllReduce => (bytes, bytes),
-            CollOp::AllGather => (bytes / n, bytes),
-            CollOp::ReduceScatter => (bytes, bytes / n),
-        }
-    }
-}
-
-/// The collective benchmark's results: (op, bytes, median seconds of the slowest
-/// rank) and NCCL's version code.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CollTimes {
-    pub points: Vec<(CollOp, u64, f64)>,
-    pub nccl_version: i32,
-}
 
 /// Times each collective at each size over one NCCL communicator of the devices in
 /// `ordinals` (one rank each), all driven from this thread with group calls (NCCL's

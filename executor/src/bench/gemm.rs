@@ -2,54 +2,13 @@
 
 use sextant_planner::calibration::median;
 
-use super::{check_timing, timed_calls, Timing};
+use super::{check_timing, gemm_bytes, timed_calls, GemmShape, GemmTimes, Timing};
 use crate::cuda::{
     alloc_bf16, bf16_gemm, blas_version, colmajor_args, context, describe, device, fill,
     fill_pattern, guarded, mem_info, new_blas, out_of_memory, DevSpan, FILL_ELEMS,
 };
 use crate::culibs::Lib;
 use crate::cuload::ensure;
-
-/// One GEMM shape: row-major `C[m,n] = A[m,k] · B[k,n]`, `batch` products per call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GemmShape {
-    pub class: String,
-    pub m: u64,
-    pub n: u64,
-    pub k: u64,
-    pub batch: u64,
-}
-
-impl GemmShape {
-    /// Elements of A, B and C over the batch, or None on overflow.
-    pub(super) fn elems(&self) -> Option<(u64, u64, u64)> {
-        let b = self.batch;
-        Some((
-            self.m.checked_mul(self.k)?.checked_mul(b)?,
-            self.k.checked_mul(self.n)?.checked_mul(b)?,
-            self.m.checked_mul(self.n)?.checked_mul(b)?,
-        ))
-    }
-}
-
-/// Bytes of A, B and C for one BF16 GEMM, or None on overflow.
-pub(super) fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
-    let e = m
-        .checked_mul(k)?
-        .checked_add(k.checked_mul(n)?)?
-        .checked_add(m.checked_mul(n)?)?;
-    let b = e.checked_mul(2)?;
-    usize::try_from(b).ok()?;
-    Some(b)
-}
-
-/// The GEMM benchmark's results: per shape, the median seconds of one call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GemmTimes {
-    pub points: Vec<(GemmShape, f64)>,
-    /// `cublasGetVersion`.
-    pub cublas_version: i32,
-}
 
 /// Times BF16 GEMMs (`cublasGemmEx`, or `cublasGemmStridedBatchedEx` for a batch;
 /// FP32 accumulation, the default algorithm) of every shape on device `ordinal`.

@@ -5,27 +5,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaStream};
 use sextant_planner::calibration::median;
 
-use super::{check_timing, timed_calls, Timing};
+use super::{check_timing, timed_calls, MemOp, Timing};
 use crate::cuda::ffi::{copy_dtod, memset, DevBuf};
 use crate::cuda::{context, describe, device, guarded, mem_info, oom_or, out_of_memory};
-
-/// A device-memory operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemOp {
-    /// `cuMemcpyDtoDAsync` within one device: reads and writes the bytes.
-    Copy,
-    /// `cuMemsetD8Async`: writes them.
-    Memset,
-}
-
-impl MemOp {
-    pub fn label(self) -> &'static str {
-        match self {
-            MemOp::Copy => "copy",
-            MemOp::Memset => "memset",
-        }
-    }
-}
 
 /// A byte buffer from `stream`'s pool.
 pub(super) fn bytes_on(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys as drv_sys, CudaContext};
 use sextant_planner::calibration::median;
 
-use super::{check_timing, timed_calls, Timing};
+use super::{check_timing, timed_calls, PeerTimes, Timing};
 use crate::cuda::ffi::{self, copy_peer, PlainBuf};
 use crate::cuda::{context, describe, device, guarded, mem_info, oom_or, out_of_memory};
 
@@ -36,14 +36,6 @@ pub(super) fn enable_peer(ctx: &Arc<CudaContext>, peer: &Arc<CudaContext>) -> Re
         Err(e) if e.0 == drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
         Err(e) => Err(format!("cuCtxEnablePeerAccess: {}", describe(e))),
     }
-}
-
-/// The peer-copy benchmark's results: whether peer access was on each way, and
-/// (source, destination, bytes, median seconds) for each direction and size.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PeerTimes {
-    pub peer_access: [bool; 2],
-    pub points: Vec<(usize, usize, u64, f64)>,
 }
 
 /// Times `cuMemcpyPeerAsync` of each size from device `a` to device `b` and back,
