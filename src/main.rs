@@ -1,5 +1,9 @@
 //! The `sextant` command: the only place that reads files, the clock, the
 //! environment and the terminal. Everything it decides comes from the planner.
+//! Its calls into the C library are in `sys`, the only module allowed `unsafe`.
+
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 /// `print!` and `println!` for this crate: a failed write to standard output
 /// (`> /dev/full`, a closed pipe under `exec`) ends the process with one line
@@ -29,6 +33,8 @@ mod io;
 mod progress;
 mod render;
 mod rl;
+#[cfg(unix)]
+mod sys;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -1069,10 +1075,7 @@ fn main() -> ExitCode {
     // A write past the file-size limit (RLIMIT_FSIZE) must fail with EFBIG and the
     // old file left intact, not kill the process with SIGXFSZ halfway through.
     #[cfg(unix)]
-    // SAFETY: setting a signal's disposition to SIG_IGN at start-up, before any thread exists.
-    unsafe {
-        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-    }
+    sys::ignore_file_size_signal();
     let parsed = Cli::try_parse();
     // `sextant plan --json | head`: a closed pipe ends the process quietly, as it
     // does for other Unix tools, instead of a panic in print!. Not for `exec`,
@@ -1084,11 +1087,7 @@ fn main() -> ExitCode {
             command: Command::Exec(_)
         })
     ) {
-        // SAFETY: restoring a signal's default disposition at start-up, before any
-        // thread exists.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
+        sys::default_pipe_signal();
     }
     let cli = match parsed {
         Ok(c) => c,

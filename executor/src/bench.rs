@@ -1,254 +1,52 @@
-//! (`--features cuda`) The microbenchmarks behind `sextant bench`: BF16 cuBLAS
+//! The microbenchmarks behind `sextant bench`: BF16 cuBLAS
 //! GEMMs over shapes, device copies and memsets (HBM bandwidth), NCCL collectives
 //! over local GPUs driven from one thread, and copies between two GPUs.
 //!
-//! Every point is timed the same way ([`timed_calls`]): `warmup` untimed calls,
+//! Every point is timed the same way (`gpu::timed_calls`): `warmup` untimed calls,
 //! then each timed call between its own pair of CUDA events, the calls queued
-//! behind a host gate ([`Gate`]) in batches of 64, so that the GPU runs a batch
-//! back to back and the events time the device, not the host's launch gaps. A
-//! point's time is the median over its calls of the slowest GPU's event time.
+//! behind a host gate in batches of 64, so that the GPU runs a batch back to back
+//! and the events time the device, not the host's launch gaps. A point's time is
+//! the median over its calls of the slowest GPU's event time.
 //!
 //! As everywhere in [`crate::cuda`], nothing here panics: a missing library or
-//! device, a failed allocation or call is one line ([`guarded`]). Arguments are
-//! checked before any library is touched.
+//! device, a failed allocation or call is one line (`cuda::guarded`). Arguments
+//! are checked before any library is touched.
 //!
-//! One module per benchmark: `gemm`, `memory` (HBM), `collective` (NCCL) and
-//! `peer` (copies between two GPUs).
+//! One module per benchmark (`--features cuda`): `gemm`, `memory` (HBM),
+//! `collective` (NCCL) and `peer` (copies between two GPUs); `gpu` holds what they
+//! share. What they take and return is in `spec`, compiled in both builds: without
+//! the feature the same functions come from `nocuda.rs` and each returns one error
+//! (candle's dummy backend), so a caller needs no `cfg` of its own.
 
+#[cfg(feature = "cuda")]
 mod collective;
+#[cfg(feature = "cuda")]
 mod gemm;
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
 mod memory;
+#[cfg(feature = "cuda")]
 mod peer;
+mod spec;
 
-use std::ffi::c_int;
-use std::path::PathBuf;
-use std::sync::Arc;
+pub use spec::{
+    check_timing, gemm_bytes, CollOp, CollTimes, DeviceInfo, GemmShape, GemmTimes, MemOp,
+    PeerTimes, Timing, MAX_ITERS,
+};
 
-use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaStream};
+#[cfg(feature = "cuda")]
+use gpu::timed_calls;
+#[cfg(feature = "cuda")]
+pub use {
+    collective::collectives,
+    gemm::gemms,
+    gpu::{device_info, library_files},
+    memory::memory,
+    peer::peer_copies,
+};
 
-use crate::cuda::{describe, device, guarded, timing_event, Gate, GATE_BATCH};
-use crate::culibs::Lib;
-use crate::cuload::ensure;
-
-pub use collective::{collectives, CollOp, CollTimes};
-pub use gemm::{gemms, GemmShape, GemmTimes};
-pub use memory::{memory, MemOp};
-pub use peer::{peer_copies, PeerTimes};
-
-/// Warm-up and timed calls per point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timing {
-    pub warmup: u32,
-    pub iters: u32,
-}
-
-/// The most timed calls per point (two events each).
-pub const MAX_ITERS: u32 = 10_000;
-
-fn check_timing(t: Timing) -> Result<(), String> {
-    if t.iters == 0 || t.iters > MAX_ITERS || t.warmup > MAX_ITERS {
-        return Err(format!(
-            "{} timed and {} warm-up calls per point: use 1 to {MAX_ITERS} timed calls and at most {MAX_ITERS} warm-up calls",
-            t.iters, t.warmup
-        ));
-    }
-    Ok(())
-}
-
-/// What the driver says about one device.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceInfo {
-    pub name: String,
-    pub memory_bytes: u64,
-    pub sms: u64,
-    pub compute_capability: (i32, i32),
-    /// Devices this process sees.
-    pub visible: u64,
-    /// `cuDriverGetVersion`: the CUDA version the driver supports, e.g. 13000.
-    pub cuda_version: i32,
-}
-
-/// Name, memory, SMs and compute capability of device `ordinal`, the number of
-/// devices, and the driver's CUDA version. Creates no context.
-pub fn device_info(ordinal: usize) -> Result<DeviceInfo, String> {
-    guarded(|| {
-        let dev = device(ordinal)?;
-        let name = drv::device::get_name(dev)
-            .map_err(|e| format!("reading the name of CUDA device {ordinal}: {}", describe(e)))?;
-        // SAFETY: a device handle from `device`.
-        let total = unsafe { drv::device::total_mem(dev) }.map_err(|e| {
-            format!(
-                "reading the memory of CUDA device {ordinal}: {}",
-                describe(e)
-            )
-        })?;
-        let attr = |a: drv_sys::CUdevice_attribute| {
-            // SAFETY: a device handle from `device`, an integer attribute.
-            unsafe { drv::device::get_attribute(dev, a) }
-                .map_err(|e| format!("reading {a:?} of CUDA device {ordinal}: {}", describe(e)))
-        };
-        use drv_sys::CUdevice_attribute as A;
-        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let visible = drv::device::get_count()
-            .map_err(|e| format!("counting CUDA devices: {}", describe(e)))?;
-        let mut version: c_int = 0;
-        // SAFETY: writes one int.
-        unsafe { drv_sys::cuDriverGetVersion(&mut version) }
-            .result()
-            .map_err(|e| format!("reading the CUDA driver's version: {}", describe(e)))?;
-        Ok(DeviceInfo {
-            name,
-            memory_bytes: total as u64,
-            sms: sms.max(0) as u64,
-            compute_capability: (major, minor),
-            visible: visible.max(0) as u64,
-            cuda_version: version,
-        })
-    })
-}
-
-/// Where each library in `libs` was loaded from (`None`: by name, through the
-/// system loader). Loads what is not loaded yet.
-pub fn library_files(libs: &[Lib]) -> Result<Vec<(Lib, Option<PathBuf>)>, String> {
-    libs.iter()
-        .map(|&l| Ok((l, ensure(l).map_err(|e| e.to_string())?)))
-        .collect()
-}
-
-/// Times `issue` (which queues one call on every stream of `streams`): `warmup`
-/// untimed calls, then `iters` calls, each between a pair of events on every
-/// stream, queued behind a host gate on every stream in batches of [`GATE_BATCH`].
-/// Returns, per timed call, the slowest stream's seconds.
-fn timed_calls(
-    streams: &[(&Arc<CudaContext>, &Arc<CudaStream>)],
-    t: Timing,
-    mut issue: impl FnMut() -> Result<(), String>,
-) -> Result<Vec<f64>, String> {
-    for _ in 0..t.warmup {
-        issue()?;
-    }
-    for (_, s) in streams {
-        s.synchronize().map_err(describe)?;
-    }
-    let n = t.iters as usize;
-    let mut events = Vec::with_capacity(streams.len());
-    for (ctx, _) in streams {
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            v.push((timing_event(ctx)?, timing_event(ctx)?));
-        }
-        events.push(v);
-    }
-    let mut i = 0;
-    while i < n {
-        let mut gates = Vec::with_capacity(streams.len());
-        for (ctx, s) in streams {
-            ctx.bind_to_thread().map_err(describe)?;
-            gates.push(Gate::close(s)?);
-        }
-        let stop = (i + GATE_BATCH as usize).min(n);
-        while i < stop {
-            for (j, (_, s)) in streams.iter().enumerate() {
-                events[j][i].0.record(s).map_err(describe)?;
-            }
-            issue()?;
-            for (j, (_, s)) in streams.iter().enumerate() {
-                events[j][i].1.record(s).map_err(describe)?;
-            }
-            i += 1;
-        }
-        drop(gates);
-    }
-    for (_, s) in streams {
-        s.synchronize().map_err(describe)?;
-    }
-    let mut secs = vec![0.0f64; n];
-    for per_stream in &events {
-        for (k, (a, b)) in per_stream.iter().enumerate() {
-            let x = a.elapsed_ms(b).map_err(describe)? as f64 / 1e3;
-            secs[k] = secs[k].max(x);
-        }
-    }
-    Ok(secs)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::gemm::gemm_bytes;
-    use super::*;
-
-    fn t(iters: u32) -> Timing {
-        Timing { warmup: 1, iters }
-    }
-
-    fn shape(m: u64, n: u64, k: u64) -> GemmShape {
-        GemmShape {
-            class: "sweep".into(),
-            m,
-            n,
-            k,
-            batch: 1,
-        }
-    }
-
-    #[test]
-    fn bench_bad_arguments_are_errors_before_any_library_call() {
-        let e = |r: Result<GemmTimes, String>| r.unwrap_err();
-        assert!(e(gemms(0, &[shape(8, 8, 8)], t(0))).contains("use 1 to 10000 timed calls"));
-        assert!(e(gemms(0, &[], t(1))).contains("no GEMM shape"));
-        assert!(e(gemms(0, &[shape(0, 8, 8)], t(1))).contains("outside cuBLAS's range"));
-        assert!(e(gemms(0, &[shape(1 << 32, 8, 8)], t(1))).contains("outside cuBLAS's range"));
-        assert!(e(gemms(
-            0,
-            &[shape(2_000_000_000, 2_000_000_000, 2_000_000_000)],
-            t(1)
-        ))
-        .contains("overflows"));
-        let mut batched = shape(8, 8, 8);
-        batched.batch = 0;
-        assert!(e(gemms(0, &[batched], t(1))).contains("batch"));
-        assert!(memory(0, &[], t(1)).unwrap_err().contains("no buffer size"));
-        assert!(memory(0, &[0, 8], t(1)).unwrap_err().contains("0 bytes"));
-        let c = |o: &[usize], s: &[u64]| collectives(o, &[CollOp::AllReduce], s, t(1)).unwrap_err();
-        assert!(c(&[0, 0], &[1024]).contains("repeat one"));
-        assert!(c(&[0, 1], &[1026]).contains("a positive multiple of 4 bytes"));
-        assert!(c(&[0], &[0]).contains("positive multiple of 2 bytes"));
-        assert!(peer_copies(1, 1, &[8], t(1))
-            .unwrap_err()
-            .contains("two devices"));
-        assert!(peer_copies(0, 1, &[0], t(1))
-            .unwrap_err()
-            .contains("0 bytes"));
-    }
-
-    #[test]
-    fn bench_sizes_follow_nccl_tests() {
-        assert_eq!(CollOp::AllReduce.sides(1024, 4), (1024, 1024));
-        assert_eq!(CollOp::AllGather.sides(1024, 4), (256, 1024));
-        assert_eq!(CollOp::ReduceScatter.sides(1024, 4), (1024, 256));
-        assert_eq!(gemm_bytes(2, 3, 4), Some(2 * (8 + 12 + 6)));
-        assert_eq!(gemm_bytes(u64::MAX, 2, 2), None);
-        let mut s = shape(2, 3, 4);
-        s.batch = 5;
-        assert_eq!(s.elems(), Some((40, 60, 30)));
-    }
-
-    /// Without a driver every benchmark is one line naming what was looked for.
-    #[test]
-    fn bench_without_driver_is_one_line() {
-        // SAFETY: cudarc's probe of whether the driver library opens.
-        if unsafe { drv_sys::is_culib_present() } {
-            return;
-        }
-        let no_driver = |e: String| crate::cuda::tests::no_driver::<()>(&Err(e));
-        assert!(no_driver(device_info(0).unwrap_err()));
-        assert!(no_driver(gemms(0, &[shape(64, 64, 64)], t(2)).unwrap_err()));
-        assert!(no_driver(memory(0, &[1024], t(2)).unwrap_err()));
-        assert!(no_driver(
-            collectives(&[0], &[CollOp::AllGather], &[1024], t(2)).unwrap_err()
-        ));
-        assert!(no_driver(peer_copies(0, 1, &[1024], t(2)).unwrap_err()));
-    }
-}
+#[cfg(not(feature = "cuda"))]
+pub use crate::nocuda::bench::{
+    collectives, device_info, gemms, library_files, memory, peer_copies,
+};

@@ -29,6 +29,13 @@
 //! A driver that loads but has no usable device (no GPU, `CUDA_VISIBLE_DEVICES=""`,
 //! the toolkit's stub `libcuda.so`) is reported by what `cuInit` returned.
 //!
+//! # No `unsafe` here
+//!
+//! Every raw call into the driver, cuBLAS and NCCL, and the opening of the
+//! libraries, is in [`ffi`] behind safe functions and types that own their handles
+//! and check device buffers' extents; this module and the rest of the backend hold
+//! no `unsafe`.
+//!
 //! # Data layout and timing
 //!
 //! GEMMs are row-major `C[m,n] = A[m,k] · B[k,n]` in BF16 with FP32 accumulation,
@@ -37,18 +44,21 @@
 //! buffer): all-zero data would run the tensor cores at lower power than training
 //! does and overstate throughput.
 
-use std::ffi::{c_int, c_void, CStr};
+pub(crate) mod ffi;
+
+use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::culibs::Lib;
-use crate::cuload::{ensure, nccl};
-use cudarc::cublas::{result as blas, sys as blas_sys};
+use crate::cuload::ensure;
 use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError,
 };
-use cudarc::nccl::sys as nccl_sys;
+use ffi::nccl;
+pub(crate) use ffi::nccl::Comm;
+pub(crate) use ffi::{Blas, DevSpan, Gate, Pool, PoolBytes};
 
 /// The oldest driver the backend runs on, as `cuDriverGetVersion` says it: CUDA 12.8.
 pub const MIN_DRIVER: c_int = 12080;
@@ -68,20 +78,16 @@ pub fn probe(ordinal: usize) -> Result<String, String> {
         let dev = device(ordinal)?;
         let name = drv::device::get_name(dev)
             .map_err(|e| format!("reading the name of CUDA device {ordinal}: {}", describe(e)))?;
-        // SAFETY: `dev` is a device handle the driver returned for this ordinal.
-        let total = unsafe { drv::device::total_mem(dev) }.map_err(|e| {
+        let total = ffi::total_mem(dev).map_err(|e| {
             format!(
                 "reading the memory size of CUDA device {ordinal}: {}",
                 describe(e)
             )
         })?;
-        // SAFETY: the same device handle; an integer attribute.
-        let sms = unsafe {
-            drv::device::get_attribute(
-                dev,
-                drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-        }
+        let sms = ffi::attribute(
+            dev,
+            drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
         .map_err(|e| {
             format!(
                 "reading the SM count of CUDA device {ordinal}: {}",
@@ -164,15 +170,8 @@ pub(crate) fn device(ordinal: usize) -> Result<drv_sys::CUdevice, String> {
         Err(e) => return Err(format!("the CUDA driver failed to initialise: {}", describe(e))),
     }
     // cudarc's CUDA 13 bindings time events with cuEventElapsedTime_v2 (CUDA 12.8).
-    let mut version: c_int = 0;
-    // SAFETY: the driver is loaded and initialised (above); it writes one c_int.
-    let r = unsafe { drv_sys::cuDriverGetVersion(&mut version) };
-    if r != drv_sys::CUresult::CUDA_SUCCESS {
-        return Err(format!(
-            "reading the CUDA driver's version: {}",
-            describe(DriverError(r))
-        ));
-    }
+    let version = ffi::driver_version()
+        .map_err(|e| format!("reading the CUDA driver's version: {}", describe(e)))?;
     if version < MIN_DRIVER {
         return Err(format!(
             "the CUDA driver supports CUDA {}.{}; the CUDA backend needs 12.8 or later (driver 570 or newer): update the driver, or use --backend cpu",
@@ -217,7 +216,7 @@ pub(crate) fn mem_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<(u64, u
 pub(crate) fn nccl_loaded() -> Result<(), String> {
     // NCCL runs on the driver: without it the clearer message is the driver's.
     ensure(Lib::Driver).map_err(|e| e.to_string())?;
-    nccl::bind().map(|_| ()).map_err(|e| e.to_string())
+    nccl::bind().map_err(|e| e.to_string())
 }
 
 /// "CUDA_ERROR_X: text" for a driver error (the library is loaded when one exists).
@@ -228,17 +227,9 @@ pub(crate) fn describe(e: DriverError) -> String {
     }
 }
 
-pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm_t>) -> String {
-    let text = |p: *const std::ffi::c_char| {
-        if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: NCCL returns NUL-terminated static strings (checked non-null).
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    };
+pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<&Comm>) -> String {
     let mut s = format!("{:?}", e.0);
-    let general = text(nccl::error_string(e.0));
+    let general = nccl::error_string(e.0);
     if !general.is_empty() {
         s = format!("{s} ({general})");
     }
@@ -247,9 +238,7 @@ pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm
         .map(|v| v >= 21300)
         .unwrap_or(false);
     if let (Some(c), true) = (comm, has_last_error) {
-        // SAFETY: `c` is the communicator the failed call used, still alive
-        // (communicators are destroyed or aborted only when their `Comm` drops).
-        let last = text(unsafe { nccl::last_error(c) });
+        let last = c.last_error();
         if !last.is_empty() {
             s = format!("{s}: {last}");
         }
@@ -257,38 +246,17 @@ pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<nccl_sys::ncclComm
     s
 }
 
-/// A cuBLAS handle bound to one stream. cudarc's `CudaBlas` unwraps
-/// `cublasDestroy` in its `Drop`: a failure there while a panic unwinds aborts the
-/// process past [`guarded`]. Dropping this ignores a failed destroy.
-pub(crate) struct Blas(blas_sys::cublasHandle_t);
-
-impl Blas {
-    pub(crate) fn new(stream: &CudaStream, ordinal: usize) -> Result<Blas, String> {
-        stream.context().bind_to_thread().map_err(describe)?;
-        let what = |e| format!("creating a cuBLAS handle on device {ordinal}: {e:?}");
-        let handle = Blas(blas::create_handle().map_err(what)?);
-        // SAFETY: a live handle and a live stream of the context current on this thread.
-        unsafe { blas::set_stream(handle.0, stream.cu_stream() as _) }.map_err(what)?;
-        Ok(handle)
-    }
-
-    /// The library's version code (`cublasGetVersion`: major x 10000 + minor x 100 +
-    /// patch).
-    pub(crate) fn version(&self) -> Result<c_int, String> {
-        let mut v: c_int = 0;
-        // SAFETY: a live handle; the version is written into `v`.
-        unsafe { blas_sys::cublasGetVersion_v2(self.0, &mut v) }
-            .result()
-            .map_err(|e| format!("cublasGetVersion failed: {e:?}"))?;
-        Ok(v)
-    }
+/// A cuBLAS handle on `stream` (its context bound to this thread first).
+pub(crate) fn new_blas(stream: &CudaStream, ordinal: usize) -> Result<Blas, String> {
+    stream.context().bind_to_thread().map_err(describe)?;
+    Blas::new(stream).map_err(|e| format!("creating a cuBLAS handle on device {ordinal}: {e:?}"))
 }
 
-impl Drop for Blas {
-    fn drop(&mut self) {
-        // SAFETY: made by `cublasCreate` in `new` and destroyed only here.
-        let _ = unsafe { blas::destroy_handle(self.0) };
-    }
+/// The library's version code (`cublasGetVersion`: major x 10000 + minor x 100 +
+/// patch).
+pub(crate) fn blas_version(blas: &Blas) -> Result<c_int, String> {
+    blas.version()
+        .map_err(|e| format!("cublasGetVersion failed: {e:?}"))
 }
 
 /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` and ends the group on every
@@ -319,10 +287,7 @@ pub(crate) fn nccl_group(what: &str, f: impl FnOnce() -> Result<(), String>) -> 
 /// is freed across synchronisations (release threshold: no limit), so that a timed
 /// step does not map again the activation memory the step before it gave back.
 /// `None` where the device has no memory pools (allocations are then synchronous).
-pub(crate) fn keep_pool(
-    ctx: &CudaContext,
-    ordinal: usize,
-) -> Result<Option<drv_sys::CUmemoryPool>, String> {
+pub(crate) fn keep_pool(ctx: &CudaContext, ordinal: usize) -> Result<Option<Pool>, String> {
     if !ctx.has_async_alloc() {
         return Ok(None);
     }
@@ -332,45 +297,21 @@ pub(crate) fn keep_pool(
             describe(e)
         )
     };
-    // SAFETY: the device of a live context.
-    let pool = unsafe { drv::device::get_mem_pool(ctx.cu_device()) }.map_err(what)?;
-    let mut keep_all = u64::MAX;
-    // SAFETY: the release threshold is a cuuint64_t, written from `keep_all`.
-    unsafe {
-        drv::mem_pool::set_attribute(
-            pool,
-            drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut keep_all as *mut u64).cast(),
-        )
-    }
-    .map_err(what)?;
+    let pool = Pool::of(ctx).map_err(what)?;
+    pool.set_release_threshold(u64::MAX).map_err(what)?;
     Ok(Some(pool))
 }
 
-/// A 64-bit attribute of `pool` (reserved / used bytes and their peaks).
-pub(crate) fn pool_bytes(
-    pool: drv_sys::CUmemoryPool,
-    attr: drv_sys::CUmemPool_attribute,
-) -> Result<u64, String> {
-    let mut v = 0u64;
-    // SAFETY: the byte-count attributes are cuuint64_t, written into `v`.
-    unsafe { drv::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }
-        .map_err(|e| format!("reading the memory pool's {attr:?}: {}", describe(e)))?;
-    Ok(v)
+/// A 64-bit count of `pool` (reserved / used bytes and their peaks).
+pub(crate) fn pool_bytes(pool: Pool, what: PoolBytes) -> Result<u64, String> {
+    pool.bytes(what)
+        .map_err(|e| format!("reading the memory pool's {what:?}: {}", describe(e)))
 }
 
 /// Resets the pool's peak of reserved bytes to what it holds now.
-pub(crate) fn reset_pool_peak(pool: drv_sys::CUmemoryPool) -> Result<(), String> {
-    let mut zero = 0u64;
-    // SAFETY: resetting a peak takes a cuuint64_t 0.
-    unsafe {
-        drv::mem_pool::set_attribute(
-            pool,
-            drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
-            (&mut zero as *mut u64).cast(),
-        )
-    }
-    .map_err(|e| format!("resetting the memory pool's peak: {}", describe(e)))
+pub(crate) fn reset_pool_peak(pool: Pool) -> Result<(), String> {
+    pool.reset_reserved_peak()
+        .map_err(|e| format!("resetting the memory pool's peak: {}", describe(e)))
 }
 
 /// Column-major cuBLAS arguments for row-major `C[m,n] = A[m,k] · B[k,n]`.
@@ -399,67 +340,27 @@ pub(crate) fn colmajor_args(
 }
 
 /// Row-major BF16 `C[m,n] = A[m,k] · B[k,n]` (FP32 accumulation) on the handle's
-/// stream, from raw device addresses `(a, b, c)`: `cublasGemmEx`, or for `batch > 1`
+/// stream, in device buffers `(a, b, c)`: `cublasGemmEx`, or for `batch > 1`
 /// `cublasGemmStridedBatchedEx` over contiguous operands.
 pub(crate) fn bf16_gemm(
     blas: &Blas,
     (m, n, k): (u64, u64, u64),
     batch: u64,
-    (a, b, c): (u64, u64, u64),
+    (a, b, c): (DevSpan, DevSpan, DevSpan),
 ) -> Result<(), String> {
-    let (cm, cn, ck, lda, ldb, ldc) = colmajor_args(m, n, k)?;
+    let dims = colmajor_args(m, n, k)?;
     let count =
         c_int::try_from(batch).map_err(|_| format!("batch {batch} is outside cuBLAS's range"))?;
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    let (op, bf16) = (
-        blas_sys::cublasOperation_t::CUBLAS_OP_N,
-        blas_sys::cudaDataType::CUDA_R_16BF,
-    );
-    let (compute, algo) = (
-        blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-    );
-    let (pa, pb, pc) = (a as *const c_void, b as *const c_void, c as *mut c_void);
-    let (al, be) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
     // cuBLAS's first operand is our B (see `colmajor_args`).
-    // SAFETY: the caller's addresses are device buffers of at least batch x m x k,
-    // k x n and m x n BF16 elements (the device program sizes them from the same
-    // shapes; CI's fake cuBLAS checks every extent), on the handle's context.
-    let r = unsafe {
-        if batch > 1 {
-            blas::gemm_strided_batched_ex(
-                blas.0,
-                op,
-                op,
-                cm,
-                cn,
-                ck,
-                al,
-                pb,
-                bf16,
-                lda,
-                (k * n) as i64,
-                pa,
-                bf16,
-                ldb,
-                (m * k) as i64,
-                be,
-                pc,
-                bf16,
-                ldc,
-                (m * n) as i64,
-                count,
-                compute,
-                algo,
-            )
-        } else {
-            blas::gemm_ex(
-                blas.0, op, op, cm, cn, ck, al, pb, bf16, lda, pa, bf16, ldb, be, pc, bf16, ldc,
-                compute, algo,
-            )
-        }
+    let gemm = ffi::Bf16Gemm {
+        dims,
+        batch: count,
+        first: b,
+        second: a,
+        out: c,
     };
-    r.map_err(|e| format!("cuBLAS GEMM {m}x{n}x{k} (batch {batch}) failed: {e:?}"))
+    ffi::bf16_gemm(blas, &gemm)
+        .map_err(|e| format!("cuBLAS GEMM {m}x{n}x{k} (batch {batch}) failed: {e}"))
 }
 
 /// A BF16 value's bits from an f32 (round to nearest even; our values are finite).
@@ -523,10 +424,7 @@ pub(crate) fn alloc_bf16(
     elems: usize,
     what: &str,
 ) -> Result<CudaSlice<u16>, String> {
-    // SAFETY: uninitialised device memory of u16, which has no invalid bit
-    // patterns: read before it is written it holds arbitrary values, nothing worse.
-    unsafe { stream.alloc::<u16>(elems) }
-        .map_err(|e| oom_or(e, ctx, ordinal, what, elems as u64 * 2))
+    ffi::alloc::<u16>(stream, elems).map_err(|e| oom_or(e, ctx, ordinal, what, elems as u64 * 2))
 }
 
 pub(crate) fn fill(
@@ -547,36 +445,11 @@ pub(crate) fn fill(
     Ok(())
 }
 
-/// Holds a stream at a host function until dropped: the work queued behind it then
-/// runs back to back. The host function only waits on a channel (no CUDA calls, as
-/// `cuLaunchHostFunc` requires), at most [`GATE_TIMEOUT`].
-pub(crate) struct Gate(#[allow(dead_code)] mpsc::Sender<()>);
-
-unsafe extern "C" fn gate_wait(arg: *mut c_void) {
-    // Owns the receiver from here; returns when the sender is dropped or on timeout.
-    // SAFETY: `arg` is the Box::into_raw of `Gate::close`, launched once, so it is
-    // reclaimed exactly once.
-    let rx = unsafe { Box::from_raw(arg.cast::<mpsc::Receiver<()>>()) };
-    let _ = rx.recv_timeout(GATE_TIMEOUT);
-}
-
-impl Gate {
-    pub(crate) fn close(stream: &CudaStream) -> Result<Gate, String> {
-        let (tx, rx) = mpsc::channel::<()>();
-        let arg = Box::into_raw(Box::new(rx));
-        // SAFETY: `gate_wait` makes no CUDA call and takes ownership of `arg`.
-        match unsafe {
-            drv::stream::launch_host_function(stream.cu_stream(), gate_wait, arg.cast())
-        } {
-            Ok(()) => Ok(Gate(tx)),
-            Err(e) => {
-                // Not launched: the receiver is still ours.
-                // SAFETY: the function was not queued, so nothing else owns `arg`.
-                drop(unsafe { Box::from_raw(arg) });
-                Err(format!("cuLaunchHostFunc failed: {}", describe(e)))
-            }
-        }
-    }
+/// Holds `stream` at a host function until the [`Gate`] drops: the work queued
+/// behind it then runs back to back (at most [`GATE_TIMEOUT`] if never released).
+pub(crate) fn close_gate(stream: &CudaStream) -> Result<Gate, String> {
+    Gate::close(stream, GATE_TIMEOUT)
+        .map_err(|e| format!("cuLaunchHostFunc failed: {}", describe(e)))
 }
 
 pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> {
@@ -584,42 +457,11 @@ pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> 
         .map_err(|e| format!("creating a CUDA event: {}", describe(e)))
 }
 
-/// An NCCL communicator: destroyed after a clean run, aborted on any early exit
-/// (`ncclCommDestroy` may wait for peers; `ncclCommAbort` never does).
-pub(crate) struct Comm {
-    pub(crate) raw: nccl_sys::ncclComm_t,
-    pub(crate) finished: bool,
-}
-
-impl Comm {
-    pub(crate) fn finish(&mut self, stream: &CudaStream) -> Result<(), String> {
-        stream.synchronize().map_err(describe)?;
-        self.finished = true;
-        // SAFETY: the communicator is live and its stream has finished; `finished`
-        // keeps Drop from aborting it again.
-        unsafe { nccl::comm_destroy(self.raw) }
-            .map(|_| ())
-            .map_err(|e| format!("ncclCommDestroy failed: {}", nccl_describe(&e, None)))
-    }
-}
-
-impl Drop for Comm {
-    fn drop(&mut self) {
-        if !self.finished {
-            // SAFETY: a live communicator not yet destroyed; abort never waits.
-            let _ = unsafe { nccl::comm_abort(self.raw) };
-        }
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
-    fn driver_present() -> bool {
-        // SAFETY: only tries to load the driver library.
-        unsafe { drv_sys::is_culib_present() }
-    }
+    use ffi::driver_present;
 
     /// The one line for a missing driver, naming what was tried.
     pub(crate) fn no_driver<T>(r: &Result<T, String>) -> bool {

@@ -40,20 +40,18 @@ mod check;
 mod issue;
 
 use std::collections::HashMap;
-use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
 use crate::culibs::Lib;
-use crate::cuload::{ensure, nccl};
-use cudarc::driver::{
-    result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr,
-};
-use cudarc::nccl::sys as nccl_sys;
+use crate::cuload::ensure;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use sextant_planner::ranks::{RankMap, GROUP_KINDS};
 
+use crate::cuda::ffi::{copy_htod, nccl, DevBuf};
 use crate::cuda::{
-    context, describe, device, fill_pattern, guarded, keep_pool, mem_info, nccl_describe,
-    nccl_loaded, oom_or, pool_bytes, reset_pool_peak, timing_event, Blas, Comm, Gate,
+    close_gate, context, describe, device, fill_pattern, guarded, keep_pool, mem_info,
+    nccl_describe, nccl_loaded, new_blas, oom_or, pool_bytes, reset_pool_peak, timing_event, Blas,
+    Comm, Pool, PoolBytes,
 };
 use crate::record::{DeviceMemory, RankStats};
 use crate::trace::{book, peaks, Op, Scratch};
@@ -97,11 +95,8 @@ fn set(phase: &Mutex<String>, p: String) {
     *phase.lock().unwrap_or_else(|e| e.into_inner()) = p;
 }
 
-/// A device buffer of `bytes`, with its raw address.
-struct Buf {
-    _slice: CudaSlice<u8>,
-    ptr: u64,
-}
+/// A device buffer of `bytes`, with its address.
+type Buf = DevBuf;
 
 fn alloc(
     ctx: &Arc<CudaContext>,
@@ -112,14 +107,8 @@ fn alloc(
 ) -> Result<Buf, String> {
     let n = usize::try_from(bytes.max(2))
         .map_err(|_| format!("{what}: {bytes} bytes do not fit this machine's address space"))?;
-    // SAFETY: the buffer is written (filled, or by the ops) before it is read.
-    let slice =
-        unsafe { stream.alloc::<u8>(n) }.map_err(|e| oom_or(e, ctx, ordinal, what, bytes))?;
-    let ptr = {
-        let (p, _sync) = slice.device_ptr(stream);
-        p
-    };
-    Ok(Buf { _slice: slice, ptr })
+    // Uninitialised: the buffer is written (filled, or by the ops) before it is read.
+    DevBuf::alloc(stream, n).map_err(|e| oom_or(e, ctx, ordinal, what, bytes))
 }
 
 /// Runs `warmup + steps` steps of the program and returns the timed steps' statistics.
@@ -147,7 +136,7 @@ struct Comms {
 struct Gpu {
     comms: Comms,
     blas: Blas,
-    pool: Option<drv_sys::CUmemoryPool>,
+    pool: Option<Pool>,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     ordinal: usize,
@@ -169,7 +158,7 @@ fn open(job: &DeviceJob, memory: &mut DeviceMemory) -> Result<Gpu, String> {
         )
     })?;
     (memory.free_with_context_bytes, memory.total_bytes) = mem_info(&ctx, ordinal)?;
-    let blas = Blas::new(&stream, ordinal)?;
+    let blas = new_blas(&stream, ordinal)?;
     set(job.phase, "creating NCCL communicators".into());
     let comms = communicators(job)?;
     (memory.free_before_run_bytes, _) = mem_info(&ctx, ordinal)?;
@@ -190,58 +179,38 @@ fn communicators(job: &DeviceJob) -> Result<Comms, String> {
     for (d, &s) in internal.iter_mut().zip(job.unique_id) {
         *d = s as std::ffi::c_char;
     }
-    let mut raw: nccl_sys::ncclComm_t = std::ptr::null_mut();
-    // SAFETY: `raw` is written by NCCL; the id is the 128 bytes rank 0 made.
-    unsafe {
-        nccl::comm_init_rank(
-            &mut raw,
-            world as c_int,
-            nccl_sys::ncclUniqueId { internal },
-            rank as c_int,
-        )
-    }
-    .map_err(|e| {
+    let mut made = Vec::with_capacity(1);
+    Comm::init_rank(world, nccl::UniqueId { internal }, rank, &mut made).map_err(|e| {
         format!(
             "ncclCommInitRank (rank {rank} of {world}) failed: {}",
             nccl_describe(&e, None)
         )
     })?;
+    let world_comm = made
+        .pop()
+        .ok_or_else(|| format!("ncclCommInitRank (rank {rank} of {world}) made no communicator"))?;
     let mut comms = Comms {
-        world: Comm {
-            raw,
-            finished: false,
-        },
+        world: world_comm,
         kinds: Vec::with_capacity(GROUP_KINDS.len()),
     };
     // One communicator per group kind, split in GROUP_KINDS order on every rank.
     for (k, kind) in GROUP_KINDS.iter().enumerate() {
         let idx = me.group_index[k];
-        let key = map
-            .group_of(rank, k)
+        let members = map.group_of(rank, k);
+        let key = members
             .iter()
             .position(|&q| q == rank)
             .ok_or_else(|| format!("rank {rank} is not in its own {kind} group"))?;
-        let mut raw: nccl_sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: a live parent communicator; `raw` is written by NCCL.
-        unsafe {
-            nccl::comm_split(
-                comms.world.raw,
-                idx as c_int,
-                key as c_int,
-                &mut raw,
-                std::ptr::null_mut(),
-            )
-        }
-        .map_err(|e| {
-            format!(
-                "ncclCommSplit for the {kind} groups failed (NCCL 2.18 or later is needed): {}",
-                nccl_describe(&e, Some(comms.world.raw))
-            )
-        })?;
-        comms.kinds.push(Comm {
-            raw,
-            finished: false,
-        });
+        let comm = comms
+            .world
+            .split(idx as u64, key as u64, members.len() as u64)
+            .map_err(|e| {
+                format!(
+                    "ncclCommSplit for the {kind} groups failed (NCCL 2.18 or later is needed): {}",
+                    nccl_describe(&e, Some(&comms.world))
+                )
+            })?;
+        comms.kinds.push(comm);
     }
     Ok(comms)
 }
@@ -252,13 +221,15 @@ fn fill_scratch(
     bufs: [(&Buf, u64); 2],
     pattern: &[u8],
 ) -> Result<(), String> {
-    let cu = stream.cu_stream();
     for (buf, size) in bufs {
         let mut off = 0u64;
         while off < size {
             let n = (pattern.len() as u64).min(size - off);
-            // SAFETY: `n` bytes at `off` lie inside the buffer of `size` bytes.
-            unsafe { drv::memcpy_htod_async(buf.ptr + off, &pattern[..n as usize], cu) }
+            let piece = buf
+                .span()
+                .at(off, n)
+                .ok_or_else(|| format!("filling scratch: {size} bytes run past its buffer"))?;
+            copy_htod(stream, piece, &pattern[..n as usize])
                 .map_err(|e| format!("filling scratch: {}", describe(e)))?;
             off += n;
         }
@@ -269,15 +240,14 @@ fn fill_scratch(
 /// The pool's peaks after the timed steps: reserved (over the whole run), used, and
 /// how much the timed steps grew it.
 fn pool_peaks(
-    pool: drv_sys::CUmemoryPool,
+    pool: Pool,
     memory: &mut DeviceMemory,
     reserved_peak: u64,
     reserved_at_timed_start: u64,
 ) -> Result<(), String> {
-    use drv_sys::CUmemPool_attribute::*;
-    let high = pool_bytes(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?;
+    let high = pool_bytes(pool, PoolBytes::ReservedHigh)?;
     memory.pool_reserved_peak_bytes = reserved_peak.max(high);
-    memory.pool_used_peak_bytes = pool_bytes(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
+    memory.pool_used_peak_bytes = pool_bytes(pool, PoolBytes::UsedHigh)?;
     memory.pool_grown_in_timed_steps_bytes = high.saturating_sub(reserved_at_timed_start);
     Ok(())
 }
@@ -322,7 +292,7 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
     check_gemms(
         &gpu,
         job.program,
-        (a.ptr, b.ptr, c.ptr),
+        (a.span(), b.span(), c.span()),
         &pattern16,
         &mut stats.checks,
     )?;
@@ -353,9 +323,9 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
     };
     let issue = Issue {
         gpu: &gpu,
-        a: a.ptr,
-        b: b.ptr,
-        c: c.ptr,
+        a: a.span(),
+        b: b.span(),
+        c: c.span(),
         group_size: &group_size,
     };
     let mut kept: HashMap<(u64, u64), Buf> = HashMap::new();
@@ -366,10 +336,8 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
             // The pool's reserved bytes from here on tell whether a timed step had
             // to map memory again.
             if let Some(pool) = gpu.pool {
-                let high = drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
-                let now = drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT;
-                reserved_peak = pool_bytes(pool, high)?;
-                reserved_at_timed_start = pool_bytes(pool, now)?;
+                reserved_peak = pool_bytes(pool, PoolBytes::ReservedHigh)?;
+                reserved_at_timed_start = pool_bytes(pool, PoolBytes::ReservedCurrent)?;
                 reset_pool_peak(pool)?;
             }
         }
@@ -379,7 +347,7 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
         );
         for (bi, (range, gated)) in batches.iter().enumerate() {
             let gate = if *gated {
-                Some(Gate::close(stream)?)
+                Some(close_gate(stream)?)
             } else {
                 None
             };
@@ -487,8 +455,7 @@ mod tests {
             phase: &phase,
         };
         let r = std::panic::catch_unwind(|| run_device(&job)).expect("run_device must not panic");
-        // SAFETY: only tries to load the driver library.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !crate::cuda::ffi::driver_present() {
             assert!(crate::cuda::tests::no_driver(&r), "{r:?}");
         }
         let short = [0u8; 16];

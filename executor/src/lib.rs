@@ -5,11 +5,20 @@
 //! from the plan's rank order and run [`program::run`]. The CPU backend moves real
 //! data over loopback TCP with f32 GEMMs at small sizes: it proves a plan's layout
 //! and schedule are consistent. The CUDA backend (feature `cuda`) is in the `cuda` and
-//! `device` modules; without the feature, modules of the same names (`nocuda.rs`)
-//! have the same functions, each returning one error saying so.
+//! `device` modules and the benchmarks' timing in `bench`; without the feature,
+//! modules of the same names (`nocuda.rs`, `bench`'s stand-ins) have the same
+//! functions and types, each function returning one error saying so.
+//!
+//! `unsafe` is denied everywhere but in `cuda::ffi` (the CUDA backend's raw calls,
+//! behind safe functions) and `tensor`'s call of `matrixmultiply`'s GEMM; each
+//! `unsafe` block there says why it is sound in a `// SAFETY:` line (clippy's
+//! `undocumented_unsafe_blocks`).
+
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod auth;
-#[cfg(feature = "cuda")]
 pub mod bench;
 pub mod comm;
 #[cfg(feature = "cuda")]

@@ -26,6 +26,62 @@ pub mod cuda {
     }
 }
 
+/// The stand-ins for the benchmarks' functions; their types are
+/// [`crate::bench`]'s, compiled in both builds.
+pub mod bench {
+    use std::path::PathBuf;
+
+    use super::NOT_COMPILED;
+    use crate::bench::{
+        CollOp, CollTimes, DeviceInfo, GemmShape, GemmTimes, MemOp, PeerTimes, Timing,
+    };
+    use crate::culibs::Lib;
+
+    /// Always the not-compiled error.
+    pub fn device_info(_ordinal: usize) -> Result<DeviceInfo, String> {
+        Err(NOT_COMPILED.into())
+    }
+
+    /// Always the not-compiled error.
+    pub fn library_files(_libs: &[Lib]) -> Result<Vec<(Lib, Option<PathBuf>)>, String> {
+        Err(NOT_COMPILED.into())
+    }
+
+    /// Always the not-compiled error.
+    pub fn gemms(_ordinal: usize, _shapes: &[GemmShape], _t: Timing) -> Result<GemmTimes, String> {
+        Err(NOT_COMPILED.into())
+    }
+
+    /// Always the not-compiled error.
+    pub fn memory(
+        _ordinal: usize,
+        _sizes: &[u64],
+        _t: Timing,
+    ) -> Result<Vec<(MemOp, u64, f64)>, String> {
+        Err(NOT_COMPILED.into())
+    }
+
+    /// Always the not-compiled error.
+    pub fn collectives(
+        _ordinals: &[usize],
+        _ops: &[CollOp],
+        _sizes: &[u64],
+        _t: Timing,
+    ) -> Result<CollTimes, String> {
+        Err(NOT_COMPILED.into())
+    }
+
+    /// Always the not-compiled error.
+    pub fn peer_copies(
+        _a: usize,
+        _b: usize,
+        _sizes: &[u64],
+        _t: Timing,
+    ) -> Result<PeerTimes, String> {
+        Err(NOT_COMPILED.into())
+    }
+}
+
 /// The stand-in for [`crate::device`] (the device program's interpreter).
 pub mod device {
     use std::sync::Mutex;

@@ -89,7 +89,9 @@ impl Mat {
 }
 
 /// `op(a) @ op(b)` where `op` transposes when asked; the transposes are free
-/// (strides). Shapes are checked.
+/// (strides). Shapes are checked, and each matrix's data against its shape (the
+/// fields are public), before the one `unsafe` call outside `cuda::ffi`.
+#[allow(unsafe_code)]
 pub fn matmul(a: &Mat, ta: bool, b: &Mat, tb: bool) -> Mat {
     let (m, k) = if ta {
         (a.cols, a.rows)
@@ -102,6 +104,8 @@ pub fn matmul(a: &Mat, ta: bool, b: &Mat, tb: bool) -> Mat {
         (b.rows, b.cols)
     };
     assert_eq!(k, k2, "matmul inner dimensions");
+    assert_eq!(a.data.len(), a.rows * a.cols, "matmul: a's data and shape");
+    assert_eq!(b.data.len(), b.rows * b.cols, "matmul: b's data and shape");
     let mut c = Mat::zeros(m, n);
     if m == 0 || n == 0 || k == 0 {
         return c;
@@ -116,8 +120,9 @@ pub fn matmul(a: &Mat, ta: bool, b: &Mat, tb: bool) -> Mat {
     } else {
         (b.cols as isize, 1)
     };
-    // SAFETY: the pointers cover m*k, k*n and m*n elements with the strides above,
-    // which the shape checks guarantee.
+    // SAFETY: a's and b's data hold rows x cols elements (asserted above), so with
+    // the strides above the pointers cover m*k and k*n elements; c is m x n, made by
+    // `zeros`, and borrowed mutably only here.
     unsafe {
         matrixmultiply::sgemm(
             m,

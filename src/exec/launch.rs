@@ -48,33 +48,15 @@ fn confine(cmd: &mut Command, pgid: i32) {
     use std::os::unix::process::CommandExt;
     cmd.process_group(pgid);
     #[cfg(target_os = "linux")]
-    {
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs in the child between fork and exec and calls only
-        // async-signal-safe functions (prctl, getppid), allocating nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The launcher may have died before the line above took effect.
-                if libc::getppid() != parent {
-                    return Err(std::io::Error::other("the launcher exited"));
-                }
-                Ok(())
-            });
-        }
-    }
+    crate::sys::die_with_parent(cmd);
 }
 
 /// Kills every started rank (the whole group at once, then each by id) and reaps them.
 fn kill_all(children: &mut [(u64, Child)], pgid: Option<u32>) {
     #[cfg(unix)]
     if let Some(g) = pgid.and_then(|g| libc::pid_t::try_from(g).ok()) {
-        // SAFETY: killpg on the group this launcher created for its ranks.
-        unsafe {
-            libc::killpg(g, libc::SIGKILL);
-        }
+        // The group this launcher created for its ranks.
+        crate::sys::kill_group(g);
     }
     #[cfg(not(unix))]
     let _ = pgid;

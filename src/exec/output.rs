@@ -121,8 +121,7 @@ pub fn remove_stale_temps(out: &Path) -> usize {
 #[cfg(unix)]
 fn owned_by_me(meta: &fs::Metadata) -> bool {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: getuid has no preconditions and cannot fail.
-    meta.uid() == unsafe { libc::getuid() }
+    meta.uid() == crate::sys::uid()
 }
 
 #[cfg(not(unix))]
@@ -139,9 +138,7 @@ fn process_alive(pid: u32) -> bool {
     if pid <= 0 {
         return true; // not a single process: never treat as gone
     }
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    crate::sys::process_exists(pid)
 }
 
 #[cfg(not(unix))]

@@ -1123,9 +1123,9 @@ fn cdp_harness_drives_a_fixture() {
     let pid = b.child.id() as libc::pid_t;
     drop(b);
     // SAFETY: signal 0 only asks whether the process exists.
+    let alive = unsafe { libc::kill(pid, 0) };
     assert_ne!(
-        unsafe { libc::kill(pid, 0) },
-        0,
+        alive, 0,
         "Chromium (pid {pid}) still runs after the client was dropped"
     );
     println!(

@@ -1,4 +1,8 @@
 //! Sextant's integration tests: one test binary (see ARCHITECTURE.md, "Tests").
+//! The few `unsafe` blocks (libc calls: pipes, FIFOs, signals) each say why they
+//! are sound in a `// SAFETY:` line.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
 #[cfg(target_os = "linux")]

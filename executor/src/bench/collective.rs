@@ -1,56 +1,17 @@
 //! NCCL collectives over local GPUs, driven from one thread with group calls.
 
-use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use cudarc::nccl::sys as nccl_sys;
 use sextant_planner::calibration::median;
 
 use super::memory::bytes_on;
-use super::{check_timing, timed_calls, Timing};
+use super::{check_timing, timed_calls, CollOp, CollTimes, Timing};
+use crate::cuda::ffi::nccl::{self, Elem};
 use crate::cuda::{
     context, describe, device, guarded, mem_info, nccl_describe, nccl_group, nccl_loaded,
     out_of_memory, Comm,
 };
-use crate::cuload::nccl;
-
-/// An NCCL collective, BF16, summed where it reduces, out of place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CollOp {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-}
-
-impl CollOp {
-    pub fn label(self) -> &'static str {
-        match self {
-            CollOp::AllReduce => "all_reduce",
-            CollOp::AllGather => "all_gather",
-            CollOp::ReduceScatter => "reduce_scatter",
-        }
-    }
-
-    /// Bytes each rank sends and receives for a collective of `bytes` in nccl-tests'
-    /// convention (the all-reduce's buffer, the all-gather's output, the
-    /// reduce-scatter's input) over `n` ranks.
-    pub fn sides(self, bytes: u64, n: u64) -> (u64, u64) {
-        match self {
-            CollOp::AllReduce => (bytes, bytes),
-            CollOp::AllGather => (bytes / n, bytes),
-            CollOp::ReduceScatter => (bytes, bytes / n),
-        }
-    }
-}
-
-/// The collective benchmark's results: (op, bytes, median seconds of the slowest
-/// rank) and NCCL's version code.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CollTimes {
-    pub points: Vec<(CollOp, u64, f64)>,
-    pub nccl_version: i32,
-}
 
 /// Times each collective at each size over one NCCL communicator of the devices in
 /// `ordinals` (one rank each), all driven from this thread with group calls (NCCL's
@@ -123,43 +84,29 @@ pub fn collectives(
                     nccl_group(&call, || {
                         for (r, (_, ctx, stream)) in gpus.iter().enumerate() {
                             ctx.bind_to_thread().map_err(describe)?;
-                            let (ps, pr) =
-                                (bufs[r].0 .1 as *const c_void, bufs[r].1 .1 as *mut c_void);
-                            let (cu, comm) =
-                                (stream.cu_stream() as nccl_sys::cudaStream_t, comms[r].raw);
-                            let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
-                            let sum = nccl_sys::ncclRedOp_t::ncclSum;
-                            // SAFETY: the buffers hold what `sides` says, on this
+                            let (ps, pr) = (bufs[r].0.span(), bufs[r].1.span());
+                            let comm = &comms[r];
+                            // The buffers hold what `sides` says, on this
                             // communicator's device, and live until after the timing.
-                            unsafe {
-                                match op {
-                                    CollOp::AllReduce => nccl::all_reduce(
-                                        ps,
-                                        pr,
-                                        (send / 2) as usize,
-                                        bf16,
-                                        sum,
-                                        comm,
-                                        cu,
-                                    ),
-                                    CollOp::AllGather => nccl::all_gather(
-                                        ps,
-                                        pr,
-                                        (send / 2) as usize,
-                                        bf16,
-                                        comm,
-                                        cu,
-                                    ),
-                                    CollOp::ReduceScatter => nccl::reduce_scatter(
-                                        ps,
-                                        pr,
-                                        (recv / 2) as usize,
-                                        bf16,
-                                        sum,
-                                        comm,
-                                        cu,
-                                    ),
-                                }
+                            match op {
+                                CollOp::AllReduce => comm.all_reduce(
+                                    (ps, pr),
+                                    (send / 2) as usize,
+                                    Elem::Bf16,
+                                    stream,
+                                ),
+                                CollOp::AllGather => comm.all_gather(
+                                    (ps, pr),
+                                    (send / 2) as usize,
+                                    Elem::Bf16,
+                                    stream,
+                                ),
+                                CollOp::ReduceScatter => comm.reduce_scatter(
+                                    (ps, pr),
+                                    (recv / 2) as usize,
+                                    Elem::Bf16,
+                                    stream,
+                                ),
                             }
                             .map(|_| ())
                             .map_err(|e| {
@@ -192,31 +139,20 @@ fn open_comms(gpus: &[(usize, Arc<CudaContext>, Arc<CudaStream>)]) -> Result<Vec
     let n = gpus.len() as u64;
     let id = nccl::get_uniqueid()
         .map_err(|e| format!("ncclGetUniqueId failed: {}", nccl_describe(&e, None)))?;
-    let mut raws: Vec<nccl_sys::ncclComm_t> = vec![std::ptr::null_mut(); gpus.len()];
+    // Whatever was made is aborted on an early exit (before the streams go).
+    let mut comms: Vec<Comm> = Vec::with_capacity(gpus.len());
     let made = nccl_group("creating the NCCL communicators", || {
         for (r, (o, ctx, _)) in gpus.iter().enumerate() {
             ctx.bind_to_thread().map_err(describe)?;
-            // SAFETY: `raws[r]` is written by NCCL; the id came from ncclGetUniqueId.
-            unsafe { nccl::comm_init_rank(&mut raws[r], n as c_int, id, r as c_int) }.map_err(
-                |e| {
-                    format!(
-                        "ncclCommInitRank (rank {r} of {n}, device {o}) failed: {}",
-                        nccl_describe(&e, None)
-                    )
-                },
-            )?;
+            Comm::init_rank(n, id, r as u64, &mut comms).map_err(|e| {
+                format!(
+                    "ncclCommInitRank (rank {r} of {n}, device {o}) failed: {}",
+                    nccl_describe(&e, None)
+                )
+            })?;
         }
         Ok(())
     });
-    // Whatever was made is aborted on an early exit (before the streams go).
-    let comms: Vec<Comm> = raws
-        .iter()
-        .filter(|c| !c.is_null())
-        .map(|&raw| Comm {
-            raw,
-            finished: false,
-        })
-        .collect();
     made?;
     if comms.len() != gpus.len() {
         return Err(format!(

@@ -1,56 +1,14 @@
 //! BF16 cuBLAS GEMMs over shapes, operands allocated once at the largest shape.
 
-use cudarc::driver::DevicePtr;
 use sextant_planner::calibration::median;
 
-use super::{check_timing, timed_calls, Timing};
+use super::{check_timing, gemm_bytes, timed_calls, GemmShape, GemmTimes, Timing};
 use crate::cuda::{
-    alloc_bf16, bf16_gemm, colmajor_args, context, describe, device, fill, fill_pattern, guarded,
-    mem_info, out_of_memory, Blas, FILL_ELEMS,
+    alloc_bf16, bf16_gemm, blas_version, colmajor_args, context, describe, device, fill,
+    fill_pattern, guarded, mem_info, new_blas, out_of_memory, DevSpan, FILL_ELEMS,
 };
 use crate::culibs::Lib;
 use crate::cuload::ensure;
-
-/// One GEMM shape: row-major `C[m,n] = A[m,k] · B[k,n]`, `batch` products per call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GemmShape {
-    pub class: String,
-    pub m: u64,
-    pub n: u64,
-    pub k: u64,
-    pub batch: u64,
-}
-
-impl GemmShape {
-    /// Elements of A, B and C over the batch, or None on overflow.
-    pub(super) fn elems(&self) -> Option<(u64, u64, u64)> {
-        let b = self.batch;
-        Some((
-            self.m.checked_mul(self.k)?.checked_mul(b)?,
-            self.k.checked_mul(self.n)?.checked_mul(b)?,
-            self.m.checked_mul(self.n)?.checked_mul(b)?,
-        ))
-    }
-}
-
-/// Bytes of A, B and C for one BF16 GEMM, or None on overflow.
-pub(super) fn gemm_bytes(m: u64, n: u64, k: u64) -> Option<u64> {
-    let e = m
-        .checked_mul(k)?
-        .checked_add(k.checked_mul(n)?)?
-        .checked_add(m.checked_mul(n)?)?;
-    let b = e.checked_mul(2)?;
-    usize::try_from(b).ok()?;
-    Some(b)
-}
-
-/// The GEMM benchmark's results: per shape, the median seconds of one call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GemmTimes {
-    pub points: Vec<(GemmShape, f64)>,
-    /// `cublasGetVersion`.
-    pub cublas_version: i32,
-}
 
 /// Times BF16 GEMMs (`cublasGemmEx`, or `cublasGemmStridedBatchedEx` for a batch;
 /// FP32 accumulation, the default algorithm) of every shape on device `ordinal`.
@@ -94,8 +52,8 @@ pub fn gemms(ordinal: usize, shapes: &[GemmShape], t: Timing) -> Result<GemmTime
                 describe(e)
             )
         })?;
-        let blas = Blas::new(&stream, ordinal)?;
-        let cublas_version = blas.version()?;
+        let blas = new_blas(&stream, ordinal)?;
+        let cublas_version = blas_version(&blas)?;
         let what = "the GEMM operands at the largest shapes (A, B and C)";
         let (free, _) = mem_info(&ctx, ordinal)?;
         if total > free {
@@ -107,13 +65,12 @@ pub fn gemms(ordinal: usize, shapes: &[GemmShape], t: Timing) -> Result<GemmTime
         let c = alloc_bf16(&ctx, &stream, ordinal, nc as usize, what)?;
         fill(&stream, &mut a, &pattern)?;
         fill(&stream, &mut b, &pattern)?;
-        // Raw addresses, taken once: the buffers outlive every call, all on `stream`.
-        let (pa, pb, pc) = {
-            let (pa, _ra) = a.device_ptr(&stream);
-            let (pb, _rb) = b.device_ptr(&stream);
-            let (pc, _rc) = c.device_ptr(&stream);
-            (pa, pb, pc)
-        };
+        // Addresses, taken once: the buffers outlive every call, all on `stream`.
+        let (pa, pb, pc) = (
+            DevSpan::of(&a, &stream),
+            DevSpan::of(&b, &stream),
+            DevSpan::of(&c, &stream),
+        );
         let mut points = Vec::with_capacity(shapes.len());
         for s in shapes {
             let shape = format!("the GEMM {}x{}x{} (batch {})", s.m, s.n, s.k, s.batch);

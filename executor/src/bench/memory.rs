@@ -2,49 +2,26 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaStream};
 use sextant_planner::calibration::median;
 
-use super::{check_timing, timed_calls, Timing};
+use super::{check_timing, timed_calls, MemOp, Timing};
+use crate::cuda::ffi::{copy_dtod, memset, DevBuf};
 use crate::cuda::{context, describe, device, guarded, mem_info, oom_or, out_of_memory};
 
-/// A device-memory operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemOp {
-    /// `cuMemcpyDtoDAsync` within one device: reads and writes the bytes.
-    Copy,
-    /// `cuMemsetD8Async`: writes them.
-    Memset,
-}
-
-impl MemOp {
-    pub fn label(self) -> &'static str {
-        match self {
-            MemOp::Copy => "copy",
-            MemOp::Memset => "memset",
-        }
-    }
-}
-
-/// A byte buffer from `stream`'s pool and its address.
+/// A byte buffer from `stream`'s pool.
 pub(super) fn bytes_on(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
     ordinal: usize,
     bytes: u64,
     what: &str,
-) -> Result<(CudaSlice<u8>, u64), String> {
+) -> Result<DevBuf, String> {
     let n = usize::try_from(bytes)
         .map_err(|_| format!("{what}: {bytes} bytes do not fit this machine's address space"))?;
-    // SAFETY: every byte is written before it is read, or its value is irrelevant
-    // (a copy's or a collective's source: only the traffic is measured).
-    let slice =
-        unsafe { stream.alloc::<u8>(n) }.map_err(|e| oom_or(e, ctx, ordinal, what, bytes))?;
-    let ptr = {
-        let (p, _sync) = slice.device_ptr(stream);
-        p
-    };
-    Ok((slice, ptr))
+    // Uninitialised: every byte is written before it is read, or its value is
+    // irrelevant (a copy's or a collective's source: only the traffic is measured).
+    DevBuf::alloc(stream, n).map_err(|e| oom_or(e, ctx, ordinal, what, bytes))
 }
 
 /// Times a device-to-device copy and a memset of each size on device `ordinal`
@@ -74,22 +51,18 @@ pub fn memory(ordinal: usize, sizes: &[u64], t: Timing) -> Result<Vec<(MemOp, u6
         if need > free {
             return Err(out_of_memory(&ctx, ordinal, &what, need));
         }
-        let (_src, ps) = bytes_on(&ctx, &stream, ordinal, max, &what)?;
-        let (_dst, pd) = bytes_on(&ctx, &stream, ordinal, max, &what)?;
-        let cu = stream.cu_stream();
-        // SAFETY: `ps` holds `max` bytes on this stream.
-        unsafe { drv::memset_d8_async(ps, 0x3c, max as usize, cu) }.map_err(describe)?;
+        let src = bytes_on(&ctx, &stream, ordinal, max, &what)?;
+        let dst = bytes_on(&ctx, &stream, ordinal, max, &what)?;
+        let (ps, pd) = (src.span(), dst.span());
+        memset(&stream, ps, 0x3c, max).map_err(describe)?;
         let mut out = Vec::with_capacity(2 * sizes.len());
         for &bytes in sizes {
-            let n = bytes as usize;
             for op in [MemOp::Copy, MemOp::Memset] {
                 let secs = timed_calls(&[(&ctx, &stream)], t, || {
-                    // SAFETY: both buffers hold `max >= bytes` bytes and live on `stream`.
-                    unsafe {
-                        match op {
-                            MemOp::Copy => drv::memcpy_dtod_async(pd, ps, n, cu),
-                            MemOp::Memset => drv::memset_d8_async(pd, 0, n, cu),
-                        }
+                    // Both buffers hold `max >= bytes` bytes and live on `stream`.
+                    match op {
+                        MemOp::Copy => copy_dtod(&stream, pd, ps, bytes),
+                        MemOp::Memset => memset(&stream, pd, 0, bytes),
                     }
                     .map_err(|e| format!("{} of {bytes} bytes: {}", op.label(), describe(e)))
                 })?;

@@ -1,78 +1,41 @@
 //! Copies between two GPUs, with peer access where the devices allow it.
 
-use std::ffi::c_int;
 use std::sync::Arc;
 
-use cudarc::driver::{result as drv, sys as drv_sys, CudaContext};
+use cudarc::driver::{sys as drv_sys, CudaContext};
 use sextant_planner::calibration::median;
 
-use super::{check_timing, timed_calls, Timing};
+use super::{check_timing, timed_calls, PeerTimes, Timing};
+use crate::cuda::ffi::{self, copy_peer, PlainBuf};
 use crate::cuda::{context, describe, device, guarded, mem_info, oom_or, out_of_memory};
 
-/// A device allocation made with `cuMemAlloc` (not from a memory pool, whose peer
-/// access `cuCtxEnablePeerAccess` does not govern), freed on drop.
-pub(super) struct PlainBuf {
-    ctx: Arc<CudaContext>,
-    ptr: drv_sys::CUdeviceptr,
-}
-
-impl PlainBuf {
-    fn new(
-        ctx: &Arc<CudaContext>,
-        ordinal: usize,
-        bytes: u64,
-        what: &str,
-    ) -> Result<PlainBuf, String> {
-        ctx.bind_to_thread().map_err(describe)?;
-        let n = usize::try_from(bytes).map_err(|_| {
-            format!("{what}: {bytes} bytes do not fit this machine's address space")
-        })?;
-        // SAFETY: the context is current; the memory is freed in `drop`.
-        let ptr =
-            unsafe { drv::malloc_sync(n) }.map_err(|e| oom_or(e, ctx, ordinal, what, bytes))?;
-        Ok(PlainBuf {
-            ctx: ctx.clone(),
-            ptr,
-        })
-    }
-}
-
-impl Drop for PlainBuf {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by `new` and freed only here; the streams that used
-            // it were synchronised (or the process is failing anyway).
-            let _ = unsafe { drv::free_sync(self.ptr) };
-        }
-    }
+/// A `cuMemAlloc` buffer of `bytes` on `ctx`'s device (see [`PlainBuf`]).
+fn plain_buf(
+    ctx: &Arc<CudaContext>,
+    ordinal: usize,
+    bytes: u64,
+    what: &str,
+) -> Result<PlainBuf, String> {
+    ctx.bind_to_thread().map_err(describe)?;
+    let n = usize::try_from(bytes)
+        .map_err(|_| format!("{what}: {bytes} bytes do not fit this machine's address space"))?;
+    PlainBuf::new(ctx, n).map_err(|e| oom_or(e, ctx, ordinal, what, bytes))
 }
 
 /// Enables access from `ctx` to `peer`'s memory when the devices allow it; says
 /// whether it is on.
 pub(super) fn enable_peer(ctx: &Arc<CudaContext>, peer: &Arc<CudaContext>) -> Result<bool, String> {
-    let mut can: c_int = 0;
-    // SAFETY: two device handles from live contexts; writes one int.
-    unsafe { drv_sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer.cu_device()) }
-        .result()
+    let can = ffi::can_access_peer(ctx, peer)
         .map_err(|e| format!("cuDeviceCanAccessPeer: {}", describe(e)))?;
-    if can == 0 {
+    if !can {
         return Ok(false);
     }
     ctx.bind_to_thread().map_err(describe)?;
-    // SAFETY: the peer's live context, flags 0 as the API requires.
-    match unsafe { drv_sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) }.result() {
+    match ffi::enable_peer_access(peer) {
         Ok(()) => Ok(true),
         Err(e) if e.0 == drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
         Err(e) => Err(format!("cuCtxEnablePeerAccess: {}", describe(e))),
     }
-}
-
-/// The peer-copy benchmark's results: whether peer access was on each way, and
-/// (source, destination, bytes, median seconds) for each direction and size.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PeerTimes {
-    pub peer_access: [bool; 2],
-    pub points: Vec<(usize, usize, u64, f64)>,
 }
 
 /// Times `cuMemcpyPeerAsync` of each size from device `a` to device `b` and back,
@@ -108,28 +71,18 @@ pub fn peer_copies(a: usize, b: usize, sizes: &[u64], t: Timing) -> Result<PeerT
             }
         }
         let (ba, bb) = (
-            PlainBuf::new(&ca, a, max, &what)?,
-            PlainBuf::new(&cb, b, max, &what)?,
+            plain_buf(&ca, a, max, &what)?,
+            plain_buf(&cb, b, max, &what)?,
         );
         let mut points = Vec::with_capacity(2 * sizes.len());
         for (src, dst, cs, cd, s, ps, pd) in [
-            (a, b, &ca, &cb, &sa, ba.ptr, bb.ptr),
-            (b, a, &cb, &ca, &sb, bb.ptr, ba.ptr),
+            (a, b, &ca, &cb, &sa, ba.span(), bb.span()),
+            (b, a, &cb, &ca, &sb, bb.span(), ba.span()),
         ] {
             for &bytes in sizes {
                 let secs = timed_calls(&[(cs, s)], t, || {
-                    // SAFETY: both buffers hold `max >= bytes` bytes and outlive the copies.
-                    unsafe {
-                        drv::memcpy_peer_async(
-                            cd.cu_ctx(),
-                            pd,
-                            cs.cu_ctx(),
-                            ps,
-                            bytes as usize,
-                            s.cu_stream(),
-                        )
-                    }
-                    .map_err(|e| {
+                    // Both buffers hold `max >= bytes` bytes and outlive the copies.
+                    copy_peer(s, (cd, pd), (cs, ps), bytes).map_err(|e| {
                         format!(
                             "copying {bytes} bytes from device {src} to {dst}: {}",
                             describe(e)

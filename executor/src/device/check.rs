@@ -2,15 +2,13 @@
 //! distinct GEMM shape's result is compared with the host's on sampled entries.
 
 use std::collections::BTreeMap;
-use std::ffi::c_void;
 
-use cudarc::driver::result as drv;
-use cudarc::nccl::sys as nccl_sys;
 use sextant_planner::ranks::GROUP_KINDS;
 
 use super::{alloc, DeviceJob, Gpu, GEMM_TOLERANCE};
-use crate::cuda::{bf16_gemm, describe, nccl_describe, nccl_group, Comm};
-use crate::cuload::nccl;
+use crate::cuda::ffi::nccl::Elem;
+use crate::cuda::ffi::{copy_dtoh, copy_htod};
+use crate::cuda::{bf16_gemm, describe, nccl_describe, nccl_group, Comm, DevSpan};
 use crate::record::Checks;
 use crate::trace::Op;
 
@@ -33,38 +31,32 @@ pub(super) fn check_communicators(
         2 * n * 4,
         "the communicator check",
     )?;
-    let cu = gpu.stream.cu_stream();
+    let stream = &gpu.stream;
+    // One float per communicator each way: sent from the first n, received into the
+    // last n.
+    let floats = |i: u64, count: u64| {
+        buf.span()
+            .at(4 * i, 4 * count)
+            .ok_or_else(|| format!("checking the communicators: float {i} is past its buffer"))
+    };
     let mine = vec![(job.rank + 1) as f32; n as usize];
-    // SAFETY: `buf` holds 2n floats; the first n are written here.
-    unsafe { drv::memcpy_htod_async(buf.ptr, &mine, cu) }
+    copy_htod(stream, buf.span(), &mine)
         .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
     nccl_group("checking the communicators", || {
         for (i, comm) in comms.iter().enumerate() {
             let i = i as u64;
-            // SAFETY: one float each way, inside `buf`, on this rank's stream.
-            unsafe {
-                nccl::all_reduce(
-                    (buf.ptr + 4 * i) as *const c_void,
-                    (buf.ptr + 4 * (n + i)) as *mut c_void,
-                    1,
-                    nccl_sys::ncclDataType_t::ncclFloat32,
-                    nccl_sys::ncclRedOp_t::ncclSum,
-                    comm.raw,
-                    cu as _,
-                )
-            }
-            .map_err(|e| {
-                format!(
-                    "checking the communicators: ncclAllReduce failed: {}",
-                    nccl_describe(&e, Some(comm.raw))
-                )
-            })?;
+            comm.all_reduce((floats(i, 1)?, floats(n + i, 1)?), 1, Elem::F32, stream)
+                .map_err(|e| {
+                    format!(
+                        "checking the communicators: ncclAllReduce failed: {}",
+                        nccl_describe(&e, Some(comm))
+                    )
+                })?;
         }
         Ok(())
     })?;
     let mut got = vec![0f32; n as usize];
-    // SAFETY: the last n floats of `buf` into `got`; the stream is synchronised below.
-    unsafe { drv::memcpy_dtoh_async(&mut got, buf.ptr + 4 * n, cu) }
+    copy_dtoh(stream, &mut got, floats(n, n)?)
         .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
     gpu.stream
         .synchronize()
@@ -99,7 +91,7 @@ pub(super) fn pattern_value(pattern: &[u16], index: u64) -> f64 {
 pub(super) fn check_gemms(
     gpu: &Gpu,
     program: &[Op],
-    (a, b, c): (u64, u64, u64),
+    (a, b, c): (DevSpan, DevSpan, DevSpan),
     pattern: &[u16],
     checks: &mut Checks,
 ) -> Result<(), String> {
@@ -117,7 +109,6 @@ pub(super) fn check_gemms(
             shapes.entry((m, n, k, batch)).or_insert(class);
         }
     }
-    let cu = gpu.stream.cu_stream();
     for (&(m, n, k, batch), class) in &shapes {
         let shape = format!("the {class} GEMM {m}x{n}x{k} (batch {batch})");
         bf16_gemm(&gpu.blas, (m, n, k), batch, (a, b, c)).map_err(|e| format!("{shape}: {e}"))?;
@@ -132,8 +123,11 @@ pub(super) fn check_gemms(
         let mut got = vec![0u16; at.len()];
         for (&(q, r, col), g) in at.iter().zip(got.chunks_mut(1)) {
             let offset = 2 * (q * m * n + r * n + col);
-            // SAFETY: one element of C (row-major m x n per product) into `g`.
-            unsafe { drv::memcpy_dtoh_async(g, c + offset, cu) }
+            // One element of C (row-major m x n per product) into `g`.
+            let at = c
+                .at(offset, 2)
+                .ok_or_else(|| format!("{shape}: its result runs past scratch C"))?;
+            copy_dtoh(&gpu.stream, g, at)
                 .map_err(|e| format!("{shape}: reading its result: {}", describe(e)))?;
         }
         gpu.stream

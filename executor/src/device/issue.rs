@@ -2,16 +2,14 @@
 //! NCCL collectives and grouped transfers, allocations), in gate batches.
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
 use std::ops::Range;
 
-use cudarc::driver::result as drv;
-use cudarc::nccl::sys as nccl_sys;
 use sextant_planner::ranks::GROUP_KINDS;
 
 use super::{alloc, Buf, Gpu, GATE_ENTRIES};
-use crate::cuda::{bf16_gemm, describe, nccl_describe, nccl_group};
-use crate::cuload::nccl;
+use crate::cuda::ffi::copy_dtod;
+use crate::cuda::ffi::nccl::{self, Elem};
+use crate::cuda::{bf16_gemm, describe, nccl_describe, nccl_group, Comm, DevSpan};
 use crate::trace::{coll_sides, Coll, Op, COPY_PIECE};
 
 /// Stream entries an op queues: its launches, copies or NCCL calls (an allocation or
@@ -71,25 +69,38 @@ pub(super) fn gate_batches(
 pub(super) struct Issue<'a> {
     pub(super) gpu: &'a Gpu,
     /// Scratch A (GEMM inputs, sends), B (GEMM weights, receives), C (GEMM outputs).
-    pub(super) a: u64,
-    pub(super) b: u64,
-    pub(super) c: u64,
+    pub(super) a: DevSpan<'a>,
+    pub(super) b: DevSpan<'a>,
+    pub(super) c: DevSpan<'a>,
     pub(super) group_size: &'a dyn Fn(usize) -> u64,
 }
 
-pub(super) fn nccl_err(
-    what: &str,
-    comm: nccl_sys::ncclComm_t,
-) -> impl Fn(nccl::NcclError) -> String + '_ {
+pub(super) fn nccl_err<'a>(
+    what: &'a str,
+    comm: &'a Comm,
+) -> impl Fn(nccl::NcclError) -> String + 'a {
     move |e| format!("{what} failed: {}", nccl_describe(&e, Some(comm)))
+}
+
+/// `bytes` at `offset` of a scratch buffer, or the line saying they do not fit.
+fn part<'a>(
+    scratch: DevSpan<'a>,
+    offset: u64,
+    bytes: u64,
+    what: &str,
+) -> Result<DevSpan<'a>, String> {
+    scratch.at(offset, bytes).ok_or_else(|| {
+        format!(
+            "{what}: {bytes} bytes at offset {offset} run past a scratch buffer of {} bytes",
+            scratch.bytes()
+        )
+    })
 }
 
 impl Issue<'_> {
     pub(super) fn op(&self, op: &Op, kept: &mut HashMap<(u64, u64), Buf>) -> Result<(), String> {
         let gpu = self.gpu;
-        let cu = gpu.stream.cu_stream();
-        let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
-        let sum = nccl_sys::ncclRedOp_t::ncclSum;
+        let stream = &gpu.stream;
         let (a, b, c) = (self.a, self.b, self.c);
         match op {
             Op::Gemm {
@@ -110,8 +121,8 @@ impl Issue<'_> {
                 let mut left = bytes / 2;
                 while left > 0 {
                     let n = left.min(COPY_PIECE);
-                    // SAFETY: scratch A and B each hold at least one copy piece.
-                    unsafe { drv::memcpy_dtod_async(b, a, n as usize, cu) }
+                    // Scratch A and B each hold the op's first piece (`Scratch::of`).
+                    copy_dtod(stream, b, a, n)
                         .map_err(|e| format!("element-wise copy of {n} bytes: {}", describe(e)))?;
                     left -= n;
                 }
@@ -140,20 +151,10 @@ impl Issue<'_> {
                 kept.remove(key);
             }
             Op::Barrier => {
-                let comm = gpu.comms.world.raw;
-                // SAFETY: one element of scratch A and B.
-                unsafe {
-                    nccl::all_reduce(
-                        a as *const c_void,
-                        b as *mut c_void,
-                        1,
-                        bf16,
-                        sum,
-                        comm,
-                        cu as _,
-                    )
-                }
-                .map_err(nccl_err("the step's barrier", comm))?;
+                let comm = &gpu.comms.world;
+                // One element of scratch A and B.
+                comm.all_reduce((a, b), 1, Elem::Bf16, stream)
+                    .map_err(nccl_err("the step's barrier", comm))?;
             }
         }
         Ok(())
@@ -162,11 +163,10 @@ impl Issue<'_> {
     /// A collective over one group kind's communicator.
     fn coll(&self, group: usize, kind: Coll, bytes: u64) -> Result<(), String> {
         let gpu = self.gpu;
-        let cu = self.gpu.stream.cu_stream();
-        let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
-        let sum = nccl_sys::ncclRedOp_t::ncclSum;
+        let stream = &gpu.stream;
+        let bf16 = Elem::Bf16;
         let (a, b) = (self.a, self.b);
-        let comm = gpu.comms.kinds[group].raw;
+        let comm = &gpu.comms.kinds[group];
         let n = (self.group_size)(group);
         let what = format!(
             "{} of {bytes} bytes over the {} group",
@@ -174,54 +174,33 @@ impl Issue<'_> {
             GROUP_KINDS[group]
         );
         let (snd, _) = coll_sides(kind, bytes, n);
-        let (pa, pb) = (a as *const c_void, b as *mut c_void);
-        let s = cu as _;
-        // SAFETY (all four): scratch A holds the send side and B the receive
-        // side of every collective of the program (`Scratch::of`).
+        // Scratch A holds the send side and B the receive side of every collective
+        // of the program (`Scratch::of`).
         match kind {
-            Coll::AllGather => {
-                unsafe { nccl::all_gather(pa, pb, (snd / 2) as usize, bf16, comm, s) }
-                    .map(|_| ())
-                    .map_err(nccl_err(&what, comm))
-            }
-            Coll::ReduceScatter => unsafe {
-                nccl::reduce_scatter(pa, pb, (bytes / n / 2) as usize, bf16, sum, comm, s)
-            }
-            .map(|_| ())
-            .map_err(nccl_err(&what, comm)),
-            Coll::AllReduce => {
-                unsafe { nccl::all_reduce(pa, pb, (bytes / 2) as usize, bf16, sum, comm, s) }
-                    .map(|_| ())
-                    .map_err(nccl_err(&what, comm))
-            }
+            Coll::AllGather => comm
+                .all_gather((a, b), (snd / 2) as usize, bf16, stream)
+                .map(|_| ())
+                .map_err(nccl_err(&what, comm)),
+            Coll::ReduceScatter => comm
+                .reduce_scatter((a, b), (bytes / n / 2) as usize, bf16, stream)
+                .map(|_| ())
+                .map_err(nccl_err(&what, comm)),
+            Coll::AllReduce => comm
+                .all_reduce((a, b), (bytes / 2) as usize, bf16, stream)
+                .map(|_| ())
+                .map_err(nccl_err(&what, comm)),
             Coll::AllToAll => nccl_group(&what, || {
-                let part = bytes / n / 2 * 2;
+                let size = bytes / n / 2 * 2;
                 for j in 0..n {
-                    // SAFETY: part j of A and of B, inside their scratch
-                    // buffers (n parts of `part` bytes, `Scratch::of`).
-                    unsafe {
-                        nccl::send(
-                            (a + j * part) as *const c_void,
-                            (part / 2) as usize,
-                            bf16,
-                            j as c_int,
-                            comm,
-                            s,
-                        )
-                    }
-                    .map_err(nccl_err(&what, comm))?;
-                    // SAFETY: the same part of B.
-                    unsafe {
-                        nccl::recv(
-                            (b + j * part) as *mut c_void,
-                            (part / 2) as usize,
-                            bf16,
-                            j as c_int,
-                            comm,
-                            s,
-                        )
-                    }
-                    .map_err(nccl_err(&what, comm))?;
+                    // Part j of A and of B (n parts of `size` bytes, `Scratch::of`).
+                    let (to, from) = (
+                        part(a, j * size, size, &what)?,
+                        part(b, j * size, size, &what)?,
+                    );
+                    comm.send(to, (size / 2) as usize, bf16, j, stream)
+                        .map_err(nccl_err(&what, comm))?;
+                    comm.recv(from, (size / 2) as usize, bf16, j, stream)
+                        .map_err(nccl_err(&what, comm))?;
                 }
                 Ok(())
             }),
@@ -232,41 +211,23 @@ impl Issue<'_> {
     /// A pass's pipeline or CP transfers, in one NCCL group.
     fn p2p(&self, kind: &str, sends: &[(u64, u64)], recvs: &[(u64, u64)]) -> Result<(), String> {
         let gpu = self.gpu;
-        let cu = self.gpu.stream.cu_stream();
-        let bf16 = nccl_sys::ncclDataType_t::ncclBfloat16;
+        let stream = &gpu.stream;
+        let bf16 = Elem::Bf16;
         let (a, b) = (self.a, self.b);
-        let comm = gpu.comms.world.raw;
+        let comm = &gpu.comms.world;
         let what = format!("{kind} transfers (sends {sends:?}, receives {recvs:?})");
-        let s = cu as _;
         nccl_group(&what, || {
             for &(to, bytes) in sends {
-                // SAFETY: scratch A holds the largest send.
-                unsafe {
-                    nccl::send(
-                        a as *const c_void,
-                        (bytes / 2) as usize,
-                        bf16,
-                        to as c_int,
-                        comm,
-                        s,
-                    )
-                }
-                .map_err(nccl_err(&what, comm))?;
+                // Scratch A holds the largest send.
+                comm.send(a, (bytes / 2) as usize, bf16, to, stream)
+                    .map_err(nccl_err(&what, comm))?;
             }
             let mut off = 0;
             for &(from, bytes) in recvs {
-                // SAFETY: scratch B holds all of a group's receives side by side.
-                unsafe {
-                    nccl::recv(
-                        (b + off) as *mut c_void,
-                        (bytes / 2) as usize,
-                        bf16,
-                        from as c_int,
-                        comm,
-                        s,
-                    )
-                }
-                .map_err(nccl_err(&what, comm))?;
+                // Scratch B holds all of a group's receives side by side.
+                let into = part(b, off, bytes, &what)?;
+                comm.recv(into, (bytes / 2) as usize, bf16, from, stream)
+                    .map_err(nccl_err(&what, comm))?;
                 off += bytes;
             }
             Ok(())
