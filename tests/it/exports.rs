@@ -1306,3 +1306,31 @@ fn exports_carry_or_refuse_the_priced_cuda_graphs() {
         .unwrap()
         .contains("cuda-graph"));
 }
+
+/// torchtitan derives its stage count from `pipeline_parallel_layers_per_stage`
+/// and the first and last stages' "less layers" (pipeline_parallel.py at v0.2.2:
+/// ceil((layers + first + last) / per_stage) stages, which must be a multiple of
+/// the degree). The export states both as 0, so the stages it builds are the
+/// plan's: pp x vpp even stages.
+#[test]
+fn torchtitan_pipeline_stages_are_the_plans() {
+    for (pp, vpp, schedule) in [(2, 8, Schedule::Interleaved), (4, 1, Schedule::OneFOneB)] {
+        let mut c = cfg(2, pp, vpp, 1, 8 / pp);
+        c.zero = Zero::Zero3;
+        c.schedule = schedule;
+        let p = plan("llama3-8b", 16, 4096, 64, Precision::Bf16, c);
+        let toml = export(&p, 1, Target::Torchtitan, &LaunchOptions::default()).unwrap();
+        let value = |key: &str| -> u64 {
+            toml.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key} = ")))
+                .unwrap_or_else(|| panic!("{key} missing:\n{toml}"))
+                .parse()
+                .unwrap()
+        };
+        let per_stage = value("pipeline_parallel_layers_per_stage");
+        let first = value("pipeline_parallel_first_stage_less_layers");
+        let last = value("pipeline_parallel_last_stage_less_layers");
+        let stages = (32 + first + last).div_ceil(per_stage);
+        assert_eq!(stages, pp * vpp, "{toml}");
+    }
+}

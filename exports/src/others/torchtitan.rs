@@ -86,6 +86,12 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
             quote::double_quoted(schedule)
         );
         let _ = writeln!(s, "pipeline_parallel_layers_per_stage = {per_stage}");
+        // Even stages, as the plan priced them: torchtitan's defaults (1 and 1,
+        // job_config.py) count the embedding and the output layer as a layer each,
+        // which changes the stage count pipeline_llm derives and can make it
+        // indivisible by the degree (pipeline_parallel.py at v0.2.2).
+        let _ = writeln!(s, "pipeline_parallel_first_stage_less_layers = 0");
+        let _ = writeln!(s, "pipeline_parallel_last_stage_less_layers = 0");
         let _ = writeln!(s, "pipeline_parallel_microbatch_size = {}", cfg.mbs);
     }
     let _ = writeln!(s, "context_parallel_degree = {}", cfg.cp);
