@@ -63,12 +63,12 @@ fn the_search_against_the_experts_is_split_by_knob_and_held_to_its_claims() {
         "median first/measured {:.3}, first/experts' {:.3}; {} of {} runs below 0.85",
         s.median_top_over_measured, s.median_top_over_experts, s.below_085, s.runs
     );
-    // Ratchets at the values of 2026-11-25 (docs/trust.md explains every run below
+    // Ratchets at the values of 2026-11-26 (docs/trust.md explains every run below
     // 0.85): a cost-model change that makes the search promise more over what the
     // experts measured fails here until its evidence is shown and these move.
     assert!(
-        s.below_085 <= 17,
-        "{} runs now promise more than 15% over their measurement (was 17)",
+        s.below_085 <= 16,
+        "{} runs now promise more than 15% over their measurement (was 16)",
         s.below_085
     );
     assert!(
