@@ -1956,34 +1956,24 @@ fn torchtitan_target_searches_what_torchtitan_runs() {
             sextant_planner::config::RecomputeModules::DEFAULT
         );
     }
-    let o = sextant(&[
-        "plan",
-        "--model",
-        "8b",
-        "--gpus",
-        "64",
-        "--target",
-        "torchtitan",
-        "--zero",
-        "1",
-    ]);
-    assert!(!o.status.success());
-    let e = stderr(&o);
-    assert_eq!(e.trim().lines().count(), 1, "{e}");
-    assert!(e.contains("include 0, 2 or 3 in --zero"), "{e}");
-    let o = sextant(&[
-        "plan",
-        "--model",
-        "8b",
-        "--gpus",
-        "64",
-        "--target",
-        "torchtitan",
-        "--recompute-modules",
-        "mlp",
-    ]);
-    assert!(!o.status.success());
-    let e = stderr(&o);
-    assert_eq!(e.trim().lines().count(), 1, "{e}");
-    assert!(e.contains("drop --recompute-modules"), "{e}");
+    for (flag, value, says) in [
+        ("--zero", "1", "include 0, 2 or 3 in --zero"),
+        ("--recompute-modules", "mlp", "drop --recompute-modules"),
+    ] {
+        let o = sextant(&[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "64",
+            "--target",
+            "torchtitan",
+            flag,
+            value,
+        ]);
+        assert!(!o.status.success(), "{flag} {value}");
+        let e = stderr(&o);
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+        assert!(e.contains(says), "{e}");
+    }
 }
