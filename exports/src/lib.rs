@@ -8,6 +8,8 @@
 //! defines it. Every string a user controls is written through `quote.rs`, in the
 //! quoting of the language it lands in.
 
+#![forbid(unsafe_code)]
+
 mod launch;
 mod megatron;
 mod others;

@@ -11,6 +11,8 @@
 //! [`cost::estimate`] -> rank. A configuration that fails a rule is a
 //! [`config::Rejection`] (data, counted by the search), not an error.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod calibration;
 pub mod claims;

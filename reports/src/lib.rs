@@ -7,6 +7,8 @@
 //! Rendering is a pure function from plan data to a string; the CLI gathers the
 //! inputs (it runs the search, the exporter) and writes the file.
 
+#![forbid(unsafe_code)]
+
 mod charts;
 mod interactive;
 
