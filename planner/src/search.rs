@@ -463,6 +463,15 @@ pub fn search_with_progress(
             v
         }
     };
+    // Sharded-gradient reductions per step, the reach axis the ranking reads.
+    let reductions = |cfg: &ParallelConfig, micro_batches: u64| {
+        grad_reductions(
+            model.moe.is_some(),
+            cfg,
+            micro_batches,
+            space.assumptions.framework,
+        )
+    };
     // Each shape expands into the product of the remaining knobs.
     let per_shape = |s: &Shape| -> Tally {
         let mut enumerated = 0;
@@ -543,12 +552,7 @@ pub fn search_with_progress(
                                             rank_secs: ranker.key(
                                                 cluster,
                                                 &cfg,
-                                                grad_reductions(
-                                                    model.moe.is_some(),
-                                                    &cfg,
-                                                    e.micro_batches,
-                                                    space.assumptions.framework,
-                                                ),
+                                                reductions(&cfg, e.micro_batches),
                                                 e.step_secs,
                                                 e.memory.total,
                                             ),
@@ -602,12 +606,7 @@ pub fn search_with_progress(
         ranker.is_inside(
             cluster,
             cfg,
-            grad_reductions(
-                model.moe.is_some(),
-                cfg,
-                cfg.micro_batches(w),
-                space.assumptions.framework,
-            ),
+            reductions(cfg, cfg.micro_batches(w)),
             p.peak_gib * crate::hardware::GIB,
         )
     };
@@ -645,12 +644,7 @@ pub fn search_with_progress(
         ranker.key(
             cluster,
             &c.config,
-            grad_reductions(
-                model.moe.is_some(),
-                &c.config,
-                c.estimate.micro_batches,
-                space.assumptions.framework,
-            ),
+            reductions(&c.config, c.estimate.micro_batches),
             c.estimate.step_secs,
             c.estimate.memory.total,
         )
@@ -672,12 +666,7 @@ pub fn search_with_progress(
             !ranker.is_inside(
                 cluster,
                 &c.config,
-                grad_reductions(
-                    model.moe.is_some(),
-                    &c.config,
-                    c.estimate.micro_batches,
-                    space.assumptions.framework,
-                ),
+                reductions(&c.config, c.estimate.micro_batches),
                 c.estimate.memory.total,
             )
         })
