@@ -55,6 +55,50 @@ pub struct SearchSpace {
     pub even_layers: bool,
 }
 
+/// `list` without repeats, first occurrence kept (the order can matter: with
+/// nobody to shard with, only the first ZeRO stage is tried). For the knobs'
+/// short lists of variants: quadratic in the distinct values.
+fn distinct<T: PartialEq + Clone>(list: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(list.len().min(64));
+    for x in list {
+        if !out.contains(x) {
+            out.push(x.clone());
+        }
+    }
+    out
+}
+
+impl SearchSpace {
+    /// The space with every list free of repeats and of zero sizes. A repeated
+    /// value would be searched once per copy: the CLI's lists and a plan file's
+    /// recorded space are both user input, and a million copies must not cost a
+    /// million searches. Values that are merely invalid stay, so their rejection
+    /// reasons are still counted.
+    pub fn normalized(&self) -> SearchSpace {
+        let sizes = |v: &[u64]| {
+            let mut v: Vec<u64> = v.iter().copied().filter(|&x| x > 0).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        SearchSpace {
+            tp: self.tp.as_deref().map(sizes),
+            pp: self.pp.as_deref().map(sizes),
+            vpp: self.vpp.as_deref().map(sizes),
+            cp: self.cp.as_deref().map(sizes),
+            ep: self.ep.as_deref().map(sizes),
+            etp: self.etp.as_deref().map(sizes),
+            sp: self.sp.as_deref().map(distinct),
+            schedule: self.schedule.as_deref().map(distinct),
+            mbs: sizes(&self.mbs),
+            zero: distinct(&self.zero),
+            recompute: distinct(&self.recompute),
+            recompute_modules: self.recompute_modules.as_deref().map(distinct),
+            ..self.clone()
+        }
+    }
+}
+
 impl Default for SearchSpace {
     fn default() -> Self {
         SearchSpace {
@@ -449,6 +493,7 @@ pub fn search_with_progress(
     top: usize,
     progress: &Progress,
 ) -> SearchResult {
+    let space = &space.normalized();
     let shapes = shapes(model, cluster, w, space);
     progress.plan(shapes.len());
     let ranker = Ranker::builtin(&cluster.profile.name, model.moe.is_some(), space.rank_by);
@@ -771,6 +816,39 @@ mod tests {
                 cand.config
             );
         }
+    }
+
+    /// A repeated value is searched once: a million copies of a micro-batch size
+    /// in a plan file's space cost what one does, and no plan is ranked twice.
+    #[test]
+    fn repeated_values_are_searched_once() {
+        let m = resolve("llama3-8b").unwrap().spec;
+        let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
+        let w = Workload {
+            seq: 4096,
+            global_batch: 64,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        };
+        let once = SearchSpace {
+            mbs: vec![1],
+            tp: Some(vec![1, 2]),
+            zero: vec![Zero::DistOpt],
+            ..SearchSpace::default()
+        };
+        let many = SearchSpace {
+            mbs: vec![1; 100_000],
+            tp: Some(vec![2, 1, 2, 0, 1]),
+            zero: vec![Zero::DistOpt; 1000],
+            ..once.clone()
+        };
+        let (a, b) = (search(&m, &c, &w, &once, 5), search(&m, &c, &w, &many, 5));
+        assert_eq!(a.enumerated, b.enumerated);
+        let configs = |r: &SearchResult| r.top.iter().map(|c| c.config.clone()).collect::<Vec<_>>();
+        assert_eq!(configs(&a), configs(&b));
+        let top = configs(&b);
+        assert!(top.iter().enumerate().all(|(i, x)| !top[..i].contains(x)));
     }
 
     #[test]
