@@ -384,6 +384,18 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             "--recompute-modules applies to selective recomputation: add selective to --recompute"
         );
     }
+    if let (Some(t), Some(e)) = (&a.target, &a.emit) {
+        // torchrun and slurm launch Megatron-LM.
+        let framework = |x: Target| match x {
+            Target::Torchrun | Target::Slurm => Target::MegatronLm,
+            other => other,
+        };
+        if !t.trim().eq_ignore_ascii_case("any")
+            && framework(Target::parse(t)?) != framework(Target::parse(e)?)
+        {
+            bail!("--target {t} and --emit {e} name different frameworks: the plans would be searched for one and written for the other; pass the same one, or --target any");
+        }
+    }
     let target_name = a
         .target
         .clone()

@@ -1956,6 +1956,38 @@ fn torchtitan_target_searches_what_torchtitan_runs() {
             sextant_planner::config::RecomputeModules::DEFAULT
         );
     }
+    // --emit naming another framework than --target is one line too.
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "16",
+        "--target",
+        "torchtitan",
+        "--emit",
+        "megatron-lm",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("name different frameworks"),
+        "{}",
+        stderr(&o)
+    );
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "16",
+        "--top",
+        "1",
+        "--target",
+        "megatron-lm",
+        "--emit",
+        "torchrun",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
     for (flag, value, says) in [
         ("--zero", "1", "include 0, 2 or 3 in --zero"),
         ("--recompute-modules", "mlp", "drop --recompute-modules"),
