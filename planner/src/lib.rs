@@ -45,6 +45,7 @@ pub mod search;
 pub mod trainlog;
 pub mod uncertainty;
 pub mod validate;
+pub mod walk;
 
 pub use config::{
     Layout, Overlap, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero,

@@ -1,9 +1,9 @@
 //! The device program (what the CUDA backend issues, rank by rank) checked on the
-//! CPU: every plan shape pairs up without a hang, its GEMM work adds up to the
-//! model's, and a broken program is caught with the ranks named.
+//! CPU: every plan shape pairs up without a hang, its GEMM work is what the
+//! planner's walk counts, and a broken program is caught with the ranks named.
 
 use sextant_executor::program::{plan_hash, prepare, Options, Setup};
-use sextant_executor::trace::{check, programs, Op};
+use sextant_executor::trace::{check, programs, tally, Op};
 use sextant_planner::plan::PlanFile;
 use sextant_planner::ranks::RankMap;
 
@@ -35,23 +35,6 @@ fn setup(
     .unwrap();
     let map = s.rank_map().unwrap();
     (path, s, map)
-}
-
-/// GEMM FLOPs of one step summed over every rank, from the model's sizes alone:
-/// per token and layer, 6x the linear weights (forward, input and weight
-/// gradients) and the causal attention core (forward 4 * seq/2 * head_dim * heads,
-/// backward 2.5x that, a selective replay 1x more).
-fn model_flops(s: &Setup, replays: f64) -> f64 {
-    let d = &s.dims;
-    let (h, q, kv) = (
-        d.hidden as f64,
-        (d.heads * d.head_dim) as f64,
-        (d.kv_heads * d.head_dim) as f64,
-    );
-    let linear = h * (q + 2.0 * kv) + q * h + 2.0 * d.ffn as f64 * h;
-    let attention = 4.0 * (d.seq / 2) as f64 * d.head_dim as f64 * d.heads as f64;
-    let tokens = (d.seq * d.mbs) as f64 * (s.micro_batches * s.cfg.dp) as f64;
-    tokens * d.layers as f64 * (6.0 * linear + (3.5 + replays) * attention)
 }
 
 #[test]
@@ -227,7 +210,7 @@ fn device_programs_pair_up_for_every_schedule_and_parallel_dimension() {
 }
 
 #[test]
-fn device_program_gemm_work_adds_up_to_the_model() {
+fn device_program_gemm_work_is_the_walks() {
     let dir = TempDir::new("device-flops");
     for (name, extra, replays) in [
         (
@@ -264,12 +247,21 @@ fn device_program_gemm_work_adds_up_to_the_model() {
         let args = [&["--model", "8b", "--gpus", "8"][..], &extra].concat();
         let (_, s, map) = setup(&dir, &format!("{name}.json"), &args, Some(8), Some(8));
         let c = check(&programs(&s, &map), &map).unwrap();
-        let want = model_flops(&s, replays);
+        // The walk's own count (checked against the model's sizes in the planner's
+        // walk tests), and the selective replay on top of the first run.
+        let t = tally(&s, &map);
+        let want = t.total_flops();
         let err = (c.total_flops - want).abs() / want;
         assert!(
             err < 1e-9,
-            "{name}: programs {:.6e} FLOP vs model {want:.6e}",
+            "{name}: programs {:.6e} FLOP vs walk {want:.6e}",
             c.total_flops
+        );
+        let core: f64 = t.flops["attention_core"];
+        let replayed: f64 = t.recompute_flops.values().sum();
+        assert!(
+            (replayed - replays * core / 3.5).abs() <= 1e-9 * core,
+            "{name}: replayed {replayed:.6e} FLOP, core {core:.6e}"
         );
         // Balanced ranks: every one does an equal share.
         let per = want / map.world_size as f64;

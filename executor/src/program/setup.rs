@@ -6,6 +6,7 @@ use sextant_planner::model::ModelSpec;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::ranks::rank_map;
 use sextant_planner::schedule::Schedule;
+use sextant_planner::walk;
 
 use super::Options;
 use crate::error::SetupError;
@@ -36,6 +37,40 @@ pub struct Setup {
 const STATS_ALLOWANCE_BYTES: u64 = 64 << 20;
 
 impl Setup {
+    /// The executed sizes as the planner's walk takes them.
+    pub fn walk_dims(&self) -> walk::Dims {
+        let d = &self.dims;
+        let n = |x: usize| x as u64;
+        walk::Dims {
+            hidden: n(d.hidden),
+            heads: n(d.heads),
+            kv_heads: n(d.kv_heads),
+            head_dim: n(d.head_dim),
+            ffn: n(d.ffn),
+            experts: n(d.experts),
+            top_k: n(d.top_k),
+            expert_ffn: n(d.expert_ffn),
+            seq: n(d.seq),
+            mbs: n(d.mbs),
+        }
+    }
+
+    /// This plan's step as the planner's walk takes it (at the sizes `dims`, from
+    /// [`Self::walk_dims`]).
+    pub fn walk<'a>(&'a self, dims: &'a walk::Dims) -> walk::Step<'a> {
+        walk::Step {
+            cfg: &self.cfg,
+            model: &self.model,
+            workload: &self.workload,
+            dims,
+            moe_layer: &self.dims.moe_layer,
+            schedule: self.schedule,
+            micro_batches: self.micro_batches,
+            stage_layers: &self.stage_layers,
+            first_layer: &self.first_layer,
+        }
+    }
+
     /// The plan's rank map: every rank's coordinates and groups.
     pub fn rank_map(&self) -> Result<sextant_planner::ranks::RankMap, SetupError> {
         rank_map(&self.cfg, &self.rank_order, self.gpus_per_node.max(1))

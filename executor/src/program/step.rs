@@ -7,7 +7,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use sextant_planner::config::Recompute;
-use sextant_planner::schedule::{rank_order, virtual_stage, Pass, Schedule};
+use sextant_planner::schedule::{Pass, Schedule};
+use sextant_planner::walk::{slots, Slot};
 
 use super::optimize::{flatten, tensors_mut, unflatten};
 use super::rank::{Live, Rank};
@@ -41,15 +42,7 @@ struct InFlight {
 impl Rank<'_> {
     pub(super) fn step(&mut self, step: u64) -> Result<(), ExecError> {
         let s = self.s;
-        let (p, v, m) = (
-            s.cfg.pp,
-            if s.schedule == Schedule::Interleaved {
-                s.cfg.vpp
-            } else {
-                1
-            },
-            s.micro_batches,
-        );
+        let m = s.micro_batches;
         self.phase = format!("step {step}, reference");
         self.run_reference(step)?;
         for g in self.grads.iter_mut().flatten() {
@@ -58,14 +51,19 @@ impl Rank<'_> {
         self.phase = format!("step {step}, start barrier");
         self.g.world.barrier(self.mesh).map_err(|e| self.err(e))?;
         let t_step = Instant::now();
-        let order = rank_order(s.schedule, p, v, m, self.pp_rank as u64);
+        // The device program's pass order, slot by slot (the planner's walk).
+        let dims = s.walk_dims();
+        let order: Vec<Slot> = slots(&s.walk(&dims), self.pp_rank as u64)
+            .into_iter()
+            .flatten()
+            .collect();
         let mut f = InFlight {
             live: HashMap::new(),
             // Backward passes whose weight gradient the schedule runs later, as its own pass.
             deferred: order
                 .iter()
-                .filter(|o| o.0 == Pass::Weight)
-                .map(|o| (o.1, o.2))
+                .filter(|o| o.deferred)
+                .map(|o| (o.chunk, o.mb))
                 .collect(),
             wjobs: HashMap::new(),
             live_bytes: 0,
@@ -73,8 +71,14 @@ impl Rank<'_> {
             tokens: (s.dims.seq * s.dims.mbs) as f32 * (m * s.cfg.dp) as f32,
         };
         let mut first_op = true;
-        for (pass, c, mb) in order {
-            let vstage = virtual_stage(s.schedule, p, v, self.pp_rank as u64, c) as usize;
+        for Slot {
+            pass,
+            chunk: c,
+            mb,
+            vstage,
+            ..
+        } in order
+        {
             if s.schedule == Schedule::DualPipe && c != u64::from(mb >= m / 2) {
                 return Err(self.err(format!(
                     "DualPipe runs micro-batch {mb} on chunk {c}, which is the other direction's"

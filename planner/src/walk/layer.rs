@@ -1,0 +1,446 @@
+//! One layer's ops, forward, backward and recomputed, and the parameter-sized
+//! collectives around a stage (ZeRO-3 gathers, bucketed reductions).
+
+use super::op::{Coll, Op, B};
+use super::{Sink, Step};
+use crate::config::{RecomputeModules, Zero};
+use crate::cost::BUCKET_PARAMS;
+use crate::ranks::{group_kind, RankMap};
+
+fn kind_index(name: &str) -> usize {
+    group_kind(name).expect("a group kind of the rank map")
+}
+
+/// Sizes one rank works with.
+pub(super) struct Sizes {
+    /// Rows per micro-batch on this CP rank, and outside the TP region.
+    pub(super) t: u64,
+    pub(super) tl: u64,
+    pub(super) h: u64,
+    pub(super) hd: u64,
+    /// Local query/output width, local K (or V) width.
+    pub(super) hl: u64,
+    pub(super) kvl: u64,
+    /// Local MLP width and the number of input-side matrices (1 plain, 2 gated).
+    pub(super) f: u64,
+    pub(super) up: u64,
+    pub(super) heads_l: u64,
+    pub(super) seq: u64,
+    pub(super) mbs: u64,
+    /// MoE: experts, local experts, top-k, expert width on this rank.
+    pub(super) experts: u64,
+    pub(super) local_experts: u64,
+    pub(super) top_k: u64,
+    pub(super) e: u64,
+}
+
+/// One rank's walk: its step, its groups, its sizes, and where its ops go.
+pub(super) struct Walker<'a> {
+    pub(super) s: Step<'a>,
+    pub(super) map: &'a RankMap,
+    pub(super) rank: u64,
+    pub(super) z: Sizes,
+    tp: u64,
+    cp: u64,
+    etp: u64,
+    sp: bool,
+    pub(super) sink: &'a mut dyn Sink,
+}
+
+impl<'a> Walker<'a> {
+    pub(super) fn new(s: Step<'a>, map: &'a RankMap, rank: u64, sink: &'a mut dyn Sink) -> Self {
+        let cfg = s.cfg;
+        let d = s.dims;
+        let (tp, cp, etp) = (cfg.tp, cfg.cp, cfg.etp);
+        let t = d.mbs * d.seq / cp;
+        let z = Sizes {
+            t,
+            tl: if cfg.sp { t / tp } else { t },
+            h: d.hidden,
+            hd: d.head_dim,
+            hl: d.heads * d.head_dim / tp,
+            kvl: d.kv_heads * d.head_dim / tp,
+            f: d.ffn / tp,
+            up: s.model.mlp.matrices() - 1,
+            heads_l: d.heads / tp,
+            seq: d.seq,
+            mbs: d.mbs,
+            experts: d.experts,
+            local_experts: d.experts / cfg.ep.max(1),
+            top_k: d.top_k,
+            e: d.expert_ffn / etp.max(1),
+        };
+        Walker {
+            s,
+            map,
+            rank,
+            z,
+            tp,
+            cp,
+            etp,
+            sp: cfg.sp,
+            sink,
+        }
+    }
+
+    pub(super) fn group_size(&self, name: &str) -> u64 {
+        self.members(name).len() as u64
+    }
+
+    pub(super) fn members(&self, name: &str) -> &[u64] {
+        self.map.group_of(self.rank, kind_index(name))
+    }
+
+    pub(super) fn gemm(
+        &mut self,
+        class: &'static str,
+        (m, n, k): (u64, u64, u64),
+        batch: u64,
+        count: u64,
+        recompute: bool,
+    ) {
+        if m * n * k * batch * count > 0 {
+            self.sink.op(Op::Gemm {
+                class,
+                m,
+                n,
+                k,
+                batch,
+                count,
+                recompute,
+            });
+        }
+    }
+
+    pub(super) fn mem(&mut self, class: &'static str, bytes: u64, recompute: bool) {
+        if bytes > 0 {
+            self.sink.op(Op::Memory {
+                class,
+                bytes,
+                recompute,
+            });
+        }
+    }
+
+    /// A collective over this rank's group `name`, booked under `kind`; nothing for a group of one.
+    pub(super) fn coll(&mut self, kind: &'static str, name: &str, op: Coll, bytes: u64) {
+        if self.group_size(name) > 1 && bytes > 0 {
+            self.sink.op(Op::Coll {
+                kind,
+                group: kind_index(name),
+                op,
+                bytes,
+            });
+        }
+    }
+
+    /// Into the column-parallel region (forward), or the conjugate out of it (backward).
+    pub(super) fn enter_tp(&mut self, backward: bool) {
+        let bytes = self.z.t * self.z.h * B;
+        match (self.sp, backward) {
+            (true, false) => self.coll("tp", "tp", Coll::AllGather, bytes),
+            (true, true) => self.coll("tp", "tp", Coll::ReduceScatter, bytes),
+            (false, false) => {}
+            (false, true) => self.coll("tp", "tp", Coll::AllReduce, bytes),
+        }
+    }
+
+    pub(super) fn leave_tp(&mut self, backward: bool) {
+        let bytes = self.z.t * self.z.h * B;
+        match (self.sp, backward) {
+            (true, false) => self.coll("tp", "tp", Coll::ReduceScatter, bytes),
+            (true, true) => self.coll("tp", "tp", Coll::AllGather, bytes),
+            (false, false) => self.coll("tp", "tp", Coll::AllReduce, bytes),
+            (false, true) => {}
+        }
+    }
+
+    /// The forward GEMM `[m, k] · [k, n]`'s backward: input gradient now, weight
+    /// gradient into `w` (this pass, or the W pass).
+    pub(super) fn linear_bwd(
+        &mut self,
+        class: &'static str,
+        (m, n, k): (u64, u64, u64),
+        count: u64,
+        w: &mut Vec<Op>,
+    ) {
+        self.gemm(class, (m, k, n), 1, count, false);
+        if m * n * k * count > 0 {
+            w.push(Op::Gemm {
+                class,
+                m: k,
+                n,
+                k: m,
+                batch: 1,
+                count,
+                recompute: false,
+            });
+        }
+    }
+
+    /// One CP ring step's transfer: K and V (and in the backward their gradients)
+    /// to the next CP rank, from the previous.
+    pub(super) fn ring_step(&mut self, backward: bool) {
+        let cp = self.members("cp").to_vec();
+        if cp.len() < 2 {
+            return;
+        }
+        let me = cp
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("own CP group");
+        let bytes = self.z.t * 2 * self.z.kvl * B * if backward { 2 } else { 1 };
+        let (next, prev) = (cp[(me + 1) % cp.len()], cp[(me + cp.len() - 1) % cp.len()]);
+        self.sink.op(Op::P2p {
+            kind: "cp",
+            sends: vec![(next, bytes)],
+            recvs: vec![(prev, bytes)],
+        });
+    }
+
+    /// Core attention over the CP ring: per step a batched `QKᵀ` and `PV` over half
+    /// the chunk's keys (the causal average); the backward's five GEMMs per step.
+    pub(super) fn core(&mut self, backward: bool, recompute: bool) {
+        let z = &self.z;
+        let (sq, keys, hd, batch) = (
+            z.seq / self.cp,
+            (z.seq / self.cp / 2).max(1),
+            z.hd,
+            z.mbs * z.heads_l,
+        );
+        for i in 0..self.cp {
+            if i > 0 {
+                self.ring_step(backward);
+            }
+            if backward {
+                self.gemm("attention_core", (sq, keys, hd), batch, 1, false);
+                self.gemm("attention_core", (sq, keys, hd), batch, 1, false);
+                self.gemm("attention_core", (keys, hd, sq), batch, 1, false);
+                self.gemm("attention_core", (sq, hd, keys), batch, 1, false);
+                self.gemm("attention_core", (keys, hd, sq), batch, 1, false);
+            } else {
+                self.gemm("attention_core", (sq, keys, hd), batch, 1, recompute);
+                self.gemm("attention_core", (sq, hd, keys), batch, 1, recompute);
+            }
+        }
+    }
+
+    /// Rows this rank routes: its SP shard, or without SP its 1/tp slice of the
+    /// replicated rows (gathered back over TP after the experts).
+    pub(super) fn routed_in(&self) -> u64 {
+        if self.sp || self.tp == 1 {
+            self.z.tl
+        } else {
+            self.z.t / self.tp
+        }
+    }
+
+    /// Rows each local expert computes on (balanced routing, the ETP group's rows).
+    pub(super) fn per_expert(&self) -> u64 {
+        (self.routed_in() * self.z.top_k * self.etp).div_ceil(self.z.local_experts.max(1))
+    }
+
+    pub(super) fn layer_forward(&mut self, moe: bool, rc: bool) {
+        let Sizes {
+            t,
+            tl,
+            h,
+            hl,
+            kvl,
+            f,
+            up,
+            ..
+        } = self.z;
+        self.mem("elementwise", tl * h * B * 2, rc);
+        self.enter_tp(false);
+        self.gemm("attention_proj", (t, hl + 2 * kvl, h), 1, 1, rc);
+        self.mem("elementwise", t * (hl + kvl) * B * 2, rc);
+        self.core(false, rc);
+        self.gemm("attention_proj", (t, h, hl), 1, 1, rc);
+        self.leave_tp(false);
+        self.mem("elementwise", tl * h * B * 5, rc);
+        if moe {
+            self.moe_forward(rc, true);
+        } else {
+            self.enter_tp(false);
+            self.gemm("mlp", (t, up * f, h), 1, 1, rc);
+            self.mem("elementwise", t * f * B * (up + 1), rc);
+            self.gemm("mlp", (t, h, f), 1, 1, rc);
+            self.leave_tp(false);
+        }
+        self.mem("elementwise", tl * h * B * 3, rc);
+    }
+
+    pub(super) fn moe_forward(&mut self, rc: bool, comms: bool) {
+        let z = &self.z;
+        let (h, top_k, e, n_local, experts) = (z.h, z.top_k, z.e, z.local_experts, z.experts);
+        let r_in = self.routed_in();
+        let rows = r_in * top_k;
+        let per = self.per_expert();
+        let up = z.up;
+        self.gemm("router", (r_in, experts, h), 1, 1, rc);
+        self.mem("elementwise", rows * h * B * 2, rc);
+        if comms {
+            self.coll("ep", "ep", Coll::AllToAll, rows * h * B);
+            self.coll("etp", "etp", Coll::AllGather, rows * self.etp * h * B);
+        }
+        self.gemm("moe_experts", (per, up * e, h), 1, n_local, rc);
+        self.mem("elementwise", per * n_local * e * B * (up + 1), rc);
+        self.gemm("moe_experts", (per, h, e), 1, n_local, rc);
+        if comms {
+            self.coll("etp", "etp", Coll::ReduceScatter, rows * self.etp * h * B);
+            self.coll("ep", "ep", Coll::AllToAll, rows * h * B);
+        }
+        self.mem("elementwise", rows * h * B * 2, rc);
+        if comms && !self.sp {
+            self.coll("tp", "tp", Coll::AllGather, self.z.t * h * B);
+        }
+    }
+
+    /// What selective recomputation replays of one layer before its backward.
+    pub(super) fn selective(&mut self, moe: bool) {
+        let cfg = self.s.cfg;
+        let Sizes {
+            t, tl, h, f, up, ..
+        } = self.z;
+        if cfg.recomputes(RecomputeModules::CORE_ATTN) {
+            let cp = self.cp;
+            // The replay needs no ring: the K/V chunks are kept.
+            self.cp = 1;
+            let seq = self.z.seq;
+            self.z.seq = seq / cp;
+            for _ in 0..cp {
+                self.core(false, true);
+            }
+            self.z.seq = seq;
+            self.cp = cp;
+        }
+        if cfg.recomputes(RecomputeModules::LAYERNORM) {
+            self.mem("elementwise", 2 * tl * h * B * 2, true);
+        }
+        match moe {
+            false if cfg.recomputes(RecomputeModules::MLP) => {
+                self.gemm("mlp", (t, up * f, h), 1, 1, true);
+                self.mem("elementwise", t * f * B * (up + 1), true);
+                self.gemm("mlp", (t, h, f), 1, 1, true);
+            }
+            true if cfg.recomputes(RecomputeModules::MOE) => self.moe_forward(true, false),
+            true if cfg.recomputes(RecomputeModules::MOE_ACT) => {
+                let per = self.per_expert();
+                self.mem(
+                    "elementwise",
+                    per * self.z.local_experts * self.z.e * B * (up + 1),
+                    true,
+                );
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn layer_backward(&mut self, moe: bool, w: &mut Vec<Op>) {
+        let Sizes {
+            t,
+            tl,
+            h,
+            hl,
+            kvl,
+            f,
+            up,
+            ..
+        } = self.z;
+        self.mem("elementwise", tl * h * B * 6, false);
+        if moe {
+            let z = &self.z;
+            let (top_k, e, n_local, experts) = (z.top_k, z.e, z.local_experts, z.experts);
+            let r_in = self.routed_in();
+            let rows = r_in * top_k;
+            let per = self.per_expert();
+            if !self.sp {
+                self.coll("tp", "tp", Coll::ReduceScatter, t * h * B);
+            }
+            self.mem("elementwise", rows * h * B * 2, false);
+            self.coll("ep", "ep", Coll::AllToAll, rows * h * B);
+            self.coll("etp", "etp", Coll::AllGather, rows * self.etp * h * B);
+            self.linear_bwd("moe_experts", (per, h, e), n_local, w);
+            self.mem("elementwise", per * n_local * e * B * 2 * (up + 1), false);
+            self.linear_bwd("moe_experts", (per, up * e, h), n_local, w);
+            self.coll("etp", "etp", Coll::ReduceScatter, rows * self.etp * h * B);
+            self.coll("ep", "ep", Coll::AllToAll, rows * h * B);
+            self.mem("elementwise", rows * h * B * 2, false);
+            self.linear_bwd("router", (r_in, experts, h), 1, w);
+        } else {
+            self.leave_tp(true);
+            self.linear_bwd("mlp", (t, h, f), 1, w);
+            self.mem("elementwise", t * f * B * 2 * (up + 1), false);
+            self.linear_bwd("mlp", (t, up * f, h), 1, w);
+            self.enter_tp(true);
+        }
+        self.mem("elementwise", tl * h * B * 10, false);
+        self.leave_tp(true);
+        self.linear_bwd("attention_proj", (t, h, hl), 1, w);
+        self.core(true, false);
+        self.mem("elementwise", t * (hl + kvl) * B * 2, false);
+        self.linear_bwd("attention_proj", (t, hl + 2 * kvl, h), 1, w);
+        self.enter_tp(true);
+    }
+
+    /// Dense and expert parameters of one layer on this rank.
+    pub(super) fn layer_params(&self, moe: bool) -> (u64, u64) {
+        let z = &self.z;
+        let attn = z.h * (z.hl + 2 * z.kvl) + z.hl * z.h;
+        if moe {
+            (
+                attn + z.h * z.experts,
+                z.local_experts * (z.up + 1) * z.e * z.h,
+            )
+        } else {
+            (attn + (z.up + 1) * z.f * z.h, 0)
+        }
+    }
+
+    pub(super) fn stage_params(&self, vstage: usize) -> (u64, u64) {
+        let first = self.s.first_layer[vstage];
+        (first..first + self.s.stage_layers[vstage])
+            .map(|l| self.layer_params(self.s.moe_layer[l]))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// A data-parallel collective over `elems` parameters of `bytes_per` bytes, in
+    /// Megatron's 40M-parameter buckets.
+    pub(super) fn bucketed(
+        &mut self,
+        kind: &'static str,
+        name: &str,
+        op: Coll,
+        elems: u64,
+        bytes_per: u64,
+    ) {
+        let bucket = BUCKET_PARAMS as u64;
+        let mut left = elems;
+        while left > 0 {
+            let n = left.min(bucket);
+            self.coll(kind, name, op, n * bytes_per);
+            left -= n;
+        }
+    }
+
+    /// ZeRO-3: the stage's parameters gathered before a pass.
+    pub(super) fn gather(&mut self, vstage: usize) {
+        if self.s.cfg.zero == Zero::Zero3 {
+            let (dense, expert) = self.stage_params(vstage);
+            self.bucketed("dp_param", "dp_cp", Coll::AllGather, dense, B);
+            self.bucketed("edp_param", "edp", Coll::AllGather, expert, B);
+        }
+    }
+
+    /// One NCCL group of pipeline transfers (nothing when both lists are empty).
+    pub(super) fn transfers(&mut self, sends: Vec<(u64, u64)>, recvs: Vec<(u64, u64)>) {
+        if !sends.is_empty() || !recvs.is_empty() {
+            self.sink.op(Op::P2p {
+                kind: "pp",
+                sends,
+                recvs,
+            });
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! A sink that adds the walk up: GEMM FLOPs and element-wise bytes by class,
+//! collective and transfer bytes by kind.
+
+use std::collections::BTreeMap;
+
+use super::op::Op;
+use super::Sink;
+
+/// Totals of a walked step (one rank, or several walked into the same tally).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tally {
+    /// GEMM FLOPs by op class, first run (forward, backward) and replayed.
+    pub flops: BTreeMap<&'static str, f64>,
+    pub recompute_flops: BTreeMap<&'static str, f64>,
+    /// Element-wise bytes read and written, by class.
+    pub memory_bytes: BTreeMap<&'static str, u64>,
+    /// Collective bytes (nccl-tests' convention, see [`Op::Coll`]) by kind.
+    pub collective_bytes: BTreeMap<&'static str, u64>,
+    /// Bytes sent point to point, by kind.
+    pub sent_bytes: BTreeMap<&'static str, u64>,
+    pub ops: usize,
+}
+
+impl Tally {
+    /// Every GEMM FLOP, replays included.
+    pub fn total_flops(&self) -> f64 {
+        self.flops
+            .values()
+            .chain(self.recompute_flops.values())
+            .sum()
+    }
+}
+
+impl Sink for Tally {
+    fn op(&mut self, op: Op) {
+        self.ops += 1;
+        match &op {
+            Op::Gemm {
+                class, recompute, ..
+            } => {
+                let to = if *recompute {
+                    &mut self.recompute_flops
+                } else {
+                    &mut self.flops
+                };
+                *to.entry(class).or_default() += op.flops();
+            }
+            Op::Memory { class, bytes, .. } => {
+                *self.memory_bytes.entry(class).or_default() += bytes;
+            }
+            Op::Coll { kind, bytes, .. } => {
+                *self.collective_bytes.entry(kind).or_default() += bytes;
+            }
+            Op::P2p { kind, sends, .. } => {
+                *self.sent_bytes.entry(kind).or_default() += sends.iter().map(|s| s.1).sum::<u64>();
+            }
+            Op::Keep { .. } | Op::Free { .. } | Op::Barrier => {}
+        }
+    }
+}
