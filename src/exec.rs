@@ -194,7 +194,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
             ..opts
         };
         let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
-        return dry_run(&setup);
+        return dry_run(&setup, &plan);
     }
     let plan_path = Path::new(&a.plan);
     let out = Path::new(&a.out);
@@ -306,8 +306,10 @@ fn job_key(env: &LaunchEnv) -> Result<JobKey> {
 const DRY_RUN_MAX_OPS: u64 = 60_000_000;
 
 /// `--dry-run`: every rank's device program for one step, cross-checked.
-fn dry_run(setup: &program::Setup) -> Result<()> {
+fn dry_run(setup: &program::Setup, plan: &PlanFile) -> Result<()> {
     use sextant_executor::trace::{self, Op};
+    use sextant_planner::cost::Priced;
+    use sextant_planner::walk::{walk_step, Tally};
     let map = setup.rank_map().map_err(|e| anyhow!(e))?;
     // Every rank's program is held at once: bound the total.
     const MAX_OPS: u64 = DRY_RUN_MAX_OPS;
@@ -324,16 +326,22 @@ fn dry_run(setup: &program::Setup) -> Result<()> {
         .chain((1..map.world_size).map(|r| trace::program(setup, &map, r)))
         .collect();
     let checked = trace::check(&programs, &map).map_err(|e| anyhow!(e))?;
-    let mut bytes: std::collections::BTreeMap<&str, u64> = Default::default();
-    for op in &programs[0] {
-        match op {
-            Op::Coll { kind, bytes: b, .. } => *bytes.entry(kind).or_default() += b,
-            Op::P2p { kind, sends, .. } => {
-                *bytes.entry(kind).or_default() += sends.iter().map(|x| x.1).sum::<u64>()
-            }
-            _ => {}
-        }
+    // Rank 0's step walked again into a tally and into the cost model's prices.
+    let dims = setup.walk_dims();
+    let mut tally = Tally::default();
+    walk_step(setup.walk(&dims), &map, 0, &mut tally);
+    let mut bytes = tally.collective_bytes.clone();
+    for (k, b) in &tally.sent_bytes {
+        *bytes.entry(k).or_default() += b;
     }
+    let mut priced = Priced::new(
+        &setup.model,
+        &plan.hardware,
+        &setup.workload,
+        &setup.cfg,
+        plan.assumptions,
+    );
+    walk_step(setup.walk(&dims), &map, 0, &mut priced);
     let c = &setup.cfg;
     println!(
         "Device programs of {} ranks (tp {} cp {} pp {} dp {} ep {}, {} layers, {} micro-batches, {:?}) pair up: {} ops, {} collectives, {} point-to-point transfers, no hang.",
@@ -354,6 +362,15 @@ fn dry_run(setup: &program::Setup) -> Result<()> {
         } else {
             list.join(", ")
         }
+    );
+    let sum = |m: &std::collections::BTreeMap<&str, f64>| m.values().sum::<f64>() + 0.0;
+    println!(
+        "Rank 0 priced op by op on {} (the cost model's roofline, nothing overlapped, no waiting): GEMMs {:.3} s, replayed GEMMs {:.3} s, HBM traffic {:.3} s, communication {:.3} s.",
+        plan.hardware.name,
+        sum(&priced.gemm),
+        sum(&priced.recompute),
+        sum(&priced.memory),
+        sum(&priced.collective)
     );
     Ok(())
 }

@@ -60,6 +60,7 @@ mod pipeline;
 mod stage;
 #[cfg(test)]
 mod tests;
+mod walked;
 
 use crate::comm::{Collective, Placement, Tier};
 use crate::config::{ParallelConfig, Rejection, Workload};
@@ -72,6 +73,7 @@ pub use assumptions::{Assumptions, CudaGraphs, Framework, LossKernel, RankOrder}
 pub use layer_comm::expected_remote_domains;
 pub use pipeline::{apply_simulation, MAX_SIMULATED_PASSES};
 pub use stage::stage_problem;
+pub use walked::Priced;
 
 /// Version of the estimate JSON (part of the plan format).
 pub const ESTIMATE_SCHEMA_VERSION: u32 = 1;
