@@ -89,7 +89,8 @@ pub mod device {
 
     use sextant_planner::ranks::RankMap;
 
-    use crate::error::{CudaError, DeviceError};
+    use crate::error::CudaError;
+    pub use crate::error::DeviceError;
     use crate::record::RankStats;
     use crate::trace::Op;
 
