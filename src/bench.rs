@@ -668,10 +668,11 @@ fn measure(job: &Job, c: &Common, date: String) -> Result<BenchFile> {
 
 /// An error of the CUDA layer, without the remedy that only `exec` has
 /// (`--backend cpu`): a benchmark needs the GPU.
-fn for_bench(e: String) -> anyhow::Error {
+fn for_bench(e: sextant_executor::error::BenchError) -> anyhow::Error {
     anyhow!(
         "{}",
-        e.replace(", or use --backend cpu", "")
+        e.to_string()
+            .replace(", or use --backend cpu", "")
             .replace("; or use --backend cpu", "")
     )
 }

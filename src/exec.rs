@@ -478,11 +478,13 @@ fn run_cuda(
         steps: opts.steps,
         phase: &phase,
     };
-    let result = run_device(&job).and_then(|stats| {
-        *phase.lock().unwrap_or_else(|e| e.into_inner()) = "gathering measurements".into();
-        program::collect(setup, opts, &mesh, &map, stats, ("cuda", "bf16"), &device)
-            .map_err(|e| e.to_string())
-    });
+    let result = run_device(&job)
+        .map_err(|e| e.to_string())
+        .and_then(|stats| {
+            *phase.lock().unwrap_or_else(|e| e.into_inner()) = "gathering measurements".into();
+            program::collect(setup, opts, &mesh, &map, stats, ("cuda", "bf16"), &device)
+                .map_err(|e| e.to_string())
+        });
     done.store(true, Ordering::Relaxed);
     let _ = watchdog.join();
     match result {

@@ -53,6 +53,9 @@ use std::time::Duration;
 
 use crate::culibs::Lib;
 use crate::cuload::ensure;
+pub use crate::error::CudaError;
+use crate::error::{BlasStatus, DriverStatus, NcclStatus};
+use cudarc::cublas::result::CublasError;
 use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError,
 };
@@ -73,34 +76,23 @@ pub(crate) const GIB: f64 = (1u64 << 30) as f64;
 
 /// The device's name, memory and SM count, e.g.
 /// `"NVIDIA H100 80GB HBM3 (79.1 GiB, 132 SMs)"`. Creates no context.
-pub fn probe(ordinal: usize) -> Result<String, String> {
+pub fn probe(ordinal: usize) -> Result<String, CudaError> {
     guarded(|| {
         let dev = device(ordinal)?;
-        let name = drv::device::get_name(dev)
-            .map_err(|e| format!("reading the name of CUDA device {ordinal}: {}", describe(e)))?;
-        let total = ffi::total_mem(dev).map_err(|e| {
-            format!(
-                "reading the memory size of CUDA device {ordinal}: {}",
-                describe(e)
-            )
-        })?;
+        let name = drv::device::get_name(dev).map_err(|e| query_failed("the name", ordinal, e))?;
+        let total = ffi::total_mem(dev).map_err(|e| query_failed("the memory size", ordinal, e))?;
         let sms = ffi::attribute(
             dev,
             drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )
-        .map_err(|e| {
-            format!(
-                "reading the SM count of CUDA device {ordinal}: {}",
-                describe(e)
-            )
-        })?;
+        .map_err(|e| query_failed("the SM count", ordinal, e))?;
         Ok(format!("{name} ({:.1} GiB, {sms} SMs)", total as f64 / GIB))
     })
 }
 
 /// `(free, total)` bytes on the device (`cuMemGetInfo` in the device's primary
 /// context, which this retains for the call).
-pub fn free_memory(ordinal: usize) -> Result<(u64, u64), String> {
+pub fn free_memory(ordinal: usize) -> Result<(u64, u64), CudaError> {
     guarded(|| {
         device(ordinal)?;
         let ctx = context(ordinal)?;
@@ -109,11 +101,10 @@ pub fn free_memory(ordinal: usize) -> Result<(u64, u64), String> {
 }
 
 /// A new NCCL unique id (128 bytes) for rank 0 to hand to the other ranks.
-pub fn nccl_unique_id() -> Result<Vec<u8>, String> {
+pub fn nccl_unique_id() -> Result<Vec<u8>, CudaError> {
     guarded(|| {
         nccl_loaded()?;
-        let id = nccl::get_uniqueid()
-            .map_err(|e| format!("ncclGetUniqueId failed: {}", nccl_describe(&e, None)))?;
+        let id = nccl::get_uniqueid().map_err(nccl_failed("ncclGetUniqueId", None))?;
         Ok(id.internal.iter().map(|&c| c as u8).collect())
     })
 }
@@ -139,8 +130,9 @@ fn install_quiet_hook() {
     });
 }
 
-/// Runs `f`, turning a panic from inside cudarc into an `Err` with its message.
-pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+/// Runs `f`, turning a panic from inside cudarc into an `Err` with its message
+/// ([`CudaError::Panic`], in whichever error `f` returns).
+pub(crate) fn guarded<T, E: From<CudaError>>(f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
     install_quiet_hook();
     let outer = QUIET.with(|q| q.replace(true));
     let r = catch_unwind(AssertUnwindSafe(f));
@@ -153,116 +145,178 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, Str
                 .map(String::as_str)
                 .or_else(|| payload.downcast_ref::<&str>().copied())
                 .unwrap_or("unknown panic");
-            Err(format!("CUDA library call failed: {msg}"))
+            Err(CudaError::Panic(msg.to_string()).into())
         }
     }
 }
 
 /// Loads the driver, initialises it and returns device `ordinal`.
-pub(crate) fn device(ordinal: usize) -> Result<drv_sys::CUdevice, String> {
-    ensure(Lib::Driver).map_err(|e| e.to_string())?;
+pub(crate) fn device(ordinal: usize) -> Result<drv_sys::CUdevice, CudaError> {
+    ensure(Lib::Driver)?;
     match drv::init() {
         Ok(()) => {}
-        Err(DriverError(drv_sys::CUresult::CUDA_ERROR_NO_DEVICE)) => return Err(no_such_device(ordinal, 0)),
-        Err(DriverError(drv_sys::CUresult::CUDA_ERROR_STUB_LIBRARY)) => {
-            return Err("no CUDA driver found (only the CUDA toolkit's stub libcuda.so was loaded): run on a machine with an NVIDIA GPU and driver, or use --backend cpu".into())
+        Err(DriverError(drv_sys::CUresult::CUDA_ERROR_NO_DEVICE)) => {
+            return Err(no_such_device(ordinal, 0))
         }
-        Err(e) => return Err(format!("the CUDA driver failed to initialise: {}", describe(e))),
+        Err(DriverError(drv_sys::CUresult::CUDA_ERROR_STUB_LIBRARY)) => {
+            return Err(CudaError::StubDriver)
+        }
+        Err(e) => return Err(CudaError::Init(describe(e))),
     }
     // cudarc's CUDA 13 bindings time events with cuEventElapsedTime_v2 (CUDA 12.8).
-    let version = ffi::driver_version()
-        .map_err(|e| format!("reading the CUDA driver's version: {}", describe(e)))?;
+    let version = ffi::driver_version().map_err(|e| CudaError::DriverVersion(describe(e)))?;
     if version < MIN_DRIVER {
-        return Err(format!(
-            "the CUDA driver supports CUDA {}.{}; the CUDA backend needs 12.8 or later (driver 570 or newer): update the driver, or use --backend cpu",
-            version / 1000,
-            version % 1000 / 10
-        ));
+        return Err(CudaError::OldDriver { version });
     }
-    let count =
-        drv::device::get_count().map_err(|e| format!("counting CUDA devices: {}", describe(e)))?;
+    let count = drv::device::get_count().map_err(|e| CudaError::Count(describe(e)))?;
     if ordinal >= count.max(0) as usize {
         return Err(no_such_device(ordinal, count.max(0) as usize));
     }
-    drv::device::get(ordinal as c_int)
-        .map_err(|e| format!("opening CUDA device {ordinal}: {}", describe(e)))
-}
-
-fn no_such_device(ordinal: usize, count: usize) -> String {
-    let plural = if count == 1 { "device" } else { "devices" };
-    let vis = match std::env::var("CUDA_VISIBLE_DEVICES") {
-        Ok(v) => format!("; CUDA_VISIBLE_DEVICES is '{v}'"),
-        Err(_) => String::new(),
-    };
-    format!("CUDA device {ordinal} does not exist ({count} {plural} visible{vis})")
-}
-
-pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
-    CudaContext::new(ordinal).map_err(|e| {
-        format!(
-            "creating a CUDA context on device {ordinal}: {}",
-            describe(e)
-        )
+    drv::device::get(ordinal as c_int).map_err(|e| CudaError::Open {
+        ordinal,
+        status: describe(e),
     })
 }
 
-pub(crate) fn mem_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<(u64, u64), String> {
-    let (free, total) = ctx
-        .mem_get_info()
-        .map_err(|e| format!("cuMemGetInfo on device {ordinal}: {}", describe(e)))?;
+fn no_such_device(ordinal: usize, count: usize) -> CudaError {
+    CudaError::NoDevice {
+        ordinal,
+        count,
+        visible: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+    }
+}
+
+/// The error for reading `what` (a property, in words) of device `ordinal`.
+pub(crate) fn query_failed(what: &str, ordinal: usize, e: DriverError) -> CudaError {
+    CudaError::Query {
+        what: what.to_string(),
+        ordinal,
+        status: describe(e),
+    }
+}
+
+pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
+    CudaContext::new(ordinal).map_err(|e| CudaError::Context {
+        ordinal,
+        status: describe(e),
+    })
+}
+
+/// A new stream on `ctx` (device `ordinal`), whose context must be current.
+pub(crate) fn new_stream(
+    ctx: &Arc<CudaContext>,
+    ordinal: usize,
+) -> Result<Arc<CudaStream>, CudaError> {
+    ctx.new_stream().map_err(|e| CudaError::Stream {
+        ordinal,
+        status: describe(e),
+    })
+}
+
+/// Makes `ctx` current on this thread.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<(), CudaError> {
+    ctx.bind_to_thread().map_err(driver)
+}
+
+pub(crate) fn mem_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<(u64, u64), CudaError> {
+    let (free, total) = ctx.mem_get_info().map_err(|e| CudaError::MemInfo {
+        ordinal,
+        status: describe(e),
+    })?;
     Ok((free as u64, total as u64))
 }
 
-pub(crate) fn nccl_loaded() -> Result<(), String> {
+pub(crate) fn nccl_loaded() -> Result<(), CudaError> {
     // NCCL runs on the driver: without it the clearer message is the driver's.
-    ensure(Lib::Driver).map_err(|e| e.to_string())?;
-    nccl::bind().map_err(|e| e.to_string())
+    ensure(Lib::Driver)?;
+    Ok(nccl::bind()?)
 }
 
 /// "CUDA_ERROR_X: text" for a driver error (the library is loaded when one exists).
-pub(crate) fn describe(e: DriverError) -> String {
+pub(crate) fn describe(e: DriverError) -> DriverStatus {
     match (e.error_name(), e.error_string()) {
-        (Ok(n), Ok(s)) => format!("{}: {}", n.to_string_lossy(), s.to_string_lossy()),
-        _ => format!("{:?}", e.0),
+        (Ok(n), Ok(s)) => DriverStatus {
+            name: n.to_string_lossy().into_owned(),
+            text: Some(s.to_string_lossy().into_owned()),
+        },
+        _ => DriverStatus {
+            name: format!("{:?}", e.0),
+            text: None,
+        },
     }
 }
 
-pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<&Comm>) -> String {
-    let mut s = format!("{:?}", e.0);
-    let general = nccl::error_string(e.0);
-    if !general.is_empty() {
-        s = format!("{s} ({general})");
+/// A failed driver call with nothing more to say than its status.
+pub(crate) fn driver(e: DriverError) -> CudaError {
+    CudaError::Driver(describe(e))
+}
+
+/// A failed driver call: `call` names it or says what it did.
+pub(crate) fn driver_call(call: impl Into<String>) -> impl FnOnce(DriverError) -> CudaError {
+    let call = call.into();
+    move |e| CudaError::DriverCall {
+        call,
+        status: describe(e),
     }
+}
+
+/// NCCL's status for `e`, with the communicator's last error where there is one.
+pub(crate) fn nccl_describe(e: &nccl::NcclError, comm: Option<&Comm>) -> NcclStatus {
     // ncclGetLastError exists from NCCL 2.13 (version code 21300) on.
     let has_last_error = nccl::get_nccl_version()
         .map(|v| v >= 21300)
         .unwrap_or(false);
-    if let (Some(c), true) = (comm, has_last_error) {
-        let last = c.last_error();
-        if !last.is_empty() {
-            s = format!("{s}: {last}");
-        }
+    let last = match (comm, has_last_error) {
+        (Some(c), true) => c.last_error(),
+        _ => String::new(),
+    };
+    NcclStatus {
+        name: format!("{:?}", e.0),
+        general: nccl::error_string(e.0),
+        last,
     }
-    s
+}
+
+/// A failed NCCL call: `call` names it or says what it did; `comm`, where given,
+/// adds its last error.
+pub(crate) fn nccl_failed<'a>(
+    call: &'a str,
+    comm: Option<&'a Comm>,
+) -> impl Fn(nccl::NcclError) -> CudaError + 'a {
+    move |e| CudaError::Nccl {
+        call: call.to_string(),
+        status: nccl_describe(&e, comm),
+    }
+}
+
+/// A cuBLAS status as cudarc names it.
+pub(crate) fn blas_status(e: CublasError) -> BlasStatus {
+    BlasStatus(format!("{:?}", e.0))
 }
 
 /// A cuBLAS handle on `stream` (its context bound to this thread first).
-pub(crate) fn new_blas(stream: &CudaStream, ordinal: usize) -> Result<Blas, String> {
-    stream.context().bind_to_thread().map_err(describe)?;
-    Blas::new(stream).map_err(|e| format!("creating a cuBLAS handle on device {ordinal}: {e:?}"))
+pub(crate) fn new_blas(stream: &CudaStream, ordinal: usize) -> Result<Blas, CudaError> {
+    bind(stream.context())?;
+    Blas::new(stream).map_err(|e| CudaError::BlasHandle {
+        ordinal,
+        status: blas_status(e),
+    })
 }
 
 /// The library's version code (`cublasGetVersion`: major x 10000 + minor x 100 +
 /// patch).
-pub(crate) fn blas_version(blas: &Blas) -> Result<c_int, String> {
+pub(crate) fn blas_version(blas: &Blas) -> Result<c_int, CudaError> {
     blas.version()
-        .map_err(|e| format!("cublasGetVersion failed: {e:?}"))
+        .map_err(|e| CudaError::BlasVersion(blas_status(e)))
 }
 
 /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` and ends the group on every
 /// path out of it (an error, a panic caught by [`guarded`]): a communicator is then
 /// never aborted inside an open group. The first error wins.
-pub(crate) fn nccl_group(what: &str, f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+pub(crate) fn nccl_group<E: From<CudaError>>(
+    what: &str,
+    f: impl FnOnce() -> Result<(), E>,
+) -> Result<(), E> {
     /// Ends the group if `f` unwinds.
     struct Open(bool);
     impl Drop for Open {
@@ -272,14 +326,20 @@ pub(crate) fn nccl_group(what: &str, f: impl FnOnce() -> Result<(), String>) -> 
             }
         }
     }
-    nccl::group_start()
-        .map_err(|e| format!("{what}: ncclGroupStart failed: {}", nccl_describe(&e, None)))?;
+    let failed = |call: &'static str| {
+        move |e: nccl::NcclError| CudaError::NcclGroup {
+            what: what.to_string(),
+            call,
+            status: nccl_describe(&e, None),
+        }
+    };
+    nccl::group_start().map_err(failed("ncclGroupStart"))?;
     let mut open = Open(true);
     let inside = f();
     open.0 = false;
     let end = nccl::group_end()
         .map(|_| ())
-        .map_err(|e| format!("{what}: ncclGroupEnd failed: {}", nccl_describe(&e, None)));
+        .map_err(|e| failed("ncclGroupEnd")(e).into());
     inside.and(end)
 }
 
@@ -287,15 +347,13 @@ pub(crate) fn nccl_group(what: &str, f: impl FnOnce() -> Result<(), String>) -> 
 /// is freed across synchronisations (release threshold: no limit), so that a timed
 /// step does not map again the activation memory the step before it gave back.
 /// `None` where the device has no memory pools (allocations are then synchronous).
-pub(crate) fn keep_pool(ctx: &CudaContext, ordinal: usize) -> Result<Option<Pool>, String> {
+pub(crate) fn keep_pool(ctx: &CudaContext, ordinal: usize) -> Result<Option<Pool>, CudaError> {
     if !ctx.has_async_alloc() {
         return Ok(None);
     }
-    let what = |e| {
-        format!(
-            "setting up the memory pool of CUDA device {ordinal}: {}",
-            describe(e)
-        )
+    let what = |e| CudaError::Pool {
+        ordinal,
+        status: describe(e),
     };
     let pool = Pool::of(ctx).map_err(what)?;
     pool.set_release_threshold(u64::MAX).map_err(what)?;
@@ -303,15 +361,17 @@ pub(crate) fn keep_pool(ctx: &CudaContext, ordinal: usize) -> Result<Option<Pool
 }
 
 /// A 64-bit count of `pool` (reserved / used bytes and their peaks).
-pub(crate) fn pool_bytes(pool: Pool, what: PoolBytes) -> Result<u64, String> {
-    pool.bytes(what)
-        .map_err(|e| format!("reading the memory pool's {what:?}: {}", describe(e)))
+pub(crate) fn pool_bytes(pool: Pool, what: PoolBytes) -> Result<u64, CudaError> {
+    pool.bytes(what).map_err(|e| CudaError::PoolBytes {
+        counter: format!("{what:?}"),
+        status: describe(e),
+    })
 }
 
 /// Resets the pool's peak of reserved bytes to what it holds now.
-pub(crate) fn reset_pool_peak(pool: Pool) -> Result<(), String> {
+pub(crate) fn reset_pool_peak(pool: Pool) -> Result<(), CudaError> {
     pool.reset_reserved_peak()
-        .map_err(|e| format!("resetting the memory pool's peak: {}", describe(e)))
+        .map_err(driver_call("resetting the memory pool's peak"))
 }
 
 /// Column-major cuBLAS arguments for row-major `C[m,n] = A[m,k] · B[k,n]`.
@@ -324,13 +384,10 @@ pub(crate) fn colmajor_args(
     m: u64,
     n: u64,
     k: u64,
-) -> Result<(c_int, c_int, c_int, c_int, c_int, c_int), String> {
-    let f = |x: u64| -> Result<c_int, String> {
+) -> Result<(c_int, c_int, c_int, c_int, c_int, c_int), CudaError> {
+    let f = |x: u64| -> Result<c_int, CudaError> {
         if x == 0 || x > c_int::MAX as u64 {
-            Err(format!(
-                "dimension {x} is outside cuBLAS's range 1..={}",
-                c_int::MAX
-            ))
+            Err(CudaError::GemmDimension(x))
         } else {
             Ok(x as c_int)
         }
@@ -347,10 +404,9 @@ pub(crate) fn bf16_gemm(
     (m, n, k): (u64, u64, u64),
     batch: u64,
     (a, b, c): (DevSpan, DevSpan, DevSpan),
-) -> Result<(), String> {
+) -> Result<(), CudaError> {
     let dims = colmajor_args(m, n, k)?;
-    let count =
-        c_int::try_from(batch).map_err(|_| format!("batch {batch} is outside cuBLAS's range"))?;
+    let count = c_int::try_from(batch).map_err(|_| CudaError::GemmBatch(batch))?;
     // cuBLAS's first operand is our B (see `colmajor_args`).
     let gemm = ffi::Bf16Gemm {
         dims,
@@ -359,8 +415,13 @@ pub(crate) fn bf16_gemm(
         second: a,
         out: c,
     };
-    ffi::bf16_gemm(blas, &gemm)
-        .map_err(|e| format!("cuBLAS GEMM {m}x{n}x{k} (batch {batch}) failed: {e}"))
+    ffi::bf16_gemm(blas, &gemm).map_err(|error| CudaError::Gemm {
+        m,
+        n,
+        k,
+        batch,
+        error,
+    })
 }
 
 /// A BF16 value's bits from an f32 (round to nearest even; our values are finite).
@@ -382,20 +443,24 @@ pub(crate) fn fill_pattern(len: usize) -> Vec<u16> {
         .collect()
 }
 
+/// A failed allocation of `bytes` for `what`: out of memory (with what the device
+/// has free), or the driver's status.
 pub(crate) fn oom_or(
     e: DriverError,
     ctx: &Arc<CudaContext>,
     ordinal: usize,
     what: &str,
     bytes: u64,
-) -> String {
+) -> CudaError {
     if e.0 == drv_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         out_of_memory(ctx, ordinal, what, bytes)
     } else {
-        format!(
-            "allocating {bytes} bytes for {what} on CUDA device {ordinal}: {}",
-            describe(e)
-        )
+        CudaError::Alloc {
+            ordinal,
+            what: what.to_string(),
+            bytes,
+            status: describe(e),
+        }
     }
 }
 
@@ -404,16 +469,21 @@ pub(crate) fn out_of_memory(
     ordinal: usize,
     what: &str,
     bytes: u64,
-) -> String {
-    let free = match mem_info(ctx, ordinal) {
-        Ok((free, total)) => format!(
-            "{free} bytes ({:.2} GiB) free of {:.1} GiB",
-            free as f64 / GIB,
-            total as f64 / GIB
-        ),
-        Err(e) => format!("free memory unknown ({e})"),
-    };
-    format!("out of memory on CUDA device {ordinal}: {what} needs {bytes} bytes ({:.2} GiB); the device has {free}", bytes as f64 / GIB)
+) -> CudaError {
+    CudaError::OutOfMemory {
+        ordinal,
+        what: what.to_string(),
+        bytes,
+        free: mem_info(ctx, ordinal).map_err(Box::new),
+    }
+}
+
+/// `bytes` as a `usize` for an allocation for `what`.
+pub(crate) fn host_size(bytes: u64, what: &str) -> Result<usize, CudaError> {
+    usize::try_from(bytes).map_err(|_| CudaError::AddressSpace {
+        what: what.to_string(),
+        bytes,
+    })
 }
 
 /// A BF16 buffer of `elems` (as u16 bits) on `stream`.
@@ -423,7 +493,7 @@ pub(crate) fn alloc_bf16(
     ordinal: usize,
     elems: usize,
     what: &str,
-) -> Result<CudaSlice<u16>, String> {
+) -> Result<CudaSlice<u16>, CudaError> {
     ffi::alloc::<u16>(stream, elems).map_err(|e| oom_or(e, ctx, ordinal, what, elems as u64 * 2))
 }
 
@@ -431,7 +501,7 @@ pub(crate) fn fill(
     stream: &Arc<CudaStream>,
     buf: &mut CudaSlice<u16>,
     pattern: &[u16],
-) -> Result<(), String> {
+) -> Result<(), CudaError> {
     let len = buf.len();
     let mut off = 0;
     while off < len {
@@ -439,7 +509,7 @@ pub(crate) fn fill(
         let mut view = buf.slice_mut(off..off + n);
         stream
             .memcpy_htod(&pattern[..n], &mut view)
-            .map_err(|e| format!("filling a GEMM operand: {}", describe(e)))?;
+            .map_err(driver_call("filling a GEMM operand"))?;
         off += n;
     }
     Ok(())
@@ -447,14 +517,13 @@ pub(crate) fn fill(
 
 /// Holds `stream` at a host function until the [`Gate`] drops: the work queued
 /// behind it then runs back to back (at most [`GATE_TIMEOUT`] if never released).
-pub(crate) fn close_gate(stream: &CudaStream) -> Result<Gate, String> {
-    Gate::close(stream, GATE_TIMEOUT)
-        .map_err(|e| format!("cuLaunchHostFunc failed: {}", describe(e)))
+pub(crate) fn close_gate(stream: &CudaStream) -> Result<Gate, CudaError> {
+    Gate::close(stream, GATE_TIMEOUT).map_err(driver_call("cuLaunchHostFunc failed"))
 }
 
-pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, String> {
+pub(crate) fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, CudaError> {
     ctx.new_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(|e| format!("creating a CUDA event: {}", describe(e)))
+        .map_err(driver_call("creating a CUDA event"))
 }
 
 #[cfg(test)]
@@ -464,9 +533,9 @@ pub(crate) mod tests {
     use ffi::driver_present;
 
     /// The one line for a missing driver, naming what was tried.
-    pub(crate) fn no_driver<T>(r: &Result<T, String>) -> bool {
-        matches!(r, Err(e) if e.starts_with("CUDA driver not found: looked for libcuda.so.1 in ")
-            && e.contains("system loader") && !e.contains('\n'))
+    pub(crate) fn no_driver<T, E: std::fmt::Display>(r: &Result<T, E>) -> bool {
+        matches!(r, Err(e) if { let e = e.to_string(); e.starts_with("CUDA driver not found: looked for libcuda.so.1 in ")
+            && e.contains("system loader") && !e.contains('\n') })
     }
 
     /// cuload hands cudarc files by soname: cudarc must try the names current stacks
@@ -488,7 +557,7 @@ pub(crate) mod tests {
         if driver_present() {
             // A driver is here: Ok, or an Err from cuInit / the device count; either way one line.
             if let Err(e) = r {
-                assert!(!e.contains('\n'), "{e}");
+                assert!(!e.to_string().contains('\n'), "{e}");
             }
         } else {
             assert!(no_driver(&r), "{r:?}");
@@ -503,15 +572,18 @@ pub(crate) mod tests {
         let id = catch_unwind(nccl_unique_id).expect("nccl_unique_id must not panic");
         if !driver_present() {
             for e in [fm.err(), id.err()] {
-                assert!(e.is_some_and(|e| no_driver::<()>(&Err(e))));
+                assert!(e.is_some_and(|e| no_driver::<(), _>(&Err(e))));
             }
         }
     }
 
     #[test]
     fn cuda_guarded_turns_a_panic_into_an_err() {
-        let r: Result<(), String> = guarded(|| panic!("Missing symbol cuFoo"));
-        assert!(r.unwrap_err().contains("Missing symbol cuFoo"));
+        let r: Result<(), CudaError> = guarded(|| panic!("Missing symbol cuFoo"));
+        assert_eq!(
+            r.unwrap_err().to_string(),
+            "CUDA library call failed: Missing symbol cuFoo"
+        );
         // The hook is quiet only inside a guarded call.
         assert!(!QUIET.with(|q| q.get()));
     }

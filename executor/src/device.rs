@@ -49,10 +49,12 @@ use sextant_planner::ranks::{RankMap, GROUP_KINDS};
 
 use crate::cuda::ffi::{copy_htod, nccl, DevBuf};
 use crate::cuda::{
-    close_gate, context, describe, device, fill_pattern, guarded, keep_pool, mem_info,
-    nccl_describe, nccl_loaded, new_blas, oom_or, pool_bytes, reset_pool_peak, timing_event, Blas,
-    Comm, Pool, PoolBytes,
+    bind, close_gate, context, describe, device, driver, fill_pattern, guarded, host_size,
+    keep_pool, mem_info, nccl_describe, nccl_loaded, new_blas, new_stream, oom_or, pool_bytes,
+    reset_pool_peak, timing_event, Blas, Comm, Pool, PoolBytes,
 };
+use crate::error::CudaError;
+pub use crate::error::DeviceError;
 use crate::record::{DeviceMemory, RankStats};
 use crate::trace::{book, peaks, Op, Scratch};
 
@@ -104,23 +106,20 @@ fn alloc(
     ordinal: usize,
     bytes: u64,
     what: &str,
-) -> Result<Buf, String> {
-    let n = usize::try_from(bytes.max(2))
-        .map_err(|_| format!("{what}: {bytes} bytes do not fit this machine's address space"))?;
+) -> Result<Buf, CudaError> {
+    // `bytes.max(2)` is `bytes` wherever it does not fit.
+    let n = host_size(bytes.max(2), what)?;
     // Uninitialised: the buffer is written (filled, or by the ops) before it is read.
     DevBuf::alloc(stream, n).map_err(|e| oom_or(e, ctx, ordinal, what, bytes))
 }
 
 /// Runs `warmup + steps` steps of the program and returns the timed steps' statistics.
-pub fn run_device(job: &DeviceJob) -> Result<RankStats, String> {
+pub fn run_device(job: &DeviceJob) -> Result<RankStats, DeviceError> {
     if job.program.len() > MAX_PROGRAM_OPS {
-        return Err(format!("this rank's step is {} ops, more than the {MAX_PROGRAM_OPS} the CUDA backend times: cut it down with --micro-batches or --scale-layers", job.program.len()));
+        return Err(DeviceError::TooManyOps(job.program.len()));
     }
     if job.unique_id.len() != 128 {
-        return Err(format!(
-            "an NCCL unique id is 128 bytes, got {}",
-            job.unique_id.len()
-        ));
+        return Err(DeviceError::UniqueId(job.unique_id.len()));
     }
     guarded(|| run(job))
 }
@@ -142,21 +141,16 @@ struct Gpu {
     ordinal: usize,
 }
 
-fn open(job: &DeviceJob, memory: &mut DeviceMemory) -> Result<Gpu, String> {
+fn open(job: &DeviceJob, memory: &mut DeviceMemory) -> Result<Gpu, DeviceError> {
     let ordinal = job.ordinal;
     set(job.phase, "opening the GPU".into());
     device(ordinal)?;
     nccl_loaded()?;
-    ensure(Lib::Cublas).map_err(|e| e.to_string())?;
+    ensure(Lib::Cublas).map_err(CudaError::from)?;
     let ctx = context(ordinal)?;
-    ctx.bind_to_thread().map_err(describe)?;
+    bind(&ctx)?;
     let pool = keep_pool(&ctx, ordinal)?;
-    let stream = ctx.new_stream().map_err(|e| {
-        format!(
-            "creating a CUDA stream on device {ordinal}: {}",
-            describe(e)
-        )
-    })?;
+    let stream = new_stream(&ctx, ordinal)?;
     (memory.free_with_context_bytes, memory.total_bytes) = mem_info(&ctx, ordinal)?;
     let blas = new_blas(&stream, ordinal)?;
     set(job.phase, "creating NCCL communicators".into());
@@ -172,7 +166,7 @@ fn open(job: &DeviceJob, memory: &mut DeviceMemory) -> Result<Gpu, String> {
     })
 }
 
-fn communicators(job: &DeviceJob) -> Result<Comms, String> {
+fn communicators(job: &DeviceJob) -> Result<Comms, DeviceError> {
     let (map, rank, world) = (job.map, job.rank, job.map.world_size);
     let me = &map.ranks[rank as usize];
     let mut internal = [0 as std::ffi::c_char; 128];
@@ -181,14 +175,16 @@ fn communicators(job: &DeviceJob) -> Result<Comms, String> {
     }
     let mut made = Vec::with_capacity(1);
     Comm::init_rank(world, nccl::UniqueId { internal }, rank, &mut made).map_err(|e| {
-        format!(
-            "ncclCommInitRank (rank {rank} of {world}) failed: {}",
-            nccl_describe(&e, None)
-        )
+        CudaError::NcclInit {
+            rank,
+            ranks: world,
+            device: None,
+            status: nccl_describe(&e, None),
+        }
     })?;
     let world_comm = made
         .pop()
-        .ok_or_else(|| format!("ncclCommInitRank (rank {rank} of {world}) made no communicator"))?;
+        .ok_or(DeviceError::NoCommunicator { rank, world })?;
     let mut comms = Comms {
         world: world_comm,
         kinds: Vec::with_capacity(GROUP_KINDS.len()),
@@ -200,15 +196,13 @@ fn communicators(job: &DeviceJob) -> Result<Comms, String> {
         let key = members
             .iter()
             .position(|&q| q == rank)
-            .ok_or_else(|| format!("rank {rank} is not in its own {kind} group"))?;
+            .ok_or(DeviceError::NotInGroup { rank, kind })?;
         let comm = comms
             .world
             .split(idx as u64, key as u64, members.len() as u64)
-            .map_err(|e| {
-                format!(
-                    "ncclCommSplit for the {kind} groups failed (NCCL 2.18 or later is needed): {}",
-                    nccl_describe(&e, Some(&comms.world))
-                )
+            .map_err(|e| CudaError::NcclSplit {
+                kind,
+                status: nccl_describe(&e, Some(&comms.world)),
             })?;
         comms.kinds.push(comm);
     }
@@ -220,7 +214,7 @@ fn fill_scratch(
     stream: &Arc<CudaStream>,
     bufs: [(&Buf, u64); 2],
     pattern: &[u8],
-) -> Result<(), String> {
+) -> Result<(), DeviceError> {
     for (buf, size) in bufs {
         let mut off = 0u64;
         while off < size {
@@ -228,13 +222,13 @@ fn fill_scratch(
             let piece = buf
                 .span()
                 .at(off, n)
-                .ok_or_else(|| format!("filling scratch: {size} bytes run past its buffer"))?;
+                .ok_or(DeviceError::ScratchSize { size })?;
             copy_htod(stream, piece, &pattern[..n as usize])
-                .map_err(|e| format!("filling scratch: {}", describe(e)))?;
+                .map_err(|e| DeviceError::FillScratch(describe(e)))?;
             off += n;
         }
     }
-    stream.synchronize().map_err(describe)
+    Ok(stream.synchronize().map_err(driver)?)
 }
 
 /// The pool's peaks after the timed steps: reserved (over the whole run), used, and
@@ -244,7 +238,7 @@ fn pool_peaks(
     memory: &mut DeviceMemory,
     reserved_peak: u64,
     reserved_at_timed_start: u64,
-) -> Result<(), String> {
+) -> Result<(), CudaError> {
     let high = pool_bytes(pool, PoolBytes::ReservedHigh)?;
     memory.pool_reserved_peak_bytes = reserved_peak.max(high);
     memory.pool_used_peak_bytes = pool_bytes(pool, PoolBytes::UsedHigh)?;
@@ -252,7 +246,7 @@ fn pool_peaks(
     Ok(())
 }
 
-fn run(job: &DeviceJob) -> Result<RankStats, String> {
+fn run(job: &DeviceJob) -> Result<RankStats, DeviceError> {
     let (map, rank) = (job.map, job.rank);
     let mut memory = DeviceMemory {
         rank,
@@ -351,27 +345,28 @@ fn run(job: &DeviceJob) -> Result<RankStats, String> {
             } else {
                 None
             };
-            starts[bi].record(stream).map_err(describe)?;
+            starts[bi].record(stream).map_err(driver)?;
             for i in range.clone() {
                 issue.op(&job.program[i], &mut kept)?;
-                ends[i].record(stream).map_err(describe)?;
+                ends[i].record(stream).map_err(driver)?;
             }
             drop(gate);
         }
         set(job.phase, format!("step {step}: waiting for the GPU (a peer's collective or transfer that never arrives hangs here)"));
-        stream
-            .synchronize()
-            .map_err(|e| format!("step {step}: {}", describe(e)))?;
+        stream.synchronize().map_err(|e| DeviceError::Step {
+            step,
+            status: describe(e),
+        })?;
         if step < job.warmup {
             continue;
         }
         for (i, op) in job.program.iter().enumerate() {
-            let secs = start_of(i).elapsed_ms(&ends[i]).map_err(describe)? as f64 / 1e3;
+            let secs = start_of(i).elapsed_ms(&ends[i]).map_err(driver)? as f64 / 1e3;
             book(&mut stats, op, secs, group_size);
         }
         let step_secs = match ends.last() {
             Some(end) if first < ends.len() => {
-                start_of(first).elapsed_ms(end).map_err(describe)? as f64 / 1e3
+                start_of(first).elapsed_ms(end).map_err(driver)? as f64 / 1e3
             }
             _ => 0.0,
         };
@@ -463,7 +458,10 @@ mod tests {
             unique_id: &short,
             ..job
         };
-        assert!(run_device(&bad).unwrap_err().contains("128 bytes"));
+        assert!(run_device(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("128 bytes"));
         let long = vec![Op::Barrier; MAX_PROGRAM_OPS + 1];
         let too_long = DeviceJob {
             program: &long,
@@ -472,6 +470,7 @@ mod tests {
         };
         assert!(run_device(&too_long)
             .unwrap_err()
+            .to_string()
             .contains("--micro-batches"));
     }
 }

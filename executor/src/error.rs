@@ -371,3 +371,354 @@ pub enum LoadError {
         detail: String,
     },
 }
+
+/// What every function of the CUDA backend says when this sextant was built without
+/// the `cuda` feature.
+pub const NOT_COMPILED: &str = "this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`";
+
+/// A CUDA driver status as the driver words it: `CUDA_ERROR_X: text`, or the code's
+/// name alone where the driver has no words for it. Read when the call fails (the
+/// driver is loaded then), so that showing it calls nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverStatus {
+    pub name: String,
+    pub text: Option<String>,
+}
+
+impl std::fmt::Display for DriverStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.text {
+            Some(t) => write!(f, "{}: {t}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// A cuBLAS status: its `cublasStatus_t` name, shown as cudarc's `CublasError(..)`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("CublasError({0})")]
+pub struct BlasStatus(pub String);
+
+/// An NCCL status: the `ncclResult_t` name, NCCL's text for it and, where the
+/// communicator has one (NCCL 2.13 and later), its last error; read when the call
+/// fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclStatus {
+    pub name: String,
+    pub general: String,
+    pub last: String,
+}
+
+impl std::fmt::Display for NcclStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)?;
+        if !self.general.is_empty() {
+            write!(f, " ({})", self.general)?;
+        }
+        if !self.last.is_empty() {
+            write!(f, ": {}", self.last)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a BF16 GEMM was refused or failed in cuBLAS ([`CudaError::Gemm`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GemmError {
+    /// `(m, n, k, lda, ldb, ldc, batch)` in cuBLAS's column-major terms.
+    #[error("cuBLAS arguments {0:?} do not describe column-major operands")]
+    Arguments([i32; 7]),
+    /// `operand`: "first operand", "second operand" or "output".
+    #[error(
+        "the {operand} needs {stride} x {batch} BF16 elements but its buffer holds {bytes} bytes"
+    )]
+    Span {
+        operand: &'static str,
+        stride: u64,
+        batch: i32,
+        bytes: u64,
+    },
+    #[error(transparent)]
+    Status(BlasStatus),
+}
+
+/// The CUDA backend's device layer ([`crate::cuda`]): loading the libraries, the
+/// driver, devices and contexts, allocations, cuBLAS and NCCL calls. The same type in
+/// a build without the `cuda` feature, whose functions return [`CudaError::NotCompiled`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    #[error("{}", NOT_COMPILED)]
+    NotCompiled,
+    /// A library not found, or NCCL without a symbol it needs.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A panic inside cudarc (a missing symbol, an `expect`), with its message.
+    #[error("CUDA library call failed: {0}")]
+    Panic(String),
+    #[error("no CUDA driver found (only the CUDA toolkit's stub libcuda.so was loaded): run on a machine with an NVIDIA GPU and driver, or use --backend cpu")]
+    StubDriver,
+    #[error("the CUDA driver failed to initialise: {0}")]
+    Init(DriverStatus),
+    /// `version`: `cuDriverGetVersion`'s code, e.g. 12040.
+    #[error("the CUDA driver supports CUDA {}.{}; the CUDA backend needs 12.8 or later (driver 570 or newer): update the driver, or use --backend cpu", .version / 1000, .version % 1000 / 10)]
+    OldDriver { version: i32 },
+    #[error("reading the CUDA driver's version: {0}")]
+    DriverVersion(DriverStatus),
+    #[error("counting CUDA devices: {0}")]
+    Count(DriverStatus),
+    /// `visible`: `CUDA_VISIBLE_DEVICES` when set.
+    #[error("CUDA device {ordinal} does not exist ({count} {} visible{})",
+        if *.count == 1 { "device" } else { "devices" },
+        .visible.as_ref().map(|v| format!("; CUDA_VISIBLE_DEVICES is '{v}'")).unwrap_or_default())]
+    NoDevice {
+        ordinal: usize,
+        count: usize,
+        visible: Option<String>,
+    },
+    #[error("opening CUDA device {ordinal}: {status}")]
+    Open {
+        ordinal: usize,
+        status: DriverStatus,
+    },
+    /// `what`: the property read, e.g. "the name" or "the SM count".
+    #[error("reading {what} of CUDA device {ordinal}: {status}")]
+    Query {
+        what: String,
+        ordinal: usize,
+        status: DriverStatus,
+    },
+    #[error("creating a CUDA context on device {ordinal}: {status}")]
+    Context {
+        ordinal: usize,
+        status: DriverStatus,
+    },
+    #[error("creating a CUDA stream on device {ordinal}: {status}")]
+    Stream {
+        ordinal: usize,
+        status: DriverStatus,
+    },
+    #[error("cuMemGetInfo on device {ordinal}: {status}")]
+    MemInfo {
+        ordinal: usize,
+        status: DriverStatus,
+    },
+    #[error("setting up the memory pool of CUDA device {ordinal}: {status}")]
+    Pool {
+        ordinal: usize,
+        status: DriverStatus,
+    },
+    /// `counter`: which of the pool's counts (reserved / used bytes and their peaks).
+    #[error("reading the memory pool's {counter}: {status}")]
+    PoolBytes {
+        counter: String,
+        status: DriverStatus,
+    },
+    /// A driver call that failed, with no more to say than its status.
+    #[error("{0}")]
+    Driver(DriverStatus),
+    /// A driver call that failed: `call` names it or says what it did.
+    #[error("{call}: {status}")]
+    DriverCall { call: String, status: DriverStatus },
+    /// `free`: the device's `(free, total)` bytes, or why they could not be read.
+    #[error("out of memory on CUDA device {ordinal}: {what} needs {bytes} bytes ({:.2} GiB); the device has {}",
+        *.bytes as f64 / GIB, free_note(.free))]
+    OutOfMemory {
+        ordinal: usize,
+        what: String,
+        bytes: u64,
+        free: Result<(u64, u64), Box<CudaError>>,
+    },
+    #[error("allocating {bytes} bytes for {what} on CUDA device {ordinal}: {status}")]
+    Alloc {
+        ordinal: usize,
+        what: String,
+        bytes: u64,
+        status: DriverStatus,
+    },
+    #[error("{what}: {bytes} bytes do not fit this machine's address space")]
+    AddressSpace { what: String, bytes: u64 },
+    #[error("creating a cuBLAS handle on device {ordinal}: {status}")]
+    BlasHandle { ordinal: usize, status: BlasStatus },
+    #[error("cublasGetVersion failed: {0}")]
+    BlasVersion(BlasStatus),
+    #[error("dimension {0} is outside cuBLAS's range 1..={max}", max = i32::MAX)]
+    GemmDimension(u64),
+    #[error("batch {0} is outside cuBLAS's range")]
+    GemmBatch(u64),
+    /// Row-major `m x n x k`, `batch` products.
+    #[error("cuBLAS GEMM {m}x{n}x{k} (batch {batch}) failed: {error}")]
+    Gemm {
+        m: u64,
+        n: u64,
+        k: u64,
+        batch: u64,
+        error: GemmError,
+    },
+    /// An NCCL call that failed: `call` names it or says what it did.
+    #[error("{call} failed: {status}")]
+    Nccl { call: String, status: NcclStatus },
+    /// `call`: "ncclGroupStart" or "ncclGroupEnd"; `what`: what the group was for.
+    #[error("{what}: {call} failed: {status}")]
+    NcclGroup {
+        what: String,
+        call: &'static str,
+        status: NcclStatus,
+    },
+    /// `device`: the rank's device, where one thread drives several.
+    #[error("ncclCommInitRank (rank {rank} of {ranks}{}) failed: {status}",
+        .device.map(|d| format!(", device {d}")).unwrap_or_default())]
+    NcclInit {
+        rank: u64,
+        ranks: u64,
+        device: Option<usize>,
+        status: NcclStatus,
+    },
+    #[error("ncclCommSplit for the {kind} groups failed (NCCL 2.18 or later is needed): {status}")]
+    NcclSplit {
+        kind: &'static str,
+        status: NcclStatus,
+    },
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn free_note(free: &Result<(u64, u64), Box<CudaError>>) -> String {
+    match free {
+        Ok((free, total)) => format!(
+            "{free} bytes ({:.2} GiB) free of {:.1} GiB",
+            *free as f64 / GIB,
+            *total as f64 / GIB
+        ),
+        Err(e) => format!("free memory unknown ({e})"),
+    }
+}
+
+/// The device program's interpreter ([`crate::device`]): the job's bounds, the
+/// communicators and scratch, the checks before the timed steps, each op's issue.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("this rank's step is {0} ops, more than the {max} the CUDA backend times: cut it down with --micro-batches or --scale-layers", max = crate::device::MAX_PROGRAM_OPS)]
+    TooManyOps(usize),
+    #[error("an NCCL unique id is 128 bytes, got {0}")]
+    UniqueId(usize),
+    #[error("ncclCommInitRank (rank {rank} of {world}) made no communicator")]
+    NoCommunicator { rank: u64, world: u64 },
+    #[error("rank {rank} is not in its own {kind} group")]
+    NotInGroup { rank: u64, kind: &'static str },
+    #[error("filling scratch: {size} bytes run past its buffer")]
+    ScratchSize { size: u64 },
+    #[error("filling scratch: {0}")]
+    FillScratch(DriverStatus),
+    /// `what`: the op, in words.
+    #[error(
+        "{what}: {bytes} bytes at offset {offset} run past a scratch buffer of {scratch} bytes"
+    )]
+    PastScratch {
+        what: String,
+        offset: u64,
+        bytes: u64,
+        scratch: u64,
+    },
+    #[error("the {class} GEMM: {error}")]
+    Gemm {
+        class: &'static str,
+        error: Box<CudaError>,
+    },
+    #[error("element-wise copy of {bytes} bytes: {status}")]
+    Copy { bytes: u64, status: DriverStatus },
+    #[error("step {step}: {status}")]
+    Step { step: u64, status: DriverStatus },
+    #[error("checking the communicators: {0}")]
+    CommCheck(CudaError),
+    #[error("checking the communicators: float {0} is past its buffer")]
+    CommCheckBuffer(u64),
+    #[error("the {kind} communicator of rank {rank} summed its members' rank + 1 to {got}, but its members {members:?} sum to {want}: NCCL grouped the ranks differently from the plan")]
+    CommSum {
+        kind: &'static str,
+        rank: u64,
+        got: f32,
+        members: Vec<u64>,
+        want: f32,
+    },
+    /// `gemm`: the GEMM checked, in words ("the mlp GEMM 64x64x64 (batch 1)").
+    #[error("{gemm}: {error}")]
+    GemmCheck { gemm: String, error: Box<CudaError> },
+    #[error("{gemm}: its result runs past scratch C")]
+    GemmResultPastScratch { gemm: String },
+    /// `at`: (product, row, column) of C.
+    #[error("{gemm}: C[{}][{}][{}] is {got}, the host computes {want:.6} (relative error {rel:.2e}, more than {tolerance:.2e}): cuBLAS was called with arguments that do not describe the operands", .at.0, .at.1, .at.2)]
+    GemmMismatch {
+        gemm: String,
+        at: (u64, u64, u64),
+        got: f64,
+        want: f64,
+        rel: f64,
+        tolerance: f64,
+    },
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
+
+/// The microbenchmarks ([`crate::bench`]): their arguments, checked before any
+/// library is touched, and what failed while timing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BenchError {
+    #[error("{iters} timed and {warmup} warm-up calls per point: use 1 to {max} timed calls and at most {max} warm-up calls", max = crate::bench::MAX_ITERS)]
+    Timing { iters: u32, warmup: u32 },
+    #[error("no GEMM shape to time")]
+    NoShape,
+    /// `gemm`: the shape, in words ("GEMM 'mlp' 8x8x8 (batch 1)").
+    #[error("{gemm}: {error}")]
+    Gemm { gemm: String, error: Box<CudaError> },
+    #[error("{gemm}: the batch is outside cuBLAS's range")]
+    GemmBatch { gemm: String },
+    #[error("{gemm}: its buffers' size overflows")]
+    GemmOverflow { gemm: String },
+    #[error("the GEMM operands' size overflows")]
+    OperandsOverflow,
+    #[error("no buffer size to time")]
+    NoBufferSize,
+    #[error("a buffer size of 0 bytes: give sizes of 1 byte or more")]
+    ZeroBuffer,
+    #[error("the buffers' size overflows")]
+    BuffersOverflow,
+    /// `op`: "copy" or "memset".
+    #[error("{op} of {bytes} bytes: {status}")]
+    Memory {
+        op: &'static str,
+        bytes: u64,
+        status: DriverStatus,
+    },
+    #[error("no device, collective or size to time")]
+    NoCollective,
+    #[error("the devices {0:?} repeat one: NCCL takes one rank per device")]
+    RepeatedDevice(Vec<usize>),
+    #[error("a collective of {bytes} bytes over {gpus} GPUs: give a positive multiple of {} bytes (a whole number of BF16 elements per GPU)", 2 * .gpus)]
+    CollectiveSize { bytes: u64, gpus: u64 },
+    /// `op`: the collective's label, e.g. "all_reduce".
+    #[error("nccl {op} of {bytes} bytes on {gpus} GPUs: rank {rank}: {status}")]
+    Collective {
+        op: &'static str,
+        bytes: u64,
+        gpus: u64,
+        rank: usize,
+        status: NcclStatus,
+    },
+    #[error("NCCL made {made} of {wanted} communicators")]
+    Communicators { made: usize, wanted: usize },
+    #[error("a peer copy needs two devices: both are {0}")]
+    SameDevice(usize),
+    #[error("no copy size to time")]
+    NoCopySize,
+    #[error("a copy of 0 bytes: give sizes of 1 byte or more")]
+    ZeroCopy,
+    #[error("copying {bytes} bytes from device {src} to {dst}: {status}")]
+    PeerCopy {
+        bytes: u64,
+        src: usize,
+        dst: usize,
+        status: DriverStatus,
+    },
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}

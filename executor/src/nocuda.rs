@@ -3,26 +3,23 @@
 //! so that callers need no `cfg` of their own. "Compiled with CUDA" is answered
 //! here; "a GPU is present" is the real backend's question, at run time.
 
-/// The one error every function here returns.
-pub const NOT_COMPILED: &str = "this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`";
-
 /// The stand-in for [`crate::cuda`] (library loading, probe, NCCL id).
 pub mod cuda {
-    use super::NOT_COMPILED;
+    pub use crate::error::CudaError;
 
     /// Always the not-compiled error.
-    pub fn probe(_ordinal: usize) -> Result<String, String> {
-        Err(NOT_COMPILED.into())
+    pub fn probe(_ordinal: usize) -> Result<String, CudaError> {
+        Err(CudaError::NotCompiled)
     }
 
     /// Always the not-compiled error.
-    pub fn free_memory(_ordinal: usize) -> Result<(u64, u64), String> {
-        Err(NOT_COMPILED.into())
+    pub fn free_memory(_ordinal: usize) -> Result<(u64, u64), CudaError> {
+        Err(CudaError::NotCompiled)
     }
 
     /// Always the not-compiled error.
-    pub fn nccl_unique_id() -> Result<Vec<u8>, String> {
-        Err(NOT_COMPILED.into())
+    pub fn nccl_unique_id() -> Result<Vec<u8>, CudaError> {
+        Err(CudaError::NotCompiled)
     }
 }
 
@@ -31,25 +28,29 @@ pub mod cuda {
 pub mod bench {
     use std::path::PathBuf;
 
-    use super::NOT_COMPILED;
     use crate::bench::{
         CollOp, CollTimes, DeviceInfo, GemmShape, GemmTimes, MemOp, PeerTimes, Timing,
     };
     use crate::culibs::Lib;
+    use crate::error::{BenchError, CudaError};
 
     /// Always the not-compiled error.
-    pub fn device_info(_ordinal: usize) -> Result<DeviceInfo, String> {
-        Err(NOT_COMPILED.into())
+    pub fn device_info(_ordinal: usize) -> Result<DeviceInfo, BenchError> {
+        Err(CudaError::NotCompiled.into())
     }
 
     /// Always the not-compiled error.
-    pub fn library_files(_libs: &[Lib]) -> Result<Vec<(Lib, Option<PathBuf>)>, String> {
-        Err(NOT_COMPILED.into())
+    pub fn library_files(_libs: &[Lib]) -> Result<Vec<(Lib, Option<PathBuf>)>, BenchError> {
+        Err(CudaError::NotCompiled.into())
     }
 
     /// Always the not-compiled error.
-    pub fn gemms(_ordinal: usize, _shapes: &[GemmShape], _t: Timing) -> Result<GemmTimes, String> {
-        Err(NOT_COMPILED.into())
+    pub fn gemms(
+        _ordinal: usize,
+        _shapes: &[GemmShape],
+        _t: Timing,
+    ) -> Result<GemmTimes, BenchError> {
+        Err(CudaError::NotCompiled.into())
     }
 
     /// Always the not-compiled error.
@@ -57,8 +58,8 @@ pub mod bench {
         _ordinal: usize,
         _sizes: &[u64],
         _t: Timing,
-    ) -> Result<Vec<(MemOp, u64, f64)>, String> {
-        Err(NOT_COMPILED.into())
+    ) -> Result<Vec<(MemOp, u64, f64)>, BenchError> {
+        Err(CudaError::NotCompiled.into())
     }
 
     /// Always the not-compiled error.
@@ -67,8 +68,8 @@ pub mod bench {
         _ops: &[CollOp],
         _sizes: &[u64],
         _t: Timing,
-    ) -> Result<CollTimes, String> {
-        Err(NOT_COMPILED.into())
+    ) -> Result<CollTimes, BenchError> {
+        Err(CudaError::NotCompiled.into())
     }
 
     /// Always the not-compiled error.
@@ -77,8 +78,8 @@ pub mod bench {
         _b: usize,
         _sizes: &[u64],
         _t: Timing,
-    ) -> Result<PeerTimes, String> {
-        Err(NOT_COMPILED.into())
+    ) -> Result<PeerTimes, BenchError> {
+        Err(CudaError::NotCompiled.into())
     }
 }
 
@@ -88,7 +89,8 @@ pub mod device {
 
     use sextant_planner::ranks::RankMap;
 
-    use super::NOT_COMPILED;
+    use crate::error::CudaError;
+    pub use crate::error::DeviceError;
     use crate::record::RankStats;
     use crate::trace::Op;
 
@@ -113,7 +115,7 @@ pub mod device {
     }
 
     /// Always the not-compiled error.
-    pub fn run_device(_job: &DeviceJob) -> Result<RankStats, String> {
-        Err(NOT_COMPILED.into())
+    pub fn run_device(_job: &DeviceJob) -> Result<RankStats, DeviceError> {
+        Err(CudaError::NotCompiled.into())
     }
 }

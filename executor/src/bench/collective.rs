@@ -9,9 +9,10 @@ use super::memory::bytes_on;
 use super::{check_timing, timed_calls, CollOp, CollTimes, Timing};
 use crate::cuda::ffi::nccl::{self, Elem};
 use crate::cuda::{
-    context, describe, device, guarded, mem_info, nccl_describe, nccl_group, nccl_loaded,
-    out_of_memory, Comm,
+    bind, context, device, driver, guarded, mem_info, nccl_describe, nccl_failed, nccl_group,
+    nccl_loaded, new_stream, out_of_memory, Comm,
 };
+use crate::error::{BenchError, CudaError};
 
 /// Times each collective at each size over one NCCL communicator of the devices in
 /// `ordinals` (one rank each), all driven from this thread with group calls (NCCL's
@@ -23,23 +24,18 @@ pub fn collectives(
     ops: &[CollOp],
     sizes: &[u64],
     t: Timing,
-) -> Result<CollTimes, String> {
+) -> Result<CollTimes, BenchError> {
     check_timing(t)?;
     let n = ordinals.len() as u64;
     if ordinals.is_empty() || ops.is_empty() || sizes.is_empty() {
-        return Err("no device, collective or size to time".into());
+        return Err(BenchError::NoCollective);
     }
     if (1..ordinals.len()).any(|i| ordinals[..i].contains(&ordinals[i])) || n > i32::MAX as u64 {
-        return Err(format!(
-            "the devices {ordinals:?} repeat one: NCCL takes one rank per device"
-        ));
+        return Err(BenchError::RepeatedDevice(ordinals.to_vec()));
     }
     for &b in sizes {
         if b == 0 || b % (2 * n) != 0 || b.checked_mul(2).is_none() {
-            return Err(format!(
-                "a collective of {b} bytes over {n} GPUs: give a positive multiple of {} bytes (a whole number of BF16 elements per GPU)",
-                2 * n
-            ));
+            return Err(BenchError::CollectiveSize { bytes: b, gpus: n });
         }
     }
     guarded(|| {
@@ -47,15 +43,12 @@ pub fn collectives(
             device(o)?;
         }
         nccl_loaded()?;
-        let nccl_version = nccl::get_nccl_version()
-            .map_err(|e| format!("ncclGetVersion failed: {}", nccl_describe(&e, None)))?;
+        let nccl_version = nccl::get_nccl_version().map_err(nccl_failed("ncclGetVersion", None))?;
         let mut gpus = Vec::with_capacity(ordinals.len());
         for &o in ordinals {
             let ctx = context(o)?;
-            ctx.bind_to_thread().map_err(describe)?;
-            let stream = ctx
-                .new_stream()
-                .map_err(|e| format!("creating a CUDA stream on device {o}: {}", describe(e)))?;
+            bind(&ctx)?;
+            let stream = new_stream(&ctx, o)?;
             gpus.push((o, ctx, stream));
         }
         let mut comms = open_comms(&gpus)?;
@@ -73,7 +66,7 @@ pub fn collectives(
                 for (o, ctx, stream) in &gpus {
                     let (free, _) = mem_info(ctx, *o)?;
                     if send + recv > free {
-                        return Err(out_of_memory(ctx, *o, &what, send + recv));
+                        return Err(out_of_memory(ctx, *o, &what, send + recv).into());
                     }
                     let s = bytes_on(ctx, stream, *o, send, &what)?;
                     let r = bytes_on(ctx, stream, *o, recv, &what)?;
@@ -81,9 +74,9 @@ pub fn collectives(
                 }
                 let call = format!("nccl {} of {bytes} bytes on {n} GPUs", op.label());
                 let secs = timed_calls(&streams, t, || {
-                    nccl_group(&call, || {
+                    nccl_group::<BenchError>(&call, || {
                         for (r, (_, ctx, stream)) in gpus.iter().enumerate() {
-                            ctx.bind_to_thread().map_err(describe)?;
+                            bind(ctx)?;
                             let (ps, pr) = (bufs[r].0.span(), bufs[r].1.span());
                             let comm = &comms[r];
                             // The buffers hold what `sides` says, on this
@@ -109,8 +102,12 @@ pub fn collectives(
                                 ),
                             }
                             .map(|_| ())
-                            .map_err(|e| {
-                                format!("{call}: rank {r}: {}", nccl_describe(&e, Some(comm)))
+                            .map_err(|e| BenchError::Collective {
+                                op: op.label(),
+                                bytes,
+                                gpus: n,
+                                rank: r,
+                                status: nccl_describe(&e, Some(comm)),
                             })?;
                         }
                         Ok(())
@@ -118,7 +115,7 @@ pub fn collectives(
                 })?;
                 points.push((op, bytes, median(&secs).unwrap_or(0.0)));
                 for (_, _, s) in &gpus {
-                    s.synchronize().map_err(describe)?;
+                    s.synchronize().map_err(driver)?;
                 }
                 drop(bufs);
             }
@@ -135,31 +132,31 @@ pub fn collectives(
 
 /// One NCCL communicator over `gpus` (rank r on the r-th), made in one group;
 /// whatever was made is aborted on an early exit (before the caller's streams go).
-fn open_comms(gpus: &[(usize, Arc<CudaContext>, Arc<CudaStream>)]) -> Result<Vec<Comm>, String> {
+fn open_comms(
+    gpus: &[(usize, Arc<CudaContext>, Arc<CudaStream>)],
+) -> Result<Vec<Comm>, BenchError> {
     let n = gpus.len() as u64;
-    let id = nccl::get_uniqueid()
-        .map_err(|e| format!("ncclGetUniqueId failed: {}", nccl_describe(&e, None)))?;
+    let id = nccl::get_uniqueid().map_err(nccl_failed("ncclGetUniqueId", None))?;
     // Whatever was made is aborted on an early exit (before the streams go).
     let mut comms: Vec<Comm> = Vec::with_capacity(gpus.len());
-    let made = nccl_group("creating the NCCL communicators", || {
+    let made = nccl_group::<CudaError>("creating the NCCL communicators", || {
         for (r, (o, ctx, _)) in gpus.iter().enumerate() {
-            ctx.bind_to_thread().map_err(describe)?;
-            Comm::init_rank(n, id, r as u64, &mut comms).map_err(|e| {
-                format!(
-                    "ncclCommInitRank (rank {r} of {n}, device {o}) failed: {}",
-                    nccl_describe(&e, None)
-                )
+            bind(ctx)?;
+            Comm::init_rank(n, id, r as u64, &mut comms).map_err(|e| CudaError::NcclInit {
+                rank: r as u64,
+                ranks: n,
+                device: Some(*o),
+                status: nccl_describe(&e, None),
             })?;
         }
         Ok(())
     });
     made?;
     if comms.len() != gpus.len() {
-        return Err(format!(
-            "NCCL made {} of {} communicators",
-            comms.len(),
-            gpus.len()
-        ));
+        return Err(BenchError::Communicators {
+            made: comms.len(),
+            wanted: gpus.len(),
+        });
     }
     Ok(comms)
 }

@@ -7,7 +7,11 @@ use sextant_planner::calibration::median;
 
 use super::{check_timing, timed_calls, PeerTimes, Timing};
 use crate::cuda::ffi::{self, copy_peer, PlainBuf};
-use crate::cuda::{context, describe, device, guarded, mem_info, oom_or, out_of_memory};
+use crate::cuda::{
+    bind, context, describe, device, driver, driver_call, guarded, host_size, mem_info, new_stream,
+    oom_or, out_of_memory,
+};
+use crate::error::{BenchError, CudaError};
 
 /// A `cuMemAlloc` buffer of `bytes` on `ctx`'s device (see [`PlainBuf`]).
 fn plain_buf(
@@ -15,51 +19,51 @@ fn plain_buf(
     ordinal: usize,
     bytes: u64,
     what: &str,
-) -> Result<PlainBuf, String> {
-    ctx.bind_to_thread().map_err(describe)?;
-    let n = usize::try_from(bytes)
-        .map_err(|_| format!("{what}: {bytes} bytes do not fit this machine's address space"))?;
+) -> Result<PlainBuf, CudaError> {
+    bind(ctx)?;
+    let n = host_size(bytes, what)?;
     PlainBuf::new(ctx, n).map_err(|e| oom_or(e, ctx, ordinal, what, bytes))
 }
 
 /// Enables access from `ctx` to `peer`'s memory when the devices allow it; says
 /// whether it is on.
-pub(super) fn enable_peer(ctx: &Arc<CudaContext>, peer: &Arc<CudaContext>) -> Result<bool, String> {
-    let can = ffi::can_access_peer(ctx, peer)
-        .map_err(|e| format!("cuDeviceCanAccessPeer: {}", describe(e)))?;
+pub(super) fn enable_peer(
+    ctx: &Arc<CudaContext>,
+    peer: &Arc<CudaContext>,
+) -> Result<bool, CudaError> {
+    let can = ffi::can_access_peer(ctx, peer).map_err(driver_call("cuDeviceCanAccessPeer"))?;
     if !can {
         return Ok(false);
     }
-    ctx.bind_to_thread().map_err(describe)?;
+    bind(ctx)?;
     match ffi::enable_peer_access(peer) {
         Ok(()) => Ok(true),
         Err(e) if e.0 == drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
-        Err(e) => Err(format!("cuCtxEnablePeerAccess: {}", describe(e))),
+        Err(e) => Err(driver_call("cuCtxEnablePeerAccess")(e)),
     }
 }
 
 /// Times `cuMemcpyPeerAsync` of each size from device `a` to device `b` and back,
 /// each on the source's stream, with peer access enabled where the devices allow
 /// it (otherwise the driver stages the copy through the host).
-pub fn peer_copies(a: usize, b: usize, sizes: &[u64], t: Timing) -> Result<PeerTimes, String> {
+pub fn peer_copies(a: usize, b: usize, sizes: &[u64], t: Timing) -> Result<PeerTimes, BenchError> {
     check_timing(t)?;
     if a == b {
-        return Err(format!("a peer copy needs two devices: both are {a}"));
+        return Err(BenchError::SameDevice(a));
     }
     let Some(&max) = sizes.iter().max() else {
-        return Err("no copy size to time".into());
+        return Err(BenchError::NoCopySize);
     };
     if sizes.contains(&0) {
-        return Err("a copy of 0 bytes: give sizes of 1 byte or more".into());
+        return Err(BenchError::ZeroCopy);
     }
     guarded(|| {
         device(a)?;
         device(b)?;
         let (ca, cb) = (context(a)?, context(b)?);
         let stream = |ctx: &Arc<CudaContext>, o: usize| {
-            ctx.bind_to_thread().map_err(describe)?;
-            ctx.new_stream()
-                .map_err(|e| format!("creating a CUDA stream on device {o}: {}", describe(e)))
+            bind(ctx)?;
+            new_stream(ctx, o)
         };
         let (sa, sb) = (stream(&ca, a)?, stream(&cb, b)?);
         let peer_access = [enable_peer(&ca, &cb)?, enable_peer(&cb, &ca)?];
@@ -67,7 +71,7 @@ pub fn peer_copies(a: usize, b: usize, sizes: &[u64], t: Timing) -> Result<PeerT
         for (ctx, o) in [(&ca, a), (&cb, b)] {
             let (free, _) = mem_info(ctx, o)?;
             if max > free {
-                return Err(out_of_memory(ctx, o, &what, max));
+                return Err(out_of_memory(ctx, o, &what, max).into());
             }
         }
         let (ba, bb) = (
@@ -82,16 +86,16 @@ pub fn peer_copies(a: usize, b: usize, sizes: &[u64], t: Timing) -> Result<PeerT
             for &bytes in sizes {
                 let secs = timed_calls(&[(cs, s)], t, || {
                     // Both buffers hold `max >= bytes` bytes and outlive the copies.
-                    copy_peer(s, (cd, pd), (cs, ps), bytes).map_err(|e| {
-                        format!(
-                            "copying {bytes} bytes from device {src} to {dst}: {}",
-                            describe(e)
-                        )
+                    copy_peer(s, (cd, pd), (cs, ps), bytes).map_err(|e| BenchError::PeerCopy {
+                        bytes,
+                        src,
+                        dst,
+                        status: describe(e),
                     })
                 })?;
                 points.push((src, dst, bytes, median(&secs).unwrap_or(0.0)));
             }
-            s.synchronize().map_err(describe)?;
+            s.synchronize().map_err(driver)?;
         }
         Ok(PeerTimes {
             peer_access,

@@ -3,6 +3,8 @@
 //! benchmark modules (`--features cuda`) or, without the feature, the stand-ins of
 //! `nocuda.rs`, which take and return these same types.
 
+use crate::error::BenchError;
+
 /// Warm-up and timed calls per point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -13,12 +15,12 @@ pub struct Timing {
 /// The most timed calls per point (two events each).
 pub const MAX_ITERS: u32 = 10_000;
 
-pub fn check_timing(t: Timing) -> Result<(), String> {
+pub fn check_timing(t: Timing) -> Result<(), BenchError> {
     if t.iters == 0 || t.iters > MAX_ITERS || t.warmup > MAX_ITERS {
-        return Err(format!(
-            "{} timed and {} warm-up calls per point: use 1 to {MAX_ITERS} timed calls and at most {MAX_ITERS} warm-up calls",
-            t.iters, t.warmup
-        ));
+        return Err(BenchError::Timing {
+            iters: t.iters,
+            warmup: t.warmup,
+        });
     }
     Ok(())
 }

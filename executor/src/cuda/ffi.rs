@@ -40,6 +40,8 @@ use cudarc::driver::{
 };
 use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
 
+use crate::error::GemmError;
+
 // ---- libraries -----------------------------------------------------------------
 
 /// Opens `file` (a path or a soname) with `RTLD_NOW | RTLD_GLOBAL`.
@@ -479,13 +481,11 @@ pub(crate) struct Bf16Gemm<'a> {
 /// handle's stream: `cublasGemmEx`, or for `batch > 1` `cublasGemmStridedBatchedEx`
 /// over contiguous operands (strides `m x k`, `k x n`, `m x n` in cuBLAS's terms).
 /// Refuses operands whose spans do not hold them.
-pub(crate) fn bf16_gemm(blas: &Blas, g: &Bf16Gemm) -> Result<(), String> {
+pub(crate) fn bf16_gemm(blas: &Blas, g: &Bf16Gemm) -> Result<(), GemmError> {
     let (m, n, k, lda, ldb, ldc) = g.dims;
     let all = [m, n, k, lda, ldb, ldc, g.batch];
     if all.iter().any(|&x| x < 1) || lda != m || ldb != k || ldc != m {
-        return Err(format!(
-            "cuBLAS arguments {all:?} do not describe column-major operands"
-        ));
+        return Err(GemmError::Arguments(all));
     }
     let elems = |rows: c_int, cols: c_int| (rows as u64) * (cols as u64);
     let (sa, sb, sc) = (elems(m, k), elems(k, n), elems(m, n));
@@ -497,10 +497,12 @@ pub(crate) fn bf16_gemm(blas: &Blas, g: &Bf16Gemm) -> Result<(), String> {
         (g.out, sc, "output"),
     ] {
         if !span.holds(need(stride)) {
-            return Err(format!(
-                "the {name} needs {stride} x {} BF16 elements but its buffer holds {} bytes",
-                g.batch, span.bytes
-            ));
+            return Err(GemmError::Span {
+                operand: name,
+                stride,
+                batch: g.batch,
+                bytes: span.bytes,
+            });
         }
     }
     let (alpha, beta) = (1.0f32, 0.0f32);
@@ -535,5 +537,5 @@ pub(crate) fn bf16_gemm(blas: &Blas, g: &Bf16Gemm) -> Result<(), String> {
             )
         }
     };
-    r.map_err(|e| format!("{e:?}"))
+    r.map_err(|e| GemmError::Status(crate::cuda::blas_status(e)))
 }

@@ -8,7 +8,8 @@ use sextant_planner::ranks::GROUP_KINDS;
 use super::{alloc, DeviceJob, Gpu, GEMM_TOLERANCE};
 use crate::cuda::ffi::nccl::Elem;
 use crate::cuda::ffi::{copy_dtoh, copy_htod};
-use crate::cuda::{bf16_gemm, describe, nccl_describe, nccl_group, Comm, DevSpan};
+use crate::cuda::{bf16_gemm, driver, driver_call, nccl_failed, nccl_group, Comm, DevSpan};
+use crate::error::{CudaError, DeviceError};
 use crate::record::Checks;
 use crate::trace::Op;
 
@@ -19,7 +20,7 @@ pub(super) fn check_communicators(
     gpu: &Gpu,
     job: &DeviceJob,
     checks: &mut Checks,
-) -> Result<(), String> {
+) -> Result<(), DeviceError> {
     let comms: Vec<&Comm> = std::iter::once(&gpu.comms.world)
         .chain(&gpu.comms.kinds)
         .collect();
@@ -37,30 +38,22 @@ pub(super) fn check_communicators(
     let floats = |i: u64, count: u64| {
         buf.span()
             .at(4 * i, 4 * count)
-            .ok_or_else(|| format!("checking the communicators: float {i} is past its buffer"))
+            .ok_or(DeviceError::CommCheckBuffer(i))
     };
+    let failed = |e| DeviceError::CommCheck(driver(e));
     let mine = vec![(job.rank + 1) as f32; n as usize];
-    copy_htod(stream, buf.span(), &mine)
-        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
-    nccl_group("checking the communicators", || {
+    copy_htod(stream, buf.span(), &mine).map_err(failed)?;
+    nccl_group::<DeviceError>("checking the communicators", || {
         for (i, comm) in comms.iter().enumerate() {
             let i = i as u64;
             comm.all_reduce((floats(i, 1)?, floats(n + i, 1)?), 1, Elem::F32, stream)
-                .map_err(|e| {
-                    format!(
-                        "checking the communicators: ncclAllReduce failed: {}",
-                        nccl_describe(&e, Some(comm))
-                    )
-                })?;
+                .map_err(|e| DeviceError::CommCheck(nccl_failed("ncclAllReduce", Some(comm))(e)))?;
         }
         Ok(())
     })?;
     let mut got = vec![0f32; n as usize];
-    copy_dtoh(stream, &mut got, floats(n, n)?)
-        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
-    gpu.stream
-        .synchronize()
-        .map_err(|e| format!("checking the communicators: {}", describe(e)))?;
+    copy_dtoh(stream, &mut got, floats(n, n)?).map_err(failed)?;
+    gpu.stream.synchronize().map_err(failed)?;
     for (i, g) in got.iter().enumerate() {
         let (kind, members): (&str, Vec<u64>) = match i {
             0 => ("world", (0..job.map.world_size).collect()),
@@ -71,7 +64,13 @@ pub(super) fn check_communicators(
         };
         let want = members.iter().map(|q| q + 1).sum::<u64>() as f32;
         if *g != want {
-            return Err(format!("the {kind} communicator of rank {} summed its members' rank + 1 to {g}, but its members {members:?} sum to {want}: NCCL grouped the ranks differently from the plan", job.rank));
+            return Err(DeviceError::CommSum {
+                kind,
+                rank: job.rank,
+                got: *g,
+                members,
+                want,
+            });
         }
     }
     checks.collectives += n;
@@ -94,7 +93,7 @@ pub(super) fn check_gemms(
     (a, b, c): (DevSpan, DevSpan, DevSpan),
     pattern: &[u16],
     checks: &mut Checks,
-) -> Result<(), String> {
+) -> Result<(), DeviceError> {
     let mut shapes: BTreeMap<(u64, u64, u64, u64), &str> = BTreeMap::new();
     for op in program {
         if let Op::Gemm {
@@ -111,7 +110,11 @@ pub(super) fn check_gemms(
     }
     for (&(m, n, k, batch), class) in &shapes {
         let shape = format!("the {class} GEMM {m}x{n}x{k} (batch {batch})");
-        bf16_gemm(&gpu.blas, (m, n, k), batch, (a, b, c)).map_err(|e| format!("{shape}: {e}"))?;
+        let failed = |error: CudaError| DeviceError::GemmCheck {
+            gemm: shape.clone(),
+            error: Box::new(error),
+        };
+        bf16_gemm(&gpu.blas, (m, n, k), batch, (a, b, c)).map_err(failed)?;
         let mut at: Vec<(u64, u64, u64)> = Vec::new();
         for q in [0, batch - 1] {
             for (r, col) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3), (m - 1, 0)] {
@@ -126,13 +129,13 @@ pub(super) fn check_gemms(
             // One element of C (row-major m x n per product) into `g`.
             let at = c
                 .at(offset, 2)
-                .ok_or_else(|| format!("{shape}: its result runs past scratch C"))?;
+                .ok_or_else(|| DeviceError::GemmResultPastScratch {
+                    gemm: shape.clone(),
+                })?;
             copy_dtoh(&gpu.stream, g, at)
-                .map_err(|e| format!("{shape}: reading its result: {}", describe(e)))?;
+                .map_err(|e| failed(driver_call("reading its result")(e)))?;
         }
-        gpu.stream
-            .synchronize()
-            .map_err(|e| format!("{shape}: {}", describe(e)))?;
+        gpu.stream.synchronize().map_err(|e| failed(driver(e)))?;
         for (&(q, r, col), &g) in at.iter().zip(&got) {
             let (mut want, mut scale) = (0f64, 0f64);
             for p in 0..k {
@@ -144,7 +147,14 @@ pub(super) fn check_gemms(
             let got = f64::from(f32::from_bits(u32::from(g) << 16));
             let rel = (got - want).abs() / scale.max(f64::MIN_POSITIVE);
             if rel.is_nan() || rel > GEMM_TOLERANCE {
-                return Err(format!("{shape}: C[{q}][{r}][{col}] is {got}, the host computes {want:.6} (relative error {rel:.2e}, more than {GEMM_TOLERANCE:.2e}): cuBLAS was called with arguments that do not describe the operands"));
+                return Err(DeviceError::GemmMismatch {
+                    gemm: shape,
+                    at: (q, r, col),
+                    got,
+                    want,
+                    rel,
+                    tolerance: GEMM_TOLERANCE,
+                });
             }
             checks.max_rel_error = checks.max_rel_error.max(rel);
         }

@@ -8,8 +8,9 @@ use sextant_planner::ranks::GROUP_KINDS;
 
 use super::{alloc, Buf, Gpu, GATE_ENTRIES};
 use crate::cuda::ffi::copy_dtod;
-use crate::cuda::ffi::nccl::{self, Elem};
-use crate::cuda::{bf16_gemm, describe, nccl_describe, nccl_group, Comm, DevSpan};
+use crate::cuda::ffi::nccl::Elem;
+use crate::cuda::{bf16_gemm, describe, nccl_failed, nccl_group, DevSpan};
+use crate::error::DeviceError;
 use crate::trace::{coll_sides, Coll, Op, COPY_PIECE};
 
 /// Stream entries an op queues: its launches, copies or NCCL calls (an allocation or
@@ -75,30 +76,29 @@ pub(super) struct Issue<'a> {
     pub(super) group_size: &'a dyn Fn(usize) -> u64,
 }
 
-pub(super) fn nccl_err<'a>(
-    what: &'a str,
-    comm: &'a Comm,
-) -> impl Fn(nccl::NcclError) -> String + 'a {
-    move |e| format!("{what} failed: {}", nccl_describe(&e, Some(comm)))
-}
-
 /// `bytes` at `offset` of a scratch buffer, or the line saying they do not fit.
 fn part<'a>(
     scratch: DevSpan<'a>,
     offset: u64,
     bytes: u64,
     what: &str,
-) -> Result<DevSpan<'a>, String> {
-    scratch.at(offset, bytes).ok_or_else(|| {
-        format!(
-            "{what}: {bytes} bytes at offset {offset} run past a scratch buffer of {} bytes",
-            scratch.bytes()
-        )
-    })
+) -> Result<DevSpan<'a>, DeviceError> {
+    scratch
+        .at(offset, bytes)
+        .ok_or_else(|| DeviceError::PastScratch {
+            what: what.to_string(),
+            offset,
+            bytes,
+            scratch: scratch.bytes(),
+        })
 }
 
 impl Issue<'_> {
-    pub(super) fn op(&self, op: &Op, kept: &mut HashMap<(u64, u64), Buf>) -> Result<(), String> {
+    pub(super) fn op(
+        &self,
+        op: &Op,
+        kept: &mut HashMap<(u64, u64), Buf>,
+    ) -> Result<(), DeviceError> {
         let gpu = self.gpu;
         let stream = &gpu.stream;
         let (a, b, c) = (self.a, self.b, self.c);
@@ -113,8 +113,12 @@ impl Issue<'_> {
                 ..
             } => {
                 for _ in 0..*count {
-                    bf16_gemm(&gpu.blas, (*m, *n, *k), *batch, (a, b, c))
-                        .map_err(|e| format!("the {class} GEMM: {e}"))?;
+                    bf16_gemm(&gpu.blas, (*m, *n, *k), *batch, (a, b, c)).map_err(|error| {
+                        DeviceError::Gemm {
+                            class,
+                            error: Box::new(error),
+                        }
+                    })?;
                 }
             }
             Op::Memory { bytes, .. } => {
@@ -122,8 +126,10 @@ impl Issue<'_> {
                 while left > 0 {
                     let n = left.min(COPY_PIECE);
                     // Scratch A and B each hold the op's first piece (`Scratch::of`).
-                    copy_dtod(stream, b, a, n)
-                        .map_err(|e| format!("element-wise copy of {n} bytes: {}", describe(e)))?;
+                    copy_dtod(stream, b, a, n).map_err(|e| DeviceError::Copy {
+                        bytes: n,
+                        status: describe(e),
+                    })?;
                     left -= n;
                 }
             }
@@ -154,14 +160,14 @@ impl Issue<'_> {
                 let comm = &gpu.comms.world;
                 // One element of scratch A and B.
                 comm.all_reduce((a, b), 1, Elem::Bf16, stream)
-                    .map_err(nccl_err("the step's barrier", comm))?;
+                    .map_err(nccl_failed("the step's barrier", Some(comm)))?;
             }
         }
         Ok(())
     }
 
     /// A collective over one group kind's communicator.
-    fn coll(&self, group: usize, kind: Coll, bytes: u64) -> Result<(), String> {
+    fn coll(&self, group: usize, kind: Coll, bytes: u64) -> Result<(), DeviceError> {
         let gpu = self.gpu;
         let stream = &gpu.stream;
         let bf16 = Elem::Bf16;
@@ -180,16 +186,16 @@ impl Issue<'_> {
             Coll::AllGather => comm
                 .all_gather((a, b), (snd / 2) as usize, bf16, stream)
                 .map(|_| ())
-                .map_err(nccl_err(&what, comm)),
+                .map_err(|e| nccl_failed(&what, Some(comm))(e).into()),
             Coll::ReduceScatter => comm
                 .reduce_scatter((a, b), (bytes / n / 2) as usize, bf16, stream)
                 .map(|_| ())
-                .map_err(nccl_err(&what, comm)),
+                .map_err(|e| nccl_failed(&what, Some(comm))(e).into()),
             Coll::AllReduce => comm
                 .all_reduce((a, b), (bytes / 2) as usize, bf16, stream)
                 .map(|_| ())
-                .map_err(nccl_err(&what, comm)),
-            Coll::AllToAll => nccl_group(&what, || {
+                .map_err(|e| nccl_failed(&what, Some(comm))(e).into()),
+            Coll::AllToAll => nccl_group::<DeviceError>(&what, || {
                 let size = bytes / n / 2 * 2;
                 for j in 0..n {
                     // Part j of A and of B (n parts of `size` bytes, `Scratch::of`).
@@ -198,9 +204,9 @@ impl Issue<'_> {
                         part(b, j * size, size, &what)?,
                     );
                     comm.send(to, (size / 2) as usize, bf16, j, stream)
-                        .map_err(nccl_err(&what, comm))?;
+                        .map_err(nccl_failed(&what, Some(comm)))?;
                     comm.recv(from, (size / 2) as usize, bf16, j, stream)
-                        .map_err(nccl_err(&what, comm))?;
+                        .map_err(nccl_failed(&what, Some(comm)))?;
                 }
                 Ok(())
             }),
@@ -209,25 +215,30 @@ impl Issue<'_> {
     }
 
     /// A pass's pipeline or CP transfers, in one NCCL group.
-    fn p2p(&self, kind: &str, sends: &[(u64, u64)], recvs: &[(u64, u64)]) -> Result<(), String> {
+    fn p2p(
+        &self,
+        kind: &str,
+        sends: &[(u64, u64)],
+        recvs: &[(u64, u64)],
+    ) -> Result<(), DeviceError> {
         let gpu = self.gpu;
         let stream = &gpu.stream;
         let bf16 = Elem::Bf16;
         let (a, b) = (self.a, self.b);
         let comm = &gpu.comms.world;
         let what = format!("{kind} transfers (sends {sends:?}, receives {recvs:?})");
-        nccl_group(&what, || {
+        nccl_group::<DeviceError>(&what, || {
             for &(to, bytes) in sends {
                 // Scratch A holds the largest send.
                 comm.send(a, (bytes / 2) as usize, bf16, to, stream)
-                    .map_err(nccl_err(&what, comm))?;
+                    .map_err(nccl_failed(&what, Some(comm)))?;
             }
             let mut off = 0;
             for &(from, bytes) in recvs {
                 // Scratch B holds all of a group's receives side by side.
                 let into = part(b, off, bytes, &what)?;
                 comm.recv(into, (bytes / 2) as usize, bf16, from, stream)
-                    .map_err(nccl_err(&what, comm))?;
+                    .map_err(nccl_failed(&what, Some(comm)))?;
                 off += bytes;
             }
             Ok(())

@@ -155,6 +155,48 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, SetupEr
         return Err(SetupError::FullSizeMla);
     }
     let schedule = cfg.schedule;
+    let (layers, stage_layers) = layer_split(&cfg, m0, o)?;
+    let mut first_layer = vec![0usize; stage_layers.len()];
+    for i in 1..stage_layers.len() {
+        first_layer[i] = first_layer[i - 1] + stage_layers[i - 1];
+    }
+    let dims = executed_dims(plan, &cfg, layers, o.full_size);
+    check_divisible(&dims, &cfg)?;
+    let m = micro_batches(plan, &cfg, o, stage_layers.len())?;
+    let mut exec_cfg = cfg.clone();
+    exec_cfg.mbs = dims.mbs as u64;
+    exec_cfg.layout = Layout::Explicit {
+        layers: stage_layers.iter().map(|&c| c as u64).collect(),
+    };
+    let model = dims.to_model(m0);
+    let mut workload = plan.workload.clone();
+    workload.seq = dims.seq as u64;
+    workload.global_batch = m * cfg.dp * dims.mbs as u64;
+    Ok(Setup {
+        cfg: exec_cfg,
+        dims,
+        micro_batches: m,
+        schedule,
+        stage_layers,
+        first_layer,
+        model,
+        workload,
+        plan_hash: hash,
+        profile: plan.hardware.name.clone(),
+        gpus_per_node: plan.hardware.node.gpus_per_node,
+        rank_order: plan.rank_order.clone(),
+        predicted_bytes: ranked.estimate.memory.total,
+    })
+}
+
+/// The executed layer count and its split over the virtual stages: the plan's own
+/// at full size, otherwise `--scale-layers` (default: two per virtual stage, at
+/// most the model's) split in proportion to the plan's layout.
+fn layer_split(
+    cfg: &ParallelConfig,
+    m0: &ModelSpec,
+    o: &Options,
+) -> Result<(usize, Vec<usize>), SetupError> {
     let (p, v) = (cfg.pp as usize, cfg.vpp as usize);
     let plan_counts = cfg
         .stage_layers(m0.layers)
@@ -176,15 +218,19 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, SetupEr
     } else {
         rescale(&plan_counts, layers)?
     };
-    let mut first_layer = vec![0usize; stage_layers.len()];
-    for i in 1..stage_layers.len() {
-        first_layer[i] = first_layer[i - 1] + stage_layers[i - 1];
-    }
+    Ok((layers, stage_layers))
+}
+
+/// The executed sizes: the model's own at full size, otherwise small ones that
+/// keep every split of the plan (heads and FFN by tp, sequence by cp x tp, experts
+/// by ep, expert FFN by etp).
+fn executed_dims(plan: &PlanFile, cfg: &ParallelConfig, layers: usize, full_size: bool) -> Dims {
+    let m0 = &plan.model;
     let (tp, cp) = (cfg.tp as usize, cfg.cp as usize);
     let moe_layer: Vec<bool> = (0..layers)
         .map(|i| m0.is_moe_layer((i as u64 * m0.layers) / layers as u64))
         .collect();
-    let dims = if o.full_size {
+    if full_size {
         let moe = m0.moe.as_ref();
         Dims {
             layers,
@@ -227,8 +273,14 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, SetupEr
             mbs: (cfg.mbs as usize).min(2),
             moe_layer,
         }
-    };
-    let etp = cfg.etp as usize;
+    }
+}
+
+/// Refuses sizes the plan's splits do not divide.
+// `%` kept as `prepare` had it: `is_multiple_of` would not panic on a degree of 0.
+#[allow(clippy::manual_is_multiple_of)]
+fn check_divisible(dims: &Dims, cfg: &ParallelConfig) -> Result<(), SetupError> {
+    let (tp, cp, etp) = (cfg.tp as usize, cfg.cp as usize, cfg.etp as usize);
     if dims.heads % tp != 0
         || dims.ffn % tp != 0
         || dims.seq % (cp * tp) != 0
@@ -245,13 +297,26 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, SetupEr
             etp,
         });
     }
+    Ok(())
+}
+
+/// The executed micro-batches per step: `--micro-batches`, the plan's at full size,
+/// otherwise at most two per pipeline stage; rounded up to a multiple of pp for the
+/// interleaved schedule where not given. Refuses counts beyond the message tags'
+/// bounds (with the steps and the `stages` virtual stages).
+fn micro_batches(
+    plan: &PlanFile,
+    cfg: &ParallelConfig,
+    o: &Options,
+    stages: usize,
+) -> Result<u64, SetupError> {
     let plan_m = cfg.micro_batches(&plan.workload);
     let mut m = match o.micro_batches {
         Some(m) => m,
         None if o.full_size => plan_m,
         None => plan_m.min(2 * cfg.pp).max(1),
     };
-    if schedule == Schedule::Interleaved && !m.is_multiple_of(cfg.pp) {
+    if cfg.schedule == Schedule::Interleaved && !m.is_multiple_of(cfg.pp) {
         if o.micro_batches.is_some() {
             return Err(SetupError::Interleaved {
                 pp: cfg.pp,
@@ -260,35 +325,12 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, SetupEr
         }
         m = m.div_ceil(cfg.pp) * cfg.pp;
     }
-    if m == 0 || m >= 1 << 20 || o.steps + o.warmup >= 4096 || stage_layers.len() >= 8192 {
+    if m == 0 || m >= 1 << 20 || o.steps + o.warmup >= 4096 || stages >= 8192 {
         return Err(SetupError::TagBounds {
             micro_batches: m,
             steps: o.steps + o.warmup,
-            stages: stage_layers.len(),
+            stages,
         });
     }
-    let mut exec_cfg = cfg.clone();
-    exec_cfg.mbs = dims.mbs as u64;
-    exec_cfg.layout = Layout::Explicit {
-        layers: stage_layers.iter().map(|&c| c as u64).collect(),
-    };
-    let model = dims.to_model(m0);
-    let mut workload = plan.workload.clone();
-    workload.seq = dims.seq as u64;
-    workload.global_batch = m * cfg.dp * dims.mbs as u64;
-    Ok(Setup {
-        cfg: exec_cfg,
-        dims,
-        micro_batches: m,
-        schedule,
-        stage_layers,
-        first_layer,
-        model,
-        workload,
-        plan_hash: hash,
-        profile: plan.hardware.name.clone(),
-        gpus_per_node: plan.hardware.node.gpus_per_node,
-        rank_order: plan.rank_order.clone(),
-        predicted_bytes: ranked.estimate.memory.total,
-    })
+    Ok(m)
 }

@@ -5,7 +5,7 @@ use sextant_planner::ranks::{RankMap, GROUP_KINDS};
 
 pub use crate::error::TraceError;
 
-use super::op::Op;
+use super::op::{Coll, Op};
 
 /// What [`check`] found: every op paired, and totals.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -59,147 +59,204 @@ pub fn check(programs: &[Vec<Op>], map: &RankMap) -> Result<Checked, TraceError>
             world: map.world_size,
         });
     }
-    let mut pos = vec![0usize; n];
-    // Transfers of each rank's current P2p group already matched: (sends, recvs).
-    let mut done: Vec<(Vec<bool>, Vec<bool>)> = vec![(vec![], vec![]); n];
-    let mut out = Checked::default();
-    let head = |pos: &[usize], r: usize| programs[r].get(pos[r]);
-    loop {
-        let mut progress = false;
-        for (r, d) in done.iter_mut().enumerate() {
-            open_group(d, head(&pos, r));
-        }
-        for r in 0..n {
-            let Some(op) = head(&pos, r) else { continue };
-            match op {
-                Op::Gemm { .. } | Op::Memory { .. } | Op::Keep { .. } | Op::Free { .. } => {
-                    out.ops += 1;
-                    pos[r] += 1;
-                    progress = true;
-                }
-                Op::Barrier => {
-                    if (0..n).all(|q| matches!(head(&pos, q), Some(Op::Barrier))) {
-                        out.ops += n;
-                        pos.iter_mut().for_each(|p| *p += 1);
-                        progress = true;
-                    }
-                }
-                Op::Coll {
-                    group,
-                    op: c,
-                    bytes,
-                    ..
-                } => {
-                    let k = *group;
-                    let members = map.group_of(r as u64, k);
-                    let mut ready = true;
-                    for &q in members {
-                        match head(&pos, q as usize) {
-                            Some(Op::Coll {
-                                group: g2,
-                                op: c2,
-                                bytes: b2,
-                                ..
-                            }) if *g2 == k => {
-                                if c2 != c || b2 != bytes {
-                                    return Err(TraceError::Collectives {
-                                        first: r,
-                                        second: q,
-                                        group: GROUP_KINDS[k],
-                                        first_op: pos[r],
-                                        first_issues: describe(op),
-                                        second_op: pos[q as usize],
-                                        second_issues: describe(
-                                            &programs[q as usize][pos[q as usize]],
-                                        ),
-                                    });
-                                }
-                            }
-                            _ => ready = false,
-                        }
-                    }
-                    if ready {
-                        for &q in members {
-                            pos[q as usize] += 1;
-                        }
-                        out.ops += members.len();
-                        out.collectives += 1;
-                        progress = true;
-                    }
-                }
-                Op::P2p { sends, .. } => {
-                    for (i, &(to, bytes)) in sends.iter().enumerate() {
-                        if done[r].0[i] {
-                            continue;
-                        }
-                        let q = to as usize;
-                        if q >= n || q == r {
-                            return Err(TraceError::NotAPeer {
-                                rank: r,
-                                op: pos[r],
-                                to,
-                            });
-                        }
-                        if let Some(Op::P2p { recvs: their, .. }) = head(&pos, q) {
-                            open_group(&mut done[q], head(&pos, q));
-                            if let Some(j) =
-                                (0..their.len()).find(|&j| !done[q].1[j] && their[j].0 == r as u64)
-                            {
-                                if their[j].1 != bytes {
-                                    return Err(TraceError::Sizes {
-                                        rank: r,
-                                        op: pos[r],
-                                        bytes,
-                                        to: q,
-                                        received: their[j].1,
-                                        their_op: pos[q],
-                                    });
-                                }
-                                done[r].0[i] = true;
-                                done[q].1[j] = true;
-                                out.p2p += 1;
-                                progress = true;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        // Retire completed P2p groups.
-        for r in 0..n {
-            if let Some(Op::P2p { sends, recvs, .. }) = head(&pos, r) {
-                let (s, v) = &done[r];
-                if s.len() == sends.len() && v.len() == recvs.len() && s.iter().chain(v).all(|&x| x)
-                {
-                    pos[r] += 1;
-                    out.ops += 1;
-                    done[r] = (vec![], vec![]);
-                    progress = true;
-                }
-            }
-        }
-        if !progress {
-            break;
-        }
-    }
-    let stuck: Vec<String> = (0..n)
-        .filter(|&r| pos[r] < programs[r].len())
-        .map(|r| {
-            format!(
-                "rank {r} at op {} of {}: {}",
-                pos[r],
-                programs[r].len(),
-                describe(&programs[r][pos[r]])
-            )
-        })
-        .collect();
+    let mut run = Pairing {
+        programs,
+        map,
+        pos: vec![0usize; n],
+        done: vec![(vec![], vec![]); n],
+        out: Checked::default(),
+    };
+    while run.pass()? {}
+    let stuck = run.stuck();
     if !stuck.is_empty() {
         return Err(TraceError::Hang { stuck });
     }
+    let mut out = run.out;
     for p in programs {
         let f: f64 = p.iter().map(Op::flops).sum();
         out.total_flops += f;
         out.max_rank_flops = out.max_rank_flops.max(f);
     }
     Ok(out)
+}
+
+/// Where [`check`] stands: each rank's position in its program, the transfers of
+/// each rank's current P2p group already matched (sends, recvs), and the totals.
+struct Pairing<'a> {
+    programs: &'a [Vec<Op>],
+    map: &'a RankMap,
+    pos: Vec<usize>,
+    done: Vec<(Vec<bool>, Vec<bool>)>,
+    out: Checked,
+}
+
+impl<'a> Pairing<'a> {
+    /// Rank `r`'s next op.
+    fn head(&self, r: usize) -> Option<&'a Op> {
+        self.programs[r].get(self.pos[r])
+    }
+
+    /// One pass over the ranks, each advancing as far as its peers let it once, then
+    /// the completed P2p groups retired; whether any rank moved.
+    fn pass(&mut self) -> Result<bool, TraceError> {
+        let n = self.programs.len();
+        let mut progress = false;
+        for r in 0..n {
+            let head = self.head(r);
+            open_group(&mut self.done[r], head);
+        }
+        for r in 0..n {
+            let Some(op) = self.head(r) else { continue };
+            progress |= match op {
+                Op::Gemm { .. } | Op::Memory { .. } | Op::Keep { .. } | Op::Free { .. } => {
+                    self.out.ops += 1;
+                    self.pos[r] += 1;
+                    true
+                }
+                Op::Barrier => self.barrier(),
+                Op::Coll {
+                    group,
+                    op: c,
+                    bytes,
+                    ..
+                } => self.collective(r, op, (*group, *c, *bytes))?,
+                Op::P2p { sends, .. } => self.sends(r, sends)?,
+            };
+        }
+        progress |= self.retire();
+        Ok(progress)
+    }
+
+    /// Every rank past the barrier, once all of them are at it.
+    fn barrier(&mut self) -> bool {
+        let n = self.programs.len();
+        if (0..n).all(|q| matches!(self.head(q), Some(Op::Barrier))) {
+            self.out.ops += n;
+            self.pos.iter_mut().for_each(|p| *p += 1);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Rank `r`'s collective `op` (`(group kind, operation, bytes)`): every member
+    /// past it once all of them are at a collective on the same group, which must be
+    /// the same one.
+    fn collective(
+        &mut self,
+        r: usize,
+        op: &Op,
+        (k, c, bytes): (usize, Coll, u64),
+    ) -> Result<bool, TraceError> {
+        let members = self.map.group_of(r as u64, k);
+        let mut ready = true;
+        for &q in members {
+            match self.head(q as usize) {
+                Some(Op::Coll {
+                    group: g2,
+                    op: c2,
+                    bytes: b2,
+                    ..
+                }) if *g2 == k => {
+                    if *c2 != c || *b2 != bytes {
+                        return Err(TraceError::Collectives {
+                            first: r,
+                            second: q,
+                            group: GROUP_KINDS[k],
+                            first_op: self.pos[r],
+                            first_issues: describe(op),
+                            second_op: self.pos[q as usize],
+                            second_issues: describe(
+                                &self.programs[q as usize][self.pos[q as usize]],
+                            ),
+                        });
+                    }
+                }
+                _ => ready = false,
+            }
+        }
+        if ready {
+            for &q in members {
+                self.pos[q as usize] += 1;
+            }
+            self.out.ops += members.len();
+            self.out.collectives += 1;
+        }
+        Ok(ready)
+    }
+
+    /// Rank `r`'s unmatched sends, each matched with a receive from `r` of the same
+    /// size in the group at the head of its peer's program.
+    fn sends(&mut self, r: usize, sends: &[(u64, u64)]) -> Result<bool, TraceError> {
+        let n = self.programs.len();
+        let mut progress = false;
+        for (i, &(to, bytes)) in sends.iter().enumerate() {
+            if self.done[r].0[i] {
+                continue;
+            }
+            let q = to as usize;
+            if q >= n || q == r {
+                return Err(TraceError::NotAPeer {
+                    rank: r,
+                    op: self.pos[r],
+                    to,
+                });
+            }
+            if let Some(Op::P2p { recvs: their, .. }) = self.head(q) {
+                let head = self.head(q);
+                open_group(&mut self.done[q], head);
+                let done = &self.done[q].1;
+                if let Some(j) = (0..their.len()).find(|&j| !done[j] && their[j].0 == r as u64) {
+                    if their[j].1 != bytes {
+                        return Err(TraceError::Sizes {
+                            rank: r,
+                            op: self.pos[r],
+                            bytes,
+                            to: q,
+                            received: their[j].1,
+                            their_op: self.pos[q],
+                        });
+                    }
+                    self.done[r].0[i] = true;
+                    self.done[q].1[j] = true;
+                    self.out.p2p += 1;
+                    progress = true;
+                }
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Retires the P2p groups whose transfers all matched.
+    fn retire(&mut self) -> bool {
+        let mut progress = false;
+        for r in 0..self.programs.len() {
+            if let Some(Op::P2p { sends, recvs, .. }) = self.head(r) {
+                let (s, v) = &self.done[r];
+                if s.len() == sends.len() && v.len() == recvs.len() && s.iter().chain(v).all(|&x| x)
+                {
+                    self.pos[r] += 1;
+                    self.out.ops += 1;
+                    self.done[r] = (vec![], vec![]);
+                    progress = true;
+                }
+            }
+        }
+        progress
+    }
+
+    /// Each rank that did not finish, where it stopped and what it waits for.
+    fn stuck(&self) -> Vec<String> {
+        (0..self.programs.len())
+            .filter(|&r| self.pos[r] < self.programs[r].len())
+            .map(|r| {
+                format!(
+                    "rank {r} at op {} of {}: {}",
+                    self.pos[r],
+                    self.programs[r].len(),
+                    describe(&self.programs[r][self.pos[r]])
+                )
+            })
+            .collect()
+    }
 }

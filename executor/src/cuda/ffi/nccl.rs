@@ -25,6 +25,7 @@ use libloading::os::unix::Library;
 use super::DevSpan;
 use crate::culibs::Lib;
 use crate::cuload::{one_line, with_opened, LoadError};
+use crate::error::CudaError;
 
 type Coll = unsafe extern "C" fn(
     *const c_void,
@@ -287,20 +288,18 @@ impl Comm {
     }
 
     /// Waits for `stream` and destroys the communicator.
-    pub(crate) fn finish(&mut self, stream: &CudaStream) -> Result<(), String> {
-        stream.synchronize().map_err(crate::cuda::describe)?;
+    pub(crate) fn finish(&mut self, stream: &CudaStream) -> Result<(), CudaError> {
+        stream.synchronize().map_err(crate::cuda::driver)?;
         self.finished = true;
         let destroy = |a: &Api| {
             // SAFETY: the communicator is live and its stream has finished; `finished`
             // keeps Drop from aborting it again.
             res(unsafe { (a.comm_destroy)(self.raw) })
         };
-        api().and_then(destroy).map(|_| ()).map_err(|e| {
-            format!(
-                "ncclCommDestroy failed: {}",
-                crate::cuda::nccl_describe(&e, None)
-            )
-        })
+        api()
+            .and_then(destroy)
+            .map(|_| ())
+            .map_err(crate::cuda::nccl_failed("ncclCommDestroy", None))
     }
 
     /// NCCL's last error on this communicator (empty where NCCL is older than 2.13).
