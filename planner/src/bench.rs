@@ -453,6 +453,44 @@ pub struct BenchFit {
     pub not_used: Vec<String>,
 }
 
+/// Why benchmark files give no overlay ([`overlay`]). `gpu` asks whether the
+/// profile is the benchmarked GPU's.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BenchError {
+    #[error("no benchmark file given")]
+    NoFile,
+    /// `device` is escaped as `{:?}` escapes, as in the variants below.
+    #[error("the {benchmark} benchmark ran on Sextant's fake CUDA libraries ({device}): they check arguments and measure nothing; benchmark a GPU")]
+    FakeLibraries { benchmark: String, device: String },
+    #[error("the benchmark files ran on different GPUs ('{0}' and '{1}'): calibrate one kind of GPU at a time")]
+    DifferentGpus(String, String),
+    #[error("two {0} benchmark files given: give one file per benchmark")]
+    TwoFiles(String),
+    #[error("the GEMM curve's best point, {tflops:.1} TFLOP/s, is above the BF16 peak of profile '{profile}' ({peak} TFLOP/s): {gpu}")]
+    AbovePeak {
+        tflops: f64,
+        profile: String,
+        peak: f64,
+        gpu: String,
+    },
+    #[error("the {bytes}-byte copy moved {gbytes_per_s:.0} GB/s, above the HBM bandwidth of profile '{profile}' ({peak} GB/s): {gpu}")]
+    AboveHbm {
+        bytes: u64,
+        gbytes_per_s: f64,
+        profile: String,
+        peak: f64,
+        gpu: String,
+    },
+    #[error("the benchmarks give {name} = {error}: no overlay written; {gpu}")]
+    OutOfRange {
+        name: String,
+        error: crate::hardware::OutOfRange,
+        gpu: String,
+    },
+    #[error("{0}")]
+    Overlay(InputError),
+}
+
 /// The calibration overlay for `profile` from benchmark files of one device, at
 /// most one per benchmark. Refuses files from the fake libraries, from different
 /// devices, and measurements the profile's ranges rule out (a GEMM above the
@@ -460,30 +498,25 @@ pub struct BenchFit {
 pub fn overlay(
     files: &[BenchFile],
     profile: &HardwareProfile,
-) -> Result<(Overlay, BenchFit), String> {
+) -> Result<(Overlay, BenchFit), BenchError> {
     let Some(first) = files.first() else {
-        return Err("no benchmark file given".into());
+        return Err(BenchError::NoFile);
     };
     for (i, f) in files.iter().enumerate() {
         if on_fake_libraries(&f.device.name) {
-            return Err(format!(
-                "the {} benchmark ran on Sextant's fake CUDA libraries ({}): they check arguments and measure nothing; benchmark a GPU",
-                f.benchmark,
-                f.device.name.escape_debug()
-            ));
+            return Err(BenchError::FakeLibraries {
+                benchmark: f.benchmark.clone(),
+                device: f.device.name.escape_debug().to_string(),
+            });
         }
         if f.device.name != first.device.name {
-            return Err(format!(
-                "the benchmark files ran on different GPUs ('{}' and '{}'): calibrate one kind of GPU at a time",
-                first.device.name.escape_debug(),
-                f.device.name.escape_debug()
+            return Err(BenchError::DifferentGpus(
+                first.device.name.escape_debug().to_string(),
+                f.device.name.escape_debug().to_string(),
             ));
         }
         if files[..i].iter().any(|g| g.benchmark == f.benchmark) {
-            return Err(format!(
-                "two {} benchmark files given: give one file per benchmark",
-                f.benchmark
-            ));
+            return Err(BenchError::TwoFiles(f.benchmark.clone()));
         }
     }
     let gpu = format!(
@@ -502,11 +535,12 @@ pub fn overlay(
             let peak = profile.gpu.peak_tflops.bf16;
             let level = c.best_tflops() / peak;
             if level > ranges::EFFICIENCY.hi {
-                return Err(format!(
-                    "the GEMM curve's best point, {:.1} TFLOP/s, is above the BF16 peak of profile '{}' ({peak} TFLOP/s): {gpu}",
-                    c.best_tflops(),
-                    profile.name
-                ));
+                return Err(BenchError::AbovePeak {
+                    tflops: c.best_tflops(),
+                    profile: profile.name.clone(),
+                    peak,
+                    gpu,
+                });
             }
             gemm_bf16 = Some(level);
             fit.plan_shapes = f
@@ -539,10 +573,13 @@ pub fn overlay(
             let peak = profile.gpu.hbm_tbytes_per_s * 1e3;
             let frac = c.gbytes_per_s / peak;
             if frac > ranges::EFFICIENCY.hi {
-                return Err(format!(
-                    "the {}-byte copy moved {:.0} GB/s, above the HBM bandwidth of profile '{}' ({peak} GB/s): {gpu}",
-                    c.bytes, c.gbytes_per_s, profile.name
-                ));
+                return Err(BenchError::AboveHbm {
+                    bytes: c.bytes,
+                    gbytes_per_s: c.gbytes_per_s,
+                    profile: profile.name.clone(),
+                    peak,
+                    gpu,
+                });
             }
             hbm = Some(frac);
             fit.hbm_copy = Some(c.clone());
@@ -601,12 +638,17 @@ pub fn overlay(
     let limits = overlay_ranges("cuda").expect("the cuda backend has ranges");
     for (name, v) in o.values() {
         if let Some(x) = v {
-            limits.of(name).check(x).map_err(|e| {
-                format!("the benchmarks give {name} = {e}: no overlay written; {gpu}")
-            })?;
+            limits
+                .of(name)
+                .check(x)
+                .map_err(|e| BenchError::OutOfRange {
+                    name: name.to_string(),
+                    error: e,
+                    gpu: gpu.clone(),
+                })?;
         }
     }
-    o.validate().map_err(|e| e.to_string())?;
+    o.validate().map_err(BenchError::Overlay)?;
     Ok((o, fit))
 }
 
@@ -787,7 +829,7 @@ mod tests {
     fn bench_overlay_refusals() {
         let h100 = builtin_profile("h100-sxm").unwrap();
         let one = |files: &[BenchFile]| {
-            let e = overlay(files, &h100).unwrap_err();
+            let e = overlay(files, &h100).unwrap_err().to_string();
             assert!(!e.contains('\n'), "{e}");
             e
         };
@@ -813,7 +855,9 @@ mod tests {
             "{e}"
         );
         let a100 = builtin_profile("a100-80g").unwrap();
-        let e = overlay(&[gemm_file(|_, _, _| 700.0)], &a100).unwrap_err();
+        let e = overlay(&[gemm_file(|_, _, _| 700.0)], &a100)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("is 'a100-80g' the profile of this GPU"), "{e}");
     }
 

@@ -167,7 +167,9 @@ impl MeasuredRun {
             });
         }
         r.model.validate()?;
-        r.workload.validate().map_err(InputError::Workload)?;
+        r.workload
+            .validate()
+            .map_err(|e| InputError::Workload(e.to_string()))?;
         let bad = |x: f64| !x.is_finite() || x < 0.0;
         if r.step_secs.iter().any(|&x| bad(x)) || r.components.values().any(|&x| bad(x)) {
             return Err(InputError::Workload(
@@ -628,71 +630,124 @@ fn gemm_flops(g: &GemmPoint) -> f64 {
 /// guard against accidents and naive edits (a CPU run relabelled `cuda`): a
 /// determined forger can still write a file with plausible GPU numbers, and no
 /// check on a file's content can tell.
-fn check_gpu_evidence(r: &MeasuredRun, profile: &HardwareProfile) -> Result<(), String> {
-    let who = format!("run of plan {} says backend 'cuda'", r.plan_hash);
+fn check_gpu_evidence(r: &MeasuredRun, profile: &HardwareProfile) -> Result<(), CalibrationError> {
+    let plan = r.plan_hash.clone();
     if !r.device.starts_with("cuda: ") {
-        return Err(format!(
-            "{who} but its device '{}' is not the CUDA backend's ('cuda: N ranks, GPU on rank 0')",
-            r.device.escape_debug()
-        ));
+        return Err(CalibrationError::NotCudaDevice {
+            plan,
+            device: r.device.escape_debug().to_string(),
+        });
     }
     if let Some(g) = r
         .gemms
         .iter()
         .find(|g| !matches!(g.dtype.as_str(), "bf16" | "fp8"))
     {
-        return Err(format!(
-            "{who} but holds a GEMM in '{}' (the CUDA backend times BF16 or FP8 GEMMs; the CPU backend's are f32)",
-            g.dtype.escape_debug()
-        ));
+        return Err(CalibrationError::CpuGemm {
+            plan,
+            dtype: g.dtype.escape_debug().to_string(),
+        });
     }
     if let Some(c) = r
         .collectives
         .iter()
         .find(|c| !matches!(c.tier.as_str(), "nvlink" | "network"))
     {
-        return Err(format!(
-            "{who} but holds a collective over '{}' (GPU collectives run over nvlink or network)",
-            c.tier.escape_debug()
-        ));
+        return Err(CalibrationError::CpuCollective {
+            plan,
+            tier: c.tier.escape_debug().to_string(),
+        });
     }
     let (flops, secs) = r.gemms.iter().fold((0.0, 0.0), |(f, t), g| {
         let calls = g.calls.max(1) as f64;
         (f + gemm_flops(g) * calls, t + g.median_secs * calls)
     });
     if !(flops > 0.0 && secs > 0.0) {
-        return Err(format!(
-            "{who} but records no timed GEMM (the CUDA backend times every GEMM of the step)"
-        ));
+        return Err(CalibrationError::NoTimedGemm(plan));
     }
     let achieved = flops / secs;
     let floor = ranges::EFFICIENCY.lo * profile.peak_flops(false);
     if achieved < floor {
-        return Err(format!(
-            "{who} but its GEMMs reach {:.3e} TFLOP/s, below {} of {}'s BF16 peak ({} TFLOP/s): these are not GPU timings",
-            achieved / 1e12,
-            ranges::EFFICIENCY.lo,
-            profile.gpu.name,
-            profile.gpu.peak_tflops.bf16
-        ));
+        return Err(CalibrationError::SlowGemms {
+            plan,
+            tflops: achieved / 1e12,
+            gpu: profile.gpu.name.clone(),
+            peak: profile.gpu.peak_tflops.bf16,
+        });
     }
     Ok(())
+}
+
+/// Why runs give no overlay ([`calibrate`]), or an overlay does not apply to a
+/// profile ([`apply`]). `plan` is a run's plan hash; device names, dtypes, tiers
+/// and backends are escaped as `{:?}` escapes.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CalibrationError {
+    #[error("no measured run given")]
+    NoRun,
+    #[error("run of plan {plan} names backend '{backend}': expected cpu or cuda")]
+    Backend { plan: String, backend: String },
+    #[error("run of plan {plan} ran on Sextant's fake CUDA libraries ({device}): they check arguments and measure nothing; calibrate from a run on a GPU")]
+    FakeLibraries { plan: String, device: String },
+    #[error(
+        "run of plan {plan} is marked incomplete ({failure}): calibrate only from complete runs"
+    )]
+    Incomplete { plan: String, failure: String },
+    #[error("run of plan {0} records no timed step: calibrate only from complete runs")]
+    NoTimedStep(String),
+    #[error("run of plan {plan} was planned for profile '{planned}', not '{profile}'")]
+    OtherProfile {
+        plan: String,
+        planned: String,
+        profile: String,
+    },
+    #[error("runs mix backends ('{0}' and '{1}'): calibrate one device at a time")]
+    MixedBackends(String, String),
+    #[error("run of plan {plan} says backend 'cuda' but its device '{device}' is not the CUDA backend's ('cuda: N ranks, GPU on rank 0')")]
+    NotCudaDevice { plan: String, device: String },
+    #[error("run of plan {plan} says backend 'cuda' but holds a GEMM in '{dtype}' (the CUDA backend times BF16 or FP8 GEMMs; the CPU backend's are f32)")]
+    CpuGemm { plan: String, dtype: String },
+    #[error("run of plan {plan} says backend 'cuda' but holds a collective over '{tier}' (GPU collectives run over nvlink or network)")]
+    CpuCollective { plan: String, tier: String },
+    #[error("run of plan {0} says backend 'cuda' but records no timed GEMM (the CUDA backend times every GEMM of the step)")]
+    NoTimedGemm(String),
+    #[error("run of plan {plan} says backend 'cuda' but its GEMMs reach {tflops:.3e} TFLOP/s, below {} of {gpu}'s BF16 peak ({peak} TFLOP/s): these are not GPU timings", ranges::EFFICIENCY.lo)]
+    SlowGemms {
+        plan: String,
+        tflops: f64,
+        gpu: String,
+        peak: f64,
+    },
+    #[error("the fit of {runs} run(s) gives {name} = {error}: no overlay written; check the runs' GEMM and collective times")]
+    OutOfRange {
+        runs: usize,
+        name: String,
+        error: crate::hardware::OutOfRange,
+    },
+    #[error("the calibration overlay was measured for profile '{overlay}', not '{profile}'")]
+    WrongProfile { overlay: String, profile: String },
+    #[error("{0}")]
+    Overlay(InputError),
+    #[error("the calibration overlay makes an invalid profile: {0}")]
+    InvalidProfile(InputError),
 }
 
 /// Fits an overlay for `profile` from complete runs planned for it. A run whose
 /// measurement repeats an earlier one's ([`duplicates`]) counts once. Every fitted
 /// number must lie in its range for the backend ([`overlay_ranges`]); one outside
 /// it (or not finite) refuses the whole calibration, naming it.
-pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Overlay, String> {
+pub fn calibrate(
+    runs: &[MeasuredRun],
+    profile: &HardwareProfile,
+) -> Result<Overlay, CalibrationError> {
     if runs.is_empty() {
-        return Err("no measured run given".into());
+        return Err(CalibrationError::NoRun);
     }
     let Some(limits) = overlay_ranges(&runs[0].backend) else {
-        return Err(format!(
-            "run of plan {} names backend '{}': expected cpu or cuda",
-            runs[0].plan_hash,
-            runs[0].backend.escape_debug()
-        ));
+        return Err(CalibrationError::Backend {
+            plan: runs[0].plan_hash.clone(),
+            backend: runs[0].backend.escape_debug().to_string(),
+        });
     };
     let dups = duplicates(runs);
     let runs: Vec<&MeasuredRun> = runs
@@ -703,36 +758,35 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
         .collect();
     for r in &runs {
         if on_fake_libraries(&r.device) {
-            return Err(format!(
-                "run of plan {} ran on Sextant's fake CUDA libraries ({}): they check arguments and measure nothing; calibrate from a run on a GPU",
-                r.plan_hash,
-                r.device.escape_debug()
-            ));
+            return Err(CalibrationError::FakeLibraries {
+                plan: r.plan_hash.clone(),
+                device: r.device.escape_debug().to_string(),
+            });
         }
         if !r.complete {
-            return Err(format!(
-                "run of plan {} is marked incomplete ({}): calibrate only from complete runs",
-                r.plan_hash,
-                r.failure.as_deref().unwrap_or("no reason recorded")
-            ));
+            return Err(CalibrationError::Incomplete {
+                plan: r.plan_hash.clone(),
+                failure: r
+                    .failure
+                    .as_deref()
+                    .unwrap_or("no reason recorded")
+                    .to_string(),
+            });
         }
         if r.step_secs.is_empty() {
-            return Err(format!(
-                "run of plan {} records no timed step: calibrate only from complete runs",
-                r.plan_hash
-            ));
+            return Err(CalibrationError::NoTimedStep(r.plan_hash.clone()));
         }
         if r.profile != profile.name {
-            return Err(format!(
-                "run of plan {} was planned for profile '{}', not '{}'",
-                r.plan_hash, r.profile, profile.name
-            ));
+            return Err(CalibrationError::OtherProfile {
+                plan: r.plan_hash.clone(),
+                planned: r.profile.clone(),
+                profile: profile.name.clone(),
+            });
         }
         if r.backend != runs[0].backend {
-            return Err(format!(
-                "runs mix backends ('{}' and '{}'): calibrate one device at a time",
-                runs[0].backend.escape_debug(),
-                r.backend.escape_debug()
+            return Err(CalibrationError::MixedBackends(
+                runs[0].backend.escape_debug().to_string(),
+                r.backend.escape_debug().to_string(),
             ));
         }
         if r.backend == "cuda" {
@@ -789,26 +843,28 @@ pub fn calibrate(runs: &[MeasuredRun], profile: &HardwareProfile) -> Result<Over
     };
     for (name, v) in overlay.values() {
         if let Some(x) = v {
-            limits.of(name).check(x).map_err(|e| {
-                format!(
-                    "the fit of {} run(s) gives {name} = {e}: no overlay written; check the runs' GEMM and collective times",
-                    runs.len()
-                )
-            })?;
+            limits
+                .of(name)
+                .check(x)
+                .map_err(|e| CalibrationError::OutOfRange {
+                    runs: runs.len(),
+                    name: name.to_string(),
+                    error: e,
+                })?;
         }
     }
     Ok(overlay)
 }
 
 /// The profile with the overlay's measured constants in place of its own.
-pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, String> {
+pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, CalibrationError> {
     if o.profile != profile.name {
-        return Err(format!(
-            "the calibration overlay was measured for profile '{}', not '{}'",
-            o.profile, profile.name
-        ));
+        return Err(CalibrationError::WrongProfile {
+            overlay: o.profile.clone(),
+            profile: profile.name.clone(),
+        });
     }
-    o.validate().map_err(|e| e.to_string())?;
+    o.validate().map_err(CalibrationError::Overlay)?;
     let mut p = profile.clone();
     let note = if o.benchmarks.is_empty() {
         format!(
@@ -888,8 +944,7 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     // a plan made with the overlay one that `export` reads back. A CPU overlay's are
     // not physical for a GPU: only `compare` applies it, and writes no plan.
     if o.backend != "cpu" {
-        p.validate()
-            .map_err(|e| format!("the calibration overlay makes an invalid profile: {e}"))?;
+        p.validate().map_err(CalibrationError::InvalidProfile)?;
     }
     Ok(p)
 }
@@ -999,19 +1054,20 @@ mod tests {
             log_points: vec![],
         };
         // A CPU's GEMM efficiency against a GPU's peak, labelled as a GPU overlay.
-        let e = apply(&h100, &o).unwrap_err();
+        let e = apply(&h100, &o).unwrap_err().to_string();
         assert!(e.contains("gemm_bf16 = 5e-5 is out of range"), "{e}");
         o.backend = "cpu".into();
         assert_eq!(apply(&h100, &o).unwrap().efficiency.gemm_bf16, 5e-5);
         for x in [f64::NAN, f64::INFINITY, 0.0, -1.0, 1e308] {
             o.gemm_bf16 = Some(x);
-            let e = apply(&h100, &o).unwrap_err();
+            let e = apply(&h100, &o).unwrap_err().to_string();
             assert!(e.contains("gemm_bf16 = "), "{e}");
         }
         o.backend = "tpu".into();
         o.gemm_bf16 = Some(0.7);
         assert!(apply(&h100, &o)
             .unwrap_err()
+            .to_string()
             .contains("not one of cpu, cuda"));
         // What a GPU overlay makes is a valid profile, so a plan made with it is one
         // that `export` reads back.

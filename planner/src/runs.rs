@@ -66,6 +66,7 @@ use crate::memory::MemKind;
 use crate::model::{MlpKind, ModelSpec, Moe, Norm};
 use crate::presets::{gpt, resolve};
 use crate::schedule::Schedule;
+use crate::InputError;
 
 /// What a run measured.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -241,74 +242,200 @@ pub struct Unrepresentable {
     pub reason: String,
 }
 
+/// Why a row cannot be turned into a case; [`Unrepresentable::reason`] is its
+/// message.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RowError {
+    /// A cell that does not read as its column's kind of value.
+    #[error("column '{column}' is '{value}', expected {expected}")]
+    Cell {
+        column: String,
+        value: String,
+        expected: String,
+    },
+    /// A value outside a short list (`allowed` says which, "one of ..." or "a or b").
+    #[error("{what} '{value}' is not {allowed}")]
+    NotOneOf {
+        what: &'static str,
+        value: String,
+        allowed: &'static str,
+    },
+    #[error("column '{0}' is empty")]
+    Empty(String),
+    /// A column whose value the planner refuses, with the planner's reason.
+    #[error("column '{column}': {reason}")]
+    Column {
+        column: &'static str,
+        reason: String,
+    },
+    /// The row's hardware, model or cluster, refused by the planner.
+    #[error("{0}")]
+    Input(InputError),
+    #[error("columns 'mem_kind' and 'mem_stage' describe 'measured_mem_gib', which is empty")]
+    MemoryUnmeasured,
+    #[error("column 'measured_mem_gib' is {0}, more than any GPU holds (at most 1000000 GiB)")]
+    MemoryTooLarge(f64),
+    #[error(
+        "column 'mem_stage' is {stage}, but the run has {pp} pipeline stages (numbered from 0)"
+    )]
+    MemStageBeyond { stage: u64, pp: u64 },
+    /// `kind`: what the activation makes the MLP.
+    #[error("column 'gated' is '{gated}' but activation '{activation}' is {}", if *.kind == MlpKind::Gated { "a gated MLP" } else { "a plain MLP" })]
+    GatedDisagrees {
+        gated: String,
+        activation: String,
+        kind: MlpKind,
+    },
+    #[error("model '{model}' is not a built-in preset (see `sextant models`), so its shape comes from the columns, and column '{column}' is empty")]
+    ShapeColumn { model: String, column: String },
+    #[error("column 'heads': {heads} heads do not divide hidden {hidden}, so the head width is not whole")]
+    HeadsDivide { heads: u64, hidden: u64 },
+    #[error("column 'heads' is 0; a model needs at least one attention head")]
+    NoHeads,
+    /// The row's `recompute`, which is not selective.
+    #[error("column 'recompute_modules' needs recompute 'selective' (the row says '{0}')")]
+    ModulesNeedSelective(String),
+    #[error("column 'pp_layout' has {layout} virtual stages per rank, but vpp is {vpp}")]
+    LayoutVpp { layout: u64, vpp: u64 },
+    #[error("column 'pp_layout' places {layout} MTP layers; {model} has {mtp_layers} (state mtp_layers)")]
+    LayoutMtp {
+        layout: u64,
+        model: String,
+        mtp_layers: u64,
+    },
+    #[error("value '{0}' is not a number")]
+    ValueNotANumber(String),
+    #[error("value {0} must be positive")]
+    ValueNotPositive(f64),
+}
+
+impl RowError {
+    fn cell(column: &str, value: &str, expected: impl ToString) -> RowError {
+        RowError::Cell {
+            column: column.to_string(),
+            value: value.to_string(),
+            expected: expected.to_string(),
+        }
+    }
+
+    fn not_one_of(what: &'static str, value: &str, allowed: &'static str) -> RowError {
+        RowError::NotOneOf {
+            what,
+            value: value.to_string(),
+            allowed,
+        }
+    }
+
+    fn column(column: &'static str, reason: impl ToString) -> RowError {
+        RowError::Column {
+            column,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// A CSV text that cannot be read as rows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CsvError {
+    #[error("CSV header: {0}")]
+    Header(String),
+    #[error("CSV has more than {MAX_ROWS} rows; split it into files of at most {MAX_ROWS}")]
+    TooManyRows,
+    /// `line`: the row's line in the file (the header is line 1).
+    #[error("CSV row {line}: {error}")]
+    Row { line: usize, error: String },
+}
+
+/// Why a runs CSV (with its stack file) cannot be read at all ([`parse_runs_with`]);
+/// a row that cannot be represented is an [`Unrepresentable`] instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunsError {
+    #[error("{0}")]
+    Csv(CsvError),
+    #[error("CSV has no '{0}' column (expected the published_runs.csv schema)")]
+    MissingColumn(&'static str),
+    #[error("stack file: {0}")]
+    StackCsv(CsvError),
+    #[error("stack file has no 'id' column")]
+    StackNoId,
+    #[error("stack file column '{0}' is not one of id, source, {columns}", columns = STACK_COLUMNS.join(", "))]
+    StackColumn(String),
+    #[error("stack file row '{0}' names no run in the runs CSV")]
+    StackRow(String),
+    #[error("stack file says {column} = '{stack}' for run '{id}', but the runs CSV says '{runs}'")]
+    StackContradicts {
+        column: &'static str,
+        stack: String,
+        id: String,
+        runs: String,
+    },
+}
+
 type Row = std::collections::HashMap<String, String>;
 
 fn get<'a>(r: &'a Row, k: &str) -> &'a str {
     r.get(k).map(|s| s.trim()).unwrap_or("")
 }
 
-fn num(r: &Row, k: &str) -> Result<Option<u64>, String> {
+fn num(r: &Row, k: &str) -> Result<Option<u64>, RowError> {
     let s = get(r, k);
     if s.is_empty() {
         return Ok(None);
     }
     s.parse::<u64>()
         .map(Some)
-        .map_err(|_| format!("column '{k}' is '{s}', expected a whole number"))
+        .map_err(|_| RowError::cell(k, s, "a whole number"))
 }
 
 /// A positive finite number, or nothing when the cell is blank.
-fn positive(r: &Row, k: &str) -> Result<Option<f64>, String> {
+fn positive(r: &Row, k: &str) -> Result<Option<f64>, RowError> {
     let s = get(r, k);
     if s.is_empty() {
         return Ok(None);
     }
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
-        _ => Err(format!("column '{k}' is '{s}', expected a positive number")),
+        _ => Err(RowError::cell(k, s, "a positive number")),
     }
 }
 
 /// The measured peak memory of a row, when it states one.
-fn measured_memory(r: &Row) -> Result<Option<MeasuredMemory>, String> {
+fn measured_memory(r: &Row) -> Result<Option<MeasuredMemory>, RowError> {
     let gib = positive(r, "measured_mem_gib")?;
     let kind = get(r, "mem_kind");
     let stage = get(r, "mem_stage");
     let Some(gib) = gib else {
         if !kind.is_empty() || !stage.is_empty() {
-            return Err(
-                "columns 'mem_kind' and 'mem_stage' describe 'measured_mem_gib', which is empty"
-                    .into(),
-            );
+            return Err(RowError::MemoryUnmeasured);
         }
         return Ok(None);
     };
     if gib > 1e6 {
-        return Err(format!(
-            "column 'measured_mem_gib' is {gib}, more than any GPU holds (at most 1000000 GiB)"
-        ));
+        return Err(RowError::MemoryTooLarge(gib));
     }
     let kind = MemKind::parse(kind).ok_or_else(|| {
-        format!(
-            "column 'mem_kind' is '{kind}', expected {} (what the source's number counts)",
-            MemKind::NAMES
+        RowError::cell(
+            "mem_kind",
+            kind,
+            format!("{} (what the source's number counts)", MemKind::NAMES),
         )
     })?;
     let stage = match stage {
         "" | "max" => MemStage::Max,
-        s => MemStage::Stage(s.parse::<u64>().map_err(|_| {
-            format!("column 'mem_stage' is '{s}', expected max or a pipeline stage number")
-        })?),
+        s => MemStage::Stage(
+            s.parse::<u64>()
+                .map_err(|_| RowError::cell("mem_stage", s, "max or a pipeline stage number"))?,
+        ),
     };
     Ok(Some(MeasuredMemory { gib, kind, stage }))
 }
 
-fn req(r: &Row, k: &str) -> Result<u64, String> {
-    num(r, k)?.ok_or_else(|| format!("column '{k}' is empty"))
+fn req(r: &Row, k: &str) -> Result<u64, RowError> {
+    num(r, k)?.ok_or_else(|| RowError::Empty(k.to_string()))
 }
 
 /// Hardware name in the CSV -> built-in profile.
-fn profile_for(gpu: &str) -> Result<crate::hardware::HardwareProfile, String> {
+fn profile_for(gpu: &str) -> Result<crate::hardware::HardwareProfile, RowError> {
     let key = match gpu {
         "a100-80g" | "a100-80g-sxm" => "a100-80g",
         "h100-sxm" | "h100" => "h100-sxm",
@@ -316,44 +443,41 @@ fn profile_for(gpu: &str) -> Result<crate::hardware::HardwareProfile, String> {
         "gb200" => "gb200-nvl72",
         other => other,
     };
-    builtin_profile(key).map_err(|e| e.to_string())
+    builtin_profile(key).map_err(RowError::Input)
 }
 
 /// A true/false column, or nothing when blank.
-fn flag(r: &Row, k: &str) -> Result<Option<bool>, String> {
+fn flag(r: &Row, k: &str) -> Result<Option<bool>, RowError> {
     match get(r, k) {
         "" => Ok(None),
         "true" => Ok(Some(true)),
         "false" => Ok(Some(false)),
-        other => Err(format!("column '{k}' is '{other}', expected true or false")),
+        other => Err(RowError::cell(k, other, "true or false")),
     }
 }
 
 /// The MLP type from the `gated` and `activation` columns (which must agree when
 /// both are given), or nothing when both are blank.
-fn mlp_kind(r: &Row) -> Result<Option<MlpKind>, String> {
+fn mlp_kind(r: &Row) -> Result<Option<MlpKind>, RowError> {
     let from_activation = match get(r, "activation") {
         "" => None,
         "swiglu" | "geglu" | "reglu" => Some(MlpKind::Gated),
         "gelu" | "relu" | "squared_relu" => Some(MlpKind::Plain),
         other => {
-            return Err(format!(
-                "column 'activation' is '{other}', expected swiglu, geglu, reglu (gated MLPs) or gelu, relu, squared_relu (plain)"
+            return Err(RowError::cell(
+                "activation",
+                other,
+                "swiglu, geglu, reglu (gated MLPs) or gelu, relu, squared_relu (plain)",
             ))
         }
     };
     let from_gated = flag(r, "gated")?.map(|g| if g { MlpKind::Gated } else { MlpKind::Plain });
     match (from_gated, from_activation) {
-        (Some(g), Some(a)) if g != a => Err(format!(
-            "column 'gated' is '{}' but activation '{}' is {}",
-            get(r, "gated"),
-            get(r, "activation"),
-            if a == MlpKind::Gated {
-                "a gated MLP"
-            } else {
-                "a plain MLP"
-            }
-        )),
+        (Some(g), Some(a)) if g != a => Err(RowError::GatedDisagrees {
+            gated: get(r, "gated").to_string(),
+            activation: get(r, "activation").to_string(),
+            kind: a,
+        }),
         (g, a) => Ok(g.or(a)),
     }
 }
@@ -378,11 +502,10 @@ fn shape_model(
     layers: u64,
     hidden: u64,
     heads: u64,
-) -> Result<ModelSpec, String> {
-    let missing = |col: &str| {
-        format!(
-            "model '{name}' is not a built-in preset (see `sextant models`), so its shape comes from the columns, and column '{col}' is empty"
-        )
+) -> Result<ModelSpec, RowError> {
+    let missing = |col: &str| RowError::ShapeColumn {
+        model: name.to_string(),
+        column: col.to_string(),
     };
     for col in SHAPE_COLUMNS {
         let blank = match col {
@@ -394,9 +517,7 @@ fn shape_model(
         }
     }
     if !hidden.is_multiple_of(heads) {
-        return Err(format!(
-            "column 'heads': {heads} heads do not divide hidden {hidden}, so the head width is not whole"
-        ));
+        return Err(RowError::HeadsDivide { heads, hidden });
     }
     Ok(ModelSpec {
         schema_version: crate::model::MODEL_SCHEMA_VERSION,
@@ -425,13 +546,13 @@ fn shape_model(
     })
 }
 
-fn model_for(r: &Row) -> Result<ModelSpec, String> {
+fn model_for(r: &Row) -> Result<ModelSpec, RowError> {
     let name = get(r, "model");
     let layers = req(r, "layers")?;
     let hidden = req(r, "hidden")?;
     let heads = req(r, "heads")?;
     if heads == 0 {
-        return Err("column 'heads' is 0; a model needs at least one attention head".into());
+        return Err(RowError::NoHeads);
     }
     let base = match resolve(name) {
         Ok(p) => p.spec,
@@ -479,11 +600,7 @@ fn model_for(r: &Row) -> Result<ModelSpec, String> {
         "" => {}
         "layernorm" => m.norm = Some(Norm::LayerNorm),
         "rmsnorm" => m.norm = Some(Norm::RmsNorm),
-        other => {
-            return Err(format!(
-                "column 'norm' is '{other}', expected layernorm or rmsnorm"
-            ))
-        }
+        other => return Err(RowError::cell("norm", other, "layernorm or rmsnorm")),
     }
     if let Some(experts) = num(r, "moe_experts")? {
         let prev = base.moe;
@@ -501,11 +618,11 @@ fn model_for(r: &Row) -> Result<ModelSpec, String> {
             m.mlp = MlpKind::Gated;
         }
     }
-    m.validate().map_err(|e| e.to_string())?;
+    m.validate().map_err(RowError::Input)?;
     Ok(m)
 }
 
-fn case(r: &Row) -> Result<RunCase, String> {
+fn case(r: &Row) -> Result<RunCase, RowError> {
     let id = get(r, "id").to_string();
     let gpu = get(r, "gpu").to_string();
     let mut profile = profile_for(&gpu)?;
@@ -516,7 +633,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
             profile.node.nvlink_domain = per_node;
         }
         profile.node.gpus_per_node = per_node;
-        profile.validate().map_err(|e| e.to_string())?;
+        profile.validate().map_err(RowError::Input)?;
     }
     // The HBM of the GPUs the run used, when it differs from the profile's (a
     // part with more memory than the profile's model).
@@ -524,12 +641,12 @@ fn case(r: &Row) -> Result<RunCase, String> {
         profile.gpu.hbm_gib = hbm;
         profile
             .validate()
-            .map_err(|e| format!("column 'hbm_gib': {e}"))?;
+            .map_err(|e| RowError::column("hbm_gib", e))?;
     }
     let gpus = req(r, "gpus")?;
     // The run was measured, so it fit: no planning headroom applies to it.
     profile.memory.headroom = 0.0;
-    let mut cluster = Cluster::new(profile, gpus).map_err(|e| e.to_string())?;
+    let mut cluster = Cluster::new(profile, gpus).map_err(RowError::Input)?;
     // A measured run whose TP group spans NVLink domains ran that way: price it so
     // (the planner only proposes it with --allow-tp-across-nodes).
     cluster.allow_tp_beyond_nvlink = req(r, "tp")? > cluster.profile.node.nvlink_domain;
@@ -538,7 +655,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         model.mtp_layers = n;
         model
             .validate()
-            .map_err(|e| format!("column 'mtp_layers': {e}"))?;
+            .map_err(|e| RowError::column("mtp_layers", e))?;
     }
     let precision = match get(r, "precision") {
         "bf16" => Precision::Bf16,
@@ -546,8 +663,10 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "fp8" => Precision::Fp8,
         "mxfp8" => Precision::Mxfp8,
         other => {
-            return Err(format!(
-                "precision '{other}' is not one of bf16, fp16, fp8, mxfp8"
+            return Err(RowError::not_one_of(
+                "precision",
+                other,
+                "one of bf16, fp16, fp8, mxfp8",
             ))
         }
     };
@@ -564,8 +683,10 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "2" => Zero::Zero2,
         "3" | "fsdp" => Zero::Zero3,
         other => {
-            return Err(format!(
-                "zero '{other}' is not one of 0, 1, 2, 3, distributed optimizer, fsdp"
+            return Err(RowError::not_one_of(
+                "zero",
+                other,
+                "one of 0, 1, 2, 3, distributed optimizer, fsdp",
             ))
         }
     };
@@ -575,8 +696,10 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "selective" => Recompute::Selective,
         "full" => Recompute::Full,
         other => {
-            return Err(format!(
-                "recompute '{other}' is not one of none, selective, full"
+            return Err(RowError::not_one_of(
+                "recompute",
+                other,
+                "one of none, selective, full",
             ))
         }
     };
@@ -586,13 +709,12 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "" => None,
         list => Some(
             crate::config::RecomputeModules::parse(list)
-                .map_err(|e| format!("column 'recompute_modules': {e}"))?,
+                .map_err(|e| RowError::column("recompute_modules", e))?,
         ),
     };
     if recompute_modules.is_some() && recompute_stated && recompute != Recompute::Selective {
-        return Err(format!(
-            "column 'recompute_modules' needs recompute 'selective' (the row says '{}')",
-            get(r, "recompute")
+        return Err(RowError::ModulesNeedSelective(
+            get(r, "recompute").to_string(),
         ));
     }
     let (recompute, recompute_stated) = if recompute_modules.is_some() {
@@ -604,11 +726,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "" => None,
         "bf16" => Some(true),
         "fp32" => Some(false),
-        other => {
-            return Err(format!(
-                "column 'optimizer_moments' is '{other}', expected bf16 or fp32"
-            ))
-        }
+        other => return Err(RowError::cell("optimizer_moments", other, "bf16 or fp32")),
     };
     let modern = zero != Zero::None;
     let ep: u64 = num(r, "ep")?.unwrap_or(1);
@@ -623,11 +741,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "" => modern,
         "flash" => true,
         "unfused" => false,
-        other => {
-            return Err(format!(
-                "column 'attention' is '{other}', expected flash or unfused"
-            ))
-        }
+        other => return Err(RowError::cell("attention", other, "flash or unfused")),
     };
     let loss = match get(r, "cross_entropy") {
         "" => {
@@ -637,32 +751,20 @@ fn case(r: &Row) -> Result<RunCase, String> {
                 LossKernel::Unfused
             }
         }
-        name => LossKernel::parse(name).ok_or_else(|| {
-            format!(
-                "column 'cross_entropy' is '{name}', expected {}",
-                LossKernel::NAMES
-            )
-        })?,
+        name => LossKernel::parse(name)
+            .ok_or_else(|| RowError::cell("cross_entropy", name, LossKernel::NAMES))?,
     };
     let framework = match get(r, "framework") {
         "" => Framework::MegatronCore,
-        name => Framework::parse(name).ok_or_else(|| {
-            format!(
-                "column 'framework' is '{name}', expected {}",
-                Framework::NAMES
-            )
-        })?,
+        name => Framework::parse(name)
+            .ok_or_else(|| RowError::cell("framework", name, Framework::NAMES))?,
     };
-    let cuda_graphs = CudaGraphs::parse(get(r, "cuda_graphs"))
-        .map_err(|e| format!("column 'cuda_graphs': {e}"))?;
+    let cuda_graphs =
+        CudaGraphs::parse(get(r, "cuda_graphs")).map_err(|e| RowError::column("cuda_graphs", e))?;
     let moe_dispatcher = match get(r, "dispatcher") {
         "" => Dispatcher::AllToAll,
-        name => Dispatcher::parse(name).ok_or_else(|| {
-            format!(
-                "column 'dispatcher' is '{name}', expected {}",
-                Dispatcher::NAMES
-            )
-        })?,
+        name => Dispatcher::parse(name)
+            .ok_or_else(|| RowError::cell("dispatcher", name, Dispatcher::NAMES))?,
     };
     let tp = req(r, "tp")?;
     let pp = req(r, "pp")?;
@@ -671,18 +773,16 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "" => Layout::balanced(model.layers, pp, vpp),
         text => {
             let l =
-                Layout::from_megatron(text, pp).map_err(|e| format!("column 'pp_layout': {e}"))?;
+                Layout::from_megatron(text, pp).map_err(|e| RowError::column("pp_layout", e))?;
             if l.vpp != vpp {
-                return Err(format!(
-                    "column 'pp_layout' has {} virtual stages per rank, but vpp is {vpp}",
-                    l.vpp
-                ));
+                return Err(RowError::LayoutVpp { layout: l.vpp, vpp });
             }
             if l.mtp_layers != model.mtp_layers {
-                return Err(format!(
-                    "column 'pp_layout' places {} MTP layers; {} has {} (state mtp_layers)",
-                    l.mtp_layers, model.name, model.mtp_layers
-                ));
+                return Err(RowError::LayoutMtp {
+                    layout: l.mtp_layers,
+                    model: model.name.clone(),
+                    mtp_layers: model.mtp_layers,
+                });
             }
             l.layout
         }
@@ -721,16 +821,18 @@ fn case(r: &Row) -> Result<RunCase, String> {
         "iter_s" => Metric::IterSecs,
         "tok_per_s_per_gpu" => Metric::TokensPerSecPerGpu,
         other => {
-            return Err(format!(
-                "metric '{other}' is not iter_s or tok_per_s_per_gpu"
+            return Err(RowError::not_one_of(
+                "metric",
+                other,
+                "iter_s or tok_per_s_per_gpu",
             ))
         }
     };
     let value: f64 = get(r, "value")
         .parse()
-        .map_err(|_| format!("value '{}' is not a number", get(r, "value")))?;
+        .map_err(|_| RowError::ValueNotANumber(get(r, "value").to_string()))?;
     if !(value.is_finite() && value > 0.0) {
-        return Err(format!("value {value} must be positive"));
+        return Err(RowError::ValueNotPositive(value));
     }
     let moe = model.moe.is_some();
     let moments_stated = bf16_moments.is_some();
@@ -741,10 +843,10 @@ fn case(r: &Row) -> Result<RunCase, String> {
     }) = measured_memory
     {
         if s >= config.pp {
-            return Err(format!(
-                "column 'mem_stage' is {s}, but the run has {} pipeline stages (numbered from 0)",
-                config.pp
-            ));
+            return Err(RowError::MemStageBeyond {
+                stage: s,
+                pp: config.pp,
+            });
         }
     }
     Ok(RunCase {
@@ -772,7 +874,7 @@ fn case(r: &Row) -> Result<RunCase, String> {
 }
 
 /// Parses the CSV text. Each row becomes a case or an explanation.
-pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
+pub fn parse_runs(csv_text: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, RunsError> {
     parse_runs_with(csv_text, None)
 }
 
@@ -798,24 +900,25 @@ pub const STACK_COLUMNS: [&str; 12] = [
 /// rows).
 pub const MAX_ROWS: usize = 2_000;
 
-fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), String> {
+fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), CsvError> {
     let mut rdr = csv::ReaderBuilder::new()
         .flexible(false)
         .from_reader(csv_text.as_bytes());
     let headers: Vec<String> = rdr
         .headers()
-        .map_err(|e| format!("CSV header: {e}"))?
+        .map_err(|e| CsvError::Header(e.to_string()))?
         .iter()
         .map(str::to_string)
         .collect();
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         if i == MAX_ROWS {
-            return Err(format!(
-                "CSV has more than {MAX_ROWS} rows; split it into files of at most {MAX_ROWS}"
-            ));
+            return Err(CsvError::TooManyRows);
         }
-        let rec = rec.map_err(|e| format!("CSV row {}: {e}", i + 2))?;
+        let rec = rec.map_err(|e| CsvError::Row {
+            line: i + 2,
+            error: e.to_string(),
+        })?;
         rows.push(
             headers
                 .iter()
@@ -835,8 +938,8 @@ fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), String> {
 pub fn parse_runs_with(
     csv_text: &str,
     stack: Option<&str>,
-) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
-    let (headers, mut rows) = read_rows(csv_text)?;
+) -> Result<Vec<Result<RunCase, Unrepresentable>>, RunsError> {
+    let (headers, mut rows) = read_rows(csv_text).map_err(RunsError::Csv)?;
     for needed in [
         "id",
         "gpu",
@@ -855,30 +958,23 @@ pub fn parse_runs_with(
         "value",
     ] {
         if !headers.iter().any(|h| h == needed) {
-            return Err(format!(
-                "CSV has no '{needed}' column (expected the published_runs.csv schema)"
-            ));
+            return Err(RunsError::MissingColumn(needed));
         }
     }
     if let Some(text) = stack {
-        let (sh, srows) = read_rows(text).map_err(|e| format!("stack file: {e}"))?;
+        let (sh, srows) = read_rows(text).map_err(RunsError::StackCsv)?;
         if !sh.iter().any(|h| h == "id") {
-            return Err("stack file has no 'id' column".into());
+            return Err(RunsError::StackNoId);
         }
         if let Some(bad) = sh.iter().find(|h| {
             !(h.as_str() == "id" || h.as_str() == "source" || STACK_COLUMNS.contains(&h.as_str()))
         }) {
-            return Err(format!(
-                "stack file column '{bad}' is not one of id, source, {}",
-                STACK_COLUMNS.join(", ")
-            ));
+            return Err(RunsError::StackColumn(bad.clone()));
         }
         for srow in &srows {
             let id = get(srow, "id");
             let Some(row) = rows.iter_mut().find(|r| get(r, "id") == id) else {
-                return Err(format!(
-                    "stack file row '{id}' names no run in the runs CSV"
-                ));
+                return Err(RunsError::StackRow(id.to_string()));
             };
             for k in STACK_COLUMNS {
                 let v = get(srow, k).to_string();
@@ -890,7 +986,14 @@ pub fn parse_runs_with(
                         row.insert(k.to_string(), v);
                     }
                     same if same == v => {}
-                    other => return Err(format!("stack file says {k} = '{v}' for run '{id}', but the runs CSV says '{other}'")),
+                    other => {
+                        return Err(RunsError::StackContradicts {
+                            column: k,
+                            stack: v,
+                            id: id.to_string(),
+                            runs: other.to_string(),
+                        })
+                    }
                 }
             }
         }
@@ -900,7 +1003,7 @@ pub fn parse_runs_with(
         .map(|row| {
             case(row).map_err(|reason| Unrepresentable {
                 id: get(row, "id").to_string(),
-                reason,
+                reason: reason.to_string(),
             })
         })
         .collect())
@@ -938,16 +1041,20 @@ r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,
         let e = c.estimate_config().unwrap();
         assert_eq!(e.0, c.config);
         let clash = RUNS.replace("not stated", "full");
-        let err = parse_runs_with(&clash, Some("id,recompute\nr1,none\n")).unwrap_err();
+        let err = parse_runs_with(&clash, Some("id,recompute\nr1,none\n"))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("recompute = 'none' for run 'r1', but the runs CSV says 'full'"),
             "{err}"
         );
         assert!(parse_runs_with(RUNS, Some("id,dispatcher\nr9,deepep\n"))
             .unwrap_err()
+            .to_string()
             .contains("'r9' names no run"));
         assert!(parse_runs_with(RUNS, Some("id,zero\nr1,3\n"))
             .unwrap_err()
+            .to_string()
             .contains("column 'zero' is not one of"));
         let bad = parse_runs_with(RUNS, Some("id,dispatcher\nr1,nccl\n"))
             .unwrap()

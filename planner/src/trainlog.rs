@@ -166,9 +166,9 @@ impl TrainingLog {
     /// and allocator growth); so are lines whose global batch differs from the last
     /// line's (a batch-size ramp-up). The step is the median of the rest, which a
     /// few slow intervals (checkpoint saves, evaluation, a straggler) do not move.
-    pub fn summary(&self, warmup_iters: u64) -> Result<StepSummary, String> {
+    pub fn summary(&self, warmup_iters: u64) -> Result<StepSummary, TrainLogError> {
         let Some(first) = self.iterations.first() else {
-            return Err("the log holds no iteration line".into());
+            return Err(TrainLogError::NoIteration);
         };
         let i0 = first.iteration;
         let after: Vec<&IterationLine> = self
@@ -178,12 +178,12 @@ impl TrainingLog {
             .collect();
         let warmup = self.iterations.len() - after.len();
         let Some(last) = after.last() else {
-            return Err(format!(
-                "all {} iteration line(s) fall in the warm-up (iterations {} to {}, the first {warmup_iters} logged): run longer, or lower --warmup-iters",
-                self.iterations.len(),
-                i0,
-                i0.saturating_add(warmup_iters).saturating_sub(1)
-            ));
+            return Err(TrainLogError::AllWarmup {
+                lines: self.iterations.len(),
+                first: i0,
+                last: i0.saturating_add(warmup_iters).saturating_sub(1),
+                warmup_iters,
+            });
         };
         let gbs = last.global_batch;
         let kept: Vec<&IterationLine> = after
@@ -428,46 +428,33 @@ impl LogReader {
 
     /// The log as read; `Err` (one line) when it holds no iteration line of either
     /// format, both formats, or states one setting twice with different values.
-    pub fn finish(self) -> Result<TrainingLog, String> {
+    pub fn finish(self) -> Result<TrainingLog, TrainLogError> {
         if self.too_many {
-            return Err(format!(
-                "the log holds more than {MAX_ITERATION_LINES} iteration lines; cut it to the part to calibrate from"
-            ));
+            return Err(TrainLogError::TooManyLines);
         }
         let (format, iterations) = match (self.megatron.is_empty(), self.nemo.is_empty()) {
             (false, true) => (LogFormat::Megatron, self.megatron),
             (true, false) => (LogFormat::Nemo2, self.nemo),
             (false, false) => {
-                return Err(format!(
-                    "the log mixes Megatron-LM iteration lines ({}) and NeMo 2 ones ({}): give one run's log",
-                    self.megatron.len(),
-                    self.nemo.len()
-                ))
+                return Err(TrainLogError::MixedFormats {
+                    megatron: self.megatron.len(),
+                    nemo: self.nemo.len(),
+                })
             }
             (true, true) => {
-                let cut = if self.unreadable > 0 {
-                    format!(
-                        " ({} line(s) start one but are cut off or garbled)",
-                        self.unreadable
-                    )
-                } else {
-                    String::new()
-                };
-                return Err(format!(
-                    "no training iteration line in {} line(s){cut}: expected Megatron-LM / Megatron-Bridge lines (' iteration N/M | ... | elapsed time per iteration (ms): X | ...') or NeMo 2 lines ('Training epoch E, iteration N/M | ... | train_step_timing in s: X'); is this a training log?",
-                    self.lines
-                ));
+                return Err(TrainLogError::NoTrainingLine {
+                    lines: self.lines,
+                    unreadable: self.unreadable,
+                });
             }
         };
         let mut stated = StatedConfig::default();
         for (name, values) in &self.stated {
             if values.len() > 1 {
-                let shown: Vec<String> = values.iter().map(|v| v.to_string()).collect();
-                return Err(format!(
-                    "the log states {} {}: it holds more than one run; give one run's log",
-                    name.replace('_', " "),
-                    shown.join(" and ")
-                ));
+                return Err(TrainLogError::SeveralRuns {
+                    setting: name.to_string(),
+                    values: values.clone(),
+                });
             }
             if let Some(slot) = stated.slot(name) {
                 *slot = Some(values[0]);
@@ -516,9 +503,47 @@ const STATED_KEYS: &[(&[&str], &str)] = &[
     (&["seq_length"], "seq_length"),
 ];
 
+/// Why a log gives no step time ([`LogReader::finish`], [`TrainingLog::summary`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrainLogError {
+    #[error("the log holds more than {MAX_ITERATION_LINES} iteration lines; cut it to the part to calibrate from")]
+    TooManyLines,
+    #[error("the log mixes Megatron-LM iteration lines ({megatron}) and NeMo 2 ones ({nemo}): give one run's log")]
+    MixedFormats { megatron: usize, nemo: usize },
+    /// `unreadable`: lines that start an iteration record but are cut off.
+    #[error("no training iteration line in {lines} line(s){}: expected Megatron-LM / Megatron-Bridge lines (' iteration N/M | ... | elapsed time per iteration (ms): X | ...') or NeMo 2 lines ('Training epoch E, iteration N/M | ... | train_step_timing in s: X'); is this a training log?", cut_off(*.unreadable))]
+    NoTrainingLine { lines: u64, unreadable: u64 },
+    /// A setting (its argument name) stated with several values.
+    #[error("the log states {} {}: it holds more than one run; give one run's log", .setting.replace('_', " "), joined(.values))]
+    SeveralRuns { setting: String, values: Vec<u64> },
+    #[error("the log holds no iteration line")]
+    NoIteration,
+    /// Iterations `first` to `last` are the warm-up.
+    #[error("all {lines} iteration line(s) fall in the warm-up (iterations {first} to {last}, the first {warmup_iters} logged): run longer, or lower --warmup-iters")]
+    AllWarmup {
+        lines: usize,
+        first: u64,
+        last: u64,
+        warmup_iters: u64,
+    },
+}
+
+fn cut_off(unreadable: u64) -> String {
+    if unreadable > 0 {
+        format!(" ({unreadable} line(s) start one but are cut off or garbled)")
+    } else {
+        String::new()
+    }
+}
+
+fn joined(values: &[u64]) -> String {
+    let shown: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+    shown.join(" and ")
+}
+
 /// Parses a whole text (the last line counts as complete only when the text ends
 /// with a newline).
-pub fn parse(text: &str) -> Result<TrainingLog, String> {
+pub fn parse(text: &str) -> Result<TrainingLog, TrainLogError> {
     let mut r = LogReader::new();
     let mut rest = text;
     while !rest.is_empty() {
@@ -709,7 +734,7 @@ mod tests {
         assert!(sum.tflops_per_gpu.unwrap() > 0.0);
         // Without the warm-up rule the two slow lines are kept (the median barely moves).
         assert_eq!(log.summary(0).unwrap().kept, 30);
-        let e = log.summary(100).unwrap_err();
+        let e = log.summary(100).unwrap_err().to_string();
         assert!(
             e.contains("all 30 iteration line(s) fall in the warm-up"),
             "{e}"
@@ -792,27 +817,31 @@ mod tests {
     #[test]
     fn foreign_mixed_and_contradictory_logs_are_refused() {
         let pip = "Collecting torch\n  Downloading torch-2.9.0-cp312-cp312-manylinux_2_28_x86_64.whl (899.7 MB)\nSuccessfully installed torch-2.9.0\n";
-        let e = parse(pip).unwrap_err();
+        let e = parse(pip).unwrap_err().to_string();
         assert!(e.contains("no training iteration line in 3 line(s)"), "{e}");
         assert!(parse("")
             .unwrap_err()
+            .to_string()
             .contains("no training iteration line"));
         let json = "{\"traceEvents\": [{\"name\": \"iteration 5/10 |\"}]}";
-        let e = parse(json).unwrap_err();
+        let e = parse(json).unwrap_err().to_string();
         assert!(e.contains("1 line(s) start one but are cut off"), "{e}");
         let mixed = format!(
             "{}\nTraining epoch 0, iteration 1/9 | global_batch_size: 8 | train_step_timing in s: 1.0\n",
             megatron(1, 1000.0, 8)
         );
-        assert!(parse(&mixed).unwrap_err().contains("mixes Megatron-LM"));
+        assert!(parse(&mixed)
+            .unwrap_err()
+            .to_string()
+            .contains("mixes Megatron-LM"));
         let two = format!(
             "  world_size ...... 8\n{}\n  world_size ...... 16\n",
             megatron(1, 1000.0, 8)
         );
-        let e = parse(&two).unwrap_err();
+        let e = parse(&two).unwrap_err().to_string();
         assert!(e.contains("states world size 8 and 16"), "{e}");
         // Times that are no step time are unreadable lines.
-        let e = parse(&megatron(1, 0.0, 8)).unwrap_err();
+        let e = parse(&megatron(1, 0.0, 8)).unwrap_err().to_string();
         assert!(e.contains("cut off or garbled"), "{e}");
     }
 
