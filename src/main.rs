@@ -612,8 +612,8 @@ fn write_report(
     path: &str,
     force: bool,
 ) -> Result<()> {
-    let launch =
-        export(plan, 1, Target::MegatronLm, &LaunchOptions::default()).map_err(|e| e.to_string());
+    let launch = export(plan, 1, Target::MegatronLm, &LaunchOptions::default())
+        .map_err(|e| sextant_reports::NoLaunch(e.to_string()));
     let html = sextant_reports::render(&sextant_reports::ReportInput {
         plan,
         points,

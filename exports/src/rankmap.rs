@@ -18,7 +18,7 @@ pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, Expo
     rank_map(cfg, order, plan.hardware.node.gpus_per_node).map_err(|reason| {
         ExportError::Inexpressible {
             target: Target::RankMap,
-            reason,
+            reason: reason.to_string(),
         }
     })
 }

@@ -65,10 +65,72 @@ pub struct FitRow {
     pub after_secs: f64,
 }
 
+/// Why the logs give no fit, or a plan no prediction. The two-scale fit's reasons
+/// (`PartsUnexplained` to `TwoScaleOutOfRange`) end up in a note, not an error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LogFitError {
+    #[error("{0}")]
+    Cluster(crate::InputError),
+    #[error("the cost model rejects the plan's configuration: {0}")]
+    Rejected(crate::config::Rejection),
+    /// A plan's error, under its label (escaped as `{:?}` escapes).
+    #[error("'{label}': {error}")]
+    Plan {
+        label: String,
+        error: Box<LogFitError>,
+    },
+    #[error("the profile '{0}' leaves no room to scale its efficiencies within their ranges")]
+    NoRoom(String),
+    #[error("no efficiency scale within the profile's ranges explains the log(s): {worst} (at compute scale {k:.3}: GEMM efficiency {gemm:.3} of peak, attention {attention:.3}); check that the plan is the configuration that ran")]
+    Unexplained {
+        worst: String,
+        k: f64,
+        gemm: f64,
+        attention: f64,
+    },
+    #[error("the trace of '{0}' holds no GEMM kernel by the documented names (gemm, cutlass, xmma, nvjet, cublas): it cannot anchor the compute scale")]
+    NoGemmInTrace(String),
+    #[error("no training log given")]
+    NoLog,
+    #[error("plans '{first}' and '{other}' are for profiles '{}' and '{}': calibrate one GPU type at a time", .profiles[0], .profiles[1])]
+    Profiles {
+        first: String,
+        other: String,
+        profiles: [String; 2],
+    },
+    #[error("plans '{first}' and '{other}' carry different versions of profile '{profile}' (one made with --calibration or another --cluster file?): make every plan with the same profile")]
+    ProfileVersions {
+        first: String,
+        other: String,
+        profile: String,
+    },
+    #[error("'{label}': measured step {secs} s is not a time")]
+    NotATime { label: String, secs: f64 },
+    #[error("the logs' steps are not explained by compute and communication parts")]
+    PartsUnexplained,
+    #[error("no log's plan communicates")]
+    NoComm,
+    #[error("the two-scale fit has no solution")]
+    NoSolution,
+    #[error("the logs cannot tell compute from communication (their communication shares are too alike)")]
+    Indistinct,
+    #[error("the two-scale fit (compute {compute:.3}, communication {comm:.3}) leaves the profile's ranges")]
+    TwoScaleOutOfRange { compute: f64, comm: f64 },
+}
+
+impl LogFitError {
+    fn of_plan(c: &LogCase, e: LogFitError) -> LogFitError {
+        LogFitError::Plan {
+            label: c.plan_label.escape_debug().to_string(),
+            error: Box::new(e),
+        }
+    }
+}
+
 /// The first plan of `plan` priced on `profile` as `plan` prices it.
-pub fn predict(plan: &PlanFile, profile: &HardwareProfile) -> Result<Estimate, String> {
+pub fn predict(plan: &PlanFile, profile: &HardwareProfile) -> Result<Estimate, LogFitError> {
     let rp = &plan.plans[0];
-    let mut cluster = Cluster::new(profile.clone(), plan.gpus).map_err(|e| e.to_string())?;
+    let mut cluster = Cluster::new(profile.clone(), plan.gpus).map_err(LogFitError::Cluster)?;
     cluster.allow_tp_beyond_nvlink = true;
     let mut e = estimate_with(
         &plan.model,
@@ -77,7 +139,7 @@ pub fn predict(plan: &PlanFile, profile: &HardwareProfile) -> Result<Estimate, S
         &rp.config,
         plan.assumptions,
     )
-    .map_err(|r| format!("the cost model rejects the plan's configuration: {r}"))?;
+    .map_err(LogFitError::Rejected)?;
     crate::cost::apply_simulation(&mut e, &rp.config);
     Ok(e)
 }
@@ -103,9 +165,9 @@ const PROBE: f64 = 0.8;
 pub fn predicted_kernels(
     plan: &PlanFile,
     profile: &HardwareProfile,
-) -> Result<PredictedKernels, String> {
+) -> Result<PredictedKernels, LogFitError> {
     use crate::comm::Collective;
-    let busy = |s: Scales| -> Result<(f64, Estimate), String> {
+    let busy = |s: Scales| -> Result<(f64, Estimate), LogFitError> {
         let e = predict(plan, &scale_efficiencies(profile, &s))?;
         Ok((e.time.compute.total() + e.time.recompute, e))
     };
@@ -135,14 +197,18 @@ pub fn predicted_kernels(
 }
 
 /// Each log's predicted step with `s`.
-fn steps(cases: &[LogCase], profile: &HardwareProfile, s: &Scales) -> Result<Vec<f64>, String> {
+fn steps(
+    cases: &[LogCase],
+    profile: &HardwareProfile,
+    s: &Scales,
+) -> Result<Vec<f64>, LogFitError> {
     let p = scale_efficiencies(profile, s);
     cases
         .iter()
         .map(|c| {
             predict(c.plan, &p)
                 .map(|e| e.step_secs)
-                .map_err(|e| format!("'{}': {e}", c.plan_label.escape_debug()))
+                .map_err(|e| LogFitError::of_plan(c, e))
         })
         .collect()
 }
@@ -222,17 +288,15 @@ fn comm_bounds(p: &HardwareProfile) -> (f64, f64) {
 /// One level `k` by least squares of the log errors: a grid over the range in
 /// log space, then golden-section refinement around the best point. With one log
 /// and a monotone step time this is the root (predicted = measured).
-fn fit_level(cases: &[LogCase], p: &HardwareProfile, tie: &Tie) -> Result<(f64, f64), String> {
+fn fit_level(cases: &[LogCase], p: &HardwareProfile, tie: &Tie) -> Result<(f64, f64), LogFitError> {
     let (lo, hi) = tie.bounds(p);
     if !(lo > 0.0 && lo < hi && hi.is_finite()) {
-        return Err(format!(
-            "the profile '{}' leaves no room to scale its efficiencies within their ranges",
-            p.name
-        ));
+        return Err(LogFitError::NoRoom(p.name.clone()));
     }
     let (a, b) = (lo.ln(), hi.ln());
-    let eval =
-        |x: f64| -> Result<f64, String> { Ok(loss(cases, &steps(cases, p, &tie.at(x.exp()))?)) };
+    let eval = |x: f64| -> Result<f64, LogFitError> {
+        Ok(loss(cases, &steps(cases, p, &tie.at(x.exp()))?))
+    };
     const GRID: usize = 48;
     let xs: Vec<f64> = (0..=GRID)
         .map(|i| a + (b - a) * i as f64 / GRID as f64)
@@ -272,7 +336,7 @@ fn fit_level(cases: &[LogCase], p: &HardwareProfile, tie: &Tie) -> Result<(f64, 
 }
 
 /// The measured step that no scale in range explains, as one line.
-fn unexplained(cases: &[LogCase], p: &HardwareProfile, s: &Scales, k: f64) -> String {
+fn unexplained(cases: &[LogCase], p: &HardwareProfile, s: &Scales, k: f64) -> LogFitError {
     let pred = steps(cases, p, s).unwrap_or_default();
     let worst = cases
         .iter()
@@ -291,26 +355,27 @@ fn unexplained(cases: &[LogCase], p: &HardwareProfile, s: &Scales, k: f64) -> St
         })
         .unwrap_or_default();
     let sc = scale_efficiencies(p, s);
-    format!(
-        "no efficiency scale within the profile's ranges explains the log(s): {worst} (at compute scale {k:.3}: GEMM efficiency {:.3} of peak, attention {:.3}); check that the plan is the configuration that ran",
-        sc.efficiency.gemm_bf16, sc.efficiency.attention_fwd
-    )
+    LogFitError::Unexplained {
+        worst,
+        k,
+        gemm: sc.efficiency.gemm_bf16,
+        attention: sc.efficiency.attention_fwd,
+    }
 }
 
 /// Trace ratios: attention scale over GEMM scale, and comm scale over GEMM scale
 /// (geometric means over the traces), or `None` where no trace measures them.
-fn trace_ratios(cases: &[LogCase]) -> Result<(Option<f64>, Option<f64>), String> {
+fn trace_ratios(cases: &[LogCase]) -> Result<(Option<f64>, Option<f64>), LogFitError> {
     let (mut ra, mut rn) = (Vec::new(), Vec::new());
     for c in cases {
         let Some(k) = &c.kernels else { continue };
         if k.gemm_secs <= 0.0 {
-            return Err(format!(
-                "the trace of '{}' holds no GEMM kernel by the documented names (gemm, cutlass, xmma, nvjet, cublas): it cannot anchor the compute scale",
-                c.label.escape_debug()
+            return Err(LogFitError::NoGemmInTrace(
+                c.label.escape_debug().to_string(),
             ));
         }
-        let p = predicted_kernels(c.plan, &c.plan.hardware)
-            .map_err(|e| format!("'{}': {e}", c.plan_label.escape_debug()))?;
+        let p =
+            predicted_kernels(c.plan, &c.plan.hardware).map_err(|e| LogFitError::of_plan(c, e))?;
         if p.gemm_secs <= 0.0 {
             continue;
         }
@@ -329,35 +394,31 @@ fn trace_ratios(cases: &[LogCase]) -> Result<(Option<f64>, Option<f64>), String>
 
 /// Fits scales to the logs (see the module doc). Every case's plan must carry the
 /// same hardware profile.
-pub fn fit(cases: &[LogCase]) -> Result<LogFit, String> {
+pub fn fit(cases: &[LogCase]) -> Result<LogFit, LogFitError> {
     let Some(first) = cases.first() else {
-        return Err("no training log given".into());
+        return Err(LogFitError::NoLog);
     };
     let p = &first.plan.hardware;
     for c in cases {
         if c.plan.hardware.name != p.name {
-            return Err(format!(
-                "plans '{}' and '{}' are for profiles '{}' and '{}': calibrate one GPU type at a time",
-                first.plan_label.escape_debug(),
-                c.plan_label.escape_debug(),
-                p.name,
-                c.plan.hardware.name
-            ));
+            return Err(LogFitError::Profiles {
+                first: first.plan_label.escape_debug().to_string(),
+                other: c.plan_label.escape_debug().to_string(),
+                profiles: [p.name.clone(), c.plan.hardware.name.clone()],
+            });
         }
         if c.plan.hardware != *p {
-            return Err(format!(
-                "plans '{}' and '{}' carry different versions of profile '{}' (one made with --calibration or another --cluster file?): make every plan with the same profile",
-                first.plan_label.escape_debug(),
-                c.plan_label.escape_debug(),
-                p.name
-            ));
+            return Err(LogFitError::ProfileVersions {
+                first: first.plan_label.escape_debug().to_string(),
+                other: c.plan_label.escape_debug().to_string(),
+                profile: p.name.clone(),
+            });
         }
         if !(c.measured_step_secs.is_finite() && c.measured_step_secs > 0.0) {
-            return Err(format!(
-                "'{}': measured step {} s is not a time",
-                c.label.escape_debug(),
-                c.measured_step_secs
-            ));
+            return Err(LogFitError::NotATime {
+                label: c.label.escape_debug().to_string(),
+                secs: c.measured_step_secs,
+            });
         }
     }
     let traced = cases.iter().any(|c| c.kernels.is_some());
@@ -428,7 +489,7 @@ fn fit_compute_and_comm(
     cases: &[LogCase],
     p: &HardwareProfile,
     k0: f64,
-) -> Result<(Scales, f64), String> {
+) -> Result<(Scales, f64), LogFitError> {
     const H: f64 = 0.05;
     let (klo, khi) = Tie {
         attention: 1.0,
@@ -454,27 +515,26 @@ fn fit_compute_and_comm(
             let f = base[i] - cc * u - nn * v;
             let y = c.measured_step_secs - f;
             if !(y > 0.0 && cc >= 0.0 && nn >= 0.0) {
-                return Err(
-                    "the logs' steps are not explained by compute and communication parts".into(),
-                );
+                return Err(LogFitError::PartsUnexplained);
             }
             let w = (y / c.measured_step_secs).powi(2);
             rows.push((cc, nn, y, w));
         }
         if rows.iter().all(|r| r.1 <= 0.0) {
-            return Err("no log's plan communicates".into());
+            return Err(LogFitError::NoComm);
         }
         let Some((a, b)) = fit_two(&rows) else {
-            return Err("the two-scale fit has no solution".into());
+            return Err(LogFitError::NoSolution);
         };
         if b <= 0.0 {
-            return Err("the logs cannot tell compute from communication (their communication shares are too alike)".into());
+            return Err(LogFitError::Indistinct);
         }
         let (k, c) = (1.0 / a, 1.0 / b);
         if !(klo..=khi).contains(&k) || !(clo..=chi).contains(&c) {
-            return Err(format!(
-                "the two-scale fit (compute {k:.3}, communication {c:.3}) leaves the profile's ranges"
-            ));
+            return Err(LogFitError::TwoScaleOutOfRange {
+                compute: k,
+                comm: c,
+            });
         }
         let done = (a / u).ln().abs() < 1e-7 && (b / v).ln().abs() < 1e-7;
         (u, v) = (a, b);
@@ -667,7 +727,7 @@ mod tests {
         let a = plan(8, 2, 2, 2, 128);
         let mut c = case("a", &a, &Scales::ONE, false);
         c.measured_step_secs *= 0.05;
-        let e = fit(&[c]).unwrap_err();
+        let e = fit(&[c]).unwrap_err().to_string();
         assert!(
             e.contains("no efficiency scale within the profile's ranges"),
             "{e}"
@@ -678,7 +738,8 @@ mod tests {
             case("a", &a, &Scales::ONE, false),
             case("b", &other, &Scales::ONE, false),
         ])
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("different versions of profile"), "{e}");
     }
 }

@@ -36,7 +36,11 @@ pub struct MixedPlan {
     pub even_pipeline_secs: Option<f64>,
 }
 
-fn pipeline_secs(p: &StageProblem, part: &Partition, m: u64) -> Result<(Vec<f64>, f64), String> {
+fn pipeline_secs(
+    p: &StageProblem,
+    part: &Partition,
+    m: u64,
+) -> Result<(Vec<f64>, f64), MixedError> {
     let secs: Vec<f64> = (0..p.stages())
         .map(|s| {
             p.classes[part.class[s]].slowdown
@@ -52,8 +56,40 @@ fn pipeline_secs(p: &StageProblem, part: &Partition, m: u64) -> Result<(Vec<f64>
     };
     let span = simulate_schedule(Schedule::OneFOneB, p.stages() as u64, 1, m, &costs, 0.0)
         .map(|t| t.makespan)
-        .ok_or("the 1F1B schedule could not be simulated for this shape")?;
+        .ok_or(MixedError::NotSimulated)?;
     Ok((secs, span))
+}
+
+/// Why a configuration cannot be partitioned over a mixed cluster ([`plan_mixed`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MixedError {
+    #[error("a mixed cluster needs at least two GPU classes")]
+    OneClass,
+    #[error("tp x pp x cp x dp = {config} but the classes add up to {classes} GPUs")]
+    GpuCount { config: u64, classes: u64 },
+    #[error("mixed clusters are simulated under 1F1B only (this configuration uses {0})")]
+    Schedule(Schedule),
+    #[error(
+        "{gpus} {class} GPUs do not make whole pipeline stages of tp x cp x dp = {per_stage} GPUs"
+    )]
+    PartialStage {
+        gpus: u64,
+        class: String,
+        per_stage: u64,
+    },
+    #[error("{0}")]
+    Cluster(crate::InputError),
+    #[error("{class}: {why}")]
+    Rejected {
+        class: String,
+        why: crate::config::Rejection,
+    },
+    #[error("no partition fits the classes' memory")]
+    NoPartition,
+    #[error("{micro_batches} micro-batches on {stages} stages is more than the simulator takes (at most {} passes): use a smaller global batch", crate::cost::MAX_SIMULATED_PASSES)]
+    TooManyPasses { micro_batches: u64, stages: usize },
+    #[error("the 1F1B schedule could not be simulated for this shape")]
+    NotSimulated,
 }
 
 /// Partitions `cfg`'s pipeline over `classes` (profile, GPU count). `cfg.gpus()` must
@@ -64,36 +100,36 @@ pub fn plan_mixed(
     w: &Workload,
     cfg: &ParallelConfig,
     a: Assumptions,
-) -> Result<MixedPlan, String> {
+) -> Result<MixedPlan, MixedError> {
     let total: u64 = classes.iter().map(|(_, n)| n).sum();
     if classes.len() < 2 {
-        return Err("a mixed cluster needs at least two GPU classes".into());
+        return Err(MixedError::OneClass);
     }
     if cfg.gpus() != total {
-        return Err(format!(
-            "tp x pp x cp x dp = {} but the classes add up to {total} GPUs",
-            cfg.gpus()
-        ));
+        return Err(MixedError::GpuCount {
+            config: cfg.gpus(),
+            classes: total,
+        });
     }
     if cfg.schedule != Schedule::OneFOneB {
-        return Err(format!(
-            "mixed clusters are simulated under 1F1B only (this configuration uses {})",
-            cfg.schedule
-        ));
+        return Err(MixedError::Schedule(cfg.schedule));
     }
     let per_stage = cfg.tp * cfg.cp * cfg.dp;
     let mut gpu_classes = Vec::new();
     let mut problems: Vec<StageProblem> = Vec::new();
     for (profile, n) in classes {
         if n % per_stage != 0 {
-            return Err(format!(
-                "{n} {} GPUs do not make whole pipeline stages of tp x cp x dp = {per_stage} GPUs",
-                profile.name
-            ));
+            return Err(MixedError::PartialStage {
+                gpus: *n,
+                class: profile.name.clone(),
+                per_stage,
+            });
         }
-        let cluster = Cluster::new(profile.clone(), total).map_err(|e| e.to_string())?;
-        let prob = stage_problem(model, &cluster, w, cfg, a)
-            .map_err(|r| format!("{}: {r}", profile.name))?;
+        let cluster = Cluster::new(profile.clone(), total).map_err(MixedError::Cluster)?;
+        let prob = stage_problem(model, &cluster, w, cfg, a).map_err(|r| MixedError::Rejected {
+            class: profile.name.clone(),
+            why: r,
+        })?;
         gpu_classes.push(GpuClass {
             name: profile.name.clone(),
             slowdown: 1.0,
@@ -107,10 +143,13 @@ pub fn plan_mixed(
         c.slowdown = problems[k].layer_secs / problem.layer_secs;
     }
     problem.classes = gpu_classes;
-    let part = solve(&problem).ok_or("no partition fits the classes' memory")?;
+    let part = solve(&problem).ok_or(MixedError::NoPartition)?;
     let m = cfg.micro_batches(w);
     if 2 * problem.stages() as u64 * m > crate::cost::MAX_SIMULATED_PASSES {
-        return Err(format!("{m} micro-batches on {} stages is more than the simulator takes (at most {} passes): use a smaller global batch", problem.stages(), crate::cost::MAX_SIMULATED_PASSES));
+        return Err(MixedError::TooManyPasses {
+            micro_batches: m,
+            stages: problem.stages(),
+        });
     }
     let (secs, span) = pipeline_secs(&problem, &part, m)?;
     // Even split on the same blocks, for comparison.

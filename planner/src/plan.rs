@@ -114,7 +114,9 @@ impl PlanFile {
                 priced.order()
             )));
         }
-        p.workload.validate().map_err(InputError::Workload)?;
+        p.workload
+            .validate()
+            .map_err(|e| InputError::Workload(e.to_string()))?;
         let mut cluster = crate::hardware::Cluster::new(p.hardware.clone(), p.gpus)?;
         // The plan may have been made with TP across nodes allowed.
         cluster.allow_tp_beyond_nvlink = true;

@@ -37,17 +37,27 @@ fn dim_name(s: &str) -> Option<&'static str> {
 
 impl Grid {
     /// `order` must name tp, cp, ep, dp and pp once each.
-    pub fn new(order: &str, tp: u64, cp: u64, ep: u64, dp: u64, pp: u64) -> Result<Grid, String> {
+    pub fn new(
+        order: &str,
+        tp: u64,
+        cp: u64,
+        ep: u64,
+        dp: u64,
+        pp: u64,
+    ) -> Result<Grid, RankOrderError> {
         let names: Vec<&'static str> = order
             .split('-')
-            .map(|s| dim_name(s).ok_or_else(|| format!("rank order '{order}': unknown dimension '{s}' (expected tp, cp, ep, dp, pp)")))
+            .map(|s| {
+                dim_name(s).ok_or_else(|| RankOrderError::UnknownDimension {
+                    order: order.to_string(),
+                    dim: s.to_string(),
+                })
+            })
             .collect::<Result<_, _>>()?;
         let mut sorted = names.clone();
         sorted.sort_unstable();
         if sorted != ["cp", "dp", "ep", "pp", "tp"] {
-            return Err(format!(
-                "rank order '{order}' must name each of tp, cp, ep, dp, pp exactly once"
-            ));
+            return Err(RankOrderError::NotEachOnce(order.to_string()));
         }
         let size_of = |n: &str| match n {
             "tp" => tp,
@@ -168,24 +178,39 @@ pub fn group_kind(name: &str) -> Option<usize> {
     GROUP_KINDS.iter().position(|k| *k == name)
 }
 
+/// Why a rank order or a configuration's expert layout gives no rank map
+/// ([`Grid::new`], [`rank_map`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RankOrderError {
+    #[error("rank order '{order}': unknown dimension '{dim}' (expected tp, cp, ep, dp, pp)")]
+    UnknownDimension { order: String, dim: String },
+    #[error("rank order '{0}' must name each of tp, cp, ep, dp, pp exactly once")]
+    NotEachOnce(String),
+    #[error("rank order '{0}' is neither one Megatron-Core supports ({orders}) nor ScaleTorch's ({SCALETORCH_ORDER})", orders = ORDERS.join(", "))]
+    Unsupported(String),
+    /// `dense` is tp x cp x dp.
+    #[error("expert layout ep {ep} x etp {etp} does not tile tp x cp x dp = {dense}")]
+    ExpertTiling { ep: u64, etp: u64, dense: u64 },
+}
+
 /// Builds the rank map of a configuration.
-pub fn rank_map(cfg: &ParallelConfig, order: &str, gpus_per_node: u64) -> Result<RankMap, String> {
+pub fn rank_map(
+    cfg: &ParallelConfig,
+    order: &str,
+    gpus_per_node: u64,
+) -> Result<RankMap, RankOrderError> {
     if !ORDERS.contains(&order) && order != SCALETORCH_ORDER {
-        return Err(format!(
-            "rank order '{order}' is neither one Megatron-Core supports ({}) nor ScaleTorch's ({SCALETORCH_ORDER})",
-            ORDERS.join(", ")
-        ));
+        return Err(RankOrderError::Unsupported(order.to_string()));
     }
     let dense = Grid::new(order, cfg.tp, cfg.cp, 1, cfg.dp, cfg.pp)?;
     let edp = cfg.edp();
     let expert = Grid::new(order, cfg.etp, 1, cfg.ep, edp, cfg.pp)?;
     if expert.world() != dense.world() {
-        return Err(format!(
-            "expert layout ep {} x etp {} does not tile tp x cp x dp = {}",
-            cfg.ep,
-            cfg.etp,
-            cfg.tp * cfg.cp * cfg.dp
-        ));
+        return Err(RankOrderError::ExpertTiling {
+            ep: cfg.ep,
+            etp: cfg.etp,
+            dense: cfg.tp * cfg.cp * cfg.dp,
+        });
     }
     let world = dense.world();
     let groups: Vec<(String, Vec<Vec<u64>>)> = vec![

@@ -69,9 +69,9 @@ pub struct Capacity {
 pub const MAX_CAPACITY_FACTOR: f64 = 64.0;
 
 impl Capacity {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::config::WorkloadError> {
         if !(self.factor.is_finite() && self.factor > 0.0 && self.factor <= MAX_CAPACITY_FACTOR) {
-            return Err(format!("MoE capacity factor {} is out of range: use a value above 0 up to {MAX_CAPACITY_FACTOR} (1.0 to 1.25 is usual), or leave it out for dropless routing", self.factor));
+            return Err(crate::config::WorkloadError::CapacityFactor(self.factor));
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 
 use serde::Serialize;
 
+use crate::config::Rejection;
 use crate::hardware::{HardwareProfile, GIB};
 use crate::memory::{MemKind, StageMemory};
 use crate::runs::{MemStage, RunCase, Unrepresentable};
@@ -49,16 +50,14 @@ pub fn source_key(id: &str) -> String {
     id.split('-').next().unwrap_or(id).to_string()
 }
 
-fn predict(case: &RunCase, profile: Option<&HardwareProfile>) -> Result<f64, String> {
+fn predict(case: &RunCase, profile: Option<&HardwareProfile>) -> Result<f64, Rejection> {
     let mut c = case.clone();
     if let Some(p) = profile {
         c.cluster.profile = p.clone();
         // Keep the row's node shape (runs.rs may have adjusted it).
         c.cluster.profile.node = case.cluster.profile.node.clone();
     }
-    c.estimate()
-        .map(|e| e.step_secs)
-        .map_err(|r| format!("configuration rejected: {r}"))
+    c.estimate().map(|e| e.step_secs)
 }
 
 fn row(case: &RunCase, predicted: f64) -> RowResult {
@@ -82,9 +81,9 @@ pub fn validate(cases: &[RunCase]) -> (Vec<RowResult>, Vec<Unrepresentable>) {
     for c in cases {
         match predict(c, None) {
             Ok(p) => ok.push(row(c, p)),
-            Err(reason) => bad.push(Unrepresentable {
+            Err(r) => bad.push(Unrepresentable {
                 id: c.id.clone(),
-                reason,
+                reason: format!("configuration rejected: {r}"),
             }),
         }
     }

@@ -49,12 +49,17 @@ pub struct ReportInput<'a> {
     pub points: &'a [Point],
     pub sensitivity: &'a [Sensitivity],
     /// Megatron-LM arguments of the chosen plan, or why there are none.
-    pub launch: Result<String, String>,
+    pub launch: Result<String, NoLaunch>,
     /// Measured timings of the chosen plan, when an executor run exists.
     pub measured: &'a [Measured],
     /// Where they were measured (device and backend); empty without a run.
     pub measured_on: &'a str,
 }
+
+/// Why a report has no Megatron-LM arguments: the exporter's one-line refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NoLaunch(pub String);
 
 /// Escapes text for HTML.
 pub fn esc(s: &str) -> String {
@@ -507,7 +512,7 @@ pub fn render(input: &ReportInput) -> String {
     // 8. Launch arguments.
     let b = match &input.launch {
         Ok(args) => format!("<pre>{}</pre>\n", esc(args)),
-        Err(why) => format!("<p class=\"note\">{}</p>\n", esc(why)),
+        Err(why) => format!("<p class=\"note\">{}</p>\n", esc(&why.0)),
     };
     section(&mut h, "launch", b);
 

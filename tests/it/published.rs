@@ -3,7 +3,7 @@
 //! measured, and a bound on the median absolute error.
 
 use sextant_planner::reach::{axis_rates, grad_reductions, Reach, SweepPoint, AXES};
-use sextant_planner::runs::{parse_runs_with, RunCase, Unrepresentable};
+use sextant_planner::runs::{parse_runs_with, RunCase, RunsError, Unrepresentable};
 use sextant_planner::uncertainty::{ErrorSample, Shares, ValidationSet};
 
 pub(crate) fn published_csv() -> String {
@@ -20,7 +20,7 @@ const STACK: &str = concat!(
     "/tests/data/published_runs_stack.csv"
 );
 
-pub(crate) fn parse_runs(csv: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, String> {
+pub(crate) fn parse_runs(csv: &str) -> Result<Vec<Result<RunCase, Unrepresentable>>, RunsError> {
     parse_runs_with(
         csv,
         Some(&std::fs::read_to_string(STACK).expect("stack file")),

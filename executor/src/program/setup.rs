@@ -74,7 +74,7 @@ impl Setup {
     /// The plan's rank map: every rank's coordinates and groups.
     pub fn rank_map(&self) -> Result<sextant_planner::ranks::RankMap, SetupError> {
         rank_map(&self.cfg, &self.rank_order, self.gpus_per_node.max(1))
-            .map_err(SetupError::RankMap)
+            .map_err(|e| SetupError::RankMap(e.to_string()))
     }
 
     /// The longest message a rank of this plan can send another, with room to

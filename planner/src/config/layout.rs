@@ -94,47 +94,39 @@ impl Layout {
     /// (the embedding first, the loss last, each once; MTP layers after every
     /// decoder layer), and one of Sextant's: MTP layers sit on the last virtual
     /// stage, beside the loss.
-    pub fn from_megatron(text: &str, pp: u64) -> Result<MegatronLayout, String> {
+    pub fn from_megatron(text: &str, pp: u64) -> Result<MegatronLayout, LayoutError> {
         const MAX_ENTRIES: usize = 1 << 20;
         let chars: Vec<char> = text
             .chars()
             .filter(|c| !c.is_whitespace() && *c != ',')
             .collect();
         if chars.is_empty() {
-            return Err("the pipeline layout is empty (example: \"Et*4|(t*4|)*14tmL\")".into());
+            return Err(LayoutError::Empty);
         }
         let mut pos = 0;
         let expanded = expand_layout(&chars, &mut pos, 0, MAX_ENTRIES)?;
         if pos != chars.len() {
-            return Err(format!(
-                "unmatched ')' at character {} of the pipeline layout",
-                pos + 1
-            ));
+            return Err(LayoutError::UnmatchedClose(pos + 1));
         }
         let stages: Vec<&[char]> = expanded.split(|&c| c == '|').collect();
         let n = stages.len() as u64;
         if pp == 0 || !n.is_multiple_of(pp) {
-            return Err(format!(
-                "the pipeline layout has {n} virtual stages, not a multiple of pp = {pp}"
-            ));
+            return Err(LayoutError::StagesNotMultiple { stages: n, pp });
         }
         let count = |c: char| expanded.iter().filter(|&&x| x == c).count();
         if count('E') != 1 || stages[0].first() != Some(&'E') {
-            return Err("the pipeline layout must start with the embedding 'E', once".into());
+            return Err(LayoutError::Embedding);
         }
         if count('L') != 1 || stages[stages.len() - 1].last() != Some(&'L') {
-            return Err("the pipeline layout must end with the loss 'L', once".into());
+            return Err(LayoutError::Loss);
         }
         let mtp = count('m') as u64;
         if let Some(first_m) = expanded.iter().position(|&c| c == 'm') {
             if expanded[first_m..].contains(&'t') {
-                return Err(
-                    "decoder layers 't' must come before the MTP layers 'm' (Megatron's rule)"
-                        .into(),
-                );
+                return Err(LayoutError::MtpBeforeDecoder);
             }
             if stages[..stages.len() - 1].iter().any(|s| s.contains(&'m')) {
-                return Err("MTP layers 'm' must be on the last virtual stage, with the loss (Sextant does not model Megatron's standalone MTP stage)".into());
+                return Err(LayoutError::MtpNotLast);
             }
         }
         let layers: Vec<u64> = stages
@@ -142,7 +134,7 @@ impl Layout {
             .map(|s| s.iter().filter(|&&c| c == 't').count() as u64)
             .collect();
         if layers.iter().sum::<u64>() == 0 {
-            return Err("the pipeline layout holds no decoder layer 't'".into());
+            return Err(LayoutError::NoDecoder);
         }
         Ok(MegatronLayout {
             layout: Layout::Explicit { layers },
@@ -150,6 +142,43 @@ impl Layout {
             mtp_layers: mtp,
         })
     }
+}
+
+/// Why a Megatron `--pipeline-model-parallel-layout` string cannot be read
+/// ([`Layout::from_megatron`]); positions count characters from 1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("the pipeline layout is empty (example: \"Et*4|(t*4|)*14tmL\")")]
+    Empty,
+    #[error("unmatched ')' at character {0} of the pipeline layout")]
+    UnmatchedClose(usize),
+    #[error("the pipeline layout has {stages} virtual stages, not a multiple of pp = {pp}")]
+    StagesNotMultiple { stages: u64, pp: u64 },
+    #[error("the pipeline layout must start with the embedding 'E', once")]
+    Embedding,
+    #[error("the pipeline layout must end with the loss 'L', once")]
+    Loss,
+    #[error("decoder layers 't' must come before the MTP layers 'm' (Megatron's rule)")]
+    MtpBeforeDecoder,
+    #[error("MTP layers 'm' must be on the last virtual stage, with the loss (Sextant does not model Megatron's standalone MTP stage)")]
+    MtpNotLast,
+    #[error("the pipeline layout holds no decoder layer 't'")]
+    NoDecoder,
+    #[error("the pipeline layout nests parentheses more than {MAX_LAYOUT_DEPTH} deep (character {0}); Megatron's layouts need one or two levels")]
+    TooDeep(usize),
+    #[error("an opening '(' in the pipeline layout is never closed")]
+    Unclosed,
+    #[error("a parenthesised group in the pipeline layout needs a repeat count, as in (t*4|)*14")]
+    GroupWithoutCount,
+    #[error("'*' at character {0} repeats nothing")]
+    RepeatsNothing(usize),
+    #[error("'{0}' is not a pipeline layout character (E embedding, t decoder layer, m MTP layer, L loss, | stage break, x*n and (...)*n repeats)")]
+    BadChar(char),
+    /// At the first character after the `*`.
+    #[error("'*' at character {0} needs a whole repeat count")]
+    BadCount(usize),
+    #[error("the pipeline layout expands to more than {0} entries")]
+    TooLong(usize),
 }
 
 /// What a Megatron layout string states: the per-virtual-stage decoder layers,
@@ -172,7 +201,7 @@ fn expand_layout(
     pos: &mut usize,
     depth: usize,
     max: usize,
-) -> Result<Vec<char>, String> {
+) -> Result<Vec<char>, LayoutError> {
     let mut out: Vec<char> = Vec::new();
     while *pos < chars.len() {
         let c = chars[*pos];
@@ -181,28 +210,23 @@ fn expand_layout(
                 *pos += 1;
                 vec![c]
             }
-            '(' if depth >= MAX_LAYOUT_DEPTH => {
-                return Err(format!(
-                    "the pipeline layout nests parentheses more than {MAX_LAYOUT_DEPTH} deep (character {}); Megatron's layouts need one or two levels",
-                    *pos + 1
-                ))
-            }
+            '(' if depth >= MAX_LAYOUT_DEPTH => return Err(LayoutError::TooDeep(*pos + 1)),
             '(' => {
                 *pos += 1;
                 let inner = expand_layout(chars, pos, depth + 1, max)?;
                 if chars.get(*pos) != Some(&')') {
-                    return Err("an opening '(' in the pipeline layout is never closed".into());
+                    return Err(LayoutError::Unclosed);
                 }
                 *pos += 1;
                 if chars.get(*pos) != Some(&'*') {
-                    return Err("a parenthesised group in the pipeline layout needs a repeat count, as in (t*4|)*14".into());
+                    return Err(LayoutError::GroupWithoutCount);
                 }
                 inner
             }
             ')' if depth > 0 => return Ok(out),
-            ')' => return Err(format!("unmatched ')' at character {} of the pipeline layout", *pos + 1)),
-            '*' => return Err(format!("'*' at character {} repeats nothing", *pos + 1)),
-            other => return Err(format!("'{other}' is not a pipeline layout character (E embedding, t decoder layer, m MTP layer, L loss, | stage break, x*n and (...)*n repeats)")),
+            ')' => return Err(LayoutError::UnmatchedClose(*pos + 1)),
+            '*' => return Err(LayoutError::RepeatsNothing(*pos + 1)),
+            other => return Err(LayoutError::BadChar(other)),
         };
         let mut times = 1usize;
         if chars.get(*pos) == Some(&'*') {
@@ -212,21 +236,17 @@ fn expand_layout(
                 *pos += 1;
             }
             let digits: String = chars[start..*pos].iter().collect();
-            times = digits
-                .parse()
-                .map_err(|_| format!("'*' at character {start} needs a whole repeat count"))?;
+            times = digits.parse().map_err(|_| LayoutError::BadCount(start))?;
         }
         if out.len().saturating_add(item.len().saturating_mul(times)) > max {
-            return Err(format!(
-                "the pipeline layout expands to more than {max} entries"
-            ));
+            return Err(LayoutError::TooLong(max));
         }
         for _ in 0..times {
             out.extend_from_slice(&item);
         }
     }
     if depth > 0 {
-        return Err("an opening '(' in the pipeline layout is never closed".into());
+        return Err(LayoutError::Unclosed);
     }
     Ok(out)
 }

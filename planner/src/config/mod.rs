@@ -22,11 +22,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::Schedule;
 
-pub use layout::{Layout, MegatronLayout};
-pub use recompute::{Recompute, RecomputeModules};
+pub use layout::{Layout, LayoutError, MegatronLayout};
+pub use recompute::{Recompute, RecomputeModules, RecomputeModulesError};
 pub use rejection::{RejectKind, Rejection};
 pub use rules::divisors;
-pub use workload::{Precision, Workload, MAX_GLOBAL_BATCH, MAX_SEQ};
+pub use workload::{Precision, Workload, WorkloadError, MAX_GLOBAL_BATCH, MAX_SEQ};
 
 /// Sharding of model state across the data-parallel group. Spelled in files as on
 /// the command line (`--zero 0|1|2|3`); schema-1 plan files' `none`, `dist_opt`,

@@ -86,10 +86,10 @@ impl RecomputeModules {
     }
     /// Whether every module has something to replay in `model` (see
     /// [`ParallelConfig::check_recompute_modules`]); the error says which does not.
-    pub fn check_for(self, model: &ModelSpec) -> Result<(), String> {
+    pub fn check_for(self, model: &ModelSpec) -> Result<(), RecomputeModulesError> {
         let m = self;
         if m.contains(RecomputeModules::MLA_UP_PROJ) && model.mla.is_none() {
-            return Err("mla_up_proj needs multi-latent attention (this model has none)".into());
+            return Err(RecomputeModulesError::NoMla);
         }
         let moe = model.moe.as_ref();
         for (name, bit) in [
@@ -97,43 +97,65 @@ impl RecomputeModules {
             ("moe", RecomputeModules::MOE),
         ] {
             if m.contains(bit) && moe.is_none() {
-                return Err(format!("{name} needs an MoE model (this one is dense)"));
+                return Err(RecomputeModulesError::Dense(name));
             }
         }
         if m.contains(RecomputeModules::SHARED_EXPERTS)
             && moe.is_none_or(|x| x.shared_hidden() == 0)
         {
-            return Err("shared_experts needs a model with shared experts".into());
+            return Err(RecomputeModulesError::NoSharedExperts);
         }
         if m.contains(RecomputeModules::MLP) && model.moe_layers() == model.layers {
-            return Err("mlp recomputes dense MLPs only, and every layer of this model is MoE (use moe or moe_act)".into());
+            return Err(RecomputeModulesError::NoDenseMlp);
         }
         Ok(())
     }
 
     /// Parses a comma-separated list of Megatron module names.
-    pub fn parse(s: &str) -> Result<RecomputeModules, String> {
+    pub fn parse(s: &str) -> Result<RecomputeModules, RecomputeModulesError> {
         let mut set = RecomputeModules(0);
         for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match Self::NAMES.iter().find(|(n, _)| *n == name) {
                 Some((_, m)) => set = set.union(*m),
                 None => {
-                    let all: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
-                    return Err(format!(
-                        "unknown recompute module '{name}': use a comma-separated list of {}",
-                        all.join(", ")
-                    ));
+                    return Err(RecomputeModulesError::Unknown(name.to_string()));
                 }
             }
         }
         if set.is_empty() {
-            return Err(
-                "no recompute module given: name at least one (Megatron's default is core_attn)"
-                    .into(),
-            );
+            return Err(RecomputeModulesError::Empty);
         }
         Ok(set)
     }
+}
+
+/// A recompute module list that cannot be read, or names a module with nothing
+/// to replay in the model ([`RecomputeModules::parse`], [`RecomputeModules::check_for`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecomputeModulesError {
+    #[error(
+        "unknown recompute module '{0}': use a comma-separated list of {names}",
+        names = module_names()
+    )]
+    Unknown(String),
+    #[error("no recompute module given: name at least one (Megatron's default is core_attn)")]
+    Empty,
+    #[error("mla_up_proj needs multi-latent attention (this model has none)")]
+    NoMla,
+    /// `moe_act` or `moe` on a dense model.
+    #[error("{0} needs an MoE model (this one is dense)")]
+    Dense(&'static str),
+    #[error("shared_experts needs a model with shared experts")]
+    NoSharedExperts,
+    #[error(
+        "mlp recomputes dense MLPs only, and every layer of this model is MoE (use moe or moe_act)"
+    )]
+    NoDenseMlp,
+}
+
+fn module_names() -> String {
+    let all: Vec<&str> = RecomputeModules::NAMES.iter().map(|(n, _)| *n).collect();
+    all.join(", ")
 }
 
 impl Default for RecomputeModules {
@@ -180,8 +202,9 @@ impl ParallelConfig {
             }
             return Ok(());
         }
-        m.check_for(model)
-            .map_err(|detail| Rejection::RecomputeModules { detail })
+        m.check_for(model).map_err(|e| Rejection::RecomputeModules {
+            detail: e.to_string(),
+        })
     }
 
     /// The recomputation in one short word for tables: none, sel, full, or

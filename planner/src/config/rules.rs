@@ -92,7 +92,9 @@ impl ParallelConfig {
             }
         }
         if let Err(e) = w.validate() {
-            return Err(Rejection::Layout { detail: e });
+            return Err(Rejection::Layout {
+                detail: e.to_string(),
+            });
         }
         if self.gpus() != gpus {
             return Err(Rejection::GpuProduct {

@@ -93,7 +93,7 @@ fn megatron_layout_strings() {
     // Megatron's docstring example: commas are cosmetic, an MTP-and-loss-only
     // last stage is allowed.
     let l = Layout::from_megatron("Ettt|(tt|)*29,m|L", 1);
-    assert!(l.unwrap_err().contains("last virtual stage"));
+    assert!(l.unwrap_err().to_string().contains("last virtual stage"));
     let l = Layout::from_megatron("Et|(tt|)*30mL", 8).unwrap();
     assert_eq!((l.vpp, l.mtp_layers), (4, 1));
     let Layout::Explicit { layers } = &l.layout else {
@@ -140,7 +140,7 @@ fn megatron_layout_strings() {
         ("Et*99999999999999|tL", "more than"),
         ("E|L", "no decoder layer"),
     ] {
-        let e = Layout::from_megatron(bad, 2).unwrap_err();
+        let e = Layout::from_megatron(bad, 2).unwrap_err().to_string();
         assert!(e.contains(why), "{bad}: {e}");
     }
 }
@@ -220,6 +220,7 @@ fn recompute_modules_parse_serialise_and_check() {
     );
     assert!(RecomputeModules::parse("attn")
         .unwrap_err()
+        .to_string()
         .contains("unknown recompute module 'attn'"));
     assert!(RecomputeModules::parse(" , ").is_err());
     let mut v = serde_json::to_value(cfg(2, 1, Layout::Even)).unwrap();

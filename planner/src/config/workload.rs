@@ -74,28 +74,33 @@ impl Workload {
     }
 
     /// Checks the ranges; the message names the field and what would be right.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), WorkloadError> {
         if self.seq < 2 || self.seq > MAX_SEQ {
-            return Err(format!(
-                "sequence length {} is out of range: use 2 to {MAX_SEQ} tokens",
-                self.seq
-            ));
+            return Err(WorkloadError::Seq(self.seq));
         }
         if self.global_batch == 0 || self.global_batch > MAX_GLOBAL_BATCH {
-            return Err(format!(
-                "global batch {} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences",
-                self.global_batch
-            ));
+            return Err(WorkloadError::GlobalBatch(self.global_batch));
         }
         if !(self.moe_imbalance.is_finite() && (1.0..=64.0).contains(&self.moe_imbalance)) {
-            return Err(format!(
-                "MoE imbalance {} is out of range: use 1.0 (balanced) up to 64",
-                self.moe_imbalance
-            ));
+            return Err(WorkloadError::Imbalance(self.moe_imbalance));
         }
         if let Some(c) = &self.moe_capacity {
             c.validate()?;
         }
         Ok(())
     }
+}
+
+/// A workload number out of its range ([`Workload::validate`]); the message names
+/// the field and what would be right.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("sequence length {0} is out of range: use 2 to {MAX_SEQ} tokens")]
+    Seq(u64),
+    #[error("global batch {0} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences")]
+    GlobalBatch(u64),
+    #[error("MoE imbalance {0} is out of range: use 1.0 (balanced) up to 64")]
+    Imbalance(f64),
+    #[error("MoE capacity factor {0} is out of range: use a value above 0 up to {max} (1.0 to 1.25 is usual), or leave it out for dropless routing", max = crate::routing::MAX_CAPACITY_FACTOR)]
+    CapacityFactor(f64),
 }

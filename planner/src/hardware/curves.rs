@@ -44,43 +44,33 @@ struct GemmCurveFile {
 }
 
 impl TryFrom<GemmCurveFile> for GemmCurve {
-    type Error = String;
-    fn try_from(f: GemmCurveFile) -> Result<GemmCurve, String> {
+    type Error = CurveError;
+    fn try_from(f: GemmCurveFile) -> Result<GemmCurve, CurveError> {
         if f.source.trim().is_empty() {
-            return Err("a GEMM curve needs a source".into());
+            return Err(CurveError::GemmSource);
         }
         for p in &f.points {
             if !p[..3].iter().all(|x| (1.0..=1e7).contains(x))
                 || !ranges::CURVE_TFLOPS.contains(p[3])
             {
-                return Err(format!(
-                    "GEMM curve point {p:?}: m, n, k must be 1 to 1e7 and tflops {} to {}",
-                    ranges::CURVE_TFLOPS.lo,
-                    ranges::CURVE_TFLOPS.hi
-                ));
+                return Err(CurveError::GemmPoint(*p));
             }
         }
         let axis = |i: usize| grid_axis(&f.points, i);
         let (ms, ns, ks) = (axis(0), axis(1), axis(2));
         let cells = ms.len() * ns.len() * ks.len();
         if ms.len() < 2 || ns.len() < 2 || ks.len() < 2 || f.points.len() != cells {
-            return Err(format!(
-                "GEMM curve needs one point for every (m, n, k) of a grid with at least two values per axis; {} points over {} x {} x {} values",
-                f.points.len(),
-                ms.len(),
-                ns.len(),
-                ks.len()
-            ));
+            return Err(CurveError::GemmGrid {
+                points: f.points.len(),
+                axes: [ms.len(), ns.len(), ks.len()],
+            });
         }
         let mut tflops = vec![f64::NAN; cells];
         for p in &f.points {
             let i = (grid_index(&ms, p[0]) * ns.len() + grid_index(&ns, p[1])) * ks.len()
                 + grid_index(&ks, p[2]);
             if !tflops[i].is_nan() {
-                return Err(format!(
-                    "GEMM curve lists m={} n={} k={} twice",
-                    p[0], p[1], p[2]
-                ));
+                return Err(CurveError::GemmTwice(*p));
             }
             tflops[i] = p[3];
         }
@@ -156,37 +146,58 @@ struct AttentionCurveFile {
     points: Vec<[f64; 3]>,
 }
 
+/// A GEMM or attention throughput curve that is not a full grid of plausible
+/// points (a profile's or a benchmark file's).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CurveError {
+    #[error("a GEMM curve needs a source")]
+    GemmSource,
+    /// `[m, n, k, tflops]`.
+    #[error("GEMM curve point {0:?}: m, n, k must be 1 to 1e7 and tflops {lo} to {hi}", lo = ranges::CURVE_TFLOPS.lo, hi = ranges::CURVE_TFLOPS.hi)]
+    GemmPoint([f64; 4]),
+    /// `axes`: the distinct m, n and k values.
+    #[error("GEMM curve needs one point for every (m, n, k) of a grid with at least two values per axis; {points} points over {} x {} x {} values", .axes[0], .axes[1], .axes[2])]
+    GemmGrid { points: usize, axes: [usize; 3] },
+    #[error("GEMM curve lists m={} n={} k={} twice", .0[0], .0[1], .0[2])]
+    GemmTwice([f64; 4]),
+    #[error("an attention curve needs a source")]
+    AttentionSource,
+    /// `[head_dim, seq, tflops]`.
+    #[error("attention curve point {0:?}: head_dim must be 1 to 4096, seq 1 to 1e8 and tflops {lo} to {hi}", lo = ranges::CURVE_TFLOPS.lo, hi = ranges::CURVE_TFLOPS.hi)]
+    AttentionPoint([f64; 3]),
+    /// `axes`: the distinct head_dim and seq values.
+    #[error("attention curve needs one point for every (head_dim, seq) of a grid with at least two sequence lengths; {points} points over {} x {} values", .axes[0], .axes[1])]
+    AttentionGrid { points: usize, axes: [usize; 2] },
+    #[error("attention curve lists head_dim={} seq={} twice", .0[0], .0[1])]
+    AttentionTwice([f64; 3]),
+}
+
 impl TryFrom<AttentionCurveFile> for AttentionCurve {
-    type Error = String;
-    fn try_from(f: AttentionCurveFile) -> Result<AttentionCurve, String> {
+    type Error = CurveError;
+    fn try_from(f: AttentionCurveFile) -> Result<AttentionCurve, CurveError> {
         if f.source.trim().is_empty() {
-            return Err("an attention curve needs a source".into());
+            return Err(CurveError::AttentionSource);
         }
         for p in &f.points {
             if !(1.0..=4096.0).contains(&p[0])
                 || !(1.0..=1e8).contains(&p[1])
                 || !ranges::CURVE_TFLOPS.contains(p[2])
             {
-                return Err(format!("attention curve point {p:?}: head_dim must be 1 to 4096, seq 1 to 1e8 and tflops {} to {}", ranges::CURVE_TFLOPS.lo, ranges::CURVE_TFLOPS.hi));
+                return Err(CurveError::AttentionPoint(*p));
             }
         }
         let (head_dims, seqs) = (grid_axis(&f.points, 0), grid_axis(&f.points, 1));
         if seqs.len() < 2 || f.points.len() != head_dims.len() * seqs.len() {
-            return Err(format!(
-                "attention curve needs one point for every (head_dim, seq) of a grid with at least two sequence lengths; {} points over {} x {} values",
-                f.points.len(),
-                head_dims.len(),
-                seqs.len()
-            ));
+            return Err(CurveError::AttentionGrid {
+                points: f.points.len(),
+                axes: [head_dims.len(), seqs.len()],
+            });
         }
         let mut tflops = vec![f64::NAN; f.points.len()];
         for p in &f.points {
             let i = grid_index(&head_dims, p[0]) * seqs.len() + grid_index(&seqs, p[1]);
             if !tflops[i].is_nan() {
-                return Err(format!(
-                    "attention curve lists head_dim={} seq={} twice",
-                    p[0], p[1]
-                ));
+                return Err(CurveError::AttentionTwice(*p));
             }
             tflops[i] = p[2];
         }
@@ -283,7 +294,7 @@ impl GemmCurve {
         dtype: GemmDtype,
         source: String,
         points: Vec<[f64; 4]>,
-    ) -> Result<GemmCurve, String> {
+    ) -> Result<GemmCurve, CurveError> {
         GemmCurve::try_from(GemmCurveFile {
             dtype,
             source,

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 
 pub use builtin::{builtin_profile, builtin_profiles, DEFAULT_PROFILE, SOURCED_FIELDS};
 pub use cluster::{Cluster, MAX_GPUS};
-pub use curves::{AttentionCurve, AttentionPass, GemmCurve, GemmDtype};
-pub use ranges::{show, Range};
+pub use curves::{AttentionCurve, AttentionPass, CurveError, GemmCurve, GemmDtype};
+pub use ranges::{show, OutOfRange, Range};
 
 pub const PROFILE_SCHEMA_VERSION: u32 = 1;
 

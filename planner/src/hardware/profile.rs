@@ -107,7 +107,7 @@ impl HardwareProfile {
         ];
         for (field, v, range) in checks {
             if let Err(problem) = range.check(v) {
-                return err(field, problem);
+                return err(field, problem.to_string());
             }
         }
         if self.memory.reserve_gib >= self.gpu.hbm_gib {
@@ -143,7 +143,7 @@ impl HardwareProfile {
                 ),
             ] {
                 if let Err(problem) = range.check(v) {
-                    return err(&field(f), problem);
+                    return err(&field(f), problem.to_string());
                 }
             }
             if !matches!(c.tier.as_str(), "nvlink" | "nvls" | "network") {

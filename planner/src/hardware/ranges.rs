@@ -40,19 +40,30 @@ impl Range {
     }
 
     /// `Err` says what is wrong and what would be right, in one line.
-    pub fn check(&self, v: f64) -> Result<(), String> {
+    pub fn check(&self, v: f64) -> Result<(), OutOfRange> {
         if self.contains(v) {
             return Ok(());
         }
-        let zero = if self.zero_ok { "0 or " } else { "" };
-        Err(format!(
-            "{} is out of range: expected {zero}{} to {} ({})",
-            show(v),
-            show(self.lo),
-            show(self.hi),
-            self.why
-        ))
+        Err(OutOfRange {
+            value: v,
+            range: *self,
+        })
     }
+}
+
+/// A number outside its [`Range`] ([`Range::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error(
+    "{} is out of range: expected {}{} to {} ({})",
+    show(*.value),
+    if .range.zero_ok { "0 or " } else { "" },
+    show(.range.lo),
+    show(.range.hi),
+    .range.why
+)]
+pub struct OutOfRange {
+    pub value: f64,
+    pub range: Range,
 }
 
 /// A number as a person writes it: `1e-308`, not 308 zeros.

@@ -45,11 +45,10 @@ fn wrong_profile_names_the_field() {
     assert!(e.contains("gpus_per_node"), "{e}");
 }
 
-fn curve(points: serde_json::Value) -> Result<GemmCurve, String> {
+fn curve(points: serde_json::Value) -> Result<GemmCurve, serde_json::Error> {
     serde_json::from_value(
         serde_json::json!({"dtype": "bf16", "source": "test grid", "points": points}),
     )
-    .map_err(|e| e.to_string())
 }
 
 /// A 2x2x2 grid whose throughput is 100 * m * n * k / 1024^3 TFLOP/s.
@@ -96,14 +95,21 @@ fn gemm_curve_rejects_holes_duplicates_and_bad_values() {
         [256, 256, 512, 9.0],
         [256, 512, 256, 9.0]
     ]))
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("one point for every (m, n, k)"), "{e}");
-    let e = curve(serde_json::json!([[256, 256, 256, -5.0]])).unwrap_err();
+    let e = curve(serde_json::json!([[256, 256, 256, -5.0]]))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("tflops 0.01 to 50000"), "{e}");
     // A point near 0 would make a shape factor 0 and a GEMM's time infinite.
-    let e = curve(serde_json::json!([[256, 256, 256, 1e-300]])).unwrap_err();
+    let e = curve(serde_json::json!([[256, 256, 256, 1e-300]]))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("tflops 0.01 to 50000"), "{e}");
-    let e = curve(serde_json::json!([[0.5, 256, 256, 5.0]])).unwrap_err();
+    let e = curve(serde_json::json!([[0.5, 256, 256, 5.0]]))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("m, n, k must be 1 to 1e7"), "{e}");
     let mut pts: Vec<serde_json::Value> = Vec::new();
     for m in [256, 512] {
@@ -114,7 +120,9 @@ fn gemm_curve_rejects_holes_duplicates_and_bad_values() {
         }
     }
     pts[7] = pts[0].clone();
-    let e = curve(serde_json::Value::Array(pts)).unwrap_err();
+    let e = curve(serde_json::Value::Array(pts))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("m=256 n=256 k=256 twice"), "{e}");
     // Two curves of one data type in a profile.
     let text = include_str!("../../../hwprofiles/h100-sxm.json");
@@ -169,8 +177,10 @@ fn attention_curve(
     pass: &str,
     causal: bool,
     points: serde_json::Value,
-) -> Result<AttentionCurve, String> {
-    serde_json::from_value(serde_json::json!({"pass": pass, "causal": causal, "source": "test grid", "points": points})).map_err(|e| e.to_string())
+) -> Result<AttentionCurve, serde_json::Error> {
+    serde_json::from_value(
+        serde_json::json!({"pass": pass, "causal": causal, "source": "test grid", "points": points}),
+    )
 }
 
 /// Grid points are exact, between them the curve is log-linear in head width and
@@ -217,7 +227,9 @@ fn attention_curve_interpolates_and_holds_its_edges() {
             "tflops 0.01 to 50000",
         ),
     ] {
-        let e = attention_curve("bwd", false, points).unwrap_err();
+        let e = attention_curve("bwd", false, points)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(why), "{e}");
     }
     let mut v: serde_json::Value =

@@ -1,0 +1,156 @@
+use super::fit::fit_gemms;
+use super::*;
+
+#[test]
+fn two_term_fit_recovers_slope_and_intercept() {
+    // y = 2 x1 + 0.5 x2 exactly.
+    let rows: Vec<(f64, f64, f64, f64)> = (1..8)
+        .map(|i| {
+            (
+                i as f64,
+                (i % 3 + 1) as f64,
+                2.0 * i as f64 + 0.5 * (i % 3 + 1) as f64,
+                1.0,
+            )
+        })
+        .collect();
+    let (a, b) = fit_two(&rows).unwrap();
+    assert!((a - 2.0).abs() < 1e-9 && (b - 0.5).abs() < 1e-9, "{a} {b}");
+    // A negative intercept is not physical: falls back to a line through 0.
+    let rows = [
+        (1.0, 1.0, 0.5, 1.0),
+        (2.0, 1.0, 1.5, 1.0),
+        (4.0, 1.0, 3.5, 1.0),
+    ];
+    let (a, b) = fit_two(&rows).unwrap();
+    assert!(a > 0.0 && b == 0.0);
+    assert!(fit_two(&[]).is_none());
+}
+
+/// A measured GEMM fit replaces the profile's public shape curve; an overlay
+/// without one leaves it.
+#[test]
+fn measured_gemms_replace_the_shape_curve() {
+    let h100 = crate::hardware::builtin_profile("h100-sxm").unwrap();
+    assert!(!h100.gemm_curves.is_empty());
+    let mut o = Overlay {
+        schema_version: OVERLAY_SCHEMA_VERSION,
+        profile: h100.name.clone(),
+        backend: "cuda".into(),
+        device: "test".into(),
+        runs: vec![],
+        gemm_bf16: None,
+        attention: None,
+        nvlink_busbw: Some(0.7),
+        network_busbw: None,
+        gemm_overhead_us: None,
+        nvlink_latency_us: None,
+        network_latency_us: None,
+        hbm: None,
+        gemm_curve: None,
+        benchmarks: vec![],
+        gemm_points: vec![],
+        collective_points: vec![],
+        gemm_scale: None,
+        attention_scale: None,
+        comm_scale: None,
+        log_points: vec![],
+    };
+    assert_eq!(apply(&h100, &o).unwrap().gemm_curves, h100.gemm_curves);
+    o.gemm_bf16 = Some(0.7);
+    o.gemm_overhead_us = Some(6.0);
+    let p = apply(&h100, &o).unwrap();
+    assert!(p.gemm_curves.is_empty() && p.efficiency.gemm_bf16 == 0.7);
+    assert!(p.gemm_shape_factor(false, 256.0, 256.0, 256.0).is_none());
+    // Likewise a measured attention level replaces the public attention curves.
+    assert_eq!(p.attention_curves, h100.attention_curves);
+    o.attention = Some(0.5);
+    let p = apply(&h100, &o).unwrap();
+    assert!(
+        p.attention_curves.is_empty()
+            && p.attention_factor(crate::hardware::AttentionPass::Fwd, 128.0, 4096.0)
+                .is_none()
+    );
+}
+
+/// A GPU overlay's numbers take the profile's ranges, a CPU one's only need to be
+/// finite and positive, and no other backend is read.
+#[test]
+fn overlay_numbers_take_their_backends_ranges() {
+    let h100 = crate::hardware::builtin_profile("h100-sxm").unwrap();
+    let mut o = Overlay {
+        schema_version: OVERLAY_SCHEMA_VERSION,
+        profile: h100.name.clone(),
+        backend: "cuda".into(),
+        device: "test".into(),
+        runs: vec![],
+        gemm_bf16: Some(5e-5),
+        attention: None,
+        nvlink_busbw: None,
+        network_busbw: None,
+        gemm_overhead_us: None,
+        nvlink_latency_us: None,
+        network_latency_us: None,
+        hbm: None,
+        gemm_curve: None,
+        benchmarks: vec![],
+        gemm_points: vec![],
+        collective_points: vec![],
+        gemm_scale: None,
+        attention_scale: None,
+        comm_scale: None,
+        log_points: vec![],
+    };
+    // A CPU's GEMM efficiency against a GPU's peak, labelled as a GPU overlay.
+    let e = apply(&h100, &o).unwrap_err().to_string();
+    assert!(e.contains("gemm_bf16 = 5e-5 is out of range"), "{e}");
+    o.backend = "cpu".into();
+    assert_eq!(apply(&h100, &o).unwrap().efficiency.gemm_bf16, 5e-5);
+    for x in [f64::NAN, f64::INFINITY, 0.0, -1.0, 1e308] {
+        o.gemm_bf16 = Some(x);
+        let e = apply(&h100, &o).unwrap_err().to_string();
+        assert!(e.contains("gemm_bf16 = "), "{e}");
+    }
+    o.backend = "tpu".into();
+    o.gemm_bf16 = Some(0.7);
+    assert!(apply(&h100, &o)
+        .unwrap_err()
+        .to_string()
+        .contains("not one of cpu, cuda"));
+    // What a GPU overlay makes is a valid profile, so a plan made with it is one
+    // that `export` reads back.
+    o.backend = "cuda".into();
+    o.nvlink_busbw = Some(1.05);
+    o.network_latency_us = Some(0.0);
+    apply(&h100, &o).unwrap().validate().unwrap();
+}
+
+#[test]
+fn gemm_fit_inverts_the_cost_models_form() {
+    let peak = 1e15;
+    let (eff, over) = (0.6, 7.0);
+    let pts: Vec<GemmPoint> = [
+        (1024u64, 1024u64, 1024u64),
+        (4096, 4096, 4096),
+        (8192, 1024, 4096),
+        (256, 256, 256),
+    ]
+    .iter()
+    .map(|&(m, n, k)| {
+        let secs = 2.0 * (m * n * k) as f64 / (peak * eff) + over * 1e-6;
+        GemmPoint {
+            class: "mlp".into(),
+            m,
+            n,
+            k,
+            dtype: "bf16".into(),
+            calls: 3,
+            median_secs: secs,
+            tflops: 0.0,
+        }
+    })
+    .collect();
+    let refs: Vec<&GemmPoint> = pts.iter().collect();
+    let (e, o) = fit_gemms(&refs, peak).unwrap();
+    assert!((e - eff).abs() < 1e-6 && (o - over).abs() < 1e-6, "{e} {o}");
+}

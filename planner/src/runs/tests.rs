@@ -1,0 +1,315 @@
+use super::*;
+use crate::config::{Dispatcher, Layout};
+use crate::cost::LossKernel;
+use crate::model::{MlpKind, Norm};
+
+const RUNS: &str = "id,source,gpu,gpus_per_node,gpus,model,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq,moe_experts,moe_topk,moe_ffn_hidden,moe_shared_experts,tp,pp,vpp,cp,ep,sp,dp,mbs,gbs,recompute,zero,precision,metric,value,note\n\
+r1,test,h100-sxm,8,64,qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,1,1,1,8,false,64,1,512,not stated,distributed optimizer,bf16,iter_s,10,\n";
+
+/// A stack file fills what the row leaves out, refuses to contradict it, and
+/// names what it cannot match.
+#[test]
+fn stack_file_completes_rows_and_refuses_contradictions() {
+    let plain = parse_runs(RUNS).unwrap().remove(0).unwrap();
+    assert_eq!(plain.config.moe_dispatcher, Dispatcher::AllToAll);
+    assert!(!plain.recompute_stated && !plain.moments_stated);
+    let stack = "id,recompute_modules,optimizer_moments,dispatcher,ep_comm_overlap,tp_comm_overlap,source\nr1,\"layernorm,moe_act\",bf16,deepep,true,false,recipe\n";
+    let c = parse_runs_with(RUNS, Some(stack))
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(
+        (c.config.recompute, c.config.recompute_modules),
+        (
+            Recompute::Selective,
+            RecomputeModules::parse("layernorm,moe_act").unwrap()
+        )
+    );
+    assert!(c.config.bf16_moments && c.recompute_stated && c.moments_stated);
+    assert_eq!(c.config.moe_dispatcher, Dispatcher::Deduplicated);
+    assert!(c.config.overlap.ep_comm && !c.config.overlap.tp_comm);
+    let e = c.estimate_config().unwrap();
+    assert_eq!(e.0, c.config);
+    let clash = RUNS.replace("not stated", "full");
+    let err = parse_runs_with(&clash, Some("id,recompute\nr1,none\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("recompute = 'none' for run 'r1', but the runs CSV says 'full'"),
+        "{err}"
+    );
+    assert!(parse_runs_with(RUNS, Some("id,dispatcher\nr9,deepep\n"))
+        .unwrap_err()
+        .to_string()
+        .contains("'r9' names no run"));
+    assert!(parse_runs_with(RUNS, Some("id,zero\nr1,3\n"))
+        .unwrap_err()
+        .to_string()
+        .contains("column 'zero' is not one of"));
+    let bad = parse_runs_with(RUNS, Some("id,dispatcher\nr1,nccl\n"))
+        .unwrap()
+        .remove(0)
+        .unwrap_err();
+    assert!(
+        bad.reason.contains("column 'dispatcher' is 'nccl'"),
+        "{}",
+        bad.reason
+    );
+    // Cross-entropy fusion: on for the Megatron-Core stack unless the stack file
+    // says otherwise, off for the 2021-22 stack (plain data parallelism).
+    assert_eq!(plain.assumptions.loss, LossKernel::Native);
+    let te = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,te\n"))
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert!(te.assumptions.loss == LossKernel::Te && te.assumptions.flash_attention);
+    let old_stack = parse_runs(&RUNS.replace("distributed optimizer", "0"))
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert!(
+        old_stack.assumptions.loss == LossKernel::Unfused && !old_stack.assumptions.flash_attention
+    );
+    // CUDA graphs: none unless stated; a scope Megatron does not have is refused.
+    assert!(plain.assumptions.cuda_graphs.is_none());
+    let graphed = parse_runs_with(RUNS, Some("id,cuda_graphs\nr1,moe_router moe_preprocess\n"))
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let g = graphed.assumptions.cuda_graphs;
+    assert!(g.moe_router && g.moe_preprocess && !g.attn && !g.full_iteration);
+    let wrong = parse_runs_with(RUNS, Some("id,cuda_graphs\nr1,everything\n"))
+        .unwrap()
+        .remove(0)
+        .unwrap_err();
+    assert!(
+        wrong.reason.contains("column 'cuda_graphs'") && wrong.reason.contains("'everything'"),
+        "{}",
+        wrong.reason
+    );
+    let bad = parse_runs_with(RUNS, Some("id,cross_entropy\nr1,fused\n"))
+        .unwrap()
+        .remove(0)
+        .unwrap_err();
+    assert!(
+        bad.reason
+            .contains("column 'cross_entropy' is 'fused', expected te, native, unfused"),
+        "{}",
+        bad.reason
+    );
+    // A Megatron layout and MTP layers, on the row made two pipeline stages.
+    let pp2 = RUNS.replace(",1,1,1,1,8,false,64,", ",1,2,1,1,8,false,32,");
+    let c = parse_runs_with(&pp2, Some("id,pp_layout,mtp_layers\nr1,Et*23|t*25mL,1\n"))
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(
+        (c.config.layout.clone(), c.model.mtp_layers),
+        (
+            Layout::Explicit {
+                layers: vec![23, 25]
+            },
+            1
+        )
+    );
+    for (stack, why) in [
+        (
+            "id,pp_layout\nr1,Et*23|t*25mL\n",
+            "places 1 MTP layers; qwen3-30b-a3b has 0",
+        ),
+        (
+            "id,pp_layout\nr1,Et*11|t*12|t*12|t*13L\n",
+            "has 2 virtual stages per rank, but vpp is 1",
+        ),
+        ("id,pp_layout\nr1,Et*24|t*25L\n", "column 'pp_layout'"),
+        ("id,mtp_layers\nr1,40\n", "column 'mtp_layers'"),
+    ] {
+        let bad = parse_runs_with(&pp2, Some(stack)).unwrap().remove(0);
+        let reason = match bad {
+            Ok(c) => c
+                .config
+                .check(&c.model, &c.cluster, &c.workload)
+                .map(|_| String::new())
+                .unwrap_or_else(|r| format!("column 'pp_layout': {r}")),
+            Err(u) => u.reason,
+        };
+        assert!(reason.contains(why), "{stack}: {reason}");
+    }
+}
+
+/// One row from (column, value) pairs.
+fn csv(cols: &[(&str, &str)]) -> String {
+    let (h, v): (Vec<&str>, Vec<&str>) = cols.iter().copied().unzip();
+    format!("{}\n{}\n", h.join(","), v.join(","))
+}
+
+/// Nemotron-4 15B (arXiv 2402.16819: 32 layers, hidden 6144, 48 heads, 8 KV
+/// heads, squared-ReLU MLP of 24576, vocabulary 256000, untied, LayerNorm, no
+/// biases), which is no preset.
+fn nemotron_row() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("id", "n15"),
+        ("gpu", "h100-sxm"),
+        ("gpus_per_node", "8"),
+        ("gpus", "64"),
+        ("model", "nemotron-4-15b"),
+        ("layers", "32"),
+        ("hidden", "6144"),
+        ("ffn_hidden", "24576"),
+        ("heads", "48"),
+        ("kv_heads", "8"),
+        ("vocab", "256000"),
+        ("seq", "4096"),
+        ("tp", "4"),
+        ("pp", "1"),
+        ("dp", "16"),
+        ("gbs", "256"),
+        ("zero", "distributed optimizer"),
+        ("precision", "bf16"),
+        ("metric", "iter_s"),
+        ("value", "5"),
+        ("activation", "squared_relu"),
+        ("tied_embeddings", "false"),
+        ("norm", "layernorm"),
+    ]
+}
+
+/// A model that is no preset comes from the row's shape columns and is priced;
+/// a row leaving out a column the shape needs is refused, naming the column.
+#[test]
+fn unknown_models_are_built_from_shape_columns() {
+    let c = parse_runs(&csv(&nemotron_row()))
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(
+        (
+            c.model.mlp,
+            c.model.tied_embeddings,
+            c.model.norm,
+            c.model.head_dim
+        ),
+        (MlpKind::Plain, false, Some(Norm::LayerNorm), 128)
+    );
+    // 12.5B in the layers and 3.1B in the two embeddings, as the paper counts.
+    let total = c.model.params().total as f64;
+    assert!((total / 15.6e9 - 1.0).abs() < 0.01, "{total}");
+    assert!(c.estimate().is_ok());
+    for col in ["ffn_hidden", "kv_heads", "vocab", "tied_embeddings"] {
+        let row: Vec<_> = nemotron_row()
+            .into_iter()
+            .map(|(k, v)| (k, if k == col { "" } else { v }))
+            .collect();
+        let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();
+        assert!(
+            err.reason
+                .contains("'nemotron-4-15b' is not a built-in preset")
+                && err.reason.contains(&format!("column '{col}' is empty")),
+            "{col}: {}",
+            err.reason
+        );
+    }
+    // The MLP type: `gated` or `activation`, which must agree.
+    let row: Vec<_> = nemotron_row()
+        .into_iter()
+        .filter(|(k, _)| *k != "activation")
+        .collect();
+    let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();
+    assert!(
+        err.reason.contains("column 'gated' is empty"),
+        "{}",
+        err.reason
+    );
+    let mut row = nemotron_row();
+    row.push(("gated", "true"));
+    let err = parse_runs(&csv(&row)).unwrap().remove(0).unwrap_err();
+    assert!(
+        err.reason
+            .contains("column 'gated' is 'true' but activation 'squared_relu' is a plain MLP"),
+        "{}",
+        err.reason
+    );
+    // The same columns change a preset-based row: Llama 3 8B with tied
+    // embeddings has one vocabulary-sized matrix fewer.
+    let mut llama = nemotron_row();
+    for (k, v) in llama.iter_mut() {
+        match *k {
+            "model" => *v = "llama3-8b",
+            "hidden" => *v = "4096",
+            "ffn_hidden" => *v = "14336",
+            "heads" => *v = "32",
+            "vocab" => *v = "128256",
+            "activation" => *v = "swiglu",
+            _ => {}
+        }
+    }
+    let untied = parse_runs(&csv(&llama)).unwrap().remove(0).unwrap();
+    for (k, v) in llama.iter_mut() {
+        if *k == "tied_embeddings" {
+            *v = "true";
+        }
+    }
+    let tied = parse_runs(&csv(&llama)).unwrap().remove(0).unwrap();
+    assert_eq!(
+        untied.model.params().total - tied.model.params().total,
+        128256 * 4096
+    );
+}
+
+/// The measured-memory columns: a number, what it counts and whose it is; an
+/// `hbm_gib` column sets the GPUs' memory.
+#[test]
+fn measured_memory_columns() {
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut row = nemotron_row();
+        row.extend_from_slice(extra);
+        parse_runs(&csv(&row)).unwrap().remove(0)
+    };
+    let c = with(&[
+        ("measured_mem_gib", "61.5"),
+        ("mem_kind", "peak_reserved"),
+        ("mem_stage", "0"),
+        ("hbm_gib", "94"),
+    ])
+    .unwrap();
+    assert_eq!(
+        c.measured_memory,
+        Some(MeasuredMemory {
+            gib: 61.5,
+            kind: MemKind::PeakReserved,
+            stage: MemStage::Stage(0)
+        })
+    );
+    assert_eq!(c.cluster.profile.gpu.hbm_gib, 94.0);
+    assert_eq!(with(&[]).unwrap().measured_memory, None);
+    for (extra, why) in [
+        (
+            vec![("measured_mem_gib", "61.5")],
+            "column 'mem_kind' is '', expected peak_allocated, peak_reserved, peak_active",
+        ),
+        (
+            vec![("measured_mem_gib", "61.5"), ("mem_kind", "nvidia-smi")],
+            "column 'mem_kind' is 'nvidia-smi'",
+        ),
+        (
+            vec![("mem_kind", "peak_reserved")],
+            "describe 'measured_mem_gib', which is empty",
+        ),
+        (
+            vec![("measured_mem_gib", "-3"), ("mem_kind", "peak_reserved")],
+            "column 'measured_mem_gib' is '-3', expected a positive number",
+        ),
+        (
+            vec![
+                ("measured_mem_gib", "61.5"),
+                ("mem_kind", "peak_reserved"),
+                ("mem_stage", "1"),
+            ],
+            "column 'mem_stage' is 1, but the run has 1 pipeline stages",
+        ),
+        (vec![("hbm_gib", "1e9")], "column 'hbm_gib'"),
+    ] {
+        let err = with(&extra).unwrap_err();
+        assert!(err.reason.contains(why), "{extra:?}: {}", err.reason);
+    }
+}
