@@ -1,0 +1,248 @@
+//! One step simulated: the schedule's passes as a task graph, start times in
+//! topological order, then makespan, idle time and activations in flight per rank.
+
+use petgraph::algo::toposort;
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
+
+use super::order::rank_program;
+use super::{locate, virtual_stage, Op, Pass, PassCosts, Schedule, Task, Timeline};
+
+/// Simulates one step of `schedule`. `None` when the shape is not one the schedule
+/// supports ([`Schedule::shape_error`]) or it would deadlock. Overlapped
+/// forward-backward pairs (DualPipe) run back to back: [`simulate_schedule_with`]
+/// with overlap 0.
+pub fn simulate_schedule(
+    schedule: Schedule,
+    p: u64,
+    v: u64,
+    m: u64,
+    costs: &PassCosts,
+    p2p_secs: f64,
+) -> Option<Timeline> {
+    simulate_schedule_with(schedule, p, v, m, costs, p2p_secs, 0.0)
+}
+
+/// [`simulate_schedule`] where an overlapped forward-backward pair ([`overlapped_with_next`])
+/// lasts T_F + T_B − `overlap` · min(T_F, T_B): `overlap` 0 runs them back to back,
+/// 1 hides the shorter one entirely (the paper's T_F&B). The pair's two passes are
+/// drawn as its two halves, scaled to the pair's time.
+///
+/// [`overlapped_with_next`]: super::overlapped_with_next
+pub fn simulate_schedule_with(
+    schedule: Schedule,
+    p: u64,
+    v: u64,
+    m: u64,
+    costs: &PassCosts,
+    p2p_secs: f64,
+    overlap: f64,
+) -> Option<Timeline> {
+    let v = if schedule == Schedule::Interleaved {
+        v
+    } else {
+        1
+    };
+    if schedule.shape_error(p, v, m).is_some() || v == 0 || !(0.0..=1.0).contains(&overlap) {
+        return None;
+    }
+    let pu = p as usize;
+    if costs.forward.len() != pu || costs.backward.len() != pu || costs.weight.len() != pu {
+        return None;
+    }
+    let chunks = schedule.chunks_per_rank(v);
+    let stages = if schedule == Schedule::DualPipe {
+        p
+    } else {
+        p * chunks
+    };
+    let programs: Vec<Vec<(Op, bool)>> =
+        (0..p).map(|r| rank_program(schedule, p, v, m, r)).collect();
+    let idx = |r: u64, pass: Pass, c: u64, mb: u64| -> usize {
+        let kind = match pass {
+            Pass::Forward => 0,
+            Pass::Backward => 1,
+            Pass::Weight => 2,
+        };
+        (((r * 3 + kind) * chunks + c) * m + mb) as usize
+    };
+    let slots = (p * 3 * chunks * m) as usize;
+    let mut node: Vec<Option<NodeIndex>> = vec![None; slots];
+    // A backward whose weight gradient runs as a separate W.
+    let mut split = vec![false; slots];
+    let mut g: DiGraph<Task, f64> = DiGraph::with_capacity(slots, 3 * slots);
+    for (r, prog) in programs.iter().enumerate() {
+        for &((pass, c, mb), _) in prog {
+            if c >= chunks || mb >= m {
+                return None;
+            }
+            let t = Task {
+                rank: r as u64,
+                chunk: c,
+                micro_batch: mb,
+                pass,
+                start: 0.0,
+                end: 0.0,
+            };
+            let i = idx(r as u64, pass, c, mb);
+            if node[i].is_some() {
+                return None;
+            }
+            node[i] = Some(g.add_node(t));
+            if pass == Pass::Weight {
+                split[idx(r as u64, Pass::Backward, c, mb)] = true;
+            }
+        }
+    }
+    let get = |r: u64, pass: Pass, c: u64, mb: u64| node[idx(r, pass, c, mb)];
+    let cost_index = |r: u64, c: u64| {
+        if schedule == Schedule::DualPipe {
+            virtual_stage(schedule, p, v, r, c) as usize
+        } else {
+            r as usize
+        }
+    };
+    let dur = |r: u64, (pass, c, mb): Op| -> f64 {
+        let k = cost_index(r, c);
+        match pass {
+            Pass::Forward => costs.forward[k],
+            Pass::Backward if split[idx(r, Pass::Backward, c, mb)] => costs.backward[k],
+            Pass::Backward => costs.backward[k] + costs.weight[k],
+            Pass::Weight => costs.weight[k],
+        }
+    };
+    // The node whose end releases a pass's outputs: the pass itself, or the
+    // second half of the overlapped pair it belongs to.
+    let mut release: Vec<Option<NodeIndex>> = vec![None; slots];
+    let mut durations: Vec<f64> = vec![0.0; g.node_count()];
+    for (r, prog) in programs.iter().enumerate() {
+        let r = r as u64;
+        let mut i = 0;
+        while i < prog.len() {
+            let (a, fused) = prog[i];
+            let na = get(r, a.0, a.1, a.2)?;
+            if fused && i + 1 < prog.len() {
+                let b = prog[i + 1].0;
+                let nb = get(r, b.0, b.1, b.2)?;
+                let (da, db) = (dur(r, a), dur(r, b));
+                let pair = da + db - overlap * da.min(db);
+                let k = if da + db > 0.0 { pair / (da + db) } else { 1.0 };
+                durations[na.index()] = k * da;
+                durations[nb.index()] = k * db;
+                release[idx(r, a.0, a.1, a.2)] = Some(nb);
+                release[idx(r, b.0, b.1, b.2)] = Some(nb);
+                i += 2;
+            } else {
+                durations[na.index()] = dur(r, a);
+                release[idx(r, a.0, a.1, a.2)] = Some(na);
+                i += 1;
+            }
+        }
+    }
+    // The pass another one waits for (its slot), and the transfer time between them.
+    let dependency = |r: u64, (pass, c, mb): Op| -> Option<(usize, f64)> {
+        let s = virtual_stage(schedule, p, v, r, c);
+        let cross = |other: u64| if other == r { 0.0 } else { p2p_secs };
+        match pass {
+            Pass::Forward if s > 0 => {
+                let (rr, cc) = locate(schedule, p, m, s - 1, mb);
+                Some((idx(rr, Pass::Forward, cc, mb), cross(rr)))
+            }
+            Pass::Forward => None,
+            Pass::Backward if s + 1 < stages => {
+                let (rr, cc) = locate(schedule, p, m, s + 1, mb);
+                Some((idx(rr, Pass::Backward, cc, mb), cross(rr)))
+            }
+            Pass::Backward => Some((idx(r, Pass::Forward, c, mb), 0.0)),
+            Pass::Weight => Some((idx(r, Pass::Backward, c, mb), 0.0)),
+        }
+    };
+    for (r, prog) in programs.iter().enumerate() {
+        let r = r as u64;
+        // Rank order.
+        for w in prog.windows(2) {
+            let (a, b) = (w[0].0, w[1].0);
+            g.add_edge(get(r, a.0, a.1, a.2)?, get(r, b.0, b.1, b.2)?, 0.0);
+        }
+        // Data dependencies; an overlapped pair starts only when both inputs are in.
+        for (i, &(op, fused)) in prog.iter().enumerate() {
+            let me = get(r, op.0, op.1, op.2)?;
+            let partner = if fused {
+                prog.get(i + 1).and_then(|&(next, _)| dependency(r, next))
+            } else {
+                None
+            };
+            for (d, secs) in [dependency(r, op), partner].into_iter().flatten() {
+                let from = release[d]?;
+                if from != me {
+                    g.add_edge(from, me, secs);
+                }
+            }
+        }
+    }
+    let sorted = toposort(&g, None).ok()?;
+    for n in sorted {
+        let start = g
+            .edges_directed(n, petgraph::Direction::Incoming)
+            .map(|e| g[e.source()].end + *e.weight())
+            .fold(0.0, f64::max);
+        let t = &mut g[n];
+        t.start = start;
+        t.end = start + durations[n.index()];
+    }
+    let tasks: Vec<Task> = g.node_weights().copied().collect();
+    let makespan = tasks.iter().map(|t| t.end).fold(0.0, f64::max);
+    let mut idle = vec![makespan; pu];
+    for t in &tasks {
+        idle[t.rank as usize] -= t.end - t.start;
+    }
+    // Activations live from a chunk's forward until its weight gradient (or its
+    // backward when that includes the weight gradient).
+    let share = if schedule == Schedule::Interleaved {
+        1.0 / v as f64
+    } else {
+        1.0
+    };
+    let peak_in_flight = programs
+        .iter()
+        .enumerate()
+        .map(|(r, prog)| {
+            let (mut live, mut peak) = (0i64, 0i64);
+            for &((pass, c, mb), _) in prog {
+                match pass {
+                    Pass::Forward => live += 1,
+                    Pass::Backward if !split[idx(r as u64, Pass::Backward, c, mb)] => live -= 1,
+                    Pass::Weight => live -= 1,
+                    Pass::Backward => {}
+                }
+                peak = peak.max(live);
+            }
+            peak as f64 * share
+        })
+        .collect();
+    Some(Timeline {
+        tasks,
+        makespan,
+        idle_per_rank: idle,
+        peak_in_flight,
+    })
+}
+
+/// 1F1B (v = 1) or interleaved 1F1B: the timeline the report draws. `None` when
+/// interleaving's shape rules are not met or the schedule would deadlock.
+pub fn simulate(
+    p: u64,
+    v: u64,
+    m: u64,
+    fwd_secs: &[f64],
+    bwd_secs: &[f64],
+    p2p_secs: f64,
+) -> Option<Vec<Task>> {
+    let schedule = Schedule::default_for(v);
+    let costs = PassCosts {
+        forward: fwd_secs.to_vec(),
+        backward: bwd_secs.to_vec(),
+        weight: vec![0.0; fwd_secs.len()],
+    };
+    simulate_schedule(schedule, p, v, m, &costs, p2p_secs).map(|t| t.tasks)
+}
