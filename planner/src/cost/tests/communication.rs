@@ -1,0 +1,298 @@
+//! Communication terms and group placement: TP and SP collectives, the DP, PP, CP
+//! and EP terms by hand, MoE dispatch and its overlap, rank orders.
+
+use super::*;
+
+/// ScaleTorch's grid `[DP, PP, CP, EP, TP]` puts a pipeline inside each
+/// data-parallel replica: with TP 2, PP 4, DP 8 on 8-GPU nodes its stages are
+/// neighbours on NVLink and its DP group has one member per node, the reverse
+/// of Megatron's `tp-cp-ep-dp-pp`.
+#[test]
+fn scaletorch_order_places_pp_inside_and_dp_across_nodes() {
+    let model = resolve("8b").unwrap().spec;
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let w = wl(4096, 256);
+    let k = cfg(2, 4, 1, 8);
+    let ctx = |rank_order| Ctx {
+        model: &model,
+        hw: &h100,
+        w: &w,
+        cfg: &k,
+        a: Assumptions {
+            rank_order,
+            ..Assumptions::default()
+        },
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    let (mega, st) = (ctx(RankOrder::Megatron), ctx(RankOrder::ScaleTorch));
+    assert_eq!(mega.pp_group().tier(), Tier::Network);
+    assert_eq!(st.pp_group().tier(), Tier::Nvlink);
+    assert_eq!(
+        (mega.dp_group().per_domain, mega.dp_group().domains),
+        (4, 2)
+    );
+    assert_eq!((st.dp_group().per_domain, st.dp_group().domains), (1, 8));
+    // Same groups for TP and CP.
+    assert_eq!(mega.tp_group(), st.tp_group());
+    assert_eq!(mega.cp_group(), st.cp_group());
+}
+
+/// Megatron's all-to-all dispatcher sorts the received tokens by local expert and
+/// back (8h bytes per routed token beyond the permute and un-permute); with one
+/// expert per rank, or DeepEP-style dispatch, it does not.
+#[test]
+fn all_to_all_dispatch_sorts_chunks_by_local_expert() {
+    let model = resolve("gpt-oss-120b").unwrap().spec;
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let w = wl(4096, 64);
+    let elementwise = |ep: u64, d: Dispatcher| {
+        let k = ParallelConfig {
+            ep,
+            moe_dispatcher: d,
+            ..cfg(1, 1, 1, 8)
+        };
+        layer_cost(
+            &Ctx {
+                model: &model,
+                hw: &h100,
+                w: &w,
+                cfg: &k,
+                a: Assumptions::default(),
+                tokens: 4096.0,
+                fp8: false,
+                domain: 8,
+            },
+            LayerKind::Moe,
+        )
+        .fwd
+        .elementwise
+    };
+    let c = Ctx {
+        model: &model,
+        hw: &h100,
+        w: &w,
+        cfg: &cfg(1, 1, 1, 8),
+        a: Assumptions::default(),
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    // 4096 tokens x top-4 routed rows of 2880 BF16 values.
+    let sort = c.mem(4096.0 * 4.0 * 8.0 * 2880.0);
+    assert!(close(
+        elementwise(8, Dispatcher::AllToAll) - elementwise(8, Dispatcher::Deduplicated),
+        sort
+    ));
+    // 128 experts on 128 ranks: one local expert, nothing to sort.
+    assert!(close(
+        elementwise(128, Dispatcher::AllToAll),
+        elementwise(128, Dispatcher::Deduplicated)
+    ));
+}
+
+/// EP all-to-all overlap: hidden behind the partner pass's compute where
+/// Megatron allows it (interleaved or no pipeline, no full recomputation) and
+/// under DualPipe by construction; never elsewhere.
+#[test]
+fn ep_all_to_all_overlap_follows_megatrons_rules() {
+    let m = resolve("qwen3-235b-a22b").unwrap().spec;
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 256).unwrap();
+    let w = wl(4096, 1024);
+    let base = ParallelConfig {
+        tp: 2,
+        pp: 8,
+        vpp: 4,
+        ep: 32,
+        dp: 16,
+        sp: true,
+        zero: Zero::DistOpt,
+        schedule: Schedule::Interleaved,
+        moe_dispatcher: Dispatcher::Deduplicated,
+        layout: Layout::AccountEmbeddingLoss,
+        ..cfg(2, 8, 1, 16)
+    };
+    let on = |k: &ParallelConfig| ParallelConfig {
+        overlap: Overlap {
+            ep_comm: true,
+            ..k.overlap
+        },
+        ..k.clone()
+    };
+    // The overlap's own mechanics, without the host: at micro-batch 1 this layer is
+    // host-bound (`super::host`), and hiding its all-to-all then gains nothing.
+    let mut quiet = c.profile.clone();
+    quiet.efficiency.host_op_us = 0.0;
+    quiet.efficiency.host_kernel_us = 0.0;
+    let c = Cluster::new(quiet, 256).unwrap();
+    let run = |k: &ParallelConfig| evaluate(&m, &c, &w, k, Assumptions::default()).unwrap();
+    let (off_e, on_e) = (run(&base), run(&on(&base)));
+    let (t_off, t_on) = (term(&off_e, CommKind::Ep), term(&on_e, CommKind::Ep));
+    assert!(
+        close(t_off.total_secs, t_on.total_secs),
+        "the bytes do not change"
+    );
+    assert!(close(t_off.exposed_secs, t_off.total_secs));
+    assert!(
+        t_on.exposed_secs < 0.5 * t_off.exposed_secs && t_on.overlapped_secs > 0.0,
+        "{t_on:?}"
+    );
+    assert!(on_e.step_secs < off_e.step_secs);
+    // Paired fraction: 64 micro-batches x 4 chunks less the warm-up 7 + 3 x 8.
+    assert_eq!(base.micro_batches(&w), 64);
+    let f = on(&base).ep_overlap(&w).unwrap();
+    assert!(close(f, (256.0 - 31.0) / 256.0), "{f}");
+    // Megatron refuses the overlap with full recomputation and with a
+    // non-interleaved pipeline: nothing changes there.
+    for k in [
+        ParallelConfig {
+            recompute: Recompute::Full,
+            ..on(&base)
+        },
+        ParallelConfig {
+            vpp: 1,
+            schedule: Schedule::OneFOneB,
+            layout: Layout::Even,
+            ..on(&base)
+        },
+    ] {
+        assert_eq!(k.ep_overlap(&w), None);
+    }
+    // Without a pipeline every micro-batch but the first forward has a partner.
+    let flat = ParallelConfig {
+        pp: 1,
+        vpp: 1,
+        dp: 128,
+        schedule: Schedule::OneFOneB,
+        layout: Layout::Even,
+        ..on(&base)
+    };
+    let mb = flat.micro_batches(&w) as f64;
+    assert!(close(flat.ep_overlap(&w).unwrap(), (mb - 1.0) / mb));
+    // DualPipe overlaps without the flag.
+    let dual = ParallelConfig {
+        vpp: 1,
+        schedule: Schedule::DualPipe,
+        layout: Layout::Even,
+        ..base.clone()
+    };
+    assert!(dual.ep_overlap(&w).is_some() && base.ep_overlap(&w).is_none());
+}
+
+#[test]
+fn tp_all_reduce_and_sp_collectives_per_layer() {
+    let m = gpt("g", "test", 4, 4096, 32);
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 8).unwrap();
+    let w = wl(2048, 4);
+    let e = estimate(&m, &c, &w, &cfg(8, 1, 1, 1)).unwrap();
+    let bytes = 2048.0 * 4096.0 * 2.0;
+    let g = Placement::new(8, 1, 8);
+    let ar = collective_secs(&c.profile, Collective::AllReduce, bytes, g);
+    // 4 micro-batches x (4 layers x 4 all-reduces + 2 for the output layer).
+    let t = term(&e, CommKind::Tp);
+    assert!(
+        close(t.total_secs, 4.0 * (4.0 * 4.0 + 2.0) * ar),
+        "{} vs {}",
+        t.total_secs,
+        4.0 * 18.0 * ar
+    );
+    assert!(
+        close(t.exposed_secs, t.total_secs),
+        "TP is exposed without --tp-comm-overlap"
+    );
+    // With SP: an all-gather and a reduce-scatter in place of each all-reduce.
+    let mut k = cfg(8, 1, 1, 1);
+    k.sp = true;
+    let e = estimate(&m, &c, &w, &k).unwrap();
+    let agrs = collective_secs(&c.profile, Collective::AllGather, bytes, g)
+        + collective_secs(&c.profile, Collective::ReduceScatter, bytes, g);
+    assert!(close(term(&e, CommKind::Tp).total_secs, 4.0 * 18.0 * agrs));
+    // Overlap hides some of it.
+    k.overlap.tp_comm = true;
+    let e2 = estimate(&m, &c, &w, &k).unwrap();
+    assert!(term(&e2, CommKind::Tp).exposed_secs < term(&e, CommKind::Tp).exposed_secs);
+}
+
+#[test]
+fn dp_pp_cp_and_ep_terms_are_hand_computable() {
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
+    let hw = &c.profile;
+    // DP all-reduce of FP32 gradients, in 40M-parameter buckets, over 16 GPUs.
+    let m = resolve("llama3-8b").unwrap().spec;
+    let mut k = cfg(1, 1, 1, 16);
+    k.overlap.grad_reduce = false;
+    let w = wl(4096, 32);
+    let e = evaluate(&m, &c, &w, &k, Assumptions::default()).unwrap();
+    let params = e.stages[0].memory.params;
+    let buckets = (params / BUCKET_PARAMS).ceil();
+    let g = Placement::new(16, 1, 8);
+    let expect = buckets * collective_secs(hw, Collective::AllReduce, params * 4.0 / buckets, g);
+    let t = term(&e, CommKind::DpGrad);
+    assert!(close(t.total_secs, expect), "{} vs {expect}", t.total_secs);
+    assert!(close(t.exposed_secs, expect), "no overlap requested");
+
+    // PP: 2 (m v + p - 1) transfers of tokens x h x 2 / tp bytes between nodes.
+    let k = cfg(8, 2, 1, 1);
+    let e = estimate(&m, &c, &wl(4096, 8), &k).unwrap();
+    let bytes = 4096.0 * 4096.0 * 2.0 / 8.0;
+    let one = collective_secs(hw, Collective::SendRecv, bytes, Placement::new(2, 8, 8));
+    let t = term(&e, CommKind::Pp);
+    assert!(close(t.total_secs, 2.0 * (8.0 + 1.0) * one));
+    assert_eq!(t.tier, Tier::Network);
+
+    // CP: (cp - 1) ring steps of this rank's K and V, 3 passes (fwd, and K/V +
+    // their gradients in bwd), per layer and micro-batch.
+    let k = cfg(1, 1, 2, 8);
+    let e = evaluate(&m, &c, &wl(8192, 8), &k, Assumptions::default()).unwrap();
+    let kv = 4096.0 * 2.0 * (8.0 * 128.0) * 2.0;
+    let step = collective_secs(hw, Collective::SendRecv, kv, Placement::new(2, 1, 8));
+    let t = term(&e, CommKind::Cp);
+    assert!(
+        close(t.total_secs, 1.0 * 32.0 * 3.0 * step),
+        "{} vs {}",
+        t.total_secs,
+        96.0 * step
+    );
+
+    // EP: dispatch + combine, forward and backward, of tokens/tp x top-k x h x 2.
+    let m = resolve("mixtral-8x7b").unwrap().spec;
+    let mut k = cfg(1, 1, 1, 16);
+    k.ep = 8;
+    k.zero = Zero::DistOpt;
+    // Communication only: whether it fits does not matter here.
+    let e = evaluate(&m, &c, &wl(4096, 16), &k, Assumptions::default()).unwrap();
+    let bytes = 4096.0 * 2.0 * 4096.0 * 2.0;
+    let a2a = collective_secs(hw, Collective::AllToAll, bytes, Placement::new(8, 1, 8));
+    let t = term(&e, CommKind::Ep);
+    assert!(close(t.total_secs, 1.0 * 32.0 * 4.0 * a2a));
+    assert_eq!(t.tier, Tier::Nvlink);
+    // Expert gradients reduce over the expert-DP group: 16 / 8 = 2 ranks.
+    assert_eq!(term(&e, CommKind::EdpGrad).group.size, 2);
+
+    // A deduplicating dispatcher sends fewer bytes over the network when the
+    // EP group spans nodes: Qwen3-30B-A3B (128 experts, top-8) over 16 ranks
+    // on 2 nodes.
+    let m = resolve("qwen3-30b-a3b").unwrap().spec;
+    k.ep = 16;
+    k.dp = 16;
+    let a2a = evaluate(&m, &c, &wl(4096, 16), &k, Assumptions::default()).unwrap();
+    k.moe_dispatcher = Dispatcher::Deduplicated;
+    let dedup = evaluate(&m, &c, &wl(4096, 16), &k, Assumptions::default()).unwrap();
+    let (ta, td) = (
+        term(&a2a, CommKind::Ep).total_secs,
+        term(&dedup, CommKind::Ep).total_secs,
+    );
+    assert!(td < ta, "dedup {td} vs all-to-all {ta}");
+}
+
+#[test]
+fn expected_remote_domains_by_hand() {
+    // 8 experts on 2 domains, top-2: the other domain is missed with
+    // probability C(4,2)/C(8,2) = 6/28.
+    assert!((expected_remote_domains(8, 2, 2) - (1.0 - 6.0 / 28.0)).abs() < 1e-12);
+    // One domain: nothing crosses the network.
+    assert_eq!(expected_remote_domains(256, 8, 1), 0.0);
+    // Top-k of all experts reaches every domain.
+    assert!((expected_remote_domains(8, 8, 4) - 3.0).abs() < 1e-12);
+}

@@ -1,0 +1,313 @@
+//! One layer's compute as the cost model prices it: GEMMs at their own shapes,
+//! the attention core, the loss kernels, norms, FP8 casts, the deferred weight
+//! gradient, recomputation.
+
+use super::*;
+
+/// The backward prices its two GEMMs at their own shapes. Without a curve that is
+/// twice the forward; with one, the weight gradient of a short-row GEMM reduces
+/// over few rows and costs more than its forward.
+#[test]
+fn backward_gemms_at_their_own_shapes() {
+    let model = gpt("t", "test", 2, 4096, 32);
+    let (k, w) = (cfg(1, 1, 1, 8), wl(4096, 64));
+    let ctx = |hw| Ctx {
+        model: &model,
+        hw,
+        w: &w,
+        cfg: &k,
+        a: Assumptions::default(),
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    let a100 = builtin_profile("a100-80g").unwrap();
+    let p = ctx(&a100).pass(4096.0, 12288.0, 4096.0, false);
+    assert!((p.bwd / p.fwd - 2.0).abs() < 0.01, "{p:?}");
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let c = ctx(&h100);
+    // 1024 routed rows through a 2880 -> 5760 expert GEMM (GPT-OSS-120B, EP 8).
+    let p = c.pass(1024.0, 5760.0, 2880.0, false);
+    assert!(p.bwd > 2.03 * p.fwd, "{p:?}");
+    assert!(close(
+        p.bwd,
+        c.gemm(1024.0, 2880.0, 5760.0, false) + c.gemm(2880.0, 5760.0, 1024.0, false)
+    ));
+    assert!(close(p.wgrad, c.gemm(2880.0, 5760.0, 1024.0, false)));
+}
+
+/// With a measured attention curve the core's time follows the kernel's
+/// efficiency at the head width and the per-rank sequence: the same FLOPs in
+/// 64-wide heads take 518/363 as long as in 128-wide ones at 4096 tokens, and CP 2
+/// runs its 2048-token shards at the 2048-token point.
+#[test]
+fn attention_core_follows_the_measured_curve() {
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let w = wl(4096, 64);
+    let core = |heads: u64, cp: u64| {
+        let model = gpt("t", "test", 2, 4096, heads);
+        let k = cfg(1, 1, cp, 8 / cp);
+        let lc = layer_cost(
+            &Ctx {
+                model: &model,
+                hw: &h100,
+                w: &w,
+                cfg: &k,
+                a: Assumptions::default(),
+                tokens: 4096.0 / cp as f64,
+                fp8: false,
+                domain: 8,
+            },
+            LayerKind::Dense,
+        );
+        let launch = h100.efficiency.gemm_overhead_us * 1e-6;
+        (lc.attn_core_fwd - launch, lc.attn_core_bwd - launch)
+    };
+    let ((f128, b128), (f64_, b64)) = (core(32, 1), core(64, 1));
+    assert!(
+        (f64_ / f128 - 518.0 / 363.0).abs() < 1e-9 && (b64 / b128 - 499.0 / 417.0).abs() < 1e-9
+    );
+    // CP 2: half of the causal (query, key) pairs on each rank, at the 2048-token point.
+    let (f_cp, _) = core(32, 2);
+    assert!(
+        (f_cp / f128 - 0.5 * 518.0 / 484.0).abs() < 1e-3,
+        "{}",
+        f_cp / f128
+    );
+}
+
+/// The loss kernels differ only in the bytes they move over the logits: the
+/// unfused loss 20 more per logit than Megatron's fused one, on the last stage.
+#[test]
+fn loss_kernels_differ_by_their_passes_over_the_logits() {
+    let bytes =
+        [LossKernel::Te, LossKernel::Native, LossKernel::Unfused].map(LossKernel::bytes_per_logit);
+    assert_eq!(bytes, [10.0, 32.0, 52.0]);
+    let model = resolve("llama3-8b").unwrap().spec;
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let (k, w) = (
+        ParallelConfig {
+            zero: Zero::DistOpt,
+            ..cfg(2, 1, 1, 4)
+        },
+        wl(4096, 64),
+    );
+    let ctx = |loss| Ctx {
+        model: &model,
+        hw: &h100,
+        w: &w,
+        cfg: &k,
+        a: Assumptions {
+            loss,
+            ..Assumptions::default()
+        },
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    let output = |loss| pieces(&ctx(loss)).output_secs;
+    // 4096 tokens x half of the 128256-entry vocabulary on each TP rank.
+    let c = ctx(LossKernel::Native);
+    assert!(close(
+        output(LossKernel::Unfused) - output(LossKernel::Native),
+        c.mem(4096.0 * 64128.0 * 20.0)
+    ));
+    assert!(close(
+        output(LossKernel::Native) - output(LossKernel::Te),
+        c.mem(4096.0 * 64128.0 * 22.0)
+    ));
+    let cluster = Cluster::new(h100.clone(), 8).unwrap();
+    let step = |loss| {
+        estimate_with(
+            &model,
+            &cluster,
+            &w,
+            &k,
+            Assumptions {
+                loss,
+                ..Assumptions::default()
+            },
+        )
+        .unwrap()
+        .step_secs
+    };
+    assert!(
+        step(LossKernel::Unfused) > step(LossKernel::Native)
+            && step(LossKernel::Native) > step(LossKernel::Te)
+    );
+}
+
+/// Sandwich norms (Gemma 2 and 3, GLM-4-0414) add two norm passes per layer
+/// (read 2h, write 2h per token, split by SP), forward and, twice over,
+/// backward; nothing else moves.
+#[test]
+fn sandwich_norms_add_two_norm_passes() {
+    let plain = resolve("llama3-8b").unwrap().spec;
+    let sandwich = ModelSpec {
+        sandwich_norms: true,
+        ..plain.clone()
+    };
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let w = wl(4096, 64);
+    let k = ParallelConfig {
+        sp: true,
+        ..cfg(4, 1, 1, 2)
+    };
+    let ctx = |model| Ctx {
+        model,
+        hw: &h100,
+        w: &w,
+        cfg: &k,
+        a: Assumptions::default(),
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    let (a, b) = (
+        layer_cost(&ctx(&sandwich), LayerKind::Dense),
+        layer_cost(&ctx(&plain), LayerKind::Dense),
+    );
+    let two_norms = ctx(&plain).mem(4096.0 * 2.0 * 4.0 * plain.hidden as f64 / 4.0);
+    assert!(close(a.fwd.elementwise - b.fwd.elementwise, two_norms));
+    assert!(close(
+        a.bwd.elementwise - b.bwd.elementwise,
+        2.0 * two_norms
+    ));
+    assert_eq!(a.fwd.mlp, b.fwd.mlp);
+    assert_eq!(a.fwd.attention_proj, b.fwd.attention_proj);
+}
+
+/// FP8 casts every GEMM input: in an MoE layer the routed experts' inputs over
+/// their routed rows (h into FC1, the expert FFN width into FC2), not a dense
+/// MLP's.
+#[test]
+fn fp8_casts_routed_expert_inputs() {
+    let model = resolve("qwen3-235b-a22b").unwrap().spec;
+    let moe = model.moe.unwrap();
+    assert_eq!(moe.shared_hidden(), 0);
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let w = wl(4096, 64);
+    let k = ParallelConfig {
+        ep: 8,
+        ..cfg(1, 1, 1, 8)
+    };
+    let ctx = |fp8| Ctx {
+        model: &model,
+        hw: &h100,
+        w: &w,
+        cfg: &k,
+        a: Assumptions::default(),
+        tokens: 4096.0,
+        fp8,
+        domain: 8,
+    };
+    let extra = layer_cost(&ctx(true), LayerKind::Moe).fwd.elementwise
+        - layer_cost(&ctx(false), LayerKind::Moe).fwd.elementwise;
+    let (h, routed) = (model.hidden as f64, 4096.0 * moe.top_k as f64);
+    let elems =
+        4096.0 * (h + model.attn_out_dim() as f64) + routed * (h + moe.expert_ffn_hidden as f64);
+    assert!(
+        close(extra, ctx(true).mem(3.0 * elems)),
+        "{extra} vs {}",
+        ctx(true).mem(3.0 * elems)
+    );
+}
+
+/// ZB-H1 and DualPipe defer each stage's weight-gradient GEMMs as the W pass:
+/// a middle stage's W time is its layers' `X^T dY` GEMMs at their own shapes,
+/// not the forward GEMMs' time.
+#[test]
+fn weight_grad_pass_is_the_weight_gradient_gemms() {
+    let model = gpt("t", "test", 8, 2048, 16);
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let c = Cluster::new(h100.clone(), 8).unwrap();
+    let k = ParallelConfig {
+        schedule: Schedule::ZbH1,
+        ..cfg(2, 4, 1, 1)
+    };
+    let w = wl(4096, 16);
+    let e = evaluate(&model, &c, &w, &k, Assumptions::default()).unwrap();
+    let ctx = Ctx {
+        model: &model,
+        hw: &h100,
+        w: &w,
+        cfg: &k,
+        a: Assumptions::default(),
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    let (h, f, t) = (2048.0, model.ffn_hidden as f64, 2.0);
+    // QKV (MHA: 3h), output projection, and the MLP's two matrices.
+    let wgrad = ctx.gemm(h, 3.0 * h / t, 4096.0, false)
+        + ctx.gemm(h / t, h, 4096.0, false)
+        + ctx.gemm(h, f / t, 4096.0, false)
+        + ctx.gemm(f / t, h, 4096.0, false);
+    let fwd = ctx.gemm(4096.0, 3.0 * h / t, h, false)
+        + ctx.gemm(4096.0, h, h / t, false)
+        + ctx.gemm(4096.0, f / t, h, false)
+        + ctx.gemm(4096.0, h, f / t, false);
+    assert_eq!(model.mlp.matrices(), 2);
+    assert!(
+        close(e.stages[1].weight_grad_secs, 2.0 * wgrad),
+        "{} vs {}",
+        e.stages[1].weight_grad_secs,
+        2.0 * wgrad
+    );
+    assert!(
+        (wgrad / fwd - 1.0).abs() > 1e-3,
+        "the shapes should differ in efficiency: {wgrad} vs {fwd}"
+    );
+}
+
+#[test]
+fn recompute_ordering_and_fp8_speed() {
+    let m = resolve("llama3-70b").unwrap().spec;
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
+    let w = wl(4096, 128);
+    let mut k = cfg(8, 4, 1, 2);
+    k.sp = true;
+    let t = |rc: Recompute, w: &Workload| {
+        evaluate(
+            &m,
+            &c,
+            w,
+            &ParallelConfig {
+                recompute: rc,
+                ..k.clone()
+            },
+            Assumptions::default(),
+        )
+        .unwrap()
+    };
+    let none = t(Recompute::None, &w);
+    let sel = t(Recompute::Selective, &w);
+    let full = t(Recompute::Full, &w);
+    assert!(none.step_secs < sel.step_secs && sel.step_secs < full.step_secs);
+    assert!(
+        none.memory.activations > sel.memory.activations * 0.99
+            && sel.memory.activations > full.memory.activations
+    );
+    assert!(full.hfu > full.mfu);
+    let fp8 = t(
+        Recompute::None,
+        &Workload {
+            precision: Precision::Fp8,
+            ..w.clone()
+        },
+    );
+    assert!(fp8.step_secs < none.step_secs);
+    assert!(fp8.memory.activations < none.memory.activations);
+    // MFU is about model FLOPs / time: 6 N tokens dominates for a 70B model.
+    let tokens = (w.global_batch * w.seq) as f64;
+    let six_n = 6.0 * m.params().total as f64 * tokens
+        / 64.0
+        / none.step_secs
+        / c.profile.peak_flops(false);
+    assert!(
+        none.mfu > six_n && none.mfu < 1.3 * six_n,
+        "mfu {} vs 6N {}",
+        none.mfu,
+        six_n
+    );
+}

@@ -1,0 +1,84 @@
+//! What each framework holds beyond Megatron's accounting: the loss's bytes per
+//! logit, and nanotron's DDP buckets and torchtitan's FSDP2 buffers.
+
+use crate::config::{ParallelConfig, Zero};
+use crate::cost::Framework;
+
+/// Bytes per logit (one token, one vocabulary entry on this rank) the loss holds
+/// at its peak. Megatron-Core keeps the BF16 logits and an FP32 copy (its unfused
+/// loss subtracts the maximum in place). nanotron returns the FP32 cast from the
+/// model (the BF16 logits die with the forward) and `sharded_cross_entropy`
+/// subtracts the maximum into a second FP32 tensor (nanotron/parallel/
+/// tensor_parallel/functional.py): 8. torchtitan's `cross_entropy(pred.float())`
+/// keeps the FP32 log-softmax for its backward; after `del pred` that backward
+/// holds it with the incoming and the outgoing FP32 gradient (train.py at 9dec370):
+/// 12.
+pub fn logit_bytes(framework: Framework) -> f64 {
+    match framework {
+        Framework::MegatronCore => 2.0 + 4.0,
+        Framework::Nanotron => 4.0 + 4.0,
+        Framework::Torchtitan => 4.0 + 4.0 + 4.0,
+    }
+}
+
+/// What a stage holds of its parameters, for [`framework_buffers`] (counts per
+/// GPU, before data-parallel sharding).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HeldParams {
+    /// Every parameter of the rank's stages.
+    pub all: f64,
+    /// The largest transformer layer.
+    pub layer: f64,
+    /// The embedding and output layer (FSDP2's root module).
+    pub root: f64,
+}
+
+/// A framework's buffers beside the model state, bytes.
+///
+/// - nanotron wraps the model in PyTorch's `DistributedDataParallel` (trainer.py),
+///   whose reducer keeps gradient buckets the size of the gradients in the
+///   parameters' BF16 unless `gradient_as_bucket_view` is set (PyTorch DDP
+///   documentation), which nanotron does not: 2 bytes per parameter with
+///   data parallelism.
+/// - torchtitan's FSDP2 all-gathers BF16 parameters. Without pipelining each
+///   transformer block is its own unit: the block at work and the one prefetched
+///   (2 x 2 bytes per block parameter), the block's unsharded gradient in BF16
+///   and its FP32 upcast for the reduce-scatter (2 + 4), and the root module's
+///   embedding and output layer, gathered again for the backward (2). With
+///   pipelining torchtitan does not reshard after the forward
+///   (`reshard_after_forward=False`), and torch.distributed.pipelining turns
+///   gradient reduction off for all but the last micro-batch's backward
+///   (`set_requires_gradient_sync(False)`), so FSDP2 accumulates unsharded
+///   gradients in the FP32 reduce dtype: the stage's BF16 parameters (2) and,
+///   with more than one micro-batch, its FP32 gradients (4).
+pub fn framework_buffers(
+    framework: Framework,
+    cfg: &ParallelConfig,
+    held: HeldParams,
+    micro_batches: u64,
+) -> f64 {
+    match framework {
+        Framework::MegatronCore => 0.0,
+        Framework::Nanotron => {
+            if cfg.dp * cfg.cp > 1 && matches!(cfg.zero, Zero::None | Zero::DistOpt) {
+                2.0 * held.all
+            } else {
+                0.0
+            }
+        }
+        Framework::Torchtitan if cfg.zero == Zero::Zero3 => {
+            let block_grads = (2.0 + 4.0) * held.layer;
+            if cfg.pp > 1 {
+                2.0 * held.all
+                    + if micro_batches > 1 {
+                        4.0 * held.all
+                    } else {
+                        block_grads
+                    }
+            } else {
+                2.0 * 2.0 * held.layer + block_grads + 2.0 * held.root
+            }
+        }
+        Framework::Torchtitan => 0.0,
+    }
+}

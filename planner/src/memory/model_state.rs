@@ -1,0 +1,63 @@
+//! Model state: weights, main gradients and optimizer state per GPU, sharded as
+//! the ZeRO stage and the framework shard them.
+
+use super::{GRAD_BYTES, OPTIMIZER_BYTES, OPTIMIZER_BYTES_BF16_MOMENTS, WEIGHT_BYTES};
+use crate::config::{ParallelConfig, Zero};
+use crate::cost::Framework;
+
+/// Bytes per main-gradient element.
+pub fn grad_bytes(cfg: &ParallelConfig) -> f64 {
+    if cfg.bf16_grads {
+        2.0
+    } else {
+        GRAD_BYTES
+    }
+}
+
+/// Optimizer bytes per parameter.
+pub fn optimizer_bytes(cfg: &ParallelConfig) -> f64 {
+    if cfg.bf16_moments {
+        OPTIMIZER_BYTES_BF16_MOMENTS
+    } else {
+        OPTIMIZER_BYTES
+    }
+}
+
+/// Model state bytes (weights, gradients, optimizer) for `dense` and `expert`
+/// parameters held by one GPU.
+///
+/// torchtitan's FSDP2 (`fully_shard` with `MixedPrecisionPolicy(param_dtype=bf16,
+/// reduce_dtype=fp32)`, parallelize_llama.py) keeps the sharded parameter in FP32
+/// as the optimizer's own, the sharded gradient in FP32 and Adam's two FP32
+/// moments: 4 + 4 + 8 bytes per parameter over the shard group, with no BF16 copy
+/// at rest (its all-gathered BF16 copies are [`framework_buffers`]).
+pub fn model_state(
+    cfg: &ParallelConfig,
+    dense: f64,
+    expert: f64,
+    framework: Framework,
+) -> (f64, f64, f64) {
+    let dp_dense = (cfg.dp * cfg.cp) as f64;
+    let dp_expert = cfg.edp() as f64;
+    if framework == Framework::Torchtitan && cfg.zero == Zero::Zero3 {
+        let sharded = dense / dp_dense + expert / dp_expert;
+        let moments = if cfg.bf16_moments { 4.0 } else { 8.0 };
+        return (4.0 * sharded, 4.0 * sharded, moments * sharded);
+    }
+    let shard = |params: f64, dp: f64, sharded: bool| if sharded { params / dp } else { params };
+    let (w_shard, g_shard, o_shard) = match cfg.zero {
+        Zero::None => (false, false, false),
+        Zero::DistOpt => (false, false, true),
+        Zero::Zero2 => (false, true, true),
+        Zero::Zero3 => (true, true, true),
+    };
+    // FP8 weight casts are transient workspaces, as in Megatron's own accounting;
+    // the BF16 weight stays the stored copy.
+    let weights =
+        WEIGHT_BYTES * (shard(dense, dp_dense, w_shard) + shard(expert, dp_expert, w_shard));
+    let grads =
+        grad_bytes(cfg) * (shard(dense, dp_dense, g_shard) + shard(expert, dp_expert, g_shard));
+    let optim = optimizer_bytes(cfg)
+        * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
+    (weights, grads, optim)
+}

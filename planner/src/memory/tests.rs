@@ -1,0 +1,349 @@
+use super::*;
+use crate::config::{
+    Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload,
+    Zero,
+};
+use crate::cost::{Assumptions, Framework};
+use crate::model::ModelSpec;
+use crate::presets::gpt;
+use crate::schedule::Schedule;
+
+fn cfg(tp: u64, sp: bool, recompute: Recompute) -> ParallelConfig {
+    ParallelConfig {
+        tp,
+        pp: 1,
+        vpp: 1,
+        cp: 1,
+        ep: 1,
+        etp: 1,
+        dp: 1,
+        sp,
+        mbs: 1,
+        zero: Zero::None,
+        recompute,
+        layout: Layout::Even,
+        overlap: Overlap::default(),
+        bf16_grads: false,
+        bf16_moments: false,
+        recompute_modules: Default::default(),
+        moe_dispatcher: Dispatcher::AllToAll,
+        schedule: Schedule::OneFOneB,
+    }
+}
+
+fn assume(flash: bool) -> Assumptions {
+    Assumptions {
+        flash_attention: flash,
+        ..Assumptions::default()
+    }
+}
+
+fn w(seq: u64) -> Workload {
+    Workload {
+        seq,
+        global_batch: 1,
+        precision: Precision::Bf16,
+        moe_imbalance: 1.0,
+        moe_capacity: None,
+    }
+}
+
+/// Korthikanti et al. 2022, Table 2, evaluated for GPT-3 175B (s=2048, h=12288,
+/// a=96, b=1, t=8): the per-layer activation bytes of each technique.
+#[test]
+fn korthikanti_table_2() {
+    let m = gpt("gpt3-175b", "test", 96, 12288, 96);
+    let (s, h, a, t) = (2048.0, 12288.0, 96.0, 8.0);
+    let sbh = s * h;
+    let cases = [
+        // (tp, sp, recompute, flash, paper formula)
+        (
+            1,
+            false,
+            Recompute::None,
+            false,
+            sbh * (34.0 + 5.0 * a * s / h),
+        ),
+        (
+            8,
+            false,
+            Recompute::None,
+            false,
+            sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)),
+        ),
+        (
+            8,
+            true,
+            Recompute::None,
+            false,
+            sbh / t * (34.0 + 5.0 * a * s / h),
+        ),
+        (
+            8,
+            false,
+            Recompute::Selective,
+            false,
+            sbh * (10.0 + 24.0 / t),
+        ),
+        (8, true, Recompute::Selective, false, sbh / t * 34.0),
+        (8, true, Recompute::Full, false, 2.0 * sbh / t),
+        (8, false, Recompute::Full, false, 2.0 * sbh),
+    ];
+    for (tp, sp, rc, flash, expect) in cases {
+        let got = layer_activations(
+            &m,
+            &cfg(tp, sp, rc),
+            &w(2048),
+            LayerKind::Dense,
+            assume(flash),
+        )
+        .stored;
+        // The flash-attention statistics (4 bytes per head per token) are
+        // counted for selective and are below 0.1% of the total.
+        let err = (got - expect).abs() / expect;
+        assert!(
+            err < 0.001,
+            "tp{tp} sp{sp} {rc:?}: got {got}, paper {expect}, err {err}"
+        );
+    }
+}
+
+#[test]
+fn in_flight_matches_schedules() {
+    let mut c = cfg(1, false, Recompute::None);
+    c.pp = 4;
+    assert_eq!(in_flight(&c, 16, 0), 4.0);
+    assert_eq!(in_flight(&c, 16, 3), 1.0);
+    assert_eq!(in_flight(&c, 2, 0), 2.0);
+    c.schedule = Schedule::ZbH1;
+    assert_eq!(in_flight(&c, 16, 0), 4.0);
+    c.schedule = Schedule::DualPipe;
+    assert_eq!((in_flight(&c, 16, 0), in_flight(&c, 16, 2)), (5.0, 5.0));
+    c.schedule = Schedule::Gpipe;
+    assert_eq!(in_flight(&c, 16, 3), 16.0);
+    c.vpp = 2;
+    c.schedule = Schedule::Interleaved;
+    // p + (p-1)/v = 4 + 3/2 for the first stage.
+    assert_eq!(in_flight(&c, 16, 0), 5.5);
+}
+
+/// Megatron's theoretical memory: 18 bytes per parameter, or 6 + 12/dp with the
+/// distributed optimizer.
+#[test]
+fn model_state_bytes_per_parameter() {
+    let mut c = cfg(1, false, Recompute::None);
+    c.dp = 8;
+    let (wt, g, o) = model_state(&c, 1.0, 0.0, Framework::MegatronCore);
+    assert_eq!(wt + g + o, 18.0);
+    c.zero = Zero::DistOpt;
+    let (wt, g, o) = model_state(&c, 1.0, 0.0, Framework::MegatronCore);
+    assert_eq!(wt + g + o, 6.0 + 12.0 / 8.0);
+    c.zero = Zero::Zero3;
+    let (wt, g, o) = model_state(&c, 1.0, 0.0, Framework::MegatronCore);
+    assert_eq!(wt + g + o, 18.0 / 8.0);
+}
+
+/// Each fine-grained recompute module drops exactly its tensors, by hand:
+/// "layernorm" the two norm outputs (2 bytes x h / t each with SP), MLA's
+/// "mla_up_proj" Q, K and V, "moe_act" each routed copy's activation output
+/// (2 x expert ffn), "mlp" the dense MLP's inner tensors; BF16 moments cost 8
+/// optimizer bytes per parameter instead of 12.
+/// Norms after attention and after the MLP keep their inputs (2 bytes x h
+/// each per token, split by SP) and nothing else; full recomputation keeps
+/// only the layer input either way.
+#[test]
+fn sandwich_norms_keep_their_inputs() {
+    let plain = gpt("gpt", "test", 24, 4096, 32);
+    let sandwich = ModelSpec {
+        sandwich_norms: true,
+        ..plain.clone()
+    };
+    for (tp, sp, rc) in [
+        (1, false, Recompute::None),
+        (8, true, Recompute::Selective),
+        (8, false, Recompute::Selective),
+        (8, true, Recompute::Full),
+    ] {
+        let c = cfg(tp, sp, rc);
+        let per_token = |m: &ModelSpec| {
+            layer_activations(m, &c, &w(4096), LayerKind::Dense, assume(true)).stored / 4096.0
+        };
+        let expect = match rc {
+            Recompute::Full => 0.0,
+            _ => 2.0 * 2.0 * 4096.0 / if sp { tp as f64 } else { 1.0 },
+        };
+        let got = per_token(&sandwich) - per_token(&plain);
+        assert!((got - expect).abs() < 1e-9, "tp{tp} sp{sp} {rc:?}: {got}");
+    }
+}
+
+#[test]
+fn recompute_modules_drop_their_tensors() {
+    use crate::presets::resolve;
+    let bytes = |model: &ModelSpec, c: &ParallelConfig, kind| {
+        layer_activations(model, c, &w(4096), kind, assume(true)).stored / 4096.0
+    };
+    let sel = |base: &ParallelConfig, m: &str| ParallelConfig {
+        recompute: Recompute::Selective,
+        recompute_modules: RecomputeModules::parse(m).unwrap(),
+        ..base.clone()
+    };
+
+    let g = gpt("gpt", "test", 24, 4096, 32);
+    let base = cfg(8, true, Recompute::None);
+    let (h, t) = (4096.0, 8.0);
+    let none = bytes(&g, &base, LayerKind::Dense);
+    assert!(
+        (none - bytes(&g, &sel(&base, "layernorm"), LayerKind::Dense) - 2.0 * 2.0 * h / t).abs()
+            < 1e-9
+    );
+    // GeLU MLP: first output 2 x 4h and activation output 2 x 4h, over t.
+    assert!(
+        (none - bytes(&g, &sel(&base, "mlp"), LayerKind::Dense) - 2.0 * 2.0 * 4.0 * h / t).abs()
+            < 1e-9
+    );
+    // Megatron's default set changes nothing with flash attention.
+    assert_eq!(none, bytes(&g, &sel(&base, "core_attn"), LayerKind::Dense));
+
+    let ds = resolve("deepseek-v3").unwrap().spec;
+    let mla = ParallelConfig {
+        ep: 8,
+        ..cfg(1, false, Recompute::None)
+    };
+    let none = bytes(&ds, &mla, LayerKind::Moe);
+    let qkv = 2.0 * (128.0 * 192.0) + 2.0 * (128.0 * 192.0) + 2.0 * (128.0 * 128.0);
+    assert!(
+        (none - bytes(&ds, &sel(&mla, "mla_up_proj"), LayerKind::Moe) - qkv).abs() < 1e-6,
+        "{}",
+        none - bytes(&ds, &sel(&mla, "mla_up_proj"), LayerKind::Moe)
+    );
+    assert!(
+        (none - bytes(&ds, &sel(&mla, "moe_act"), LayerKind::Moe) - 8.0 * 2.0 * 2048.0).abs()
+            < 1e-6
+    );
+    // "moe" keeps only the block input: less than any of its parts alone.
+    let moe = bytes(&ds, &sel(&mla, "moe"), LayerKind::Moe);
+    assert!(moe < bytes(&ds, &sel(&mla, "moe_act"), LayerKind::Moe));
+    // The working set of a recomputed layer is the unrecomputed layer.
+    assert_eq!(
+        layer_activations(
+            &ds,
+            &sel(&mla, "moe,mla_up_proj"),
+            &w(4096),
+            LayerKind::Moe,
+            assume(true)
+        )
+        .full,
+        none * 4096.0
+    );
+
+    let adam = ParallelConfig {
+        bf16_moments: true,
+        ..cfg(1, false, Recompute::None)
+    };
+    assert_eq!(model_state(&adam, 1.0, 0.0, Framework::MegatronCore).2, 8.0);
+    assert_eq!(
+        model_state(
+            &cfg(1, false, Recompute::None),
+            1.0,
+            0.0,
+            Framework::MegatronCore
+        )
+        .2,
+        12.0
+    );
+}
+
+/// The frameworks' memory layouts, by hand for Llama 3 8B (h 4096, FFN 14336,
+/// 32 heads, 8 KV heads of 128).
+#[test]
+fn framework_layouts_by_hand() {
+    use crate::presets::resolve;
+    let m = resolve("llama3-8b").unwrap().spec;
+    let (h, f) = (4096.0, 14336.0);
+    let fw = |framework| Assumptions {
+        framework,
+        ..Assumptions::default()
+    };
+    // torchtitan's op-level SAC at TP 1: the block input, wq's and wv's outputs
+    // (mms 1 and 3), w1's and w2's (mms 5 and 7), the attention output and its
+    // log-sum-exp.
+    let c1 = cfg(1, false, Recompute::Selective);
+    let by_hand = 2.0 * h + 2.0 * h + 2.0 * 1024.0 + 2.0 * f + 2.0 * h + 2.0 * h + 4.0 * 32.0;
+    assert_eq!(op_sac_per_token(&m, &c1), by_hand);
+    let sac = layer_activations(
+        &m,
+        &c1,
+        &w(8192),
+        LayerKind::Dense,
+        fw(Framework::Torchtitan),
+    );
+    assert_eq!(sac.stored, by_hand * 8192.0);
+    // At TP 8 with SP: the sharded outputs, w2's full-width partial sum, and
+    // both reduce-scatters' outputs.
+    let c8 = cfg(8, true, Recompute::Selective);
+    let by_hand8 = 2.0 * h / 8.0
+        + 2.0 * h / 8.0
+        + 2.0 * 128.0
+        + 2.0 * f / 8.0
+        + 2.0 * h
+        + 2.0 * h / 8.0
+        + 4.0 * 32.0 / 8.0
+        + 2.0 * 2.0 * h / 8.0;
+    assert_eq!(op_sac_per_token(&m, &c8), by_hand8);
+    // A GLU run as separate ops keeps the activation's output (2 bytes x FFN per
+    // token) beside what Megatron-Core's fused SwiGLU keeps.
+    let none = cfg(1, false, Recompute::None);
+    let act = |framework| {
+        layer_activations(&m, &none, &w(4096), LayerKind::Dense, fw(framework)).stored / 4096.0
+    };
+    assert_eq!(
+        act(Framework::Nanotron) - act(Framework::MegatronCore),
+        2.0 * f
+    );
+    assert_eq!(act(Framework::Torchtitan), act(Framework::Nanotron));
+    // Loss buffers per logit.
+    assert_eq!(
+        [
+            logit_bytes(Framework::MegatronCore),
+            logit_bytes(Framework::Nanotron),
+            logit_bytes(Framework::Torchtitan)
+        ],
+        [6.0, 8.0, 12.0]
+    );
+    // FSDP2's sharded state: FP32 parameter, gradient and two moments.
+    let mut z3 = cfg(1, false, Recompute::None);
+    z3.zero = Zero::Zero3;
+    z3.dp = 8;
+    let (wt, g, o) = model_state(&z3, 8.0, 0.0, Framework::Torchtitan);
+    assert_eq!((wt, g, o), (4.0, 4.0, 8.0));
+    // Buffers: DDP buckets with DP only; FSDP2 per block (two gathered, one
+    // block's BF16 and FP32 gradients) and the root, or with PP the stage's
+    // BF16 parameters and FP32 gradients.
+    let held = HeldParams {
+        all: 100.0,
+        layer: 10.0,
+        root: 5.0,
+    };
+    let mut ddp = cfg(1, false, Recompute::None);
+    assert_eq!(framework_buffers(Framework::Nanotron, &ddp, held, 4), 0.0);
+    ddp.dp = 2;
+    assert_eq!(framework_buffers(Framework::Nanotron, &ddp, held, 4), 200.0);
+    assert_eq!(
+        framework_buffers(Framework::MegatronCore, &ddp, held, 4),
+        0.0
+    );
+    assert_eq!(
+        framework_buffers(Framework::Torchtitan, &z3, held, 4),
+        40.0 + 60.0 + 10.0
+    );
+    z3.pp = 4;
+    assert_eq!(
+        framework_buffers(Framework::Torchtitan, &z3, held, 4),
+        600.0
+    );
+    assert_eq!(
+        framework_buffers(Framework::Torchtitan, &z3, held, 1),
+        200.0 + 60.0
+    );
+}
