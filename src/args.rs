@@ -363,5 +363,5 @@ impl Common {
 }
 
 fn parse_cuda_graphs(text: &str) -> Result<CudaGraphs, String> {
-    CudaGraphs::parse(text)
+    CudaGraphs::parse(text).map_err(|e| e.to_string())
 }

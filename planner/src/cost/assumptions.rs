@@ -60,13 +60,11 @@ impl CudaGraphs {
 
     /// Parses Megatron's scope list, separated by spaces, commas or `+`; `none` or
     /// an empty string is no graphs.
-    pub fn parse(text: &str) -> Result<CudaGraphs, String> {
+    pub fn parse(text: &str) -> Result<CudaGraphs, CudaGraphsError> {
         if text.len() > 100 || text.chars().any(char::is_control) {
-            return Err(format!(
-                "CUDA graph scopes must be a short list of {} or none ({} characters given)",
-                CudaGraphs::SCOPES.join(", "),
-                text.chars().count()
-            ));
+            return Err(CudaGraphsError::TooLong {
+                chars: text.chars().count(),
+            });
         }
         let mut g = CudaGraphs::default();
         let mut none = false;
@@ -78,23 +76,17 @@ impl CudaGraphs {
                 "moe_preprocess" => g.moe_preprocess = true,
                 "full_iteration" => g.full_iteration = true,
                 other => {
-                    return Err(format!(
-                        "CUDA graph scope '{other}' is not one of none, {}",
-                        CudaGraphs::SCOPES.join(", ")
-                    ))
+                    return Err(CudaGraphsError::Unknown {
+                        scope: other.to_string(),
+                    })
                 }
             }
         }
         if none && !g.is_none() {
-            return Err(format!(
-                "CUDA graph scopes '{text}' say none and name scopes: give one or the other"
-            ));
+            return Err(CudaGraphsError::NoneAndScopes(text.to_string()));
         }
         if g.full_iteration && (g.attn || g.moe_router || g.moe_preprocess) {
-            return Err(
-                "CUDA graph scope full_iteration already holds the per-layer scopes: give it alone"
-                    .into(),
-            );
+            return Err(CudaGraphsError::FullIterationNotAlone);
         }
         Ok(g)
     }
@@ -275,4 +267,17 @@ impl LossKernel {
             }
         }
     }
+}
+
+/// Why a CUDA graph scope list was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaGraphsError {
+    #[error("CUDA graph scopes must be a short list of {} or none ({chars} characters given)", CudaGraphs::SCOPES.join(", "))]
+    TooLong { chars: usize },
+    #[error("CUDA graph scope '{scope}' is not one of none, {}", CudaGraphs::SCOPES.join(", "))]
+    Unknown { scope: String },
+    #[error("CUDA graph scopes '{0}' say none and name scopes: give one or the other")]
+    NoneAndScopes(String),
+    #[error("CUDA graph scope full_iteration already holds the per-layer scopes: give it alone")]
+    FullIterationNotAlone,
 }

@@ -69,7 +69,7 @@ use crate::memory::StageMemory;
 use crate::model::ModelSpec;
 
 pub use assemble::evaluate;
-pub use assumptions::{Assumptions, CudaGraphs, Framework, LossKernel, RankOrder};
+pub use assumptions::{Assumptions, CudaGraphs, CudaGraphsError, Framework, LossKernel, RankOrder};
 pub use layer_comm::expected_remote_domains;
 pub use pipeline::{apply_simulation, MAX_SIMULATED_PASSES};
 pub use stage::stage_problem;

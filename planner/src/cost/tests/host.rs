@@ -113,13 +113,17 @@ fn cuda_graph_scopes_parse_and_print() {
     assert!(CudaGraphs::parse("none").unwrap().is_none());
     assert!(CudaGraphs::parse("").unwrap().is_none());
     assert_eq!(CudaGraphs::default().to_string(), "none");
-    let e = CudaGraphs::parse("attn mlp").unwrap_err();
+    let e = CudaGraphs::parse("attn mlp").unwrap_err().to_string();
     assert!(e.contains("'mlp'") && e.contains("moe_preprocess"), "{e}");
-    let e = CudaGraphs::parse("full_iteration attn").unwrap_err();
+    let e = CudaGraphs::parse("full_iteration attn")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("alone"), "{e}");
-    let e = CudaGraphs::parse("none,attn").unwrap_err();
+    let e = CudaGraphs::parse("none,attn").unwrap_err().to_string();
     assert!(e.contains("one or the other"), "{e}");
-    let e = CudaGraphs::parse(&"attn ".repeat(1000)).unwrap_err();
+    let e = CudaGraphs::parse(&"attn ".repeat(1000))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("5000 characters") && e.len() < 200, "{e}");
     assert!(CudaGraphs::parse("attn\nmoe_router").is_err());
 }
