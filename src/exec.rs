@@ -334,10 +334,15 @@ fn dry_run(setup: &program::Setup, plan: &PlanFile) -> Result<()> {
     for (k, b) in &tally.sent_bytes {
         *bytes.entry(k).or_default() += b;
     }
+    // The device program runs every GEMM in BF16.
+    let bf16 = sextant_planner::Workload {
+        precision: sextant_planner::Precision::Bf16,
+        ..setup.workload.clone()
+    };
     let mut priced = Priced::new(
         &setup.model,
         &plan.hardware,
-        &setup.workload,
+        &bf16,
         &setup.cfg,
         plan.assumptions,
     );
@@ -365,7 +370,7 @@ fn dry_run(setup: &program::Setup, plan: &PlanFile) -> Result<()> {
     );
     let sum = |m: &std::collections::BTreeMap<&str, f64>| m.values().sum::<f64>() + 0.0;
     println!(
-        "Rank 0 priced op by op on {} (the cost model's roofline, nothing overlapped, no waiting): GEMMs {:.3} s, replayed GEMMs {:.3} s, HBM traffic {:.3} s, communication {:.3} s.",
+        "Rank 0's device program priced op by op on {} (the cost model's roofline at the executed sizes, BF16 GEMMs, the attention core as batched GEMMs, nothing overlapped, no waiting; not the plan's step time): GEMMs {:.3} s, replayed GEMMs {:.3} s, HBM traffic {:.3} s, communication {:.3} s.",
         plan.hardware.name,
         sum(&priced.gemm),
         sum(&priced.recompute),

@@ -1,5 +1,5 @@
 //! The walk against counts written from the model's sizes alone: GEMM FLOPs per
-//! step, every pass of the schedule exactly once, transfers that pair up.
+//! step, every pass of the schedule exactly once, slots as Megatron groups them.
 
 use super::*;
 use crate::config::{Dispatcher, Layout, Overlap, Precision, Recompute, RecomputeModules, Zero};
@@ -189,6 +189,20 @@ fn every_pass_is_walked_once_per_chunk_and_micro_batch() {
                     m * chunks
                 };
                 assert_eq!(n, want, "{schedule:?} rank {rank} {pass:?}");
+            }
+            // Only the zero-bubble schedules defer weight gradients.
+            let defers = matches!(schedule, Schedule::ZbH1 | Schedule::DualPipe);
+            assert_eq!(passes.iter().any(|s| s.deferred), defers, "{schedule:?}");
+            // A slot is one pass, or a forward and a backward, plus weight passes.
+            for slot in slots(&step, rank) {
+                let fb = slot.iter().filter(|s| s.pass != Pass::Weight).count();
+                assert!(
+                    fb == 1 || (fb == 2 && slot[0].pass == Pass::Forward),
+                    "{slot:?}"
+                );
+                if !matches!(schedule, Schedule::Interleaved | Schedule::DualPipe) {
+                    assert_eq!(fb, 1, "{schedule:?}: {slot:?}");
+                }
             }
             // A deferred weight pass follows its backward, once.
             for s in passes
