@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use sextant_planner::calibration::MeasuredRun;
 use sextant_planner::config::Zero;
-use sextant_planner::schedule::{virtual_stage, Schedule};
+use sextant_planner::schedule::virtual_stage;
 
 use crate::comm::{Group, Kind};
 pub use crate::error::{ExecError, ProgramError, SetupError};
@@ -137,11 +137,7 @@ pub fn run(
         (q0, q0 + chunk)
     };
     let pp_rank = entry.pp as usize;
-    let v = if s.schedule == Schedule::Interleaved {
-        s.cfg.vpp
-    } else {
-        1
-    };
+    let v = s.schedule.interleaving(s.cfg.vpp);
     let mut params: Vec<Option<LayerParams>> = vec![None; d.layers];
     let vstages: Vec<usize> = (0..s.schedule.chunks_per_rank(v))
         .map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize)

@@ -89,11 +89,7 @@ pub fn pipeline_floor(
         Schedule::OneFOneB | Schedule::Interleaved | Schedule::Gpipe
     );
     let fill_drain = if whole_backwards && even_chunks && p > 1 {
-        let v = if schedule == Schedule::Interleaved {
-            v.max(1) as f64
-        } else {
-            1.0
-        };
+        let v = schedule.interleaving(v.max(1)) as f64;
         let mut before = 0.0;
         let mut worst = 0.0f64;
         for &t in stage_secs {

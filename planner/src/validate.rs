@@ -54,7 +54,7 @@ fn predict(case: &RunCase, profile: Option<&HardwareProfile>) -> Result<f64, Rej
     let mut c = case.clone();
     if let Some(p) = profile {
         c.cluster.profile = p.clone();
-        // Keep the row's node shape (runs.rs may have adjusted it).
+        // Keep the row's node shape (runs/ may have adjusted it).
         c.cluster.profile.node = case.cluster.profile.node.clone();
     }
     c.estimate().map(|e| e.step_secs)

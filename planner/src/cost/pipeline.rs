@@ -116,11 +116,7 @@ pub const MAX_SIMULATED_PASSES: u64 = 200_000;
 pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
     use crate::schedule::{simulate_schedule, PassCosts};
     let schedule = cfg.schedule;
-    let v = if schedule == Schedule::Interleaved {
-        cfg.vpp
-    } else {
-        1
-    };
+    let v = schedule.interleaving(cfg.vpp);
     let (p, m) = (cfg.pp, e.micro_batches);
     let kinds = if schedule.splits_weight_grad() { 3 } else { 2 };
     if p < 2

@@ -113,6 +113,16 @@ impl Schedule {
         }
     }
 
+    /// Virtual stages per rank that the schedule interleaves: `v` under the
+    /// interleaved schedule, 1 under every other (a `vpp` elsewhere is ignored).
+    pub fn interleaving(self, v: u64) -> u64 {
+        if self == Schedule::Interleaved {
+            v
+        } else {
+            1
+        }
+    }
+
     /// Model chunks each rank holds: v interleaved, 2 for DualPipe, else 1.
     pub fn chunks_per_rank(self, v: u64) -> u64 {
         match self {

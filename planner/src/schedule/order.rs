@@ -45,7 +45,7 @@ pub(super) fn rank_program(s: Schedule, p: u64, v: u64, m: u64, rank: u64) -> Ve
         }
         Schedule::DualPipe => return dualpipe_program(p, m, rank),
         Schedule::OneFOneB | Schedule::Interleaved | Schedule::ZbH1 => {
-            let v = if s == Schedule::Interleaved { v } else { 1 };
+            let v = s.interleaving(v);
             let total = m * v;
             let bwd = |k: u64| {
                 let (c, mb) = interleaved_fwd(p, v, k);

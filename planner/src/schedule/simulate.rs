@@ -38,11 +38,7 @@ pub fn simulate_schedule_with(
     p2p_secs: f64,
     overlap: f64,
 ) -> Option<Timeline> {
-    let v = if schedule == Schedule::Interleaved {
-        v
-    } else {
-        1
-    };
+    let v = schedule.interleaving(v);
     if schedule.shape_error(p, v, m).is_some() || v == 0 || !(0.0..=1.0).contains(&overlap) {
         return None;
     }

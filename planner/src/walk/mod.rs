@@ -105,11 +105,7 @@ pub struct Step<'a> {
 impl Step<'_> {
     /// Virtual stages per rank's chunk count: the interleaved schedule's `vpp`, else 1.
     pub fn vpp(&self) -> u64 {
-        if self.schedule == Schedule::Interleaved {
-            self.cfg.vpp
-        } else {
-            1
-        }
+        self.schedule.interleaving(self.cfg.vpp)
     }
 }
 

@@ -60,12 +60,7 @@ fn tally_all(c: &ParallelConfig, schedule: Schedule, m: u64, layers: usize) -> T
     let model = resolve("llama3-8b").unwrap().spec;
     let w = workload(256);
     let d = dims(256);
-    let stages = (c.pp
-        * if schedule == Schedule::Interleaved {
-            c.vpp
-        } else {
-            1
-        }) as usize;
+    let stages = (c.pp * schedule.interleaving(c.vpp)) as usize;
     let per = layers / stages;
     let stage_layers = vec![per; stages];
     let first_layer: Vec<usize> = (0..stages).map(|i| i * per).collect();
