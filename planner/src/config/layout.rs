@@ -296,7 +296,8 @@ impl ParallelConfig {
                 if self.vpp != 1 {
                     return Err(Rejection::Layout { detail: "first/last stage layer counts are supported here only without virtual stages".into() });
                 }
-                if self.pp < 2 || first + last > layers {
+                // Checked: a plan file's counts are input, and a wrapped sum would pass.
+                if self.pp < 2 || first.checked_add(*last).is_none_or(|s| s > layers) {
                     return Err(Rejection::Layout { detail: format!("first {first} + last {last} layers need pp >= 2 and at most {layers} layers") });
                 }
                 let middle = layers - first - last;
@@ -315,12 +316,14 @@ impl ParallelConfig {
                 Ok(v)
             }
             Layout::Explicit { layers: list } => {
-                if list.len() as u64 != chunks || list.iter().sum::<u64>() != layers {
+                // Checked: entries near u64::MAX must not wrap around to the right total.
+                let total = list.iter().try_fold(0u64, |a, &x| a.checked_add(x));
+                if list.len() as u64 != chunks || total != Some(layers) {
                     return Err(Rejection::Layout {
                         detail: format!(
                             "explicit layout has {} entries summing to {}; need pp x vpp = {chunks} entries summing to {layers}",
                             list.len(),
-                            list.iter().sum::<u64>()
+                            total.map_or("more than 2^64".to_string(), |t| t.to_string())
                         ),
                     });
                 }

@@ -281,3 +281,23 @@ fn recompute_modules_parse_serialise_and_check() {
     .ep_overlap(&w)
     .is_none());
 }
+
+#[test]
+fn layer_counts_that_wrap_around_u64_are_refused() {
+    // u64::MAX + 33 wraps to 32: a plan file could pass the sum check and then
+    // index past the model's layers.
+    let explicit = Layout::Explicit {
+        layers: vec![u64::MAX, 33],
+    };
+    assert!(cfg(2, 1, explicit).stage_layers(32).is_err());
+    let first_last = Layout::FirstLast {
+        first: u64::MAX,
+        last: 2,
+    };
+    assert!(cfg(3, 1, first_last).stage_layers(32).is_err());
+    // The same counts without the wrap still split.
+    let ok = Layout::Explicit {
+        layers: vec![16, 16],
+    };
+    assert_eq!(cfg(2, 1, ok).stage_layers(32).unwrap(), vec![16, 16]);
+}
