@@ -313,21 +313,29 @@ fn dry_run(setup: &program::Setup, plan: &PlanFile) -> Result<()> {
     let map = setup.rank_map().map_err(|e| anyhow!(e))?;
     // Every rank's program is held at once: bound the total.
     const MAX_OPS: u64 = DRY_RUN_MAX_OPS;
-    let first = trace::program(setup, &map, 0);
-    let total = first.len() as u64 * map.world_size;
+    // Rank 0's ops counted as the walk finds them, before any program is held.
+    struct Count(u64);
+    impl sextant_planner::walk::Sink for Count {
+        fn op(&mut self, _: Op) {
+            self.0 += 1;
+        }
+    }
+    let dims = setup.walk_dims();
+    let mut count = Count(0);
+    walk_step(setup.walk(&dims), &map, 0, &mut count);
+    let total = count.0.saturating_mul(map.world_size);
     if total > MAX_OPS {
         bail!(
             "--dry-run would hold about {total} ops ({} ranks x {} each), more than {MAX_OPS}: cut the step down with --micro-batches or --scale-layers (the pairing does not depend on either)",
             map.world_size,
-            first.len()
+            count.0
         );
     }
-    let programs: Vec<Vec<Op>> = std::iter::once(first)
-        .chain((1..map.world_size).map(|r| trace::program(setup, &map, r)))
+    let programs: Vec<Vec<Op>> = (0..map.world_size)
+        .map(|r| trace::program(setup, &map, r))
         .collect();
     let checked = trace::check(&programs, &map).map_err(|e| anyhow!(e))?;
     // Rank 0's step walked again into a tally and into the cost model's prices.
-    let dims = setup.walk_dims();
     let mut tally = Tally::default();
     walk_step(setup.walk(&dims), &map, 0, &mut tally);
     let mut bytes = tally.collective_bytes.clone();

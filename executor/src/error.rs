@@ -301,6 +301,12 @@ pub enum SetupError {
     /// The plan's rank map refused by the planner, in its words.
     #[error("{0}")]
     RankMap(String),
+    #[error("micro-batch {mbs} x seq {seq}: one micro-batch's {what} would exceed 2^50 bytes, more than any GPU holds; lower the sequence length or the micro-batch size")]
+    TooLarge {
+        what: &'static str,
+        mbs: usize,
+        seq: usize,
+    },
 }
 
 /// A rank's groups and the measurements gathered on rank 0 ([`crate::program`]).

@@ -372,6 +372,39 @@ fn dry_run_prints_the_check_and_refuses_bad_input() {
         &["exec", &path, "--dry-run", "--scale-layers", "3"],
         "--scale-layers 3",
     );
+    // Too many ops is refused from a count, before any program is held.
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--micro-batches", "100000"],
+        "more than 60000000",
+    );
+    // Hostile plan files: stage counts that wrap around u64 to the right total, and
+    // a sequence and micro-batch each in range whose product is not.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    plan["plans"][0]["config"]["layout"] =
+        serde_json::json!({"kind": "explicit", "layers": [u64::MAX, 1, 1, 1, 1, 1, 1, 26]});
+    let wrapped = dir.path("wrapped.json");
+    std::fs::write(&wrapped, plan.to_string()).unwrap();
+    fails_with_one_line(
+        &["exec", wrapped.to_str().unwrap(), "--dry-run"],
+        "summing to more than 2^64",
+    );
+    let mut plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    plan["workload"]["seq"] = serde_json::json!(1u64 << 24);
+    plan["workload"]["global_batch"] = serde_json::json!(1u64 << 26);
+    plan["plans"][0]["config"]["mbs"] = serde_json::json!(1u64 << 24);
+    let huge = dir.path("huge.json");
+    std::fs::write(&huge, plan.to_string()).unwrap();
+    fails_with_one_line(
+        &[
+            "exec",
+            huge.to_str().unwrap(),
+            "--dry-run",
+            "--micro-batches",
+            "8",
+        ],
+        "exceed 2^50 bytes",
+    );
 }
 
 #[test]

@@ -162,6 +162,7 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, SetupEr
     }
     let dims = executed_dims(plan, &cfg, layers, o.full_size);
     check_divisible(&dims, &cfg)?;
+    check_sizes(&dims, &cfg)?;
     let m = micro_batches(plan, &cfg, o, stage_layers.len())?;
     let mut exec_cfg = cfg.clone();
     exec_cfg.mbs = dims.mbs as u64;
@@ -187,6 +188,50 @@ pub fn prepare(plan: &PlanFile, hash: u64, o: &Options) -> Result<Setup, SetupEr
         rank_order: plan.rank_order.clone(),
         predicted_bytes: ranked.estimate.memory.total,
     })
+}
+
+/// Bytes above which no GPU holds one micro-batch's tensor (1 PiB). Below it every
+/// size the walk multiplies out (a GEMM's rows x width, a collective's bytes)
+/// stays far inside u64.
+const MAX_TENSOR_BYTES: u64 = 1 << 50;
+
+/// Refuses sizes whose single micro-batch tensors no GPU could hold: a plan file's
+/// sequence and micro-batch are each within range, but their product is not
+/// bounded, and the program's sizes would wrap around u64.
+fn check_sizes(d: &Dims, cfg: &ParallelConfig) -> Result<(), SetupError> {
+    let n = |x: usize| x as u64;
+    let width = [
+        n(d.hidden),
+        n(d.ffn) * 2,
+        n(d.heads.max(d.kv_heads)) * n(d.head_dim) * 3,
+        n(d.experts),
+        n(d.expert_ffn) * 2 * n(d.top_k.max(1)),
+        n(d.hidden) * n(d.top_k.max(1)),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let tokens = n(d.mbs).checked_mul(n(d.seq));
+    let activation = tokens.and_then(|t| t.checked_mul(width)?.checked_mul(4));
+    // The walk's attention core per rank: its heads, its CP chunk of queries
+    // against half a chunk of keys.
+    let chunk = n(d.seq) / cfg.cp.max(1);
+    let scores = n(d.mbs)
+        .checked_mul(n(d.heads) / cfg.tp.max(1))
+        .and_then(|x| x.checked_mul(chunk)?.checked_mul(chunk / 2)?.checked_mul(4));
+    for (what, bytes) in [
+        ("widest activation", activation),
+        ("attention scores", scores),
+    ] {
+        if bytes.is_none_or(|b| b > MAX_TENSOR_BYTES) {
+            return Err(SetupError::TooLarge {
+                what,
+                mbs: d.mbs,
+                seq: d.seq,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The executed layer count and its split over the virtual stages: the plan's own

@@ -99,7 +99,7 @@ impl<'a> Walker<'a> {
         count: u64,
         recompute: bool,
     ) {
-        if m * n * k * batch * count > 0 {
+        if [m, n, k, batch, count].iter().all(|&x| x > 0) {
             self.sink.op(Op::Gemm {
                 class,
                 m,
@@ -165,7 +165,7 @@ impl<'a> Walker<'a> {
         w: &mut Vec<Op>,
     ) {
         self.gemm(class, (m, k, n), 1, count, false);
-        if m * n * k * count > 0 {
+        if [m, n, k, count].iter().all(|&x| x > 0) {
             w.push(Op::Gemm {
                 class,
                 m: k,

@@ -77,7 +77,7 @@ impl Op {
                 batch,
                 count,
                 ..
-            } => 2.0 * (m * n * k) as f64 * (batch * count) as f64,
+            } => 2.0 * m as f64 * n as f64 * k as f64 * batch as f64 * count as f64,
             _ => 0.0,
         }
     }

@@ -46,13 +46,17 @@ impl Sink for Tally {
                 *to.entry(class).or_default() += op.flops();
             }
             Op::Memory { class, bytes, .. } => {
-                *self.memory_bytes.entry(class).or_default() += bytes;
+                let b = self.memory_bytes.entry(class).or_default();
+                *b = b.saturating_add(*bytes);
             }
             Op::Coll { kind, bytes, .. } => {
-                *self.collective_bytes.entry(kind).or_default() += bytes;
+                let b = self.collective_bytes.entry(kind).or_default();
+                *b = b.saturating_add(*bytes);
             }
             Op::P2p { kind, sends, .. } => {
-                *self.sent_bytes.entry(kind).or_default() += sends.iter().map(|s| s.1).sum::<u64>();
+                let sent = sends.iter().fold(0u64, |a, s| a.saturating_add(s.1));
+                let b = self.sent_bytes.entry(kind).or_default();
+                *b = b.saturating_add(sent);
             }
             Op::Keep { .. } | Op::Free { .. } | Op::Barrier => {}
         }
