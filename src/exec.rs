@@ -861,18 +861,18 @@ fn predicted_components(
         ("elementwise".into(), c.elementwise),
         ("recompute".into(), e.time.recompute),
     ];
-    for (kind, name) in [
-        (CommKind::Tp, "tp"),
-        (CommKind::Cp, "cp"),
-        (CommKind::Ep, "ep"),
-        (CommKind::Pp, "pp"),
-        (CommKind::DpGrad, "dp_grad"),
-        (CommKind::DpParam, "dp_param"),
-        (CommKind::EdpGrad, "edp_grad"),
-        (CommKind::EdpParam, "edp_param"),
+    for kind in [
+        CommKind::Tp,
+        CommKind::Cp,
+        CommKind::Ep,
+        CommKind::Pp,
+        CommKind::DpGrad,
+        CommKind::DpParam,
+        CommKind::EdpGrad,
+        CommKind::EdpParam,
     ] {
         v.push((
-            name.into(),
+            kind.key().into(),
             e.comm
                 .iter()
                 .filter(|t| t.kind == kind)

@@ -428,7 +428,7 @@ mod tests {
         let program = vec![
             Op::Barrier,
             Op::Gemm {
-                class: "mlp",
+                class: sextant_planner::walk::OpClass::Mlp,
                 m: 64,
                 n: 64,
                 k: 64,

@@ -627,7 +627,7 @@ pub enum DeviceError {
     },
     #[error("the {class} GEMM: {error}")]
     Gemm {
-        class: &'static str,
+        class: sextant_planner::walk::OpClass,
         error: Box<CudaError>,
     },
     #[error("element-wise copy of {bytes} bytes: {status}")]

@@ -12,6 +12,7 @@ use crate::cuda::{bf16_gemm, driver, driver_call, nccl_failed, nccl_group, Comm,
 use crate::error::{CudaError, DeviceError};
 use crate::record::Checks;
 use crate::trace::Op;
+use sextant_planner::walk::OpClass;
 
 /// Every communicator (the world's first, then one per group kind) sums its members'
 /// `rank + 1` in FP32, all of them in one NCCL group: a rank split into the wrong
@@ -94,7 +95,7 @@ pub(super) fn check_gemms(
     pattern: &[u16],
     checks: &mut Checks,
 ) -> Result<(), DeviceError> {
-    let mut shapes: BTreeMap<(u64, u64, u64, u64), &str> = BTreeMap::new();
+    let mut shapes: BTreeMap<(u64, u64, u64, u64), OpClass> = BTreeMap::new();
     for op in program {
         if let Op::Gemm {
             class,

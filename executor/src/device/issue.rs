@@ -115,7 +115,7 @@ impl Issue<'_> {
                 for _ in 0..*count {
                     bf16_gemm(&gpu.blas, (*m, *n, *k), *batch, (a, b, c)).map_err(|error| {
                         DeviceError::Gemm {
-                            class,
+                            class: *class,
                             error: Box::new(error),
                         }
                     })?;
@@ -139,7 +139,7 @@ impl Issue<'_> {
                 bytes,
                 ..
             } => self.coll(*group, *kind, *bytes)?,
-            Op::P2p { kind, sends, recvs } => self.p2p(kind, sends, recvs)?,
+            Op::P2p { kind, sends, recvs } => self.p2p(kind.key(), sends, recvs)?,
             Op::Keep { key, bytes } => {
                 let buf = alloc(
                     &gpu.ctx,

@@ -23,7 +23,7 @@ pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -
             count,
             recompute,
         } => {
-            component(class, secs);
+            component(class.key(), secs);
             if recompute {
                 component("recompute", secs);
             }
@@ -37,7 +37,7 @@ pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -
         Op::Memory {
             class, recompute, ..
         } => {
-            component(class, secs);
+            component(class.key(), secs);
             if recompute {
                 component("recompute", secs);
             }
@@ -48,11 +48,12 @@ pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -
             op,
             bytes,
         } => {
-            component(kind, secs);
+            component(kind.key(), secs);
             let smp = st
                 .comms
                 .entry(format!(
-                    "{kind} {} {} {bytes}",
+                    "{} {} {} {bytes}",
+                    kind.key(),
                     op.label(),
                     group_size(group)
                 ))
@@ -67,7 +68,7 @@ pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -
             ref sends,
             ref recvs,
         } => {
-            component(kind, secs);
+            component(kind.key(), secs);
             let bytes = sends
                 .iter()
                 .map(|x| x.1)
@@ -75,7 +76,7 @@ pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -
                 .max(recvs.iter().map(|x| x.1).sum());
             let smp = st
                 .comms
-                .entry(format!("{kind} send_recv 2 {bytes}"))
+                .entry(format!("{} send_recv 2 {bytes}", kind.key()))
                 .or_default();
             smp.calls += 1;
             if smp.secs.len() < 4096 {

@@ -28,7 +28,10 @@ fn describe(op: &Op) -> String {
             GROUP_KINDS[*group]
         ),
         Op::P2p { kind, sends, recvs } => {
-            format!("{kind} transfers (sends {sends:?}, receives {recvs:?})")
+            format!(
+                "{} transfers (sends {sends:?}, receives {recvs:?})",
+                kind.key()
+            )
         }
         Op::Barrier => "the step's barrier".into(),
         other => format!("{other:?}"),

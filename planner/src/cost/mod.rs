@@ -152,6 +152,31 @@ pub enum CommKind {
 }
 
 impl CommKind {
+    /// The name a measured run books this kind under (`MeasuredRun` components).
+    pub fn key(self) -> &'static str {
+        match self {
+            CommKind::Tp => "tp",
+            CommKind::Cp => "cp",
+            CommKind::Ep => "ep",
+            CommKind::Etp => "etp",
+            CommKind::Pp => "pp",
+            CommKind::DpGrad => "dp_grad",
+            CommKind::DpParam => "dp_param",
+            CommKind::EdpGrad => "edp_grad",
+            CommKind::EdpParam => "edp_param",
+        }
+    }
+
+    /// The rank map's group this kind communicates over (a `GROUP_KINDS` name):
+    /// data-parallel reductions run over DP x CP, expert ones over EDP.
+    pub fn group(self) -> &'static str {
+        match self {
+            CommKind::DpGrad | CommKind::DpParam => "dp_cp",
+            CommKind::EdpGrad | CommKind::EdpParam => "edp",
+            other => other.key(),
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             CommKind::Tp => "TP",

@@ -18,8 +18,7 @@ use crate::comm::Collective;
 use crate::config::{ParallelConfig, Workload};
 use crate::hardware::HardwareProfile;
 use crate::model::ModelSpec;
-use crate::ranks::GROUP_KINDS;
-use crate::walk::{Coll, Op, Sink};
+use crate::walk::{Coll, CommKind, Op, OpClass, Sink};
 
 /// Seconds of a walked step (one rank's), by what they are spent on.
 pub struct Priced<'a> {
@@ -74,32 +73,32 @@ impl Sink for Priced<'_> {
             } => {
                 // The cost model runs the projections, MLP and experts in the
                 // workload's precision and the router and attention core in BF16.
-                let fp8 = matches!(class, "attention_proj" | "mlp" | "moe_experts");
+                let fp8 = matches!(
+                    class,
+                    OpClass::AttentionProj | OpClass::Mlp | OpClass::MoeExperts
+                );
                 let secs = (batch * count) as f64 * c.gemm(m as f64, n as f64, k as f64, fp8);
                 let to = if recompute {
                     &mut self.recompute
                 } else {
                     &mut self.gemm
                 };
-                *to.entry(class).or_default() += secs;
+                *to.entry(class.key()).or_default() += secs;
             }
             Op::Memory { class, bytes, .. } => {
-                *self.memory.entry(class).or_default() += c.mem(bytes as f64);
+                *self.memory.entry(class.key()).or_default() += c.mem(bytes as f64);
             }
             Op::Coll {
-                kind,
-                group,
-                op,
-                bytes,
+                kind, op, bytes, ..
             } => {
-                let placement = match GROUP_KINDS[group] {
-                    "tp" => c.tp_group(),
-                    "cp" => c.cp_group(),
-                    "dp_cp" => c.dp_group(),
-                    "ep" => c.ep_group(),
-                    "etp" => c.etp_group(),
-                    "edp" => c.edp_group(),
-                    _ => c.pp_group(),
+                let placement = match kind {
+                    CommKind::Tp => c.tp_group(),
+                    CommKind::Cp => c.cp_group(),
+                    CommKind::DpGrad | CommKind::DpParam => c.dp_group(),
+                    CommKind::Ep => c.ep_group(),
+                    CommKind::Etp => c.etp_group(),
+                    CommKind::EdpGrad | CommKind::EdpParam => c.edp_group(),
+                    CommKind::Pp => c.pp_group(),
                 };
                 let collective = match op {
                     Coll::AllGather => Collective::AllGather,
@@ -107,19 +106,19 @@ impl Sink for Priced<'_> {
                     Coll::AllReduce => Collective::AllReduce,
                     Coll::AllToAll => Collective::AllToAll,
                 };
-                *self.collective.entry(kind).or_default() +=
+                *self.collective.entry(kind.key()).or_default() +=
                     c.coll(collective, bytes as f64, placement);
             }
             Op::P2p { kind, sends, recvs } => {
                 let bytes = sends.iter().chain(&recvs).map(|s| s.1).max().unwrap_or(0);
                 // The CP ring's neighbours sit TP apart; pipeline neighbours, and
                 // (approximately) DualPipe's mirror partner, on the PP stride.
-                let placement = if kind == "cp" {
+                let placement = if kind == CommKind::Cp {
                     c.cp_group()
                 } else {
                     c.pp_group()
                 };
-                *self.collective.entry(kind).or_default() +=
+                *self.collective.entry(kind.key()).or_default() +=
                     c.coll(Collective::SendRecv, bytes as f64, placement);
             }
             Op::Keep { .. } | Op::Free { .. } | Op::Barrier => {}

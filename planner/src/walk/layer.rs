@@ -1,7 +1,7 @@
 //! One layer's ops, forward, backward and recomputed, and the parameter-sized
 //! collectives around a stage (ZeRO-3 gathers, bucketed reductions).
 
-use super::op::{Coll, Op, B};
+use super::op::{Coll, CommKind, Op, OpClass, B};
 use super::{Sink, Step};
 use crate::config::{RecomputeModules, Zero};
 use crate::cost::BUCKET_PARAMS;
@@ -93,7 +93,7 @@ impl<'a> Walker<'a> {
 
     pub(super) fn gemm(
         &mut self,
-        class: &'static str,
+        class: OpClass,
         (m, n, k): (u64, u64, u64),
         batch: u64,
         count: u64,
@@ -112,7 +112,7 @@ impl<'a> Walker<'a> {
         }
     }
 
-    pub(super) fn mem(&mut self, class: &'static str, bytes: u64, recompute: bool) {
+    pub(super) fn mem(&mut self, class: OpClass, bytes: u64, recompute: bool) {
         if bytes > 0 {
             self.sink.op(Op::Memory {
                 class,
@@ -122,12 +122,12 @@ impl<'a> Walker<'a> {
         }
     }
 
-    /// A collective over this rank's group `name`, booked under `kind`; nothing for a group of one.
-    pub(super) fn coll(&mut self, kind: &'static str, name: &str, op: Coll, bytes: u64) {
-        if self.group_size(name) > 1 && bytes > 0 {
+    /// A collective of `kind` over this rank's group for it; nothing for a group of one.
+    pub(super) fn coll(&mut self, kind: CommKind, op: Coll, bytes: u64) {
+        if self.group_size(kind.group()) > 1 && bytes > 0 {
             self.sink.op(Op::Coll {
                 kind,
-                group: kind_index(name),
+                group: kind_index(kind.group()),
                 op,
                 bytes,
             });
@@ -138,19 +138,19 @@ impl<'a> Walker<'a> {
     pub(super) fn enter_tp(&mut self, backward: bool) {
         let bytes = self.z.t * self.z.h * B;
         match (self.sp, backward) {
-            (true, false) => self.coll("tp", "tp", Coll::AllGather, bytes),
-            (true, true) => self.coll("tp", "tp", Coll::ReduceScatter, bytes),
+            (true, false) => self.coll(CommKind::Tp, Coll::AllGather, bytes),
+            (true, true) => self.coll(CommKind::Tp, Coll::ReduceScatter, bytes),
             (false, false) => {}
-            (false, true) => self.coll("tp", "tp", Coll::AllReduce, bytes),
+            (false, true) => self.coll(CommKind::Tp, Coll::AllReduce, bytes),
         }
     }
 
     pub(super) fn leave_tp(&mut self, backward: bool) {
         let bytes = self.z.t * self.z.h * B;
         match (self.sp, backward) {
-            (true, false) => self.coll("tp", "tp", Coll::ReduceScatter, bytes),
-            (true, true) => self.coll("tp", "tp", Coll::AllGather, bytes),
-            (false, false) => self.coll("tp", "tp", Coll::AllReduce, bytes),
+            (true, false) => self.coll(CommKind::Tp, Coll::ReduceScatter, bytes),
+            (true, true) => self.coll(CommKind::Tp, Coll::AllGather, bytes),
+            (false, false) => self.coll(CommKind::Tp, Coll::AllReduce, bytes),
             (false, true) => {}
         }
     }
@@ -159,7 +159,7 @@ impl<'a> Walker<'a> {
     /// gradient into `w` (this pass, or the W pass).
     pub(super) fn linear_bwd(
         &mut self,
-        class: &'static str,
+        class: OpClass,
         (m, n, k): (u64, u64, u64),
         count: u64,
         w: &mut Vec<Op>,
@@ -192,7 +192,7 @@ impl<'a> Walker<'a> {
         let bytes = self.z.t * 2 * self.z.kvl * B * if backward { 2 } else { 1 };
         let (next, prev) = (cp[(me + 1) % cp.len()], cp[(me + cp.len() - 1) % cp.len()]);
         self.sink.op(Op::P2p {
-            kind: "cp",
+            kind: CommKind::Cp,
             sends: vec![(next, bytes)],
             recvs: vec![(prev, bytes)],
         });
@@ -213,14 +213,14 @@ impl<'a> Walker<'a> {
                 self.ring_step(backward);
             }
             if backward {
-                self.gemm("attention_core", (sq, keys, hd), batch, 1, false);
-                self.gemm("attention_core", (sq, keys, hd), batch, 1, false);
-                self.gemm("attention_core", (keys, hd, sq), batch, 1, false);
-                self.gemm("attention_core", (sq, hd, keys), batch, 1, false);
-                self.gemm("attention_core", (keys, hd, sq), batch, 1, false);
+                self.gemm(OpClass::AttentionCore, (sq, keys, hd), batch, 1, false);
+                self.gemm(OpClass::AttentionCore, (sq, keys, hd), batch, 1, false);
+                self.gemm(OpClass::AttentionCore, (keys, hd, sq), batch, 1, false);
+                self.gemm(OpClass::AttentionCore, (sq, hd, keys), batch, 1, false);
+                self.gemm(OpClass::AttentionCore, (keys, hd, sq), batch, 1, false);
             } else {
-                self.gemm("attention_core", (sq, keys, hd), batch, 1, recompute);
-                self.gemm("attention_core", (sq, hd, keys), batch, 1, recompute);
+                self.gemm(OpClass::AttentionCore, (sq, keys, hd), batch, 1, recompute);
+                self.gemm(OpClass::AttentionCore, (sq, hd, keys), batch, 1, recompute);
             }
         }
     }
@@ -251,24 +251,24 @@ impl<'a> Walker<'a> {
             up,
             ..
         } = self.z;
-        self.mem("elementwise", tl * h * B * 2, rc);
+        self.mem(OpClass::Elementwise, tl * h * B * 2, rc);
         self.enter_tp(false);
-        self.gemm("attention_proj", (t, hl + 2 * kvl, h), 1, 1, rc);
-        self.mem("elementwise", t * (hl + kvl) * B * 2, rc);
+        self.gemm(OpClass::AttentionProj, (t, hl + 2 * kvl, h), 1, 1, rc);
+        self.mem(OpClass::Elementwise, t * (hl + kvl) * B * 2, rc);
         self.core(false, rc);
-        self.gemm("attention_proj", (t, h, hl), 1, 1, rc);
+        self.gemm(OpClass::AttentionProj, (t, h, hl), 1, 1, rc);
         self.leave_tp(false);
-        self.mem("elementwise", tl * h * B * 5, rc);
+        self.mem(OpClass::Elementwise, tl * h * B * 5, rc);
         if moe {
             self.moe_forward(rc, true);
         } else {
             self.enter_tp(false);
-            self.gemm("mlp", (t, up * f, h), 1, 1, rc);
-            self.mem("elementwise", t * f * B * (up + 1), rc);
-            self.gemm("mlp", (t, h, f), 1, 1, rc);
+            self.gemm(OpClass::Mlp, (t, up * f, h), 1, 1, rc);
+            self.mem(OpClass::Elementwise, t * f * B * (up + 1), rc);
+            self.gemm(OpClass::Mlp, (t, h, f), 1, 1, rc);
             self.leave_tp(false);
         }
-        self.mem("elementwise", tl * h * B * 3, rc);
+        self.mem(OpClass::Elementwise, tl * h * B * 3, rc);
     }
 
     pub(super) fn moe_forward(&mut self, rc: bool, comms: bool) {
@@ -278,22 +278,22 @@ impl<'a> Walker<'a> {
         let rows = r_in * top_k;
         let per = self.per_expert();
         let up = z.up;
-        self.gemm("router", (r_in, experts, h), 1, 1, rc);
-        self.mem("elementwise", rows * h * B * 2, rc);
+        self.gemm(OpClass::Router, (r_in, experts, h), 1, 1, rc);
+        self.mem(OpClass::Elementwise, rows * h * B * 2, rc);
         if comms {
-            self.coll("ep", "ep", Coll::AllToAll, rows * h * B);
-            self.coll("etp", "etp", Coll::AllGather, rows * self.etp * h * B);
+            self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
+            self.coll(CommKind::Etp, Coll::AllGather, rows * self.etp * h * B);
         }
-        self.gemm("moe_experts", (per, up * e, h), 1, n_local, rc);
-        self.mem("elementwise", per * n_local * e * B * (up + 1), rc);
-        self.gemm("moe_experts", (per, h, e), 1, n_local, rc);
+        self.gemm(OpClass::MoeExperts, (per, up * e, h), 1, n_local, rc);
+        self.mem(OpClass::Elementwise, per * n_local * e * B * (up + 1), rc);
+        self.gemm(OpClass::MoeExperts, (per, h, e), 1, n_local, rc);
         if comms {
-            self.coll("etp", "etp", Coll::ReduceScatter, rows * self.etp * h * B);
-            self.coll("ep", "ep", Coll::AllToAll, rows * h * B);
+            self.coll(CommKind::Etp, Coll::ReduceScatter, rows * self.etp * h * B);
+            self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
         }
-        self.mem("elementwise", rows * h * B * 2, rc);
+        self.mem(OpClass::Elementwise, rows * h * B * 2, rc);
         if comms && !self.sp {
-            self.coll("tp", "tp", Coll::AllGather, self.z.t * h * B);
+            self.coll(CommKind::Tp, Coll::AllGather, self.z.t * h * B);
         }
     }
 
@@ -316,19 +316,19 @@ impl<'a> Walker<'a> {
             self.cp = cp;
         }
         if cfg.recomputes(RecomputeModules::LAYERNORM) {
-            self.mem("elementwise", 2 * tl * h * B * 2, true);
+            self.mem(OpClass::Elementwise, 2 * tl * h * B * 2, true);
         }
         match moe {
             false if cfg.recomputes(RecomputeModules::MLP) => {
-                self.gemm("mlp", (t, up * f, h), 1, 1, true);
-                self.mem("elementwise", t * f * B * (up + 1), true);
-                self.gemm("mlp", (t, h, f), 1, 1, true);
+                self.gemm(OpClass::Mlp, (t, up * f, h), 1, 1, true);
+                self.mem(OpClass::Elementwise, t * f * B * (up + 1), true);
+                self.gemm(OpClass::Mlp, (t, h, f), 1, 1, true);
             }
             true if cfg.recomputes(RecomputeModules::MOE) => self.moe_forward(true, false),
             true if cfg.recomputes(RecomputeModules::MOE_ACT) => {
                 let per = self.per_expert();
                 self.mem(
-                    "elementwise",
+                    OpClass::Elementwise,
                     per * self.z.local_experts * self.z.e * B * (up + 1),
                     true,
                 );
@@ -348,7 +348,7 @@ impl<'a> Walker<'a> {
             up,
             ..
         } = self.z;
-        self.mem("elementwise", tl * h * B * 6, false);
+        self.mem(OpClass::Elementwise, tl * h * B * 6, false);
         if moe {
             let z = &self.z;
             let (top_k, e, n_local, experts) = (z.top_k, z.e, z.local_experts, z.experts);
@@ -356,31 +356,35 @@ impl<'a> Walker<'a> {
             let rows = r_in * top_k;
             let per = self.per_expert();
             if !self.sp {
-                self.coll("tp", "tp", Coll::ReduceScatter, t * h * B);
+                self.coll(CommKind::Tp, Coll::ReduceScatter, t * h * B);
             }
-            self.mem("elementwise", rows * h * B * 2, false);
-            self.coll("ep", "ep", Coll::AllToAll, rows * h * B);
-            self.coll("etp", "etp", Coll::AllGather, rows * self.etp * h * B);
-            self.linear_bwd("moe_experts", (per, h, e), n_local, w);
-            self.mem("elementwise", per * n_local * e * B * 2 * (up + 1), false);
-            self.linear_bwd("moe_experts", (per, up * e, h), n_local, w);
-            self.coll("etp", "etp", Coll::ReduceScatter, rows * self.etp * h * B);
-            self.coll("ep", "ep", Coll::AllToAll, rows * h * B);
-            self.mem("elementwise", rows * h * B * 2, false);
-            self.linear_bwd("router", (r_in, experts, h), 1, w);
+            self.mem(OpClass::Elementwise, rows * h * B * 2, false);
+            self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
+            self.coll(CommKind::Etp, Coll::AllGather, rows * self.etp * h * B);
+            self.linear_bwd(OpClass::MoeExperts, (per, h, e), n_local, w);
+            self.mem(
+                OpClass::Elementwise,
+                per * n_local * e * B * 2 * (up + 1),
+                false,
+            );
+            self.linear_bwd(OpClass::MoeExperts, (per, up * e, h), n_local, w);
+            self.coll(CommKind::Etp, Coll::ReduceScatter, rows * self.etp * h * B);
+            self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
+            self.mem(OpClass::Elementwise, rows * h * B * 2, false);
+            self.linear_bwd(OpClass::Router, (r_in, experts, h), 1, w);
         } else {
             self.leave_tp(true);
-            self.linear_bwd("mlp", (t, h, f), 1, w);
-            self.mem("elementwise", t * f * B * 2 * (up + 1), false);
-            self.linear_bwd("mlp", (t, up * f, h), 1, w);
+            self.linear_bwd(OpClass::Mlp, (t, h, f), 1, w);
+            self.mem(OpClass::Elementwise, t * f * B * 2 * (up + 1), false);
+            self.linear_bwd(OpClass::Mlp, (t, up * f, h), 1, w);
             self.enter_tp(true);
         }
-        self.mem("elementwise", tl * h * B * 10, false);
+        self.mem(OpClass::Elementwise, tl * h * B * 10, false);
         self.leave_tp(true);
-        self.linear_bwd("attention_proj", (t, h, hl), 1, w);
+        self.linear_bwd(OpClass::AttentionProj, (t, h, hl), 1, w);
         self.core(true, false);
-        self.mem("elementwise", t * (hl + kvl) * B * 2, false);
-        self.linear_bwd("attention_proj", (t, hl + 2 * kvl, h), 1, w);
+        self.mem(OpClass::Elementwise, t * (hl + kvl) * B * 2, false);
+        self.linear_bwd(OpClass::AttentionProj, (t, hl + 2 * kvl, h), 1, w);
         self.enter_tp(true);
     }
 
@@ -407,19 +411,12 @@ impl<'a> Walker<'a> {
 
     /// A data-parallel collective over `elems` parameters of `bytes_per` bytes, in
     /// Megatron's 40M-parameter buckets.
-    pub(super) fn bucketed(
-        &mut self,
-        kind: &'static str,
-        name: &str,
-        op: Coll,
-        elems: u64,
-        bytes_per: u64,
-    ) {
+    pub(super) fn bucketed(&mut self, kind: CommKind, op: Coll, elems: u64, bytes_per: u64) {
         let bucket = BUCKET_PARAMS as u64;
         let mut left = elems;
         while left > 0 {
             let n = left.min(bucket);
-            self.coll(kind, name, op, n * bytes_per);
+            self.coll(kind, op, n * bytes_per);
             left -= n;
         }
     }
@@ -428,8 +425,8 @@ impl<'a> Walker<'a> {
     pub(super) fn gather(&mut self, vstage: usize) {
         if self.s.cfg.zero == Zero::Zero3 {
             let (dense, expert) = self.stage_params(vstage);
-            self.bucketed("dp_param", "dp_cp", Coll::AllGather, dense, B);
-            self.bucketed("edp_param", "edp", Coll::AllGather, expert, B);
+            self.bucketed(CommKind::DpParam, Coll::AllGather, dense, B);
+            self.bucketed(CommKind::EdpParam, Coll::AllGather, expert, B);
         }
     }
 
@@ -437,7 +434,7 @@ impl<'a> Walker<'a> {
     pub(super) fn transfers(&mut self, sends: Vec<(u64, u64)>, recvs: Vec<(u64, u64)>) {
         if !sends.is_empty() || !recvs.is_empty() {
             self.sink.op(Op::P2p {
-                kind: "pp",
+                kind: CommKind::Pp,
                 sends,
                 recvs,
             });

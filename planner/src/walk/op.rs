@@ -1,5 +1,41 @@
 //! The ops of a device program and their sizes.
 
+pub use crate::cost::CommKind;
+
+/// What a GEMM or an element-wise pass computes: the classes the cost model prices
+/// and a measured run books its seconds under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpClass {
+    AttentionProj,
+    AttentionCore,
+    Mlp,
+    MoeExperts,
+    Router,
+    Elementwise,
+    Optimizer,
+}
+
+impl OpClass {
+    /// The name a measured run books this class under.
+    pub fn key(self) -> &'static str {
+        match self {
+            OpClass::AttentionProj => "attention_proj",
+            OpClass::AttentionCore => "attention_core",
+            OpClass::Mlp => "mlp",
+            OpClass::MoeExperts => "moe_experts",
+            OpClass::Router => "router",
+            OpClass::Elementwise => "elementwise",
+            OpClass::Optimizer => "optimizer",
+        }
+    }
+}
+
+impl std::fmt::Display for OpClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
 /// Bytes of a BF16 element.
 pub const B: u64 = 2;
 
@@ -29,7 +65,7 @@ pub enum Op {
     /// Row-major `C[m, n] = A[m, k] · B[k, n]`, `batch` independent products
     /// (strided), issued `count` times in a row (one per local expert).
     Gemm {
-        class: &'static str,
+        class: OpClass,
         m: u64,
         n: u64,
         k: u64,
@@ -39,7 +75,7 @@ pub enum Op {
     },
     /// Element-wise work: `bytes` read and written in HBM in all.
     Memory {
-        class: &'static str,
+        class: OpClass,
         bytes: u64,
         recompute: bool,
     },
@@ -47,14 +83,14 @@ pub enum Op {
     /// follows nccl-tests: the all-gather's output, the reduce-scatter's input,
     /// the all-reduce's buffer, everything an all-to-all sends.
     Coll {
-        kind: &'static str,
+        kind: CommKind,
         group: usize,
         op: Coll,
         bytes: u64,
     },
     /// One NCCL group of sends and receives: `(peer rank, bytes)`.
     P2p {
-        kind: &'static str,
+        kind: CommKind,
         sends: Vec<(u64, u64)>,
         recvs: Vec<(u64, u64)>,
     },

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::layer::Walker;
-use super::op::{Coll, Op, B};
+use super::op::{Coll, CommKind, Op, OpClass, B};
 use super::{Sink, Step};
 use crate::config::{Recompute, Zero};
 use crate::memory::{self, LayerKind};
@@ -219,7 +219,7 @@ impl Walker<'_> {
             let bytes = units.iter().map(|u| (u.0 + u.1) * gb).sum();
             if partner != self.rank {
                 self.sink.op(Op::P2p {
-                    kind: "dp_grad",
+                    kind: CommKind::DpGrad,
                     sends: vec![(partner, bytes)],
                     recvs: vec![(partner, bytes)],
                 });
@@ -227,12 +227,12 @@ impl Walker<'_> {
         }
         let sharded = cfg.zero != Zero::None;
         for expert in [false, true] {
-            let (group, grad, param) = if expert {
-                ("edp", "edp_grad", "edp_param")
+            let (grad, param) = if expert {
+                (CommKind::EdpGrad, CommKind::EdpParam)
             } else {
-                ("dp_cp", "dp_grad", "dp_param")
+                (CommKind::DpGrad, CommKind::DpParam)
             };
-            let n = self.group_size(group);
+            let n = self.group_size(grad.group());
             for &(dense, exp) in &units {
                 let elems = if expert { exp } else { dense };
                 if elems == 0 {
@@ -243,13 +243,13 @@ impl Walker<'_> {
                 } else {
                     Coll::AllReduce
                 };
-                self.bucketed(grad, group, op, elems, gb);
+                self.bucketed(grad, op, elems, gb);
                 let shard = if sharded { elems / n } else { elems };
                 // Adam reads the gradient, reads and writes the FP32 master weights and
                 // both moments, and writes the BF16 weights.
-                self.mem("optimizer", shard * (gb + 2 * ob + B), false);
+                self.mem(OpClass::Optimizer, shard * (gb + 2 * ob + B), false);
                 if sharded && cfg.zero != Zero::Zero3 {
-                    self.bucketed(param, group, Coll::AllGather, elems, B);
+                    self.bucketed(param, Coll::AllGather, elems, B);
                 }
             }
         }

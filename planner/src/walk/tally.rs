@@ -43,19 +43,19 @@ impl Sink for Tally {
                 } else {
                     &mut self.flops
                 };
-                *to.entry(class).or_default() += op.flops();
+                *to.entry(class.key()).or_default() += op.flops();
             }
             Op::Memory { class, bytes, .. } => {
-                let b = self.memory_bytes.entry(class).or_default();
+                let b = self.memory_bytes.entry(class.key()).or_default();
                 *b = b.saturating_add(*bytes);
             }
             Op::Coll { kind, bytes, .. } => {
-                let b = self.collective_bytes.entry(kind).or_default();
+                let b = self.collective_bytes.entry(kind.key()).or_default();
                 *b = b.saturating_add(*bytes);
             }
             Op::P2p { kind, sends, .. } => {
                 let sent = sends.iter().fold(0u64, |a, s| a.saturating_add(s.1));
-                let b = self.sent_bytes.entry(kind).or_default();
+                let b = self.sent_bytes.entry(kind.key()).or_default();
                 *b = b.saturating_add(sent);
             }
             Op::Keep { .. } | Op::Free { .. } | Op::Barrier => {}
