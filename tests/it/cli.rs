@@ -559,6 +559,13 @@ fn invalid_configurations_say_exactly_why() {
         ],
         "needs sequence parallelism",
     );
+    // Megatron-Core's MoE layer refuses TP without SP even with no EP.
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8x7b", "--gpus", "16", "--tp", "2", "--sp", "false",
+        ],
+        "needs sequence parallelism",
+    );
     // TP across nodes only when asked for.
     let o = sextant(&[
         "estimate",

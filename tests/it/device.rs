@@ -171,7 +171,7 @@ fn device_programs_pair_up_for_every_schedule_and_parallel_dimension() {
             [
                 &moe[..],
                 &[
-                    "--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "false", "--zero",
+                    "--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "true", "--zero",
                     "3",
                 ],
             ]

@@ -635,11 +635,11 @@ fn cpu_backend_expert_tensor_parallelism() {
             "etp2.json",
             vec!["--tp", "2", "--ep", "2", "--etp", "2", "--sp", "true"],
         ),
-        // ETP wider than TP, across pipeline stages, without SP.
+        // ETP wider than TP, across pipeline stages, with SP (Megatron-Core refuses MoE with TP and no SP).
         (
             "etp4.json",
             vec![
-                "--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "false", "--zero", "3",
+                "--tp", "2", "--pp", "2", "--ep", "1", "--etp", "2", "--sp", "true", "--zero", "3",
             ],
         ),
         (

@@ -130,7 +130,7 @@ impl RejectKind {
             RejectKind::EpExperts => "EP does not divide the experts",
             RejectKind::EpSpan => "EP x expert-TP does not divide TP x CP x DP",
             RejectKind::EtpFfn => "expert-TP does not divide the expert FFN",
-            RejectKind::MoeNeedsSp => "EP with TP > 1 needs sequence parallelism",
+            RejectKind::MoeNeedsSp => "MoE with TP > 1 needs sequence parallelism",
             RejectKind::Batch => "global batch not divisible by micro-batch x DP",
             RejectKind::OutOfMemory => "does not fit in GPU memory",
             RejectKind::Other => "other",
@@ -220,7 +220,7 @@ impl fmt::Display for Rejection {
                 ep * etp
             ),
             Rejection::EtpFfn { etp, ffn } => write!(f, "expert tensor parallel size {etp} does not divide expert FFN hidden size {ffn}"),
-            Rejection::MoeNeedsSp { tp } => write!(f, "expert parallelism with tensor parallel size {tp} needs sequence parallelism (Megatron-Core requires it): use --sp"),
+            Rejection::MoeNeedsSp { tp } => write!(f, "a mixture-of-experts model with tensor parallel size {tp} needs sequence parallelism (Megatron-Core's MoE layer refuses to train without it): use --sp"),
             Rejection::Batch { gbs, mbs, dp } => write!(
                 f,
                 "global batch {gbs} is not divisible by micro-batch {mbs} x data parallel {dp} = {}",

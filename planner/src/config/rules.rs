@@ -221,11 +221,12 @@ impl ParallelConfig {
                         domain,
                     });
                 }
-                // Megatron-Core: "When using expert parallelism and tensor
-                // parallelism, sequence parallelism must be used"
-                // (ModelParallelConfig.__post_init__, megatron/core/model_parallel_config.py;
-                // an error in core_v0.13-0.14, a warning since).
-                if self.ep > 1 && self.tp > 1 && !self.sp {
+                // Megatron-Core's MoE layer raises in training when attention TP
+                // is above 1 without sequence parallelism, whatever the EP size
+                // (`MoELayer.forward`, megatron/core/transformer/moe/moe_layer.py,
+                // line 636 at d98e8a6; since 28c8dd7, May 2024). torchtitan's TP plan
+                // always shards the norms' sequence, so this refuses nothing it runs.
+                if self.tp > 1 && !self.sp {
                     return Err(Rejection::MoeNeedsSp { tp: self.tp });
                 }
             }
