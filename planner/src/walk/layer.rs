@@ -3,7 +3,7 @@
 
 use super::op::{Coll, CommKind, Op, OpClass, B};
 use super::{Sink, Step};
-use crate::config::{RecomputeModules, Zero};
+use crate::config::{Dispatcher, RecomputeModules, Zero};
 use crate::cost::BUCKET_PARAMS;
 use crate::ranks::{group_kind, RankMap};
 
@@ -59,7 +59,9 @@ impl<'a> Walker<'a> {
             h: d.hidden,
             hd: d.head_dim,
             hl: d.heads * d.head_dim / tp,
-            kvl: d.kv_heads * d.head_dim / tp,
+            // With fewer K/V heads than TP ranks each rank keeps a copy of one
+            // (Megatron replicates them; `memory::kv_dim_per_rank`).
+            kvl: (d.kv_heads / tp).max(1) * d.head_dim,
             f: d.ffn / tp,
             up: s.model.mlp.matrices() - 1,
             heads_l: d.heads / tp,
@@ -178,8 +180,9 @@ impl<'a> Walker<'a> {
         }
     }
 
-    /// One CP ring step's transfer: K and V (and in the backward their gradients)
-    /// to the next CP rank, from the previous.
+    /// One CP ring step's transfers: K and V to the next CP rank, from the
+    /// previous; in the backward also their gradients, as a second exchange
+    /// (Transformer Engine's ring attention passes K/V and dK/dV separately).
     pub(super) fn ring_step(&mut self, backward: bool) {
         let cp = self.members("cp").to_vec();
         if cp.len() < 2 {
@@ -189,13 +192,15 @@ impl<'a> Walker<'a> {
             .iter()
             .position(|&r| r == self.rank)
             .expect("own CP group");
-        let bytes = self.z.t * 2 * self.z.kvl * B * if backward { 2 } else { 1 };
+        let bytes = self.z.t * 2 * self.z.kvl * B;
         let (next, prev) = (cp[(me + 1) % cp.len()], cp[(me + cp.len() - 1) % cp.len()]);
-        self.sink.op(Op::P2p {
-            kind: CommKind::Cp,
-            sends: vec![(next, bytes)],
-            recvs: vec![(prev, bytes)],
-        });
+        for _ in 0..if backward { 2 } else { 1 } {
+            self.sink.op(Op::P2p {
+                kind: CommKind::Cp,
+                sends: vec![(next, bytes)],
+                recvs: vec![(prev, bytes)],
+            });
+        }
     }
 
     /// Core attention over the CP ring: per step a batched `QKᵀ` and `PV` over half
@@ -233,6 +238,13 @@ impl<'a> Walker<'a> {
         } else {
             self.z.t / self.tp
         }
+    }
+
+    /// 1 where Megatron's all-to-all dispatcher sorts the received rows by local
+    /// expert and restores their order before the return (`sort_chunks_by_idxs`,
+    /// run when a rank holds more than one expert), else 0.
+    fn sorts_chunks(&self) -> u64 {
+        u64::from(self.s.cfg.moe_dispatcher == Dispatcher::AllToAll && self.z.local_experts > 1)
     }
 
     /// Rows each local expert computes on (balanced routing, the ETP group's rows).
@@ -278,15 +290,18 @@ impl<'a> Walker<'a> {
         let rows = r_in * top_k;
         let per = self.per_expert();
         let up = z.up;
+        let sort = self.sorts_chunks();
         self.gemm(OpClass::Router, (r_in, experts, h), 1, 1, rc);
         self.mem(OpClass::Elementwise, rows * h * B * 2, rc);
         if comms {
             self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
             self.coll(CommKind::Etp, Coll::AllGather, rows * self.etp * h * B);
         }
+        self.mem(OpClass::Elementwise, sort * rows * h * B * 2, rc);
         self.gemm(OpClass::MoeExperts, (per, up * e, h), 1, n_local, rc);
         self.mem(OpClass::Elementwise, per * n_local * e * B * (up + 1), rc);
         self.gemm(OpClass::MoeExperts, (per, h, e), 1, n_local, rc);
+        self.mem(OpClass::Elementwise, sort * rows * h * B * 2, rc);
         if comms {
             self.coll(CommKind::Etp, Coll::ReduceScatter, rows * self.etp * h * B);
             self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
@@ -358,9 +373,11 @@ impl<'a> Walker<'a> {
             if !self.sp {
                 self.coll(CommKind::Tp, Coll::ReduceScatter, t * h * B);
             }
-            self.mem(OpClass::Elementwise, rows * h * B * 2, false);
+            let sort = self.sorts_chunks();
+            self.mem(OpClass::Elementwise, rows * h * B * 4, false);
             self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
             self.coll(CommKind::Etp, Coll::AllGather, rows * self.etp * h * B);
+            self.mem(OpClass::Elementwise, sort * rows * h * B * 4, false);
             self.linear_bwd(OpClass::MoeExperts, (per, h, e), n_local, w);
             self.mem(
                 OpClass::Elementwise,
@@ -368,9 +385,10 @@ impl<'a> Walker<'a> {
                 false,
             );
             self.linear_bwd(OpClass::MoeExperts, (per, up * e, h), n_local, w);
+            self.mem(OpClass::Elementwise, sort * rows * h * B * 4, false);
             self.coll(CommKind::Etp, Coll::ReduceScatter, rows * self.etp * h * B);
             self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
-            self.mem(OpClass::Elementwise, rows * h * B * 2, false);
+            self.mem(OpClass::Elementwise, rows * h * B * 4, false);
             self.linear_bwd(OpClass::Router, (r_in, experts, h), 1, w);
         } else {
             self.leave_tp(true);
@@ -383,9 +401,10 @@ impl<'a> Walker<'a> {
         self.leave_tp(true);
         self.linear_bwd(OpClass::AttentionProj, (t, h, hl), 1, w);
         self.core(true, false);
-        self.mem(OpClass::Elementwise, t * (hl + kvl) * B * 2, false);
+        self.mem(OpClass::Elementwise, t * (hl + kvl) * B * 4, false);
         self.linear_bwd(OpClass::AttentionProj, (t, hl + 2 * kvl, h), 1, w);
         self.enter_tp(true);
+        self.mem(OpClass::Elementwise, tl * h * B * 4, false);
     }
 
     /// Dense and expert parameters of one layer on this rank.

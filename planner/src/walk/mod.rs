@@ -26,12 +26,19 @@
 //!   a reduce-scatter (SP) or all-reduce over TP; the residual add.
 //! - MLP: norm, the same TP entry/exit, `up` and `down` GEMMs, the activation.
 //! - MoE: router; permute; all-to-all over EP (balanced routing, `top_k` rows per
-//!   token); with expert TP an all-gather / reduce-scatter over ETP; the local
-//!   experts' GEMMs; the return all-to-all; un-permute.
+//!   token); with expert TP an all-gather / reduce-scatter over ETP; with the
+//!   all-to-all dispatcher and more than one local expert, the sort of the received
+//!   rows by expert and its inverse; the local experts' GEMMs; the return
+//!   all-to-all; un-permute.
 //! - Backward: per forward GEMM `[m, k] · [k, n]` an input gradient `(m, k, n)` and
 //!   a weight gradient `(k, n, m)` (deferred to the W pass under ZB-H1 and
 //!   DualPipe); the core's five GEMMs (2.5x the forward); each TP collective's
-//!   conjugate; the CP ring carries K/V and their gradients.
+//!   conjugate; each element-wise pass twice the forward's bytes; the CP ring
+//!   passes K/V and, as a second exchange, their gradients.
+//!
+//! With fewer K/V heads than TP ranks each rank holds one K/V head (Megatron
+//! replicates them). The cost model prices these same ops class by class
+//! (`cost::walked`'s tests hold it).
 //! - Recomputation replays the forward (full) or the selected modules.
 //!
 //! Pipeline transfers follow Megatron's p2p batching: a pass's outgoing send is
