@@ -10,6 +10,8 @@
 
 use std::cell::Cell;
 
+use sextant_planner::ranks::GroupKind;
+
 pub use crate::error::CommError;
 use crate::mesh::Mesh;
 
@@ -27,17 +29,22 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn label(self) -> &'static str {
+    /// The rank map's group kind this communicator is (none for the world).
+    pub fn group(self) -> Option<GroupKind> {
         match self {
-            Kind::Tp => "tp",
-            Kind::Cp => "cp",
-            Kind::DpCp => "dp_cp",
-            Kind::Pp => "pp",
-            Kind::Ep => "ep",
-            Kind::Edp => "edp",
-            Kind::World => "world",
-            Kind::Etp => "etp",
+            Kind::Tp => Some(GroupKind::Tp),
+            Kind::Cp => Some(GroupKind::Cp),
+            Kind::DpCp => Some(GroupKind::DpCp),
+            Kind::Pp => Some(GroupKind::Pp),
+            Kind::Ep => Some(GroupKind::Ep),
+            Kind::Edp => Some(GroupKind::Edp),
+            Kind::World => None,
+            Kind::Etp => Some(GroupKind::Etp),
         }
+    }
+
+    pub fn label(self) -> &'static str {
+        self.group().map_or("world", GroupKind::name)
     }
 }
 

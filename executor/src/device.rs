@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use crate::culibs::Lib;
 use crate::cuload::ensure;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-use sextant_planner::ranks::{RankMap, GROUP_KINDS};
+use sextant_planner::ranks::{GroupKind, RankMap};
 
 use crate::cuda::ffi::{copy_htod, nccl, DevBuf};
 use crate::cuda::{
@@ -124,11 +124,19 @@ pub fn run_device(job: &DeviceJob) -> Result<RankStats, DeviceError> {
     guarded(|| run(job))
 }
 
-/// The world communicator and one per group kind (in `GROUP_KINDS` order). Declared
-/// first in [`Gpu`], so they are aborted (on an early exit) before anything else goes.
+/// The world communicator and one per group kind (in [`GroupKind::ALL`] order).
+/// Declared first in [`Gpu`], so they are aborted (on an early exit) before anything
+/// else goes.
 struct Comms {
     world: Comm,
     kinds: Vec<Comm>,
+}
+
+impl Comms {
+    /// The communicator of this rank's group of `kind`.
+    fn of(&self, kind: GroupKind) -> &Comm {
+        &self.kinds[kind.index()]
+    }
 }
 
 /// What a rank opens on its GPU, dropped in field order.
@@ -187,12 +195,12 @@ fn communicators(job: &DeviceJob) -> Result<Comms, DeviceError> {
         .ok_or(DeviceError::NoCommunicator { rank, world })?;
     let mut comms = Comms {
         world: world_comm,
-        kinds: Vec::with_capacity(GROUP_KINDS.len()),
+        kinds: Vec::with_capacity(GroupKind::ALL.len()),
     };
-    // One communicator per group kind, split in GROUP_KINDS order on every rank.
-    for (k, kind) in GROUP_KINDS.iter().enumerate() {
-        let idx = me.group_index[k];
-        let members = map.group_of(rank, k);
+    // One communicator per group kind, split in the same order on every rank.
+    for kind in GroupKind::ALL {
+        let idx = me.group_index_of(kind);
+        let members = map.group_of(rank, kind);
         let key = members
             .iter()
             .position(|&q| q == rank)
@@ -254,7 +262,7 @@ fn run(job: &DeviceJob) -> Result<RankStats, DeviceError> {
     };
     let mut gpu = open(job, &mut memory)?;
     let (ctx, stream, ordinal) = (&gpu.ctx, &gpu.stream, gpu.ordinal);
-    let group_size = |k: usize| map.group_of(rank, k).len() as u64;
+    let group_size = |k: GroupKind| map.group_of(rank, k).len() as u64;
     let mut stats = RankStats {
         rank,
         ..RankStats::default()

@@ -5,6 +5,7 @@
 
 use crate::auth::{MIN_SECRET_LEN, SECRET_VAR};
 use crate::rendezvous::{MAX_BLOB, MAX_WORLD};
+use sextant_planner::ranks::GroupKind;
 use std::net::SocketAddr;
 
 /// A failure of one rank. Displayed as one line: `rank 3, step 2 forward
@@ -337,7 +338,7 @@ pub enum TraceError {
     Collectives {
         first: usize,
         second: u64,
-        group: &'static str,
+        group: GroupKind,
         first_op: usize,
         first_issues: String,
         second_op: usize,
@@ -580,10 +581,7 @@ pub enum CudaError {
         status: NcclStatus,
     },
     #[error("ncclCommSplit for the {kind} groups failed (NCCL 2.18 or later is needed): {status}")]
-    NcclSplit {
-        kind: &'static str,
-        status: NcclStatus,
-    },
+    NcclSplit { kind: GroupKind, status: NcclStatus },
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -610,7 +608,7 @@ pub enum DeviceError {
     #[error("ncclCommInitRank (rank {rank} of {world}) made no communicator")]
     NoCommunicator { rank: u64, world: u64 },
     #[error("rank {rank} is not in its own {kind} group")]
-    NotInGroup { rank: u64, kind: &'static str },
+    NotInGroup { rank: u64, kind: GroupKind },
     #[error("filling scratch: {size} bytes run past its buffer")]
     ScratchSize { size: u64 },
     #[error("filling scratch: {0}")]

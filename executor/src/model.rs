@@ -14,6 +14,7 @@
 
 mod moe;
 
+use sextant_planner::cost::CommKind;
 use sextant_planner::model::ModelSpec;
 
 use crate::comm::Group;
@@ -336,7 +337,7 @@ fn gemm(s: &Shard, class: &'static str, a: &Mat, ta: bool, b: &Mat, tb: bool) ->
     c
 }
 
-fn gather_rows(s: &Shard, g: &Group, kind: &'static str, x: &Mat) -> R<Mat> {
+fn gather_rows(s: &Shard, g: &Group, kind: CommKind, x: &Mat) -> R<Mat> {
     if g.size() == 1 {
         return Ok(x.clone());
     }
@@ -346,7 +347,7 @@ fn gather_rows(s: &Shard, g: &Group, kind: &'static str, x: &Mat) -> R<Mat> {
     Mat::from_vec(x.rows * g.size(), x.cols, out)
 }
 
-fn scatter_rows(s: &Shard, g: &Group, kind: &'static str, x: &Mat) -> R<Mat> {
+fn scatter_rows(s: &Shard, g: &Group, kind: CommKind, x: &Mat) -> R<Mat> {
     if g.size() == 1 {
         return Ok(x.clone());
     }
@@ -357,7 +358,7 @@ fn scatter_rows(s: &Shard, g: &Group, kind: &'static str, x: &Mat) -> R<Mat> {
     Mat::from_vec(x.rows / g.size(), x.cols, out)
 }
 
-fn all_reduce(s: &Shard, g: &Group, kind: &'static str, x: &mut Mat) -> R<()> {
+fn all_reduce(s: &Shard, g: &Group, kind: CommKind, x: &mut Mat) -> R<()> {
     if g.size() == 1 {
         return Ok(());
     }
@@ -371,7 +372,7 @@ fn all_reduce(s: &Shard, g: &Group, kind: &'static str, x: &mut Mat) -> R<()> {
 /// Into the column-parallel region: SP gathers the sequence, else the input is replicated.
 fn enter_tp(s: &Shard, x: &Mat) -> R<Mat> {
     if s.sp {
-        gather_rows(s, s.tp, "tp", x)
+        gather_rows(s, s.tp, CommKind::Tp, x)
     } else {
         Ok(x.clone())
     }
@@ -380,9 +381,9 @@ fn enter_tp(s: &Shard, x: &Mat) -> R<Mat> {
 /// Out of the row-parallel region: SP reduce-scatters, else all-reduces.
 fn leave_tp(s: &Shard, mut y: Mat) -> R<Mat> {
     if s.sp {
-        scatter_rows(s, s.tp, "tp", &y)
+        scatter_rows(s, s.tp, CommKind::Tp, &y)
     } else {
-        all_reduce(s, s.tp, "tp", &mut y)?;
+        all_reduce(s, s.tp, CommKind::Tp, &mut y)?;
         Ok(y)
     }
 }
@@ -463,8 +464,8 @@ pub fn forward(
         qkv.cols_range(hl, 2 * hl),
         qkv.cols_range(2 * hl, 3 * hl),
     );
-    let k_all = gather_rows(s, s.cp, "cp", &k)?;
-    let v_all = gather_rows(s, s.cp, "cp", &v)?;
+    let k_all = gather_rows(s, s.cp, CommKind::Cp, &k)?;
+    let v_all = gather_rows(s, s.cp, CommKind::Cp, &v)?;
     let mut o = Mat::zeros(q.rows, hl);
     let mut kept = Vec::new();
     for b in 0..d.mbs {
@@ -618,8 +619,8 @@ pub fn backward(
         }
     }
     // Every CP rank's queries contributed to every chunk's K and V gradients.
-    let dk = scatter_rows(s, s.cp, "cp", &dk_all)?;
-    let dv = scatter_rows(s, s.cp, "cp", &dv_all)?;
+    let dk = scatter_rows(s, s.cp, CommKind::Cp, &dk_all)?;
+    let dv = scatter_rows(s, s.cp, CommKind::Cp, &dv_all)?;
     let dqkv = Mat::hstack(&[&dq, &dk, &dv]);
     let dxf = gemm(s, "attention_proj", &dqkv, false, &p.wqkv, true);
     wjobs.push(WJob {

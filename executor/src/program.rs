@@ -82,14 +82,15 @@ impl Default for Options {
     }
 }
 
+/// This rank's communicator of `kind`, over its group of that kind in the rank map.
 fn group(
     map: &sextant_planner::ranks::RankMap,
-    name: &str,
     kind: Kind,
     rank: u64,
 ) -> Result<Group, ProgramError> {
-    let k = sextant_planner::ranks::group_kind(name)
-        .ok_or_else(|| ProgramError::NoGroupKind(name.to_string()))?;
+    let k = kind
+        .group()
+        .ok_or_else(|| ProgramError::NoGroupKind(kind.label().to_string()))?;
     Ok(Group::new(kind, map.group_of(rank, k).to_vec(), rank)?)
 }
 /// Runs this rank's part of the plan over `mesh`. Rank 0 returns the measured run.
@@ -114,13 +115,13 @@ pub fn run(
     }
     let map = s.rank_map().map_err(|e| early(&e))?;
     let g = Groups {
-        tp: group(&map, "tp", Kind::Tp, rank).map_err(|e| early(&e))?,
-        cp: group(&map, "cp", Kind::Cp, rank).map_err(|e| early(&e))?,
-        dp_cp: group(&map, "dp_cp", Kind::DpCp, rank).map_err(|e| early(&e))?,
-        pp: group(&map, "pp", Kind::Pp, rank).map_err(|e| early(&e))?,
-        ep: group(&map, "ep", Kind::Ep, rank).map_err(|e| early(&e))?,
-        etp: group(&map, "etp", Kind::Etp, rank).map_err(|e| early(&e))?,
-        edp: group(&map, "edp", Kind::Edp, rank).map_err(|e| early(&e))?,
+        tp: group(&map, Kind::Tp, rank).map_err(|e| early(&e))?,
+        cp: group(&map, Kind::Cp, rank).map_err(|e| early(&e))?,
+        dp_cp: group(&map, Kind::DpCp, rank).map_err(|e| early(&e))?,
+        pp: group(&map, Kind::Pp, rank).map_err(|e| early(&e))?,
+        ep: group(&map, Kind::Ep, rank).map_err(|e| early(&e))?,
+        etp: group(&map, Kind::Etp, rank).map_err(|e| early(&e))?,
+        edp: group(&map, Kind::Edp, rank).map_err(|e| early(&e))?,
         world: Group::new(Kind::World, (0..world).collect(), rank).map_err(|e| early(&e))?,
     };
     let entry = &map.ranks[rank as usize];

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use sextant_planner::cost::CommKind;
 
 /// Per-shape totals over the timed steps.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -92,17 +93,13 @@ impl Recorder {
                 .add(s);
         }
     }
-    pub fn comm(
-        &self,
-        kind: &'static str,
-        op: &'static str,
-        ranks: usize,
-        bytes: usize,
-        t: Instant,
-    ) {
+    /// A collective or transfer of `kind`, booked under its record name
+    /// ([`CommKind::key`]).
+    pub fn comm(&self, kind: CommKind, op: &'static str, ranks: usize, bytes: usize, t: Instant) {
         if self.enabled {
             let s = t.elapsed().as_secs_f64();
             let mut st = self.stats.borrow_mut();
+            let kind = kind.key();
             *st.components.entry(kind.to_string()).or_default() += s;
             st.comms
                 .entry(format!("{kind} {op} {ranks} {bytes}"))

@@ -25,5 +25,5 @@ mod scratch;
 pub use book::{book, peaks};
 pub use build::{footprint, program, programs, tally};
 pub use check::{check, Checked};
-pub use op::{Coll, Op};
+pub use op::{Coll, CommKind, Op};
 pub use scratch::{coll_sides, Scratch, COPY_PIECE};

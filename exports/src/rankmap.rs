@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use sextant_planner::plan::PlanFile;
-use sextant_planner::ranks::{rank_map, RankMap, GROUP_KINDS};
+use sextant_planner::ranks::{rank_map, GroupKind, RankEntry, RankMap};
 
 use crate::{ExportError, Target};
 
@@ -23,13 +23,9 @@ pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, Expo
     })
 }
 
-fn members(m: &RankMap, kind: &str, gi: usize) -> String {
-    let g = &m
-        .groups
-        .iter()
-        .find(|(k, _)| k == kind)
-        .expect("known kind")
-        .1[gi];
+/// The members of `e`'s group of `kind`.
+fn members(m: &RankMap, e: &RankEntry, kind: GroupKind) -> String {
+    let g = &m.groups_of(kind)[e.group_index_of(kind)];
     if g.len() <= 8 {
         format!("{g:?}").replace(' ', "")
     } else {
@@ -51,12 +47,6 @@ pub fn table(m: &RankMap) -> String {
         "{:>6} {:>5} {:>3} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>5}  {:<20} {:<20} {:<24} {:<24} {:<24}",
         "rank", "node", "gpu", "tp", "cp", "dp", "pp", "ep", "etp", "edp", "tp group", "cp group", "dp group", "pp group", "ep group"
     );
-    let kind_index = |k: &str| {
-        GROUP_KINDS
-            .iter()
-            .position(|x| *x == k)
-            .expect("known kind")
-    };
     for e in &m.ranks {
         let _ = writeln!(
             s,
@@ -71,11 +61,11 @@ pub fn table(m: &RankMap) -> String {
             e.ep,
             e.etp,
             e.edp,
-            members(m, "tp", e.group_index[kind_index("tp")]),
-            members(m, "cp", e.group_index[kind_index("cp")]),
-            members(m, "dp", e.group_index[kind_index("dp")]),
-            members(m, "pp", e.group_index[kind_index("pp")]),
-            members(m, "ep", e.group_index[kind_index("ep")]),
+            members(m, e, GroupKind::Tp),
+            members(m, e, GroupKind::Cp),
+            members(m, e, GroupKind::Dp),
+            members(m, e, GroupKind::Pp),
+            members(m, e, GroupKind::Ep),
         );
     }
     s

@@ -148,34 +148,122 @@ pub struct RankEntry {
     pub ep: u64,
     pub etp: u64,
     pub edp: u64,
-    /// Index into [`RankMap::groups`] of each kind, in the order of `GROUP_KINDS`.
+    /// Index into [`RankMap::groups`] of each kind, in the order of [`GroupKind::ALL`].
     pub group_index: Vec<usize>,
 }
 
-/// Group kinds in a rank map: dense TP, CP, DP, DP x CP (gradient reduction), PP;
-/// expert EP, ETP, EDP.
-pub const GROUP_KINDS: &[&str] = &["tp", "cp", "dp", "dp_cp", "pp", "ep", "etp", "edp"];
+impl RankEntry {
+    /// Which of the groups of `kind` this rank is in (an index into
+    /// [`RankMap::groups_of`]).
+    pub fn group_index_of(&self, kind: GroupKind) -> usize {
+        self.group_index[kind.index()]
+    }
+}
+
+/// The kinds of group in a rank map: dense TP, CP, DP, DP x CP (gradient
+/// reduction), PP; expert EP, ETP, EDP. Files and printed text name them by
+/// [`GroupKind::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GroupKind {
+    Tp,
+    Cp,
+    Dp,
+    DpCp,
+    Pp,
+    Ep,
+    Etp,
+    Edp,
+}
+
+impl GroupKind {
+    /// Every kind, in the order a rank map holds them.
+    pub const ALL: [GroupKind; 8] = [
+        GroupKind::Tp,
+        GroupKind::Cp,
+        GroupKind::Dp,
+        GroupKind::DpCp,
+        GroupKind::Pp,
+        GroupKind::Ep,
+        GroupKind::Etp,
+        GroupKind::Edp,
+    ];
+
+    /// The kind's name in files and printed text.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupKind::Tp => "tp",
+            GroupKind::Cp => "cp",
+            GroupKind::Dp => "dp",
+            GroupKind::DpCp => "dp_cp",
+            GroupKind::Pp => "pp",
+            GroupKind::Ep => "ep",
+            GroupKind::Etp => "etp",
+            GroupKind::Edp => "edp",
+        }
+    }
+
+    /// The kind's position in [`GroupKind::ALL`] (and in a rank map's groups).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The kind called `name` ([`GroupKind::name`]).
+    pub fn from_name(name: &str) -> Option<GroupKind> {
+        GroupKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl std::fmt::Display for GroupKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no [`GroupKind`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown group kind '{0}' (expected tp, cp, dp, dp_cp, pp, ep, etp, edp)")]
+pub struct UnknownGroupKind(pub String);
+
+impl std::str::FromStr for GroupKind {
+    type Err = UnknownGroupKind;
+    fn from_str(s: &str) -> Result<GroupKind, UnknownGroupKind> {
+        GroupKind::from_name(s).ok_or_else(|| UnknownGroupKind(s.to_string()))
+    }
+}
+
+impl Serialize for GroupKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for GroupKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<GroupKind, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankMap {
     pub order: String,
     pub world_size: u64,
     pub gpus_per_node: u64,
-    /// For each kind in `GROUP_KINDS`, every group's member ranks.
-    pub groups: Vec<(String, Vec<Vec<u64>>)>,
+    /// For each kind, in the order of [`GroupKind::ALL`], every group's member ranks.
+    pub groups: Vec<(GroupKind, Vec<Vec<u64>>)>,
     pub ranks: Vec<RankEntry>,
 }
 
 impl RankMap {
-    /// The members of `rank`'s group of kind `GROUP_KINDS[kind]`.
-    pub fn group_of(&self, rank: u64, kind: usize) -> &[u64] {
-        &self.groups[kind].1[self.ranks[rank as usize].group_index[kind]]
+    /// Every group of `kind`, each a list of member ranks.
+    pub fn groups_of(&self, kind: GroupKind) -> &[Vec<u64>] {
+        &self.groups[kind.index()].1
     }
-}
 
-/// The index in `GROUP_KINDS` of the kind called `name`.
-pub fn group_kind(name: &str) -> Option<usize> {
-    GROUP_KINDS.iter().position(|k| *k == name)
+    /// The members of `rank`'s group of `kind`.
+    pub fn group_of(&self, rank: u64, kind: GroupKind) -> &[u64] {
+        &self.groups_of(kind)[self.ranks[rank as usize].group_index_of(kind)]
+    }
 }
 
 /// Why a rank order or a configuration's expert layout gives no rank map
@@ -213,16 +301,22 @@ pub fn rank_map(
         });
     }
     let world = dense.world();
-    let groups: Vec<(String, Vec<Vec<u64>>)> = vec![
-        ("tp".into(), dense.groups("tp")),
-        ("cp".into(), dense.groups("cp")),
-        ("dp".into(), dense.groups("dp")),
-        ("dp_cp".into(), dense.groups("dp-cp")),
-        ("pp".into(), dense.groups("pp")),
-        ("ep".into(), expert.groups("ep")),
-        ("etp".into(), expert.groups("tp")),
-        ("edp".into(), expert.groups("dp")),
-    ];
+    let groups: Vec<(GroupKind, Vec<Vec<u64>>)> = GroupKind::ALL
+        .into_iter()
+        .map(|kind| {
+            let members = match kind {
+                GroupKind::Tp => dense.groups("tp"),
+                GroupKind::Cp => dense.groups("cp"),
+                GroupKind::Dp => dense.groups("dp"),
+                GroupKind::DpCp => dense.groups("dp-cp"),
+                GroupKind::Pp => dense.groups("pp"),
+                GroupKind::Ep => expert.groups("ep"),
+                GroupKind::Etp => expert.groups("tp"),
+                GroupKind::Edp => expert.groups("dp"),
+            };
+            (kind, members)
+        })
+        .collect();
     // rank -> group index, per kind.
     let mut index = vec![vec![0usize; world as usize]; groups.len()];
     for (k, (_, gs)) in groups.iter().enumerate() {
@@ -260,6 +354,7 @@ pub fn rank_map(
 mod tests {
     use super::*;
     use crate::config::{Dispatcher, Layout, Overlap, Recompute, Zero};
+    use GroupKind as G;
 
     fn cfg(tp: u64, cp: u64, dp: u64, pp: u64, ep: u64, etp: u64) -> ParallelConfig {
         ParallelConfig {
@@ -284,8 +379,33 @@ mod tests {
         }
     }
 
-    fn group<'a>(m: &'a RankMap, kind: &str) -> &'a Vec<Vec<u64>> {
-        &m.groups.iter().find(|(k, _)| k == kind).unwrap().1
+    fn group(m: &RankMap, kind: GroupKind) -> &Vec<Vec<u64>> {
+        &m.groups.iter().find(|(k, _)| *k == kind).unwrap().1
+    }
+
+    /// The kinds keep the names and the order the rank map's files have always
+    /// had; a name parses back to its kind, anything else is refused.
+    #[test]
+    fn group_kinds_keep_their_names_and_order() {
+        let names: Vec<&str> = GroupKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names, ["tp", "cp", "dp", "dp_cp", "pp", "ep", "etp", "edp"]);
+        for (i, k) in GroupKind::ALL.into_iter().enumerate() {
+            assert_eq!(k.index(), i);
+            assert_eq!(k.name().parse::<GroupKind>(), Ok(k));
+            assert_eq!(k.to_string(), k.name());
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.name())
+            );
+        }
+        assert!("dp-cp".parse::<GroupKind>().is_err());
+        assert!(serde_json::from_str::<GroupKind>("\"world\"").is_err());
+        let m = rank_map(&cfg(2, 1, 2, 2, 1, 1), "tp-cp-ep-dp-pp", 8).unwrap();
+        let kinds: Vec<GroupKind> = m.groups.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds, GroupKind::ALL);
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(json.contains(r#""groups":[["tp",[[0,1],"#), "{json}");
+        assert_eq!(serde_json::from_str::<RankMap>(&json).unwrap(), m);
     }
 
     /// Megatron-Core's docstring example for `initialize_model_parallel`: 16 GPUs,
@@ -294,12 +414,15 @@ mod tests {
     #[test]
     fn megatron_docstring_example() {
         let m = rank_map(&cfg(2, 1, 2, 4, 1, 1), "tp-cp-ep-dp-pp", 8).unwrap();
-        assert_eq!(group(&m, "tp")[..3], [vec![0, 1], vec![2, 3], vec![4, 5]]);
+        assert_eq!(group(&m, G::Tp)[..3], [vec![0, 1], vec![2, 3], vec![4, 5]]);
         assert_eq!(
-            group(&m, "dp")[..4],
+            group(&m, G::Dp)[..4],
             [vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
         );
-        assert_eq!(group(&m, "pp")[..2], [vec![0, 4, 8, 12], vec![1, 5, 9, 13]]);
+        assert_eq!(
+            group(&m, G::Pp)[..2],
+            [vec![0, 4, 8, 12], vec![1, 5, 9, 13]]
+        );
         // PP groups span both nodes of 8: ranks 0 and 8 are on different nodes.
         assert_eq!((m.ranks[0].node, m.ranks[8].node), (0, 1));
     }
@@ -309,13 +432,13 @@ mod tests {
     #[test]
     fn pp_before_dp_order() {
         let m = rank_map(&cfg(2, 1, 2, 4, 1, 1), "tp-cp-ep-pp-dp", 8).unwrap();
-        assert_eq!(group(&m, "pp")[..2], [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
-        assert_eq!(group(&m, "dp")[..2], [vec![0, 8], vec![1, 9]]);
+        assert_eq!(group(&m, G::Pp)[..2], [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
+        assert_eq!(group(&m, G::Dp)[..2], [vec![0, 8], vec![1, 9]]);
         // DP groups now cross nodes; PP groups stay inside one.
-        assert!(group(&m, "dp")
+        assert!(group(&m, G::Dp)
             .iter()
             .all(|g| m.ranks[g[0] as usize].node != m.ranks[g[1] as usize].node));
-        assert!(group(&m, "pp").iter().all(|g| g
+        assert!(group(&m, G::Pp).iter().all(|g| g
             .iter()
             .all(|&r| m.ranks[r as usize].node == m.ranks[g[0] as usize].node)));
     }
@@ -326,9 +449,9 @@ mod tests {
     fn megatron_worked_example_both_orders() {
         let c = cfg(2, 1, 4, 2, 1, 1);
         let m = rank_map(&c, "tp-cp-ep-dp-pp", 8).unwrap();
-        assert_eq!(group(&m, "tp")[7], vec![14, 15]);
+        assert_eq!(group(&m, G::Tp)[7], vec![14, 15]);
         assert_eq!(
-            group(&m, "dp"),
+            group(&m, G::Dp),
             &vec![
                 vec![0, 2, 4, 6],
                 vec![1, 3, 5, 7],
@@ -336,12 +459,12 @@ mod tests {
                 vec![9, 11, 13, 15]
             ]
         );
-        assert_eq!(group(&m, "pp")[..2], [vec![0, 8], vec![1, 9]]);
-        assert_eq!(group(&m, "pp")[7], vec![7, 15]);
+        assert_eq!(group(&m, G::Pp)[..2], [vec![0, 8], vec![1, 9]]);
+        assert_eq!(group(&m, G::Pp)[7], vec![7, 15]);
         assert_ne!(m.ranks[0].node, m.ranks[8].node, "PP groups span nodes");
         let m = rank_map(&c, "tp-cp-ep-pp-dp", 8).unwrap();
         assert_eq!(
-            group(&m, "dp"),
+            group(&m, G::Dp),
             &vec![
                 vec![0, 4, 8, 12],
                 vec![1, 5, 9, 13],
@@ -350,7 +473,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            group(&m, "pp"),
+            group(&m, G::Pp),
             &vec![
                 vec![0, 2],
                 vec![1, 3],
@@ -382,12 +505,12 @@ mod tests {
             }
             // Coordinates are consistent with group membership.
             for e in &m.ranks {
-                let tp_group = &group(&m, "tp")[e.group_index[0]];
+                let tp_group = &group(&m, G::Tp)[e.group_index_of(G::Tp)];
                 assert_eq!(tp_group[e.tp as usize], e.rank);
             }
-            assert_eq!(group(&m, "dp_cp")[0].len(), 8);
-            assert_eq!(group(&m, "ep")[0].len(), 4);
-            assert_eq!(group(&m, "edp")[0].len(), 4);
+            assert_eq!(group(&m, G::DpCp)[0].len(), 8);
+            assert_eq!(group(&m, G::Ep)[0].len(), 4);
+            assert_eq!(group(&m, G::Edp)[0].len(), 4);
         }
     }
 
@@ -395,8 +518,8 @@ mod tests {
     fn expert_groups_redivide_the_dense_ranks() {
         // tp 2, cp 1, dp 8 -> 16 ranks per stage; ep 8, etp 1 -> edp 2.
         let m = rank_map(&cfg(2, 1, 8, 1, 8, 1), "tp-cp-ep-dp-pp", 8).unwrap();
-        assert_eq!(group(&m, "ep")[0], vec![0, 1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(group(&m, "edp")[0], vec![0, 8]);
+        assert_eq!(group(&m, G::Ep)[0], vec![0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(group(&m, G::Edp)[0], vec![0, 8]);
         assert!(rank_map(&cfg(2, 1, 8, 1, 8, 1), "pp-dp-tp-cp-ep", 8).is_err());
     }
 
@@ -436,21 +559,21 @@ mod tests {
                     (t, c, p, d),
                     "rank {r} of tp {tp} cp {cp} pp {pp} dp {dp}"
                 );
-                let group = |kind: &str| m.group_of(r, group_kind(kind).unwrap()).to_vec();
+                let group = |kind: GroupKind| m.group_of(r, kind).to_vec();
                 assert_eq!(
-                    group("tp"),
+                    group(G::Tp),
                     (0..tp).map(|x| at(d, p, c, e, x)).collect::<Vec<_>>()
                 );
                 assert_eq!(
-                    group("cp"),
+                    group(G::Cp),
                     (0..cp).map(|x| at(d, p, x, e, t)).collect::<Vec<_>>()
                 );
                 assert_eq!(
-                    group("pp"),
+                    group(G::Pp),
                     (0..pp).map(|x| at(d, x, c, e, t)).collect::<Vec<_>>()
                 );
                 assert_eq!(
-                    group("dp"),
+                    group(G::Dp),
                     (0..dp).map(|x| at(x, p, c, e, t)).collect::<Vec<_>>()
                 );
                 // cp_dp_group: grid[:, p, :, e, t].flatten(), DP outer, CP inner.
@@ -458,7 +581,7 @@ mod tests {
                     .flat_map(|x| (0..cp).map(move |y| (x, y)))
                     .map(|(x, y)| at(x, p, y, e, t))
                     .collect();
-                let mut mine = group("dp_cp");
+                let mut mine = group(G::DpCp);
                 cp_dp.sort_unstable();
                 mine.sort_unstable();
                 assert_eq!(mine, cp_dp);

@@ -5,7 +5,7 @@
 use sextant_executor::program::{plan_hash, prepare, Options, Setup};
 use sextant_executor::trace::{check, programs, tally, Op};
 use sextant_planner::plan::PlanFile;
-use sextant_planner::ranks::RankMap;
+use sextant_planner::ranks::{GroupKind, RankMap};
 
 use crate::common::{fails_with_one_line, sextant, stderr, stdout, TempDir};
 use crate::exec::plan;
@@ -497,7 +497,7 @@ fn device_timings_are_booked_like_the_cpu_backend() {
         Some(4),
     );
     let prog = &programs(&s, &map)[0];
-    let size = |k: usize| map.group_of(0, k).len() as u64;
+    let size = |k: GroupKind| map.group_of(0, k).len() as u64;
     let mut st = RankStats::default();
     for op in prog {
         book(&mut st, op, 1e-3, size);

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use sextant_planner::ranks::GROUP_KINDS;
+use sextant_planner::ranks::GroupKind;
 
 use super::{alloc, DeviceJob, Gpu, GEMM_TOLERANCE};
 use crate::cuda::ffi::nccl::Elem;
@@ -58,10 +58,10 @@ pub(super) fn check_communicators(
     for (i, g) in got.iter().enumerate() {
         let (kind, members): (&str, Vec<u64>) = match i {
             0 => ("world", (0..job.map.world_size).collect()),
-            _ => (
-                GROUP_KINDS[i - 1],
-                job.map.group_of(job.rank, i - 1).to_vec(),
-            ),
+            _ => {
+                let k = GroupKind::ALL[i - 1];
+                (k.name(), job.map.group_of(job.rank, k).to_vec())
+            }
         };
         let want = members.iter().map(|q| q + 1).sum::<u64>() as f32;
         if *g != want {

@@ -4,18 +4,18 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use sextant_planner::ranks::GROUP_KINDS;
+use sextant_planner::ranks::GroupKind;
 
 use super::{alloc, Buf, Gpu, GATE_ENTRIES};
 use crate::cuda::ffi::copy_dtod;
 use crate::cuda::ffi::nccl::Elem;
 use crate::cuda::{bf16_gemm, describe, nccl_failed, nccl_group, DevSpan};
 use crate::error::DeviceError;
-use crate::trace::{coll_sides, Coll, Op, COPY_PIECE};
+use crate::trace::{coll_sides, Coll, CommKind, Op, COPY_PIECE};
 
 /// Stream entries an op queues: its launches, copies or NCCL calls (an allocation or
 /// a free with the events cudarc tracks it by), and the event after it.
-pub(super) fn entries(op: &Op, group_size: &impl Fn(usize) -> u64) -> u64 {
+pub(super) fn entries(op: &Op, group_size: &impl Fn(GroupKind) -> u64) -> u64 {
     1 + match op {
         Op::Gemm { count, .. } => *count,
         Op::Memory { bytes, .. } => (bytes / 2).div_ceil(COPY_PIECE),
@@ -37,7 +37,7 @@ pub(super) fn entries(op: &Op, group_size: &impl Fn(usize) -> u64) -> u64 {
 /// synchronise the stream behind the gate).
 pub(super) fn gate_batches(
     program: &[Op],
-    group_size: &impl Fn(usize) -> u64,
+    group_size: &impl Fn(GroupKind) -> u64,
     pools: bool,
 ) -> Vec<(Range<usize>, bool)> {
     let mut out: Vec<(Range<usize>, bool)> = Vec::new();
@@ -73,7 +73,7 @@ pub(super) struct Issue<'a> {
     pub(super) a: DevSpan<'a>,
     pub(super) b: DevSpan<'a>,
     pub(super) c: DevSpan<'a>,
-    pub(super) group_size: &'a dyn Fn(usize) -> u64,
+    pub(super) group_size: &'a dyn Fn(GroupKind) -> u64,
 }
 
 /// `bytes` at `offset` of a scratch buffer, or the line saying they do not fit.
@@ -139,7 +139,7 @@ impl Issue<'_> {
                 bytes,
                 ..
             } => self.coll(*group, *kind, *bytes)?,
-            Op::P2p { kind, sends, recvs } => self.p2p(kind.key(), sends, recvs)?,
+            Op::P2p { kind, sends, recvs } => self.p2p(*kind, sends, recvs)?,
             Op::Keep { key, bytes } => {
                 let buf = alloc(
                     &gpu.ctx,
@@ -167,18 +167,14 @@ impl Issue<'_> {
     }
 
     /// A collective over one group kind's communicator.
-    fn coll(&self, group: usize, kind: Coll, bytes: u64) -> Result<(), DeviceError> {
+    fn coll(&self, group: GroupKind, kind: Coll, bytes: u64) -> Result<(), DeviceError> {
         let gpu = self.gpu;
         let stream = &gpu.stream;
         let bf16 = Elem::Bf16;
         let (a, b) = (self.a, self.b);
-        let comm = &gpu.comms.kinds[group];
+        let comm = gpu.comms.of(group);
         let n = (self.group_size)(group);
-        let what = format!(
-            "{} of {bytes} bytes over the {} group",
-            kind.label(),
-            GROUP_KINDS[group]
-        );
+        let what = format!("{} of {bytes} bytes over the {group} group", kind.label());
         let (snd, _) = coll_sides(kind, bytes, n);
         // Scratch A holds the send side and B the receive side of every collective
         // of the program (`Scratch::of`).
@@ -217,7 +213,7 @@ impl Issue<'_> {
     /// A pass's pipeline or CP transfers, in one NCCL group.
     fn p2p(
         &self,
-        kind: &str,
+        kind: CommKind,
         sends: &[(u64, u64)],
         recvs: &[(u64, u64)],
     ) -> Result<(), DeviceError> {
@@ -226,7 +222,10 @@ impl Issue<'_> {
         let bf16 = Elem::Bf16;
         let (a, b) = (self.a, self.b);
         let comm = &gpu.comms.world;
-        let what = format!("{kind} transfers (sends {sends:?}, receives {recvs:?})");
+        let what = format!(
+            "{} transfers (sends {sends:?}, receives {recvs:?})",
+            kind.key()
+        );
         nccl_group::<DeviceError>(&what, || {
             for &(to, bytes) in sends {
                 // Scratch A holds the largest send.

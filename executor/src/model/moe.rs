@@ -1,7 +1,7 @@
 //! The routed-expert layer: top-k routing with frozen gates, the tokens' all-to-all
 //! over EP, expert tensor parallelism over ETP, and its backward.
 
-use super::{gather_rows, gemm, Dims, LayerParams, MoeSaved, Shard, WJob, R};
+use super::{gather_rows, gemm, CommKind, Dims, LayerParams, MoeSaved, Shard, WJob, R};
 use crate::tensor::Mat;
 
 /// The rows of `x` this rank routes: its SP shard, or its 1/tp slice of replicated rows.
@@ -83,7 +83,7 @@ pub(super) fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(M
     let y = if s.sp || s.tp_n() == 1 {
         y
     } else {
-        gather_rows(s, s.tp, "tp", &y)?
+        gather_rows(s, s.tp, CommKind::Tp, &y)?
     };
     Ok((
         y,
@@ -111,7 +111,7 @@ pub(super) fn etp_gather(s: &Shard, mine: &[Mat], hidden: usize) -> R<(Vec<Mat>,
     let got = s.etp.all_to_all(s.mesh, vec![part; n])?;
     // nccl-tests convention: the all-gather's output buffer.
     s.rec.comm(
-        "etp",
+        CommKind::Etp,
         "all_gather",
         n,
         got.iter().map(|g| g.len() * 4).sum(),
@@ -161,7 +161,7 @@ pub(super) fn etp_reduce_scatter(
     let bytes = parts.iter().map(|p| p.len() * 4).sum();
     let t = s.rec.start();
     let got = s.etp.all_to_all(s.mesh, parts)?;
-    s.rec.comm("etp", "reduce_scatter", n, bytes, t);
+    s.rec.comm(CommKind::Etp, "reduce_scatter", n, bytes, t);
     let mine = &counts[s.etp.me];
     let mut out: Vec<Mat> = mine.iter().map(|&k| Mat::zeros(k, hidden)).collect();
     for g in &got {
@@ -197,7 +197,8 @@ pub(super) fn ep_all_to_all(s: &Shard, parts: Vec<Vec<f32>>) -> R<Vec<Vec<f32>>>
     let bytes = parts.iter().map(|p| p.len() * 4).sum();
     let t = s.rec.start();
     let out = s.ep.all_to_all(s.mesh, parts)?;
-    s.rec.comm("ep", "all_to_all", s.ep.size(), bytes, t);
+    s.rec
+        .comm(CommKind::Ep, "all_to_all", s.ep.size(), bytes, t);
     Ok(out)
 }
 
@@ -297,6 +298,6 @@ pub(super) fn moe_backward(
     if s.sp || s.tp_n() == 1 {
         Ok(dx)
     } else {
-        gather_rows(s, s.tp, "tp", &dx)
+        gather_rows(s, s.tp, CommKind::Tp, &dx)
     }
 }

@@ -4,6 +4,7 @@
 use sextant_planner::calibration::{
     CommPoint, GemmPoint, MeasuredRun, RunChecks, RUN_SCHEMA_VERSION,
 };
+use sextant_planner::cost::CommKind;
 
 use super::{Options, Setup};
 use crate::comm::Kind;
@@ -211,17 +212,12 @@ pub fn collect(
         );
     }
     let gpn = s.gpus_per_node.max(1);
+    // `kind`: a communication kind's record name, as the ranks booked it.
     let spans_nodes = |kind: &str| -> bool {
-        let name = match kind {
-            "dp_grad" | "dp_param" => "dp_cp",
-            "edp_grad" | "edp_param" => "edp",
-            k => k,
-        };
-        let Some(k) = sextant_planner::ranks::group_kind(name) else {
+        let Some(k) = CommKind::from_key(kind) else {
             return false;
         };
-        map.groups[k]
-            .1
+        map.groups_of(k.group())
             .iter()
             .any(|g| g.iter().any(|&q| q / gpn != g[0] / gpn))
     };

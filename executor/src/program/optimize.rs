@@ -3,6 +3,7 @@
 //! ZeRO-3's per-pass parameter gathers and releases, and Adam.
 
 use sextant_planner::config::Zero;
+use sextant_planner::cost::CommKind;
 
 use super::rank::Rank;
 use super::verify::shard_of;
@@ -127,7 +128,11 @@ impl Rank<'_> {
             g.all_gather_chunks(self.mesh, &mut flat)
                 .map_err(|e| self.err(e))?;
             self.rec.comm(
-                if expert { "edp_param" } else { "dp_param" },
+                if expert {
+                    CommKind::EdpParam
+                } else {
+                    CommKind::DpParam
+                },
                 "all_gather",
                 n,
                 flat.len() * 4,
@@ -180,9 +185,9 @@ impl Rank<'_> {
         let units = self.units();
         for expert in [false, true] {
             let (kind_grad, kind_param) = if expert {
-                ("edp_grad", "edp_param")
+                (CommKind::EdpGrad, CommKind::EdpParam)
             } else {
-                ("dp_grad", "dp_param")
+                (CommKind::DpGrad, CommKind::DpParam)
             };
             let (_, pick) = self.side(expert);
             // The unsharded reference: this rank's shard of the reduced gradient,

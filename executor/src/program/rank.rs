@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use sextant_planner::config::Recompute;
+use sextant_planner::cost::CommKind;
 use sextant_planner::schedule::locate;
 
 use super::optimize::Adam;
@@ -139,7 +140,7 @@ impl<'a> Rank<'a> {
         self.mesh
             .send(to, tag, &to_bytes(&payload))
             .map_err(|e| self.err(e))?;
-        self.rec.comm("pp", "send_recv", 2, m.bytes(), t);
+        self.rec.comm(CommKind::Pp, "send_recv", 2, m.bytes(), t);
         Ok(())
     }
 
@@ -159,7 +160,7 @@ impl<'a> Rank<'a> {
         self.rec.check(|c| c.p2p_messages += 1);
         let m =
             Mat::from_vec(rows, self.s.dims.hidden, v[4..].to_vec()).map_err(|e| self.err(e))?;
-        self.rec.comm("pp", "send_recv", 2, m.bytes(), t);
+        self.rec.comm(CommKind::Pp, "send_recv", 2, m.bytes(), t);
         Ok(m)
     }
 

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use sextant_planner::config::Recompute;
+use sextant_planner::cost::CommKind;
 use sextant_planner::schedule::{Pass, Schedule};
 use sextant_planner::walk::{slots, Slot};
 
@@ -320,7 +321,8 @@ impl Rank<'_> {
         if theirs.len() != flat.len() {
             return Err(self.err(format!("mirror rank {partner} holds {} gradient values, this rank {}: the stages are not mirrored", theirs.len(), flat.len())));
         }
-        self.rec.comm("dp_grad", "all_reduce", 2, flat.len() * 4, t);
+        self.rec
+            .comm(CommKind::DpGrad, "all_reduce", 2, flat.len() * 4, t);
         let summed: Vec<f32> = flat.iter().zip(&theirs).map(|(a, b)| a + b).collect();
         let dense_len: usize = self
             .grads

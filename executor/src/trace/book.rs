@@ -3,14 +3,14 @@
 
 use std::collections::HashMap;
 
-use super::op::Op;
+use super::op::{GroupKind, Op};
 use crate::record::RankStats;
 
 /// Books one op's measured seconds into a rank's statistics, the way the CPU
 /// backend books its own: GEMMs per call under "class m n k" (a batched or repeated
 /// GEMM counts each product), collectives under "kind op ranks bytes", and each
 /// class or kind as a component; recomputed work also under "recompute".
-pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(usize) -> u64) {
+pub fn book(st: &mut RankStats, op: &Op, secs: f64, group_size: impl Fn(GroupKind) -> u64) {
     let mut component =
         |name: &str, secs: f64| *st.components.entry(name.to_string()).or_default() += secs;
     match *op {

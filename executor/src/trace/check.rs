@@ -1,7 +1,7 @@
 //! Every rank's program run against the others on the CPU, the way NCCL pairs
 //! them: what would hang on the GPUs is found before any GPU time is spent.
 
-use sextant_planner::ranks::{RankMap, GROUP_KINDS};
+use sextant_planner::ranks::{GroupKind, RankMap};
 
 pub use crate::error::TraceError;
 
@@ -22,11 +22,7 @@ fn describe(op: &Op) -> String {
     match op {
         Op::Coll {
             op, group, bytes, ..
-        } => format!(
-            "{} of {bytes} bytes over its {} group",
-            op.label(),
-            GROUP_KINDS[*group]
-        ),
+        } => format!("{} of {bytes} bytes over its {group} group", op.label()),
         Op::P2p { kind, sends, recvs } => {
             format!(
                 "{} transfers (sends {sends:?}, receives {recvs:?})",
@@ -149,7 +145,7 @@ impl<'a> Pairing<'a> {
         &mut self,
         r: usize,
         op: &Op,
-        (k, c, bytes): (usize, Coll, u64),
+        (k, c, bytes): (GroupKind, Coll, u64),
     ) -> Result<bool, TraceError> {
         let members = self.map.group_of(r as u64, k);
         let mut ready = true;
@@ -165,7 +161,7 @@ impl<'a> Pairing<'a> {
                         return Err(TraceError::Collectives {
                             first: r,
                             second: q,
-                            group: GROUP_KINDS[k],
+                            group: k,
                             first_op: self.pos[r],
                             first_issues: describe(op),
                             second_op: self.pos[q as usize],

@@ -1,6 +1,6 @@
 //! The device scratch a program needs.
 
-use super::op::{Coll, Op, B};
+use super::op::{Coll, GroupKind, Op, B};
 
 /// Device scratch a program needs, bytes: GEMM operands (A, B, C) and the send and
 /// receive sides of every transfer; element-wise work is copied through A and B
@@ -25,7 +25,7 @@ pub fn coll_sides(op: Coll, bytes: u64, n: u64) -> (u64, u64) {
 }
 
 impl Scratch {
-    pub fn of(program: &[Op], group_size: impl Fn(usize) -> u64) -> Scratch {
+    pub fn of(program: &[Op], group_size: impl Fn(GroupKind) -> u64) -> Scratch {
         let mut s = Scratch::default();
         for op in program {
             let (a, b, c) = match *op {

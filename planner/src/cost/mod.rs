@@ -67,6 +67,7 @@ use crate::config::{ParallelConfig, Rejection, Workload};
 use crate::hardware::{Cluster, GIB};
 use crate::memory::StageMemory;
 use crate::model::ModelSpec;
+use crate::ranks::GroupKind;
 
 pub use assemble::evaluate;
 pub use assumptions::{Assumptions, CudaGraphs, CudaGraphsError, Framework, LossKernel, RankOrder};
@@ -152,6 +153,19 @@ pub enum CommKind {
 }
 
 impl CommKind {
+    /// Every kind.
+    pub const ALL: [CommKind; 9] = [
+        CommKind::Tp,
+        CommKind::Cp,
+        CommKind::Ep,
+        CommKind::Etp,
+        CommKind::Pp,
+        CommKind::DpGrad,
+        CommKind::DpParam,
+        CommKind::EdpGrad,
+        CommKind::EdpParam,
+    ];
+
     /// The name a measured run books this kind under (`MeasuredRun` components).
     pub fn key(self) -> &'static str {
         match self {
@@ -167,14 +181,23 @@ impl CommKind {
         }
     }
 
-    /// The rank map's group this kind communicates over (a `GROUP_KINDS` name):
-    /// data-parallel reductions run over DP x CP, expert ones over EDP.
-    pub fn group(self) -> &'static str {
+    /// The rank map's group this kind communicates over: data-parallel reductions
+    /// run over DP x CP, expert ones over EDP.
+    pub fn group(self) -> GroupKind {
         match self {
-            CommKind::DpGrad | CommKind::DpParam => "dp_cp",
-            CommKind::EdpGrad | CommKind::EdpParam => "edp",
-            other => other.key(),
+            CommKind::Tp => GroupKind::Tp,
+            CommKind::Cp => GroupKind::Cp,
+            CommKind::Ep => GroupKind::Ep,
+            CommKind::Etp => GroupKind::Etp,
+            CommKind::Pp => GroupKind::Pp,
+            CommKind::DpGrad | CommKind::DpParam => GroupKind::DpCp,
+            CommKind::EdpGrad | CommKind::EdpParam => GroupKind::Edp,
         }
+    }
+
+    /// The kind a measured run books under `key` ([`CommKind::key`]).
+    pub fn from_key(key: &str) -> Option<CommKind> {
+        CommKind::ALL.into_iter().find(|k| k.key() == key)
     }
 
     pub fn label(self) -> &'static str {

@@ -5,11 +5,7 @@ use super::op::{Coll, CommKind, Op, OpClass, B};
 use super::{Sink, Step};
 use crate::config::{Dispatcher, RecomputeModules, Zero};
 use crate::cost::BUCKET_PARAMS;
-use crate::ranks::{group_kind, RankMap};
-
-fn kind_index(name: &str) -> usize {
-    group_kind(name).expect("a group kind of the rank map")
-}
+use crate::ranks::{GroupKind, RankMap};
 
 /// Sizes one rank works with.
 pub(super) struct Sizes {
@@ -85,12 +81,12 @@ impl<'a> Walker<'a> {
         }
     }
 
-    pub(super) fn group_size(&self, name: &str) -> u64 {
-        self.members(name).len() as u64
+    pub(super) fn group_size(&self, kind: GroupKind) -> u64 {
+        self.members(kind).len() as u64
     }
 
-    pub(super) fn members(&self, name: &str) -> &[u64] {
-        self.map.group_of(self.rank, kind_index(name))
+    pub(super) fn members(&self, kind: GroupKind) -> &[u64] {
+        self.map.group_of(self.rank, kind)
     }
 
     pub(super) fn gemm(
@@ -129,7 +125,7 @@ impl<'a> Walker<'a> {
         if self.group_size(kind.group()) > 1 && bytes > 0 {
             self.sink.op(Op::Coll {
                 kind,
-                group: kind_index(kind.group()),
+                group: kind.group(),
                 op,
                 bytes,
             });
@@ -184,7 +180,7 @@ impl<'a> Walker<'a> {
     /// previous; in the backward also their gradients, as a second exchange
     /// (Transformer Engine's ring attention passes K/V and dK/dV separately).
     pub(super) fn ring_step(&mut self, backward: bool) {
-        let cp = self.members("cp").to_vec();
+        let cp = self.members(GroupKind::Cp).to_vec();
         if cp.len() < 2 {
             return;
         }

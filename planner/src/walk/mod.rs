@@ -56,7 +56,7 @@ mod op;
 mod step;
 mod tally;
 
-pub use op::{Coll, CommKind, Op, OpClass, B};
+pub use op::{Coll, CommKind, GroupKind, Op, OpClass, B};
 pub use step::{held_params, slots, walk_step, Slot};
 pub use tally::Tally;
 

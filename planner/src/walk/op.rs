@@ -1,6 +1,7 @@
 //! The ops of a device program and their sizes.
 
 pub use crate::cost::CommKind;
+pub use crate::ranks::GroupKind;
 
 /// What a GEMM or an element-wise pass computes: the classes the cost model prices
 /// and a measured run books its seconds under.
@@ -79,12 +80,12 @@ pub enum Op {
         bytes: u64,
         recompute: bool,
     },
-    /// A collective over this rank's group of kind `GROUP_KINDS[group]`. `bytes`
+    /// A collective over this rank's group of kind `group`. `bytes`
     /// follows nccl-tests: the all-gather's output, the reduce-scatter's input,
     /// the all-reduce's buffer, everything an all-to-all sends.
     Coll {
         kind: CommKind,
-        group: usize,
+        group: GroupKind,
         op: Coll,
         bytes: u64,
     },

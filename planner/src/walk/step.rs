@@ -9,7 +9,7 @@ use super::op::{Coll, CommKind, Op, OpClass, B};
 use super::{Sink, Step};
 use crate::config::{Recompute, Zero};
 use crate::memory::{self, LayerKind};
-use crate::ranks::RankMap;
+use crate::ranks::{GroupKind, RankMap};
 use crate::schedule::{locate, rank_order, virtual_stage, Pass, Schedule};
 
 /// One pass of a rank's step: which, on which chunk and micro-batch, at which
@@ -154,7 +154,7 @@ impl Walker<'_> {
         let s = self.s;
         let (p, m) = (s.cfg.pp, s.micro_batches);
         let pp_rank = self.map.ranks[self.rank as usize].pp;
-        let pp_members = self.members("pp").to_vec();
+        let pp_members = self.members(GroupKind::Pp).to_vec();
         let holder = |vstage: usize, mb: u64| {
             pp_members[locate(s.schedule, p, m, vstage as u64, mb).0 as usize]
         };
@@ -213,7 +213,7 @@ impl Walker<'_> {
         let units = self.units();
         if self.s.schedule == Schedule::DualPipe {
             // Every stage sits on two ranks: their gradients are summed.
-            let pp = self.members("pp").to_vec();
+            let pp = self.members(GroupKind::Pp).to_vec();
             let me = self.map.ranks[self.rank as usize].pp as usize;
             let partner = pp[pp.len() - 1 - me];
             let bytes = units.iter().map(|u| (u.0 + u.1) * gb).sum();

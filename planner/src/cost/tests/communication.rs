@@ -296,3 +296,32 @@ fn expected_remote_domains_by_hand() {
     // Top-k of all experts reaches every domain.
     assert!((expected_remote_domains(8, 8, 4) - 3.0).abs() < 1e-12);
 }
+
+/// Every kind's record name parses back to it, and each communicates over the
+/// rank-map group it always has: data-parallel reductions over DP x CP, expert
+/// ones over EDP, the rest over the group of their own name.
+#[test]
+fn comm_kinds_name_their_records_and_groups() {
+    for k in CommKind::ALL {
+        assert_eq!(CommKind::from_key(k.key()), Some(k));
+    }
+    assert_eq!(CommKind::from_key("dp_cp"), None);
+    let groups: Vec<(&str, &str)> = CommKind::ALL
+        .iter()
+        .map(|k| (k.key(), k.group().name()))
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            ("tp", "tp"),
+            ("cp", "cp"),
+            ("ep", "ep"),
+            ("etp", "etp"),
+            ("pp", "pp"),
+            ("dp_grad", "dp_cp"),
+            ("dp_param", "dp_cp"),
+            ("edp_grad", "edp"),
+            ("edp_param", "edp")
+        ]
+    );
+}
