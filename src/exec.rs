@@ -17,6 +17,7 @@ use sextant_planner::cost::{estimate_with, Assumptions, CommKind};
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile};
 use sextant_planner::plan::PlanFile;
 
+use crate::flags::BackendFlag;
 use crate::io::{read_text, write_new};
 
 mod launch;
@@ -29,8 +30,8 @@ pub struct ExecArgs {
     plan: String,
     /// cpu: the test backend (real data over loopback TCP, small f32 GEMMs);
     /// cuda: GPUs (needs a build with --features cuda).
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    #[arg(long, value_enum, default_value_t = BackendFlag::Cpu)]
+    backend: BackendFlag,
     /// Start this many local ranks (processes) instead of reading torchrun/Slurm/MPI variables.
     #[arg(long)]
     ranks: Option<u64>,
@@ -157,9 +158,13 @@ fn parse_fault(s: &str) -> Result<Fault> {
     }
 }
 
+const CUDA_NOT_BUILT: &str = "this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu";
+
 pub fn cmd_exec(a: ExecArgs) -> Result<()> {
-    if !matches!(a.backend.as_str(), "cpu" | "cuda") {
-        bail!("--backend '{}' is not one of cpu, cuda", a.backend);
+    let cuda = a.backend == BackendFlag::Cuda;
+    // Said once, here, rather than by every rank it would start.
+    if cuda && !cfg!(feature = "cuda") {
+        bail!("{CUDA_NOT_BUILT}");
     }
     if a.timeout == 0 || a.timeout > 86_400 {
         bail!(
@@ -178,7 +183,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
         micro_batches: a.micro_batches,
         scale_layers: a.scale_layers,
         verify: !a.no_verify,
-        full_size: a.full_size || a.backend == "cuda",
+        full_size: a.full_size || cuda,
         timeout: Duration::from_secs(a.timeout),
         die_at: match fault {
             Some(Fault::Die(r, s)) => Some((r, s)),
@@ -230,7 +235,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
         output::check_out(out, plan_path, a.force).map_err(|e| anyhow!("rank 0: {e}"))?;
         output::remove_stale_temps(out);
     }
-    if a.backend == "cuda" {
+    if cuda {
         return run_cuda(&setup, &opts, &env, hash, (out, plan_path), a.force);
     }
     let key = job_key(&env)?;
@@ -250,7 +255,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
         let note = record_failure(
             &setup,
             &opts,
-            (&a.backend, &device, env.world),
+            (a.backend.name(), &device, env.world),
             (out, plan_path),
             a.force,
             &msg,
@@ -409,7 +414,7 @@ fn run_cuda(
     use sextant_executor::device::{run_device, DeviceJob};
     use sextant_executor::{cuda, trace};
     if !cfg!(feature = "cuda") {
-        bail!("this sextant was built without CUDA support: rebuild with `cargo build --release --features cuda`, or use --backend cpu")
+        bail!("{CUDA_NOT_BUILT}")
     }
     let rank = env.rank;
     let tag = |phase: &str, e: &dyn std::fmt::Display| anyhow!("rank {rank}, {phase}: {e}");
@@ -445,7 +450,7 @@ fn run_cuda(
                 let note = record_failure(
                     setup,
                     opts,
-                    ("cuda", &device, env.world),
+                    (BackendFlag::Cuda.name(), &device, env.world),
                     (out, plan),
                     force,
                     &msg,
@@ -495,8 +500,16 @@ fn run_cuda(
         .map_err(|e| e.to_string())
         .and_then(|stats| {
             *phase.lock().unwrap_or_else(|e| e.into_inner()) = "gathering measurements".into();
-            program::collect(setup, opts, &mesh, &map, stats, ("cuda", "bf16"), &device)
-                .map_err(|e| e.to_string())
+            program::collect(
+                setup,
+                opts,
+                &mesh,
+                &map,
+                stats,
+                (BackendFlag::Cuda.name(), "bf16"),
+                &device,
+            )
+            .map_err(|e| e.to_string())
         });
     done.store(true, Ordering::Relaxed);
     let _ = watchdog.join();
@@ -529,7 +542,7 @@ fn run_cuda(
                 let note = record_failure(
                     setup,
                     opts,
-                    ("cuda", &device, env.world),
+                    (BackendFlag::Cuda.name(), &device, env.world),
                     (out, plan),
                     force,
                     &msg,

@@ -165,6 +165,26 @@ impl From<RankByFlag> for RankBy {
     }
 }
 
+/// `exec --backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "lower")]
+pub enum BackendFlag {
+    /// The test backend: real data over loopback TCP, small f32 GEMMs.
+    Cpu,
+    /// GPUs (needs a build with `--features cuda`).
+    Cuda,
+}
+
+impl BackendFlag {
+    /// The name a run file records.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendFlag::Cpu => "cpu",
+            BackendFlag::Cuda => "cuda",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

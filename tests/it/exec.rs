@@ -471,7 +471,10 @@ pub fn exec_refuses_bad_input_and_never_overwrites() {
     );
     assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me");
     fails_with_one_line(&["exec", &p, "--ranks", "0"], "--ranks 0 is out of range");
-    fails_with_one_line(&["exec", &p, "--backend", "tpu"], "not one of cpu, cuda");
+    fails_with_one_line(
+        &["exec", &p, "--backend", "tpu"],
+        "[possible values: cpu, cuda]",
+    );
     fails_with_one_line(&["exec", &p, "--max-steps", "0"], "at least one timed step");
     fails_with_one_line(&["exec", &p, "--fault", "die:x:1"], "not a number");
     fails_with_one_line(&["compare", &p, &e], "measured run");
@@ -496,6 +499,11 @@ pub fn exec_refuses_bad_input_and_never_overwrites() {
             stderr(&o).contains("built without CUDA support"),
             "{}",
             stderr(&o)
+        );
+        // Said once, not by each of the ranks it would have started.
+        fails_with_one_line(
+            &["exec", &p, "--backend", "cuda", "--ranks", "8"],
+            "built without CUDA support",
         );
     }
 }
