@@ -767,8 +767,12 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
     let (rows, rejected) = validate(&cases);
     unrepresentable.extend(rejected);
     if rows.is_empty() {
+        // The first row's reason says what is wrong; the count says how widespread.
+        let first = unrepresentable
+            .first()
+            .map_or(String::new(), |u| format!(": row '{}': {}", u.id, u.reason));
         bail!(
-            "no row of '{}' could be estimated ({} unrepresentable)",
+            "no row of '{}' could be estimated ({} unrepresentable){first}",
             a.csv,
             unrepresentable.len()
         );

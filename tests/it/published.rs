@@ -684,6 +684,13 @@ fn validate_builds_models_from_shape_columns() {
         mem.contains("megatron-core") && mem.contains("40.0Gi"),
         "{mem}"
     );
+    // With no row left, the one line still says why (the first row's reason).
+    let only_bad = dir.path("bad.csv");
+    std::fs::write(&only_bad, format!("{header}\n{bad}\n")).unwrap();
+    crate::common::fails_with_one_line(
+        &["validate", only_bad.to_str().unwrap()],
+        "(1 unrepresentable): row 'no-tie': model 'nemotron-4-15b' is not a built-in preset",
+    );
 }
 
 /// Runs published after the shared set was drawn, from sources it does not use
