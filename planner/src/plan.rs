@@ -100,6 +100,8 @@ impl PlanFile {
         if p.plans.is_empty() {
             return Err(InputError::Workload("plan file holds no plan".into()));
         }
+        crate::ranks::check_order(&p.rank_order)
+            .map_err(|e| InputError::Workload(e.to_string()))?;
         // The order the plans were priced with and the order the exports build must
         // be one layout: ScaleTorch's grid, or one Megatron-Core builds.
         let priced = p.assumptions.rank_order;

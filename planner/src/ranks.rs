@@ -281,15 +281,22 @@ pub enum RankOrderError {
     ExpertTiling { ep: u64, etp: u64, dense: u64 },
 }
 
+/// Whether `order` is one Megatron-Core builds or ScaleTorch's grid.
+pub fn check_order(order: &str) -> Result<(), RankOrderError> {
+    if ORDERS.contains(&order) || order == SCALETORCH_ORDER {
+        Ok(())
+    } else {
+        Err(RankOrderError::Unsupported(order.to_string()))
+    }
+}
+
 /// Builds the rank map of a configuration.
 pub fn rank_map(
     cfg: &ParallelConfig,
     order: &str,
     gpus_per_node: u64,
 ) -> Result<RankMap, RankOrderError> {
-    if !ORDERS.contains(&order) && order != SCALETORCH_ORDER {
-        return Err(RankOrderError::Unsupported(order.to_string()));
-    }
+    check_order(order)?;
     let dense = Grid::new(order, cfg.tp, cfg.cp, 1, cfg.dp, cfg.pp)?;
     let edp = cfg.edp();
     let expert = Grid::new(order, cfg.etp, 1, cfg.ep, edp, cfg.pp)?;

@@ -1684,6 +1684,18 @@ fn review_findings_stay_fixed() {
         &["export", edited.to_str().unwrap(), "--to", "megatron-lm"],
         "contradicts the order the plans were priced with",
     );
+    // An order no framework builds is refused when the file is read, in one line
+    // naming the file, before `exec --ranks` starts any rank.
+    v["rank_order"] = "tp-cp-zz-dp-pp".into();
+    std::fs::write(&edited, v.to_string()).unwrap();
+    let e = edited.to_str().unwrap();
+    for args in [
+        &["exec", e, "--ranks", "64"][..],
+        &["exec", e, "--dry-run"],
+        &["export", e, "--to", "scaletorch"],
+    ] {
+        fails_with_one_line(args, "edited.json': rank order 'tp-cp-zz-dp-pp' is neither");
+    }
     if std::path::Path::new("/dev/full").exists() {
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_sextant"))
             .arg("models")
