@@ -290,12 +290,13 @@ mod tests {
                 moe_models += 1;
             }
             for tp in [1, 2, 4, 8] {
-                let kv_ok = model.kv_heads % tp == 0 || tp % model.kv_heads == 0;
-                if model.heads % tp != 0 || model.ffn_hidden % tp != 0 || !kv_ok {
+                let kv_ok = model.kv_heads.is_multiple_of(tp) || tp.is_multiple_of(model.kv_heads);
+                if !model.heads.is_multiple_of(tp) || !model.ffn_hidden.is_multiple_of(tp) || !kv_ok
+                {
                     continue;
                 }
                 for (cp, ep, mbs) in [(1, 1, 1), (2, 1, 2), (1, 8, 1), (2, 4, 1), (1, 16, 1)] {
-                    if experts % ep != 0 || (model.moe.is_none() && ep > 1) {
+                    if !experts.is_multiple_of(ep) || (model.moe.is_none() && ep > 1) {
                         continue;
                     }
                     for d in [Dispatcher::AllToAll, Dispatcher::Deduplicated] {
