@@ -141,7 +141,7 @@ pub fn run(
     let v = s.schedule.interleaving(s.cfg.vpp);
     let mut params: Vec<Option<LayerParams>> = vec![None; d.layers];
     let vstages: Vec<usize> = (0..s.schedule.chunks_per_rank(v))
-        .map(|c| virtual_stage(s.schedule, s.cfg.pp, v, pp_rank as u64, c) as usize)
+        .map(|c| virtual_stage(s.schedule, s.cfg.pp, pp_rank as u64, c) as usize)
         .collect();
     for &vs in &vstages {
         for (l, slot) in params

@@ -209,8 +209,7 @@ pub type Op = (Pass, u64, u64);
 /// interleaved 1F1B: `chunk * p + rank` (Megatron's virtual-stage order, so with
 /// v = 1 the stage is the rank). DualPipe: chunk 0 is stage `rank` and chunk 1 is
 /// stage `p - 1 - rank` (of p stages), so every stage sits on two ranks.
-pub fn virtual_stage(schedule: Schedule, p: u64, v: u64, rank: u64, chunk: u64) -> u64 {
-    let _ = v;
+pub fn virtual_stage(schedule: Schedule, p: u64, rank: u64, chunk: u64) -> u64 {
     match schedule {
         Schedule::DualPipe if chunk == 1 => p - 1 - rank,
         Schedule::DualPipe => rank,

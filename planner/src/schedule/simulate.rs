@@ -113,7 +113,7 @@ impl Shape {
     #[inline]
     fn cost_index(self, r: u64, c: u64) -> usize {
         if self.schedule == Schedule::DualPipe {
-            virtual_stage(self.schedule, self.p, self.v, r, c) as usize
+            virtual_stage(self.schedule, self.p, r, c) as usize
         } else {
             r as usize
         }
@@ -123,7 +123,7 @@ impl Shape {
     #[inline]
     fn dependency(self, r: u64, (pass, c, mb): Op, p2p_secs: f64) -> Option<(usize, f64)> {
         let (schedule, p, m) = (self.schedule, self.p, self.m);
-        let s = virtual_stage(schedule, p, self.v, r, c);
+        let s = virtual_stage(schedule, p, r, c);
         let cross = |other: u64| if other == r { 0.0 } else { p2p_secs };
         match pass {
             Pass::Forward if s > 0 => {

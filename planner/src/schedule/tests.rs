@@ -274,7 +274,7 @@ fn dualpipe_memory_relation() {
         let mut copies = vec![0u64; p as usize];
         for r in 0..p {
             for c in 0..Schedule::DualPipe.chunks_per_rank(1) {
-                copies[virtual_stage(Schedule::DualPipe, p, 1, r, c) as usize] += 1;
+                copies[virtual_stage(Schedule::DualPipe, p, r, c) as usize] += 1;
             }
         }
         assert!(copies.iter().all(|&n| n == 2), "p{p}: {copies:?}");
@@ -292,12 +292,12 @@ fn dualpipe_memory_relation() {
 
 #[test]
 fn virtual_stages_and_overlapped_pairs() {
-    assert_eq!(virtual_stage(Schedule::Interleaved, 4, 2, 1, 1), 5);
-    assert_eq!(virtual_stage(Schedule::OneFOneB, 4, 1, 3, 0), 3);
+    assert_eq!(virtual_stage(Schedule::Interleaved, 4, 1, 1), 5);
+    assert_eq!(virtual_stage(Schedule::OneFOneB, 4, 3, 0), 3);
     assert_eq!(
         (
-            virtual_stage(Schedule::DualPipe, 8, 1, 2, 0),
-            virtual_stage(Schedule::DualPipe, 8, 1, 2, 1)
+            virtual_stage(Schedule::DualPipe, 8, 2, 0),
+            virtual_stage(Schedule::DualPipe, 8, 2, 1)
         ),
         (2, 5)
     );

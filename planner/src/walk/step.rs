@@ -46,7 +46,7 @@ pub fn slots(s: &Step, pp_rank: u64) -> Vec<Vec<Slot>> {
             pass,
             chunk,
             mb,
-            vstage: virtual_stage(s.schedule, p, v, pp_rank, chunk) as usize,
+            vstage: virtual_stage(s.schedule, p, pp_rank, chunk) as usize,
             deferred: deferred.contains(&(chunk, mb)),
         };
         let joins = match (slots.last().and_then(|x| x.last()), pass) {
@@ -196,7 +196,7 @@ impl Walker<'_> {
         let s = self.s;
         let pp_rank = self.map.ranks[self.rank as usize].pp;
         let held: Vec<usize> = (0..s.schedule.chunks_per_rank(s.vpp()))
-            .map(|c| virtual_stage(s.schedule, s.cfg.pp, s.vpp(), pp_rank, c) as usize)
+            .map(|c| virtual_stage(s.schedule, s.cfg.pp, pp_rank, c) as usize)
             .collect();
         let per: Vec<(u64, u64)> = held.iter().map(|&vs| self.stage_params(vs)).collect();
         if s.cfg.zero == Zero::Zero3 {
