@@ -34,13 +34,14 @@ use crate::hardware::Cluster;
 use crate::uncertainty::{Band, ValidationSet, COVERAGE};
 
 /// The axes along which a plan can leave the validated region, in table order.
-pub const AXES: [&str; 7] = [
+pub const AXES: [&str; 8] = [
     "virtual stages",
     "ZeRO-3 DP",
     "TP NVLink domains",
     "GPUs",
     "HBM fraction",
     "sharded-gradient reductions",
+    "EP NVLink domains",
     "schedule",
 ];
 
@@ -69,6 +70,10 @@ pub struct Reach {
     /// ([`grad_reductions`]). Files from before this axis read 1.
     #[serde(default = "one")]
     pub grad_reductions: f64,
+    /// NVLink domains one expert-parallel group spans (1: inside one domain, or
+    /// a dense model): the all-to-all's reach. Files from before this axis read 1.
+    #[serde(default = "one")]
+    pub ep_domains: f64,
     pub schedule: String,
 }
 
@@ -115,7 +120,7 @@ impl Reach {
         grad_reductions: f64,
         peak_bytes: f64,
     ) -> Reach {
-        let [v, z, t, g, h, r] = Reach::numeric_of(cluster, cfg, grad_reductions, peak_bytes);
+        let [v, z, t, g, h, r, e] = Reach::numeric_of(cluster, cfg, grad_reductions, peak_bytes);
         Reach {
             virtual_stages: v,
             zero3_dp: z,
@@ -123,6 +128,7 @@ impl Reach {
             gpus: g,
             hbm_fraction: h,
             grad_reductions: r,
+            ep_domains: e,
             schedule: cfg.schedule.name().to_string(),
         }
     }
@@ -147,6 +153,8 @@ impl Reach {
             cluster.gpus.max(1) as f64,
             (peak_bytes / cluster.profile.hbm_bytes()).clamp(0.0, 1.0),
             grad_reductions.max(1.0),
+            // An EP group is ep consecutive blocks of etp ranks in the expert grid.
+            (cfg.ep * cfg.etp).div_ceil(domain).max(1) as f64,
         ]
     }
 
@@ -159,6 +167,7 @@ impl Reach {
             self.gpus,
             self.hbm_fraction,
             self.grad_reductions,
+            self.ep_domains,
         ]
     }
 }
@@ -619,6 +628,7 @@ mod tests {
             gpus: 64.0,
             hbm_fraction: frac,
             grad_reductions: 1.0,
+            ep_domains: 1.0,
             schedule: schedule.into(),
         }
     }
@@ -663,6 +673,20 @@ mod tests {
         assert_eq!(many.outside.len(), 1);
         assert_eq!(many.outside[0].axis, "sharded-gradient reductions");
         assert!((many.outside[0].doublings - 6.0).abs() < 1e-12);
+        // An all-to-all over 32 NVLink domains where every validated run stayed in
+        // one: five doublings.
+        let wide = r
+            .band(
+                10.0,
+                &Reach {
+                    ep_domains: 32.0,
+                    ..reach(2.0, 0.8, "1f1b")
+                },
+            )
+            .unwrap();
+        assert_eq!(wide.outside.len(), 1);
+        assert_eq!(wide.outside[0].axis, "EP NVLink domains");
+        assert!((wide.outside[0].doublings - 5.0).abs() < 1e-12);
     }
 
     /// The axis counts reductions only where gradients are sharded: the
