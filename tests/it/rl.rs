@@ -64,37 +64,35 @@ fn predict(r: &csv::StringRecord, h: &csv::StringRecord) -> Row {
     if !w.actor.layers.is_multiple_of(pp) {
         cfg.layout = Layout::balanced(w.actor.layers, pp, 1);
     }
-    // The stated layout; what the table leaves out, the first recomputation that fits.
-    let mut last = None;
-    for rc in [Recompute::None, Recompute::Selective, Recompute::Full] {
-        cfg.recompute = rc;
-        match evaluate_stated(&w, &hw, gpus, &cfg, num("rollout_tp"), num("rollout_gpus")) {
-            Ok(p) => {
-                return Row {
-                    id: get("id"),
-                    predicted: p.times.iteration,
-                    measured: get("value").parse().unwrap(),
-                    phases: format!(
-                        "rollout {:.0} reshard+offload {:.1} fwd {:.0} train {:.0} ({})",
-                        p.times.rollout,
-                        p.times.reshard + p.times.offload,
-                        p.times.forward,
-                        p.times.training,
-                        rc_name(rc)
-                    ),
-                }
-            }
-            Err(e) => last = Some(e.to_string()),
-        }
-    }
-    panic!("{}: no recomputation fits: {}", get("id"), last.unwrap());
-}
-
-fn rc_name(rc: Recompute) -> &'static str {
-    match rc {
-        Recompute::None => "no recompute",
-        Recompute::Selective => "selective",
-        Recompute::Full => "full recompute",
+    // The stated layout, recomputation and engine memory fraction.
+    cfg.recompute = match get("recompute").as_str() {
+        "none" => Recompute::None,
+        "selective" => Recompute::Selective,
+        "full" => Recompute::Full,
+        other => panic!("{}: recompute {other}", get("id")),
+    };
+    let fraction = get("rollout_memory_fraction").parse::<f64>().unwrap();
+    let p = evaluate_stated(
+        &w,
+        &hw,
+        gpus,
+        &cfg,
+        num("rollout_tp"),
+        num("rollout_gpus"),
+        Some(fraction),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", get("id")));
+    Row {
+        id: get("id"),
+        predicted: p.times.iteration,
+        measured: get("value").parse().unwrap(),
+        phases: format!(
+            "rollout {:.0} reshard+offload {:.1} fwd {:.0} train {:.0}",
+            p.times.rollout,
+            p.times.reshard + p.times.offload,
+            p.times.forward,
+            p.times.training,
+        ),
     }
 }
 
