@@ -11,8 +11,13 @@
 //!   kernels (`efficiency.gemm_overhead_us`) and two tensor-parallel all-reduces per
 //!   layer ([`crate::comm::collective_secs`]).
 //! - The KV cache left after the weights, inside the engine's memory fraction,
-//!   decides how many sequences run at once. A sequence holds its prompt and, on
-//!   average over its life, half its response.
+//!   decides how many sequences run at once. A synchronous rollout hands the engine
+//!   all of its requests at once, so they are admitted together and grow together:
+//!   the cache must hold each running sequence at its prompt plus the mean response
+//!   when the batch peaks, not at its lifetime average (vLLM preempts the latest
+//!   admitted request when a running one finds no free block and runs it again
+//!   later, `vllm/v1/core/sched/scheduler.py`). Each step reads, on average, the
+//!   prompt and half the response of every running sequence.
 //! - A synchronous rollout ends with its longest response: the engine runs at least
 //!   `response_max` steps, and the sequences admitted last finish `response_max -
 //!   response_mean` steps after the batch would have drained at the mean.
@@ -110,7 +115,8 @@ pub fn rollout_cost(
     let per_engine = (sequences as f64 / layout.engines as f64).ceil();
     let prompts_per_engine = (prompts as f64 / layout.engines as f64).ceil();
     let held = lengths.prompt_mean as f64 + lengths.response_mean as f64 / 2.0;
-    let concurrent = (kv_bytes / (held * kv_token))
+    let peak = lengths.sequence_mean() as f64;
+    let concurrent = (kv_bytes / (peak * kv_token))
         .floor()
         .min(per_engine)
         .max(1.0);
@@ -203,6 +209,27 @@ mod tests {
         let short = cost(1, lengths(500, 500), 8192);
         let long = cost(1, lengths(8000, 8000), 8192);
         assert!(long.concurrent < short.concurrent);
+    }
+
+    #[test]
+    fn rl_a_synchronous_batch_holds_whole_sequences() {
+        // Half of each response fits for every sequence, the whole mean response does
+        // not: the batch, admitted together, runs in more than one wave.
+        let m = resolve("8b").unwrap().spec;
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let l = lengths(3000, 3000);
+        let per_token = kv_bytes_per_token(&m, 1);
+        let seqs = 64.0;
+        let kv = seqs * (512.0 + 2000.0) * per_token;
+        let layout = RolloutLayout {
+            tp: 1,
+            engines: 1,
+            budget_bytes: weight_bytes_per_gpu(&m, 1) + hw.memory.reserve_gib * GIB + kv,
+        };
+        let c = rollout_cost(&m, &hw, &l, 8, 64, layout).unwrap();
+        assert!(c.concurrent < 64, "{}", c.concurrent);
+        assert_eq!(c.concurrent, (kv / (3512.0 * per_token)) as u64);
+        assert!(c.decode_steps > 3000.0);
     }
 
     #[test]
