@@ -9,7 +9,10 @@
 //!   sequence's KV cache, at `hbm_tbytes_per_s x efficiency.hbm`; or by its FLOPs
 //!   when the batch is large enough. Each step also pays the launch overhead of its
 //!   kernels (`efficiency.gemm_overhead_us`) and two tensor-parallel all-reduces per
-//!   layer ([`crate::comm::collective_secs`]).
+//!   layer ([`crate::comm::collective_secs`]). Between steps the GPU waits for the
+//!   engine's host work, per running sequence
+//!   ([`super::constants::ENGINE_HOST_SECS_PER_SEQ_STEP`]: vLLM schedules
+//!   synchronously up to v0.11).
 //! - The KV cache left after the weights, inside the engine's memory fraction,
 //!   decides how many sequences run at once. A synchronous rollout hands the engine
 //!   all of its requests at once, so they are admitted together and grow together:
@@ -24,7 +27,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::constants::{DECODE_KERNELS_PER_LAYER, ROLLOUT_BYTES};
+use super::constants::{DECODE_KERNELS_PER_LAYER, ENGINE_HOST_SECS_PER_SEQ_STEP, ROLLOUT_BYTES};
 use super::{Lengths, Reject};
 use crate::comm::{collective_secs, Collective, Placement};
 use crate::hardware::{HardwareProfile, GIB};
@@ -148,7 +151,9 @@ pub fn rollout_cost(
         batch * model.hidden as f64 * ROLLOUT_BYTES,
         Placement::new(tp, 1, hw.node.nvlink_domain),
     );
-    let step_secs = memory_secs.max(compute_secs) + launch_secs + 2.0 * layers * allreduce;
+    let host_secs = batch * ENGINE_HOST_SECS_PER_SEQ_STEP;
+    let step_secs =
+        memory_secs.max(compute_secs) + launch_secs + 2.0 * layers * allreduce + host_secs;
     let decode_secs = steps * step_secs;
     Ok(RolloutCost {
         layout,
@@ -230,6 +235,17 @@ mod tests {
         assert!(c.concurrent < 64, "{}", c.concurrent);
         assert_eq!(c.concurrent, (kv / (3512.0 * per_token)) as u64);
         assert!(c.decode_steps > 3000.0);
+    }
+
+    #[test]
+    fn rl_host_time_grows_with_the_running_batch() {
+        // The same weights and tokens in fewer, fuller steps: the per-sequence host
+        // time is charged for every running sequence of every step.
+        let small = cost(1, lengths(1000, 1000), 8);
+        let large = cost(1, lengths(1000, 1000), 1024);
+        let per_step = |c: &RolloutCost| c.decode_secs / c.decode_steps;
+        let floor = 127.0 * ENGINE_HOST_SECS_PER_SEQ_STEP;
+        assert!(per_step(&large) - per_step(&small) > floor);
     }
 
     #[test]
