@@ -30,6 +30,21 @@ pub fn host_link_gbytes_per_s(hw: &HardwareProfile) -> f64 {
 /// `efficiency.gemm_overhead_us`; the attention kernel is charged the same once.
 pub const DECODE_KERNELS_PER_LAYER: f64 = 5.0;
 
+/// Host time per running sequence per decode step that the GPU waits for when the
+/// engine schedules synchronously: between two decode steps the host schedules the
+/// next step, prepares its inputs and processes the last step's outputs, request by
+/// request, while the GPU idles.
+///
+/// Source: 5-6 ms between two decode steps at 256 running sequences (Llama-2-7B,
+/// ShareGPT, vLLM's V1 engine), vllm-project/vllm issue #10634; overlapping that
+/// host work with the forward pass cut the gap to 0.15-0.17 ms (vllm-project/vllm
+/// PR #11133). The midpoint, 5.5 ms, over the 256 sequences it was measured at.
+/// Synchronous scheduling is vLLM's default up to v0.11 (`async_scheduling: bool =
+/// False`, vllm/config/scheduler.py; PR #27614 made asynchronous scheduling the
+/// default after v0.11.0), the version NeMo RL v0.4 pins (`vllm==0.11.0`,
+/// NVIDIA-NeMo/RL@06beed91:pyproject.toml).
+pub const ENGINE_HOST_SECS_PER_SEQ_STEP: f64 = 5.5e-3 / 256.0;
+
 /// The largest rollout memory fraction exported: vLLM refuses more than the free
 /// memory at start-up, and verl's perf-tuning guide (docs/perf/perf_tuning.rst,
 /// "gpu_memory_utilization") calls 0.5 to 0.7 the usual range; 0.9 is vLLM's own

@@ -9,17 +9,25 @@
 //!   sequence's KV cache, at `hbm_tbytes_per_s x efficiency.hbm`; or by its FLOPs
 //!   when the batch is large enough. Each step also pays the launch overhead of its
 //!   kernels (`efficiency.gemm_overhead_us`) and two tensor-parallel all-reduces per
-//!   layer ([`crate::comm::collective_secs`]).
+//!   layer ([`crate::comm::collective_secs`]). Between steps the GPU waits for the
+//!   engine's host work, per running sequence
+//!   ([`super::constants::ENGINE_HOST_SECS_PER_SEQ_STEP`]: vLLM schedules
+//!   synchronously up to v0.11).
 //! - The KV cache left after the weights, inside the engine's memory fraction,
-//!   decides how many sequences run at once. A sequence holds its prompt and, on
-//!   average over its life, half its response.
+//!   decides how many sequences run at once. A synchronous rollout hands the engine
+//!   all of its requests at once, so they are admitted together and grow together:
+//!   the cache must hold each running sequence at its prompt plus the mean response
+//!   when the batch peaks, not at its lifetime average (vLLM preempts the latest
+//!   admitted request when a running one finds no free block and runs it again
+//!   later, `vllm/v1/core/sched/scheduler.py`). Each step reads, on average, the
+//!   prompt and half the response of every running sequence.
 //! - A synchronous rollout ends with its longest response: the engine runs at least
 //!   `response_max` steps, and the sequences admitted last finish `response_max -
 //!   response_mean` steps after the batch would have drained at the mean.
 
 use serde::{Deserialize, Serialize};
 
-use super::constants::{DECODE_KERNELS_PER_LAYER, ROLLOUT_BYTES};
+use super::constants::{DECODE_KERNELS_PER_LAYER, ENGINE_HOST_SECS_PER_SEQ_STEP, ROLLOUT_BYTES};
 use super::{Lengths, Reject};
 use crate::comm::{collective_secs, Collective, Placement};
 use crate::hardware::{HardwareProfile, GIB};
@@ -110,7 +118,8 @@ pub fn rollout_cost(
     let per_engine = (sequences as f64 / layout.engines as f64).ceil();
     let prompts_per_engine = (prompts as f64 / layout.engines as f64).ceil();
     let held = lengths.prompt_mean as f64 + lengths.response_mean as f64 / 2.0;
-    let concurrent = (kv_bytes / (held * kv_token))
+    let peak = lengths.sequence_mean() as f64;
+    let concurrent = (kv_bytes / (peak * kv_token))
         .floor()
         .min(per_engine)
         .max(1.0);
@@ -142,7 +151,9 @@ pub fn rollout_cost(
         batch * model.hidden as f64 * ROLLOUT_BYTES,
         Placement::new(tp, 1, hw.node.nvlink_domain),
     );
-    let step_secs = memory_secs.max(compute_secs) + launch_secs + 2.0 * layers * allreduce;
+    let host_secs = batch * ENGINE_HOST_SECS_PER_SEQ_STEP;
+    let step_secs =
+        memory_secs.max(compute_secs) + launch_secs + 2.0 * layers * allreduce + host_secs;
     let decode_secs = steps * step_secs;
     Ok(RolloutCost {
         layout,
@@ -203,6 +214,38 @@ mod tests {
         let short = cost(1, lengths(500, 500), 8192);
         let long = cost(1, lengths(8000, 8000), 8192);
         assert!(long.concurrent < short.concurrent);
+    }
+
+    #[test]
+    fn rl_a_synchronous_batch_holds_whole_sequences() {
+        // Half of each response fits for every sequence, the whole mean response does
+        // not: the batch, admitted together, runs in more than one wave.
+        let m = resolve("8b").unwrap().spec;
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let l = lengths(3000, 3000);
+        let per_token = kv_bytes_per_token(&m, 1);
+        let seqs = 64.0;
+        let kv = seqs * (512.0 + 2000.0) * per_token;
+        let layout = RolloutLayout {
+            tp: 1,
+            engines: 1,
+            budget_bytes: weight_bytes_per_gpu(&m, 1) + hw.memory.reserve_gib * GIB + kv,
+        };
+        let c = rollout_cost(&m, &hw, &l, 8, 64, layout).unwrap();
+        assert!(c.concurrent < 64, "{}", c.concurrent);
+        assert_eq!(c.concurrent, (kv / (3512.0 * per_token)) as u64);
+        assert!(c.decode_steps > 3000.0);
+    }
+
+    #[test]
+    fn rl_host_time_grows_with_the_running_batch() {
+        // The same weights and tokens in fewer, fuller steps: the per-sequence host
+        // time is charged for every running sequence of every step.
+        let small = cost(1, lengths(1000, 1000), 8);
+        let large = cost(1, lengths(1000, 1000), 1024);
+        let per_step = |c: &RolloutCost| c.decode_secs / c.decode_steps;
+        let floor = 127.0 * ENGINE_HOST_SECS_PER_SEQ_STEP;
+        assert!(per_step(&large) - per_step(&small) > floor);
     }
 
     #[test]

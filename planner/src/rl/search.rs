@@ -147,7 +147,10 @@ pub struct RlResult {
     pub reasons: BTreeMap<&'static str, String>,
 }
 
-/// Prices one RL configuration.
+/// Prices one RL configuration. `memory_fraction` is the engine's share of HBM when
+/// the run states it (vLLM's `gpu_memory_utilization`, SGLang's `mem_fraction_static`);
+/// `None` derives it: what the resident training state leaves, at most
+/// [`MAX_MEMORY_FRACTION`].
 pub fn evaluate(
     w: &RlWorkload,
     hw: &HardwareProfile,
@@ -155,6 +158,7 @@ pub fn evaluate(
     side: &TrainSide,
     rollout_tp: u64,
     offload_params: bool,
+    memory_fraction: Option<f64>,
 ) -> Result<RlPlan, Reject> {
     let capacity = hw.capacity_bytes();
     let m = &side.estimate.memory;
@@ -165,7 +169,8 @@ pub fn evaluate(
     } else {
         0.0
     };
-    let fraction = ((capacity - resident) / hw.hbm_bytes()).min(MAX_MEMORY_FRACTION);
+    let fraction = memory_fraction
+        .unwrap_or_else(|| ((capacity - resident) / hw.hbm_bytes()).min(MAX_MEMORY_FRACTION));
     let layout = RolloutLayout {
         tp: rollout_tp,
         engines: placement.rollout_gpus / rollout_tp,
@@ -325,7 +330,7 @@ pub fn plan(
     let mut plans = Vec::new();
     let mut try_one = |tally: &mut Tally, p: Placement, side: &TrainSide, tp: u64, off: bool| {
         tally.evaluated += 1;
-        match evaluate(w, hw, p, side, tp, off) {
+        match evaluate(w, hw, p, side, tp, off, None) {
             Ok(plan) => plans.push(plan),
             Err(r) => tally.reject(&r),
         }
@@ -390,7 +395,8 @@ pub fn plan(
 }
 
 /// Prices a stated configuration (a published run's): the training layout as
-/// given, colocated unless `rollout_gpus < gpus`.
+/// given, colocated unless `rollout_gpus < gpus`, and the engine's memory fraction
+/// when the run states it.
 pub fn evaluate_stated(
     w: &RlWorkload,
     hw: &HardwareProfile,
@@ -398,6 +404,7 @@ pub fn evaluate_stated(
     train: &ParallelConfig,
     rollout_tp: u64,
     rollout_gpus: u64,
+    memory_fraction: Option<f64>,
 ) -> Result<RlPlan, RlError> {
     w.check()?;
     let colocated = rollout_gpus >= gpus;
@@ -418,8 +425,8 @@ pub fn evaluate_stated(
         train_gpus,
         rollout_gpus: rollout_gpus.min(gpus),
     };
-    evaluate(w, hw, placement, &side, rollout_tp, false)
-        .or_else(|_| evaluate(w, hw, placement, &side, rollout_tp, true))
+    evaluate(w, hw, placement, &side, rollout_tp, false, memory_fraction)
+        .or_else(|_| evaluate(w, hw, placement, &side, rollout_tp, true, memory_fraction))
         .map_err(nothing)
 }
 
@@ -502,6 +509,18 @@ mod tests {
         let t = r.plans[0].times;
         assert!(t.iteration < t.rollout + t.forward + t.training + t.reshard);
         assert!(t.iteration >= t.rollout.max(t.forward + t.training));
+    }
+
+    #[test]
+    fn rl_a_stated_memory_fraction_is_the_engines_share() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let w = workload();
+        let cfg = crate::rl::phases::fixed_config(1, 1, 1, 1, 16);
+        let derived = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, None).unwrap();
+        let stated = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, Some(0.5)).unwrap();
+        assert_eq!(stated.memory_fraction, 0.5);
+        assert!(derived.memory_fraction > 0.5);
+        assert!(stated.rollout.kv_bytes_per_gpu < derived.rollout.kv_bytes_per_gpu);
     }
 
     #[test]
