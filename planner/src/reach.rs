@@ -34,7 +34,7 @@ use crate::hardware::Cluster;
 use crate::uncertainty::{Band, ValidationSet, COVERAGE};
 
 /// The axes along which a plan can leave the validated region, in table order.
-pub const AXES: [&str; 8] = [
+pub const AXES: [&str; 9] = [
     "virtual stages",
     "ZeRO-3 DP",
     "TP NVLink domains",
@@ -42,6 +42,7 @@ pub const AXES: [&str; 8] = [
     "HBM fraction",
     "sharded-gradient reductions",
     "EP NVLink domains",
+    "CP ranks",
     "schedule",
 ];
 
@@ -74,6 +75,10 @@ pub struct Reach {
     /// a dense model): the all-to-all's reach. Files from before this axis read 1.
     #[serde(default = "one")]
     pub ep_domains: f64,
+    /// Context-parallel ranks: ring steps each attention block takes, over ever
+    /// shorter chunks at a fixed sequence. Files from before this axis read 1.
+    #[serde(default = "one")]
+    pub cp: f64,
     pub schedule: String,
 }
 
@@ -120,7 +125,7 @@ impl Reach {
         grad_reductions: f64,
         peak_bytes: f64,
     ) -> Reach {
-        let [v, z, t, g, h, r, e] = Reach::numeric_of(cluster, cfg, grad_reductions, peak_bytes);
+        let [v, z, t, g, h, r, e, c] = Reach::numeric_of(cluster, cfg, grad_reductions, peak_bytes);
         Reach {
             virtual_stages: v,
             zero3_dp: z,
@@ -129,6 +134,7 @@ impl Reach {
             hbm_fraction: h,
             grad_reductions: r,
             ep_domains: e,
+            cp: c,
             schedule: cfg.schedule.name().to_string(),
         }
     }
@@ -155,6 +161,7 @@ impl Reach {
             grad_reductions.max(1.0),
             // An EP group is ep consecutive blocks of etp ranks in the expert grid.
             (cfg.ep * cfg.etp).div_ceil(domain).max(1) as f64,
+            cfg.cp.max(1) as f64,
         ]
     }
 
@@ -168,6 +175,7 @@ impl Reach {
             self.hbm_fraction,
             self.grad_reductions,
             self.ep_domains,
+            self.cp,
         ]
     }
 }
@@ -629,6 +637,7 @@ mod tests {
             hbm_fraction: frac,
             grad_reductions: 1.0,
             ep_domains: 1.0,
+            cp: 1.0,
             schedule: schedule.into(),
         }
     }
@@ -687,6 +696,19 @@ mod tests {
         assert_eq!(wide.outside.len(), 1);
         assert_eq!(wide.outside[0].axis, "EP NVLink domains");
         assert!((wide.outside[0].doublings - 5.0).abs() < 1e-12);
+        // Eight CP ranks where every validated run had one: three doublings.
+        let ring = r
+            .band(
+                10.0,
+                &Reach {
+                    cp: 8.0,
+                    ..reach(2.0, 0.8, "1f1b")
+                },
+            )
+            .unwrap();
+        assert_eq!(ring.outside.len(), 1);
+        assert_eq!(ring.outside[0].axis, "CP ranks");
+        assert!((ring.outside[0].doublings - 3.0).abs() < 1e-12);
     }
 
     /// The axis counts reductions only where gradients are sharded: the
