@@ -29,6 +29,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::cost::band::Outside;
+
 use crate::config::{ParallelConfig, Zero};
 use crate::hardware::Cluster;
 use crate::uncertainty::{Band, ValidationSet, COVERAGE};
@@ -271,20 +273,6 @@ pub fn axis_rates(points: &[SweepPoint]) -> Vec<AxisRate> {
             },
         })
         .collect()
-}
-
-/// One axis on which a plan is outside the validated region.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outside {
-    pub axis: String,
-    /// The plan's value (for the schedule: 0, with its name in `axis`).
-    pub value: f64,
-    /// The largest value among the validated runs.
-    pub validated: f64,
-    /// Doublings beyond it (for the HBM fraction: halvings of the free memory;
-    /// for a schedule no validated run used: 1).
-    pub doublings: f64,
-    pub per_doubling: f64,
 }
 
 /// Which end of a plan's band ranks it.

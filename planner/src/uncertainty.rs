@@ -14,6 +14,8 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::cost::band::{Attribution, Band};
+
 /// Fewest comparable runs a band is drawn from.
 pub const MIN_SAMPLES: usize = 5;
 
@@ -85,18 +87,6 @@ impl Shares {
     }
 }
 
-/// How much each term contributes to the uncertainty of one prediction.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Attribution {
-    /// The term with the largest share of the error variance.
-    pub dominant: String,
-    /// (term, fraction of the predicted error variance), largest first.
-    pub variance_shares: Vec<(String, f64)>,
-    /// Each term's relative error (one standard deviation) fitted on the published
-    /// runs: error^2 ~ sum over terms of (share x sigma)^2, sigma^2 >= 0.
-    pub term_sigmas: Vec<(String, f64)>,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ValidationSet {
     pub schema_version: u32,
@@ -107,26 +97,6 @@ pub struct ValidationSet {
     /// measured on published sweeps ([`crate::reach::axis_rates`]).
     #[serde(default)]
     pub rates: Vec<crate::reach::AxisRate>,
-}
-
-/// An interval on the step time, with where it comes from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Band {
-    /// Probability that the measured step time falls inside, if the comparable
-    /// runs' errors are exchangeable with this one's: [`COVERAGE`] from 9 runs up,
-    /// less below (the band then spans all of them).
-    pub coverage: f64,
-    pub low_secs: f64,
-    pub high_secs: f64,
-    /// Which runs it is drawn from, e.g. "17 h100-sxm dense runs".
-    pub basis: String,
-    pub samples: usize,
-    /// Which term dominates the uncertainty (absent when the validation set carries
-    /// no term shares).
-    pub attribution: Option<Attribution>,
-    /// The axes on which the plan is outside the validated runs, each of which
-    /// widened the band ([`crate::reach`]); empty inside.
-    pub outside: Vec<crate::reach::Outside>,
 }
 
 /// The compiled-in validation set.

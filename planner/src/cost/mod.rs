@@ -51,6 +51,7 @@
 
 mod assemble;
 mod assumptions;
+pub mod band;
 mod dp_sync;
 mod host;
 mod kernel;
@@ -71,6 +72,7 @@ use crate::ranks::GroupKind;
 
 pub use assemble::evaluate;
 pub use assumptions::{Assumptions, CudaGraphs, CudaGraphsError, Framework, LossKernel, RankOrder};
+pub use band::{Attribution, Band, Outside};
 pub use layer_comm::expected_remote_domains;
 pub use pipeline::{apply_simulation, MAX_SIMULATED_PASSES};
 pub use stage::stage_problem;
@@ -295,7 +297,7 @@ pub struct Estimate {
     pub critical_stage: u64,
     /// 80% interval on the step time from the model's errors on comparable
     /// published runs ([`crate::uncertainty`]); absent when there are none.
-    pub band: Option<crate::uncertainty::Band>,
+    pub band: Option<Band>,
     /// Whether the pipeline time comes from the schedule simulator
     /// ([`apply_simulation`]) rather than the closed form.
     pub pipeline_simulated: bool,
