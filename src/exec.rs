@@ -11,9 +11,10 @@ use sextant_executor::auth::{JobKey, SECRET_VAR};
 use sextant_executor::mesh::Mesh;
 use sextant_executor::program::{self, Options};
 use sextant_executor::rendezvous::{bind_root, launch_env, rendezvous, LaunchEnv};
+use sextant_planner::banded::{estimate_with, simulated};
 use sextant_planner::bench::{overlay as bench_overlay, BenchFile};
 use sextant_planner::calibration::{apply, calibrate, duplicates, MeasuredRun, Overlay};
-use sextant_planner::cost::{estimate_with, Assumptions, CommKind};
+use sextant_planner::cost::{Assumptions, CommKind};
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile};
 use sextant_planner::plan::PlanFile;
 
@@ -862,8 +863,7 @@ fn predicted_components(
     )
     .map_err(|r| anyhow!("the cost model cannot estimate the executed configuration: {r}"))?;
     // The pipeline simulated, as `estimate` and the search price every plan.
-    let mut e = e;
-    sextant_planner::cost::apply_simulation(&mut e, &run.config);
+    let e = simulated(e, &run.config);
     let c = &e.time.compute;
     let mut v = vec![
         ("attention_proj".to_string(), c.attention_proj),

@@ -43,8 +43,9 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use sextant_exports::{export, LaunchOptions, Target};
+use sextant_planner::banded::{estimate_with, simulated};
 use sextant_planner::config::{Layout, ParallelConfig, Recompute, Rejection, Zero};
-use sextant_planner::cost::{estimate_with, evaluate};
+use sextant_planner::cost::evaluate;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::reach::RankBy;
 use sextant_planner::search::{rescore_sensitivity, search_with_progress, SearchSpace};
@@ -941,11 +942,8 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         &cfg,
         inp.assumptions,
     ) {
-        Ok(mut e) => {
-            // The same pipeline time the search ranks with.
-            sextant_planner::cost::apply_simulation(&mut e, &cfg);
-            e
-        }
+        // The same pipeline time the search ranks with.
+        Ok(e) => simulated(e, &cfg),
         Err(r @ Rejection::OutOfMemory { .. }) => {
             // Show where the memory goes, then say why it is rejected.
             if let Ok(e) = evaluate(

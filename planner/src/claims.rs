@@ -20,9 +20,10 @@
 
 use serde::Serialize;
 
+use crate::banded::{estimate_with, simulated};
 use crate::calibration::median;
 use crate::config::{ParallelConfig, Recompute, Rejection, Zero};
-use crate::cost::{apply_simulation, estimate_with, Estimate};
+use crate::cost::Estimate;
 use crate::runs::RunCase;
 use crate::schedule::Schedule;
 use crate::search::{search, SearchSpace};
@@ -111,10 +112,7 @@ fn priced(case: &RunCase, cfg: &ParallelConfig) -> Result<Estimate, Rejection> {
         cfg,
         case.assumptions,
     )
-    .map(|mut e| {
-        apply_simulation(&mut e, cfg);
-        e
-    })
+    .map(|e| simulated(e, cfg))
 }
 
 /// One line for a configuration, in the plan table's words.

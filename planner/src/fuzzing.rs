@@ -152,8 +152,8 @@ pub fn fuzz_plan_json(data: &[u8]) {
     };
     cluster.allow_tp_beyond_nvlink = true;
     let cfg = &p.plans[0].config;
-    if let Ok(mut e) = cost::estimate(&p.model, &cluster, &p.workload, cfg) {
-        cost::apply_simulation(&mut e, cfg);
+    if let Ok(e) = crate::banded::estimate(&p.model, &cluster, &p.workload, cfg) {
+        let _ = crate::banded::simulated(e, cfg);
     }
 }
 
@@ -189,7 +189,7 @@ pub fn fuzz_run_json(data: &[u8]) {
     }
     if let Ok(mut cluster) = Cluster::new(profile, r.world_size) {
         cluster.allow_tp_beyond_nvlink = true;
-        let _ = cost::estimate(&r.model, &cluster, &r.workload, &r.config);
+        let _ = crate::banded::estimate(&r.model, &cluster, &r.workload, &r.config);
     }
 }
 

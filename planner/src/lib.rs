@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod banded;
 pub mod bench;
 pub mod calibration;
 pub mod claims;
@@ -47,10 +48,11 @@ pub mod uncertainty;
 pub mod validate;
 pub mod walk;
 
+pub use banded::estimate;
 pub use config::{
     Layout, Overlap, ParallelConfig, Precision, Recompute, Rejection, Workload, Zero,
 };
-pub use cost::{estimate, Estimate};
+pub use cost::Estimate;
 pub use error::InputError;
 pub use hardware::{Cluster, HardwareProfile};
 pub use model::ModelSpec;

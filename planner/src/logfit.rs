@@ -26,8 +26,9 @@
 //! (`hardware::ranges`); a log that no such scale can explain is refused with the
 //! closest the model gets.
 
+use crate::banded::{estimate_with, simulated};
 use crate::calibration::{fit_two, scale_efficiencies, LogPoint, Overlay, Scales};
-use crate::cost::{estimate_with, Estimate};
+use crate::cost::Estimate;
 use crate::hardware::{ranges, Cluster, HardwareProfile, Range};
 use crate::kineto::KernelTimes;
 use crate::plan::PlanFile;
@@ -132,7 +133,7 @@ pub fn predict(plan: &PlanFile, profile: &HardwareProfile) -> Result<Estimate, L
     let rp = &plan.plans[0];
     let mut cluster = Cluster::new(profile.clone(), plan.gpus).map_err(LogFitError::Cluster)?;
     cluster.allow_tp_beyond_nvlink = true;
-    let mut e = estimate_with(
+    let e = estimate_with(
         &plan.model,
         &cluster,
         &plan.workload,
@@ -140,8 +141,7 @@ pub fn predict(plan: &PlanFile, profile: &HardwareProfile) -> Result<Estimate, L
         plan.assumptions,
     )
     .map_err(LogFitError::Rejected)?;
-    crate::cost::apply_simulation(&mut e, &rp.config);
-    Ok(e)
+    Ok(simulated(e, &rp.config))
 }
 
 /// Predicted kernel seconds per step on the slowest stage, by the classes a Kineto

@@ -206,7 +206,7 @@ impl PlanFile {
         cluster.allow_tp_beyond_nvlink = true;
         let mut notes = Vec::new();
         for rp in &mut self.plans {
-            let mut fresh = crate::cost::estimate_with(
+            let fresh = crate::banded::estimate_with(
                 &self.model,
                 &cluster,
                 &self.workload,
@@ -219,7 +219,7 @@ impl PlanFile {
                     rp.rank
                 ))
             })?;
-            crate::cost::apply_simulation(&mut fresh, &rp.config);
+            let fresh = crate::banded::simulated(fresh, &rp.config);
             let old = &rp.estimate;
             // NaN or inf in the file is apart from any fresh (finite) number.
             let apart = |a: f64, b: f64| {

@@ -4,8 +4,8 @@
 //! does not take a relabelled CPU run for a GPU one.
 
 use serde_json::{json, Value};
+use sextant_planner::banded::estimate;
 use sextant_planner::config::{Precision, Workload};
-use sextant_planner::cost::estimate;
 use sextant_planner::hardware::{builtin_profiles, Cluster, HardwareProfile};
 use sextant_planner::search::{search, SearchSpace};
 

@@ -1,9 +1,10 @@
 //! The error band an [`Estimate`](super::Estimate) carries: its values only.
 //!
-//! A band comes from the model's errors on comparable measured runs and from how
-//! far a plan reaches beyond them, both judged above the cost model; the types
-//! live here so that the estimate can hold them without the cost model importing
-//! what draws them.
+//! The cost model does not draw bands: a band comes from the model's errors on
+//! comparable measured runs and from how far a plan reaches beyond them, both
+//! judged above the cost model. [`crate::banded`] draws it on an estimate and
+//! rescales it when the pipeline is simulated; the types live here so that the
+//! estimate can hold them without the cost model importing what draws them.
 
 /// An interval on the step time, with where it comes from.
 #[derive(Debug, Clone, PartialEq)]

@@ -41,13 +41,17 @@
 //!   multi-token prediction beside the layers), the memory of each rank, and
 //!   [`stage_problem`] for the partitioner.
 //! - `pipeline.rs`: the closed-form bubble, the point-to-point transfers, and
-//!   [`apply_simulation`], which swaps the closed form for the simulated schedule.
+//!   [`simulate`], which returns the estimate with the simulated schedule in
+//!   place of the closed form.
 //! - `dp_sync.rs`: data-parallel gradient reduction and parameter gathers per
 //!   stage (ZeRO stages, buckets, the drain's slack), and the optimizer step.
 //! - `assemble.rs`: [`evaluate`], which runs the passes and assembles the
 //!   [`Estimate`].
 //! - `assumptions.rs`: [`Assumptions`], the software choices that are not search
 //!   knobs.
+//! - `band.rs`: [`Band`], the error band an [`Estimate`] carries, as values. The
+//!   cost model leaves it absent: [`crate::banded`] draws it on the estimate and
+//!   rescales it with the simulated pipeline.
 
 mod assemble;
 mod assumptions;
@@ -74,7 +78,7 @@ pub use assemble::evaluate;
 pub use assumptions::{Assumptions, CudaGraphs, CudaGraphsError, Framework, LossKernel, RankOrder};
 pub use band::{Attribution, Band, Outside};
 pub use layer_comm::expected_remote_domains;
-pub use pipeline::{apply_simulation, MAX_SIMULATED_PASSES};
+pub use pipeline::{simulate, MAX_SIMULATED_PASSES};
 pub use stage::stage_problem;
 pub use walked::Priced;
 
@@ -296,10 +300,11 @@ pub struct Estimate {
     /// The stage whose per-micro-batch time sets the pipeline's pace.
     pub critical_stage: u64,
     /// 80% interval on the step time from the model's errors on comparable
-    /// published runs ([`crate::uncertainty`]); absent when there are none.
+    /// published runs; absent when there are none. The cost model never draws it
+    /// (its estimates leave it absent): [`crate::banded`] does.
     pub band: Option<Band>,
     /// Whether the pipeline time comes from the schedule simulator
-    /// ([`apply_simulation`]) rather than the closed form.
+    /// ([`simulate`]) rather than the closed form.
     pub pipeline_simulated: bool,
     /// MoE routing as costed (absent for dense models).
     pub moe_routing: Option<MoeRouting>,
@@ -319,7 +324,8 @@ pub struct MoeRouting {
     pub dropped_fraction: f64,
 }
 
-/// Evaluates one configuration: validity, memory, time.
+/// Evaluates one configuration: validity, memory, time. The estimate has no
+/// band ([`crate::banded::estimate`] prices with one).
 pub fn estimate(
     model: &ModelSpec,
     cluster: &Cluster,
@@ -329,21 +335,10 @@ pub fn estimate(
     estimate_with(model, cluster, w, cfg, Assumptions::default())
 }
 
+/// [`estimate`] under assumptions `a`: the closed-form pipeline, no band (the
+/// search's inner loop, where only the ranked plans need one;
+/// [`crate::banded::estimate_with`] draws it).
 pub fn estimate_with(
-    model: &ModelSpec,
-    cluster: &Cluster,
-    w: &Workload,
-    cfg: &ParallelConfig,
-    a: Assumptions,
-) -> Result<Estimate, Rejection> {
-    let mut e = estimate_unbanded(model, cluster, w, cfg, a)?;
-    e.band = crate::uncertainty::band_for(cluster, cfg, model.moe.is_some(), a.framework, &e);
-    Ok(e)
-}
-
-/// [`estimate_with`] without the error band: the search's inner loop, where only
-/// the ranked plans need one.
-pub fn estimate_unbanded(
     model: &ModelSpec,
     cluster: &Cluster,
     w: &Workload,

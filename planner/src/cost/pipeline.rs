@@ -1,7 +1,7 @@
 //! The pipeline: the closed-form pace and bubble of each schedule, the
 //! point-to-point transfers between stages and what of them the schedule cannot
-//! hide, and [`apply_simulation`], which replaces the closed form with the
-//! simulated schedule.
+//! hide, and [`simulate`], which returns the estimate with the simulated
+//! schedule in place of the closed form.
 
 use crate::comm::Collective;
 use crate::config::ParallelConfig;
@@ -27,7 +27,7 @@ pub(super) struct ClosedForm {
 /// (Qi et al. 2023), (p/2-1)(F&B + B - 3W) = (p/2-1)(5t/3 - 3W) for DualPipe
 /// (DeepSeek-V3 Table 2, with F&B = F + B: the pair is not credited any overlap).
 /// They are exact for identical stages with the ratios the papers draw;
-/// `apply_simulation` replaces them with the simulated schedule for the leaders.
+/// `simulate` replaces them with the simulated schedule for the leaders.
 pub(super) fn closed_form(
     cfg: &ParallelConfig,
     rank_secs: &[f64],
@@ -107,13 +107,16 @@ pub(super) fn p2p_term(c: &Ctx, mb: f64) -> Option<CommTerm> {
 /// Largest task graph the search simulates (passes of one step).
 pub const MAX_SIMULATED_PASSES: u64 = 200_000;
 
-/// Replaces the closed-form pipeline time of `e` with the simulated schedule of
+/// `e` with its closed-form pipeline time replaced by the simulated schedule of
 /// `cfg` on the estimate's own per-stage times and point-to-point cost: F a third
 /// of a stage's micro-batch time, the backward two thirds, of which the stage's
 /// weight-gradient GEMMs are split off as W where the schedule defers them (ZB-H1,
-/// DualPipe). Returns false (and leaves `e` alone) when there is no pipeline, the
-/// schedule cannot run this shape, or the graph would be too large.
-pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
+/// DualPipe). The step time and what is derived from it (throughput, MFU, HFU,
+/// the bubble and exposed-communication fractions) change with it; the band is
+/// carried over as it was ([`crate::banded::simulated`] rescales it). `None` when
+/// there is no pipeline, it is already simulated, the schedule cannot run this
+/// shape, or the graph would be too large.
+pub fn simulate(e: &Estimate, cfg: &ParallelConfig) -> Option<Estimate> {
     use crate::schedule::{simulate_schedule, PassCosts};
     let schedule = cfg.schedule;
     let v = schedule.interleaving(cfg.vpp);
@@ -124,7 +127,7 @@ pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
         || e.stages.len() as u64 != p
         || kinds * p * v * m > MAX_SIMULATED_PASSES
     {
-        return false;
+        return None;
     }
     let secs: Vec<f64> = e.stages.iter().map(|s| s.secs_per_micro_batch).collect();
     let split = schedule.splits_weight_grad();
@@ -160,9 +163,7 @@ pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
     // simulated critical path (for interleaving, the chunk boundaries of the fill
     // and the drain).
     let edge = one_p2p;
-    let Some(tl) = simulate_schedule(schedule, p, v, m, &costs, edge) else {
-        return false;
-    };
+    let tl = simulate_schedule(schedule, p, v, m, &costs, edge)?;
     // The closed form's pace: the slowest rank (under DualPipe the mean of the two
     // stages a rank runs).
     let rank_secs = |r: usize| {
@@ -176,29 +177,18 @@ pub fn apply_simulation(e: &mut Estimate, cfg: &ParallelConfig) -> bool {
     let closed = m as f64 * t_max + e.time.bubble + p2p_exposed;
     let new_step = e.step_secs - closed + tl.makespan;
     if !(new_step.is_finite() && new_step > 0.0) {
-        return false;
+        return None;
     }
     let ratio = e.step_secs / new_step;
-    e.time.bubble = (tl.makespan - m as f64 * t_max - p2p_exposed).max(0.0);
-    e.step_secs = new_step;
-    e.tokens_per_sec_per_gpu *= ratio;
-    e.mfu *= ratio;
-    e.hfu *= ratio;
-    e.model_tflops_per_gpu *= ratio;
-    // Bands are relative errors of the step time: they scale with it.
-    if let Some(b) = &mut e.band {
-        b.low_secs /= ratio;
-        b.high_secs /= ratio;
-    }
-    e.bubble_fraction = e.time.bubble / new_step;
-    e.exposed_comm_fraction = e.time.exposed_comm / new_step;
-    e.pipeline_simulated = true;
-    if e.band.is_some() {
-        let moe = e.stages.iter().any(|s| s.moe_layers > 0);
-        let attribution = crate::uncertainty::attribution_of(e, moe);
-        if let Some(b) = &mut e.band {
-            b.attribution = attribution;
-        }
-    }
-    true
+    let mut s = e.clone();
+    s.time.bubble = (tl.makespan - m as f64 * t_max - p2p_exposed).max(0.0);
+    s.step_secs = new_step;
+    s.tokens_per_sec_per_gpu *= ratio;
+    s.mfu *= ratio;
+    s.hfu *= ratio;
+    s.model_tflops_per_gpu *= ratio;
+    s.bubble_fraction = s.time.bubble / new_step;
+    s.exposed_comm_fraction = s.time.exposed_comm / new_step;
+    s.pipeline_simulated = true;
+    Some(s)
 }

@@ -10,8 +10,9 @@
 //! log-softmax, `vocab / tp` wide) and the reserve.
 
 use super::{Reject, RlWorkload};
+use crate::banded::estimate_with;
 use crate::config::{Layout, Overlap, ParallelConfig, Recompute, RecomputeModules, Workload, Zero};
-use crate::cost::{estimate_with, Assumptions, Estimate, LossKernel};
+use crate::cost::{Assumptions, Estimate, LossKernel};
 use crate::hardware::{Cluster, GIB};
 use crate::model::ModelSpec;
 use crate::schedule::Schedule;

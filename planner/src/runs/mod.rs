@@ -140,17 +140,14 @@ impl RunCase {
         // The same model the search ranks with: closed form, then the pipeline
         // re-scored by the schedule simulator.
         let run = |cfg: &ParallelConfig| {
-            crate::cost::estimate_with(
+            crate::banded::estimate_with(
                 &self.model,
                 &self.cluster,
                 &self.workload,
                 cfg,
                 self.assumptions,
             )
-            .map(|mut e| {
-                crate::cost::apply_simulation(&mut e, cfg);
-                e
-            })
+            .map(|e| crate::banded::simulated(e, cfg))
         };
         // The run was measured, so it fit: what the row leaves out is the least
         // memory saving under which it fits, recomputation first (none, Megatron's

@@ -2,8 +2,9 @@
 //! schedule simulated, and ranked again; the `top` of them are the search's answer.
 
 use super::{Candidate, Inputs, Point, Progress};
+use crate::banded::{estimate_with, simulated};
 use crate::config::{Layout, ParallelConfig, Workload};
-use crate::cost::{estimate_with, Assumptions, Estimate};
+use crate::cost::{Assumptions, Estimate};
 use crate::hardware::Cluster;
 use crate::model::ModelSpec;
 use crate::reach::RankBy;
@@ -89,13 +90,13 @@ pub(super) fn leaders(
         } else {
             repartition(model, cluster, w, cfg, space.assumptions, &estimate)
         };
-        let mut c = repartitioned.unwrap_or(Candidate {
+        let Candidate { config, estimate } = repartitioned.unwrap_or(Candidate {
             config: cfg.clone(),
             estimate,
         });
-        crate::cost::apply_simulation(&mut c.estimate, &c.config);
+        let estimate = simulated(estimate, &config);
         progress.tick();
-        c
+        Candidate { config, estimate }
     };
     let mut leaders: Vec<Candidate> = picked.iter().map(|&i| price(i)).collect();
     let key = |c: &Candidate| {

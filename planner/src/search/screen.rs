@@ -105,13 +105,8 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
                             moe_dispatcher: space.moe_dispatcher,
                             schedule,
                         };
-                        match crate::cost::estimate_unbanded(
-                            model,
-                            cluster,
-                            w,
-                            &cfg,
-                            space.assumptions,
-                        ) {
+                        match crate::cost::estimate_with(model, cluster, w, &cfg, space.assumptions)
+                        {
                             Ok(e) => {
                                 valid += 1;
                                 kept.push((

@@ -74,10 +74,8 @@ pub fn rescore_sensitivity(
 ) {
     let ranker = Ranker::builtin(&cluster.profile.name, model.moe.is_some(), space.rank_by);
     res.sensitivity.par_iter_mut().for_each(|s| {
-        if let Ok(mut e) =
-            crate::cost::estimate_unbanded(model, cluster, w, &s.config, space.assumptions)
-        {
-            crate::cost::apply_simulation(&mut e, &s.config);
+        if let Ok(e) = crate::cost::estimate_with(model, cluster, w, &s.config, space.assumptions) {
+            let e = crate::cost::simulate(&e, &s.config).unwrap_or(e);
             s.step_secs = e.step_secs;
             s.rank_secs = ranker.key(
                 cluster,

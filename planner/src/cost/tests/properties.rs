@@ -122,11 +122,11 @@ proptest! {
         };
         for cand in &r.top {
             prop_assert!(below(&cand.estimate, &cand.config).is_none(), "{}", below(&cand.estimate, &cand.config).unwrap());
-            let closed = estimate_unbanded(&m, &c, &w, &cand.config, Assumptions::default()).unwrap();
+            let closed = estimate_with(&m, &c, &w, &cand.config, Assumptions::default()).unwrap();
             prop_assert!(below(&closed, &cand.config).is_none(), "closed form: {}", below(&closed, &cand.config).unwrap());
         }
         for s in &r.sensitivity {
-            let e = estimate_unbanded(&m, &c, &w, &s.config, Assumptions::default()).unwrap();
+            let e = estimate_with(&m, &c, &w, &s.config, Assumptions::default()).unwrap();
             prop_assert!(below(&e, &s.config).is_none(), "sensitivity: {}", below(&e, &s.config).unwrap());
         }
     }
