@@ -349,6 +349,72 @@ mod tests {
         );
     }
 
+    /// The aws-p5 profile against the measurements of Hugging Face's p5 cluster it
+    /// was built from (all-gather by node count, the smallest all-reduce by node
+    /// count, inside one node) and the ones held out (reduce-scatter; all-reduce,
+    /// which the model prices as its hierarchical form).
+    #[test]
+    fn aws_p5_reproduces_its_cluster_measurements() {
+        let hw = builtin_profile("p5.48xlarge").unwrap();
+        let s = (256u64 << 20) as f64;
+        let busbw = |c: Collective, nodes: u64| {
+            let n = 8 * nodes;
+            let t = collective_secs(&hw, c, s, Placement::new(n, 1, 8));
+            let phases = if c == Collective::AllReduce { 2.0 } else { 1.0 };
+            phases * (n - 1) as f64 / n as f64 * s / t / 1e9
+        };
+        let table = [
+            // nodes, all-gather, reduce-scatter, all-reduce (GB/s busbw, 256 MB)
+            (1, 249.8, 249.7, 436.0),
+            (2, 184.6, 181.6, 361.7),
+            (4, 119.0, 115.8, 160.1),
+            (8, 69.0, 68.6, 99.6),
+            (16, 55.0, 54.5, 84.7),
+            (32, 28.0, 27.9, 64.9),
+        ];
+        for (nodes, ag, rs, ar) in table {
+            let (m_ag, m_rs, m_ar) = (
+                busbw(Collective::AllGather, nodes),
+                busbw(Collective::ReduceScatter, nodes),
+                busbw(Collective::AllReduce, nodes),
+            );
+            assert!(
+                close(m_ag, ag, 0.01),
+                "{nodes} nodes: all-gather {m_ag} vs {ag}"
+            );
+            assert!(
+                close(m_rs, rs, 0.05),
+                "{nodes} nodes: reduce-scatter {m_rs} vs {rs}"
+            );
+            assert!(
+                close(m_ar, ar, 0.30),
+                "{nodes} nodes: all-reduce {m_ar} vs {ar}"
+            );
+        }
+        // The smallest all-reduce, inside one node and across 2 to 16.
+        for (nodes, us) in [(1, 12.91), (2, 55.45), (4, 120.6), (8, 179.9), (16, 234.9)] {
+            let t = collective_secs(
+                &hw,
+                Collective::AllReduce,
+                8.0,
+                Placement::new(8 * nodes, 1, 8),
+            );
+            assert!(
+                close(t * 1e6, us, 0.01),
+                "{nodes} nodes: {} us vs {us}",
+                t * 1e6
+            );
+        }
+        // A TP group of 16 across two nodes now costs more than on InfiniBand.
+        let ib = builtin_profile("h100-sxm").unwrap();
+        let p = Placement::new(16, 1, 8);
+        let bytes = 33554432.0;
+        assert!(
+            collective_secs(&hw, Collective::AllGather, bytes, p)
+                > 3.0 * collective_secs(&ib, Collective::AllGather, bytes, p)
+        );
+    }
+
     #[test]
     fn published_multi_node_all_reduce_is_bounded() {
         // 4 nodes x 8 B200 (8x400 Gb/s): 381.8 GB/s busbw measured (collectives.csv).
