@@ -522,6 +522,9 @@ fn published_sweeps_are_ordered() {
         );
     }
     println!("ordered pairs (measured apart by >=5%): {right} of {pairs}; best/worst within 10%: {ratio_ok} of {with_ratio} sweeps (axes with a known gap left out)");
+    for w in &wrong {
+        println!("ordered wrong: {w}");
+    }
     for s in &skipped {
         println!("not priced: {s}");
     }
