@@ -13,6 +13,13 @@
 //! Across domains, the `k` members a domain contributes each drive their own NIC,
 //! so the group gets `k` NICs per domain. NCCL picks between a flat ring and a
 //! hierarchical (tree / NVLS-tree) all-reduce; we take the faster of the two.
+//!
+//! The network's bus bandwidth and latency per step for all-reduce, all-gather and
+//! reduce-scatter depend on how many domains the group spans where the profile
+//! measured them so (`network.by_domains`, [`HardwareProfile::network_collective`]):
+//! on AWS EFA both fall off with the node count (Hugging Face's p5 cluster: all-gather
+//! bus bandwidth 185, 119 and 69 GB/s at 2, 4 and 8 nodes, the smallest all-reduce
+//! 55, 121 and 180 us). Without such points they are the same at every count.
 
 use crate::hardware::HardwareProfile;
 
@@ -109,8 +116,11 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
     let nvl_ring = hw.node.nvlink_gbytes_per_s * 1e9 * e.nvlink_busbw;
     let nvl_alpha = e.nvlink_latency_us * 1e-6;
     let net_alpha = hw.network.latency_us * 1e-6;
+    // Ring and tree collectives across the network, at the group's domain count.
+    let (coll_busbw, coll_latency_us) = hw.network_collective(p.domains);
+    let coll_alpha = coll_latency_us * 1e-6;
     // Bandwidth the group gets across the network: one NIC per member in a domain.
-    let net = hw.network.nic_gbytes_per_s * 1e9 * e.network_busbw * k;
+    let net = hw.network.nic_gbytes_per_s * 1e9 * coll_busbw * k;
     let nvls = if hw.node.nvls {
         Some(hw.node.nvlink_gbytes_per_s * 1e9 * e.nvls_busbw)
     } else {
@@ -146,9 +156,9 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
                 } else {
                     (n - 1.0).max(1.0)
                 };
-                return factor * bytes / net + steps * net_alpha;
+                return factor * bytes / net + steps * coll_alpha;
             }
-            let ring = factor * bytes / net + phases * latency_steps(p.size) * net_alpha;
+            let ring = factor * bytes / net + phases * latency_steps(p.size) * coll_alpha;
             // Hierarchical (NCCL tree / NVLS-tree): reduce-scatter inside the domain,
             // collective across domains on S/k per member, all-gather inside the
             // domain; NCCL pipelines the phases, so the slower one sets the time.
@@ -159,7 +169,7 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
                 0.0
             };
             let inter = phases * (d - 1.0) / d * bytes / net
-                + phases * latency_steps(p.domains) * net_alpha;
+                + phases * latency_steps(p.domains) * coll_alpha;
             ring.min(intra.max(inter))
         }
         Collective::AllToAll => {
@@ -287,6 +297,121 @@ mod tests {
         assert_eq!(
             collective_secs(&hw, Collective::AllReduce, s, Placement::new(1, 1, 8)),
             0.0
+        );
+    }
+
+    #[test]
+    fn network_points_price_collectives_by_the_domains_they_span() {
+        let mut hw = builtin_profile("h100-sxm").unwrap();
+        hw.network.by_domains = vec![
+            crate::hardware::NetworkPoint {
+                domains: 2,
+                busbw: 0.6,
+                latency_us: 20.0,
+            },
+            crate::hardware::NetworkPoint {
+                domains: 4,
+                busbw: 0.3,
+                latency_us: 30.0,
+            },
+        ];
+        let s = 1e9;
+        // All-gather over 2 nodes x 8: a ring of 16 at the 2-domain figures.
+        let t = collective_secs(&hw, Collective::AllGather, s, Placement::new(16, 1, 8));
+        let expect = 15.0 / 16.0 * s / (50e9 * 0.6 * 8.0) + 15.0 * 20e-6;
+        assert!(close(t, expect, 1e-9), "{t} vs {expect}");
+        // Over 4 nodes, one member each: the 4-domain figures.
+        let t = collective_secs(&hw, Collective::ReduceScatter, s, Placement::new(4, 8, 8));
+        let expect = 0.75 * s / (50e9 * 0.3) + 3.0 * 30e-6;
+        assert!(close(t, expect, 1e-9), "{t} vs {expect}");
+        // All-reduce over 4 nodes x 8: the hierarchical form, its network phase at
+        // the 4-domain figures.
+        let t = collective_secs(&hw, Collective::AllReduce, s, Placement::new(32, 1, 8));
+        let intra = 2.0 * 7.0 / 8.0 * s / (450e9 * 0.81) + 2.0 * 6.0 * 1.5e-6;
+        let inter = 2.0 * 0.75 * s / (50e9 * 0.3 * 8.0) + 2.0 * 3.0 * 30e-6;
+        assert!(close(t, intra.max(inter), 1e-9), "{t}");
+        // All-to-all and point-to-point keep the profile's single figures.
+        let plain = builtin_profile("h100-sxm").unwrap();
+        for (c, p) in [
+            (Collective::AllToAll, Placement::new(16, 1, 8)),
+            (Collective::SendRecv, Placement::new(2, 64, 8)),
+        ] {
+            assert_eq!(
+                collective_secs(&hw, c, s, p),
+                collective_secs(&plain, c, s, p)
+            );
+        }
+        // Inside one node nothing changes.
+        let p = Placement::new(8, 1, 8);
+        assert_eq!(
+            collective_secs(&hw, Collective::AllGather, s, p),
+            collective_secs(&plain, Collective::AllGather, s, p)
+        );
+    }
+
+    /// The aws-p5 profile against the measurements of Hugging Face's p5 cluster it
+    /// was built from (all-gather by node count, the smallest all-reduce by node
+    /// count, inside one node) and the ones held out (reduce-scatter; all-reduce,
+    /// which the model prices as its hierarchical form).
+    #[test]
+    fn aws_p5_reproduces_its_cluster_measurements() {
+        let hw = builtin_profile("p5.48xlarge").unwrap();
+        let s = (256u64 << 20) as f64;
+        let busbw = |c: Collective, nodes: u64| {
+            let n = 8 * nodes;
+            let t = collective_secs(&hw, c, s, Placement::new(n, 1, 8));
+            let phases = if c == Collective::AllReduce { 2.0 } else { 1.0 };
+            phases * (n - 1) as f64 / n as f64 * s / t / 1e9
+        };
+        let table = [
+            // nodes, all-gather, reduce-scatter, all-reduce (GB/s busbw, 256 MB)
+            (1, 249.8, 249.7, 436.0),
+            (2, 184.6, 181.6, 361.7),
+            (4, 119.0, 115.8, 160.1),
+            (8, 69.0, 68.6, 99.6),
+            (16, 55.0, 54.5, 84.7),
+            (32, 28.0, 27.9, 64.9),
+        ];
+        for (nodes, ag, rs, ar) in table {
+            let (m_ag, m_rs, m_ar) = (
+                busbw(Collective::AllGather, nodes),
+                busbw(Collective::ReduceScatter, nodes),
+                busbw(Collective::AllReduce, nodes),
+            );
+            assert!(
+                close(m_ag, ag, 0.01),
+                "{nodes} nodes: all-gather {m_ag} vs {ag}"
+            );
+            assert!(
+                close(m_rs, rs, 0.05),
+                "{nodes} nodes: reduce-scatter {m_rs} vs {rs}"
+            );
+            assert!(
+                close(m_ar, ar, 0.30),
+                "{nodes} nodes: all-reduce {m_ar} vs {ar}"
+            );
+        }
+        // The smallest all-reduce, inside one node and across 2 to 16.
+        for (nodes, us) in [(1, 12.91), (2, 55.45), (4, 120.6), (8, 179.9), (16, 234.9)] {
+            let t = collective_secs(
+                &hw,
+                Collective::AllReduce,
+                8.0,
+                Placement::new(8 * nodes, 1, 8),
+            );
+            assert!(
+                close(t * 1e6, us, 0.01),
+                "{nodes} nodes: {} us vs {us}",
+                t * 1e6
+            );
+        }
+        // A TP group of 16 across two nodes now costs more than on InfiniBand.
+        let ib = builtin_profile("h100-sxm").unwrap();
+        let p = Placement::new(16, 1, 8);
+        let bytes = 33554432.0;
+        assert!(
+            collective_secs(&hw, Collective::AllGather, bytes, p)
+                > 3.0 * collective_secs(&ib, Collective::AllGather, bytes, p)
         );
     }
 

@@ -270,6 +270,12 @@ impl Tie {
                 (e.nvls_busbw, r, ranges::NVLINK_BUSBW.or_zero()),
                 (e.network_busbw, r, ranges::NETWORK_BUSBW),
             ]);
+            f.extend(
+                p.network
+                    .by_domains
+                    .iter()
+                    .map(|q| (q.busbw, r, ranges::NETWORK_BUSBW)),
+            );
         }
         bounds(&f)
     }
@@ -278,11 +284,18 @@ impl Tie {
 /// The communication scale's range with everything else fixed.
 fn comm_bounds(p: &HardwareProfile) -> (f64, f64) {
     let e = &p.efficiency;
-    bounds(&[
+    let mut f = vec![
         (e.nvlink_busbw, 1.0, ranges::NVLINK_BUSBW),
         (e.nvls_busbw, 1.0, ranges::NVLINK_BUSBW.or_zero()),
         (e.network_busbw, 1.0, ranges::NETWORK_BUSBW),
-    ])
+    ];
+    f.extend(
+        p.network
+            .by_domains
+            .iter()
+            .map(|q| (q.busbw, 1.0, ranges::NETWORK_BUSBW)),
+    );
+    bounds(&f)
 }
 
 /// One level `k` by least squares of the log errors: a grid over the range in

@@ -289,6 +289,21 @@ fn every_profile_number_refused_or_finite() -> (u32, u32) {
                 vec![json!(0), json!(u64::MAX)],
             ),
             (
+                "network.by_domains[0].busbw",
+                vec!["network", "by_domains", "0", "busbw"],
+                vec![json!(0), json!(-1), json!(1e308), json!(1e-308)],
+            ),
+            (
+                "network.by_domains[0].latency_us",
+                vec!["network", "by_domains", "0", "latency_us"],
+                vec![json!(-1), json!(1e308)],
+            ),
+            (
+                "network.by_domains[0].domains",
+                vec!["network", "by_domains", "0", "domains"],
+                vec![json!(0), json!(1), json!(u64::MAX)],
+            ),
+            (
                 "GEMM curve point",
                 vec!["gemm_curves", "0", "points", "0", "3"],
                 vec![json!(0), json!(1e-300), json!(1e308), json!(-5)],

@@ -378,6 +378,9 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     }
     if let Some(x) = o.network_latency_us {
         p.network.latency_us = x;
+        // Measured on the user's network: it replaces the profile's figures by node
+        // count as well as its single one.
+        p.network.by_domains.clear();
     }
     if let Some(x) = o.gemm_bf16 {
         // The measured fit (efficiency plus a cost per call) replaces the public
@@ -413,6 +416,7 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     }
     if let Some(x) = o.network_busbw {
         p.efficiency.network_busbw = x;
+        p.network.by_domains.clear();
         p.sources
             .insert("efficiency.network_busbw".into(), note.clone());
     }

@@ -342,7 +342,8 @@ pub struct Scales {
     pub gemm: f64,
     /// `attention_fwd` and `attention_bwd`.
     pub attention: f64,
-    /// `nvlink_busbw`, `nvls_busbw` and `network_busbw`.
+    /// `nvlink_busbw`, `nvls_busbw` and `network_busbw`, and the bus bandwidth of
+    /// the network's points by node count (`network.by_domains`).
     pub comm: f64,
 }
 
@@ -366,6 +367,9 @@ pub fn scale_efficiencies(profile: &HardwareProfile, s: &Scales) -> HardwareProf
     e.nvlink_busbw *= s.comm;
     e.nvls_busbw *= s.comm;
     e.network_busbw *= s.comm;
+    for q in &mut p.network.by_domains {
+        q.busbw *= s.comm;
+    }
     p
 }
 

@@ -73,6 +73,53 @@ fn measured_gemms_replace_the_shape_curve() {
     );
 }
 
+/// A measured network figure replaces the profile's figures by node count as well
+/// as its single one; a log fit's communication scale multiplies both.
+#[test]
+fn measured_network_replaces_the_points_by_node_count() {
+    let mut prof = crate::hardware::builtin_profile("h100-sxm").unwrap();
+    prof.network.by_domains = vec![crate::hardware::NetworkPoint {
+        domains: 2,
+        busbw: 0.5,
+        latency_us: 20.0,
+    }];
+    let mut o = Overlay {
+        schema_version: OVERLAY_SCHEMA_VERSION,
+        profile: prof.name.clone(),
+        backend: "cuda".into(),
+        device: "test".into(),
+        runs: vec![],
+        gemm_bf16: None,
+        attention: None,
+        nvlink_busbw: None,
+        network_busbw: None,
+        gemm_overhead_us: None,
+        nvlink_latency_us: None,
+        network_latency_us: None,
+        hbm: None,
+        gemm_curve: None,
+        benchmarks: vec![],
+        gemm_points: vec![],
+        collective_points: vec![],
+        gemm_scale: None,
+        attention_scale: None,
+        comm_scale: Some(0.8),
+        log_points: vec![],
+    };
+    let p = apply(&prof, &o).unwrap();
+    assert!((p.network.by_domains[0].busbw - 0.4).abs() < 1e-12);
+    assert!((p.efficiency.network_busbw - 0.72).abs() < 1e-12);
+    o.comm_scale = None;
+    o.network_latency_us = Some(8.0);
+    let p = apply(&prof, &o).unwrap();
+    assert!(p.network.by_domains.is_empty());
+    assert_eq!(p.network_collective(2), (0.9, 8.0));
+    o.network_latency_us = None;
+    o.network_busbw = Some(0.7);
+    let p = apply(&prof, &o).unwrap();
+    assert_eq!(p.network_collective(4), (0.7, 5.0));
+}
+
 /// A GPU overlay's numbers take the profile's ranges, a CPU one's only need to be
 /// finite and positive, and no other backend is read.
 #[test]

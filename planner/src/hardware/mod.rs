@@ -67,6 +67,26 @@ pub struct Network {
     pub nic_gbytes_per_s: f64,
     /// One-hop latency across the network, microseconds.
     pub latency_us: f64,
+    /// All-reduce, all-gather and reduce-scatter across nodes as measured at several
+    /// node counts, for a network whose collectives slow down as they span more
+    /// nodes (AWS EFA). Empty: `efficiency.network_busbw` and `latency_us` hold at
+    /// every node count. See [`HardwareProfile::network_collective`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_domains: Vec<NetworkPoint>,
+}
+
+/// The network's figures for ring and tree collectives whose group spans `domains`
+/// NVLink domains (nodes, where a node is one domain).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NetworkPoint {
+    /// NVLink domains the group spans, 2 or more.
+    pub domains: u64,
+    /// Bus bandwidth as a fraction of the NIC's rate (what
+    /// `efficiency.network_busbw` is at every node count without points).
+    pub busbw: f64,
+    /// Latency per step of the collective, microseconds (what `network.latency_us`
+    /// is at every node count without points).
+    pub latency_us: f64,
 }
 
 /// Achieved fractions of peak. Each one is named in `sources`.
@@ -201,6 +221,39 @@ impl HardwareProfile {
         of_pass(true)
             .or_else(|| of_pass(false))
             .map(|c| c.factor(head_dim, seq))
+    }
+
+    /// Bus bandwidth (a fraction of the NIC's rate) and latency per step
+    /// (microseconds) of an all-reduce, all-gather or reduce-scatter whose group
+    /// spans `domains` NVLink domains. With `network.by_domains`: its points, linear
+    /// in log2(domains) between two of them and the nearest one's outside them;
+    /// without: `efficiency.network_busbw` and `network.latency_us` whatever the
+    /// count. All-to-all and point-to-point transfers always take the latter: each
+    /// rank's own traffic through its own NIC.
+    pub fn network_collective(&self, domains: u64) -> (f64, f64) {
+        let pts = &self.network.by_domains;
+        let (Some(first), Some(last)) = (pts.first(), pts.last()) else {
+            return (self.efficiency.network_busbw, self.network.latency_us);
+        };
+        if domains <= first.domains {
+            return (first.busbw, first.latency_us);
+        }
+        if domains >= last.domains {
+            return (last.busbw, last.latency_us);
+        }
+        let x = (domains as f64).log2();
+        for w in pts.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if domains <= b.domains {
+                let (xa, xb) = ((a.domains as f64).log2(), (b.domains as f64).log2());
+                let t = (x - xa) / (xb - xa);
+                return (
+                    a.busbw + t * (b.busbw - a.busbw),
+                    a.latency_us + t * (b.latency_us - a.latency_us),
+                );
+            }
+        }
+        (last.busbw, last.latency_us)
     }
 
     /// Peak dense throughput for GEMMs in the given precision, FLOP/s.

@@ -27,6 +27,7 @@ impl HardwareProfile {
     pub fn validate(&self) -> Result<(), InputError> {
         self.check_numbers()?;
         self.check_collective_points()?;
+        self.check_network_points()?;
         self.check_curves()?;
         self.check_node()
     }
@@ -154,6 +155,45 @@ impl HardwareProfile {
                         c.tier.escape_debug()
                     ),
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// The network's points by node count: 2 domains or more, in increasing order,
+    /// each figure in the range of the one it stands in for.
+    fn check_network_points(&self) -> Result<(), InputError> {
+        let err = |field: &str, problem: String| self.field_error(field, problem);
+        use ranges::*;
+        let pts = &self.network.by_domains;
+        for (i, p) in pts.iter().enumerate() {
+            let field = |f: &str| format!("network.by_domains[{i}].{f}");
+            if !(2..=MAX_GPUS).contains(&p.domains) {
+                return err(
+                    &field("domains"),
+                    format!(
+                        "{} must be between 2 and {MAX_GPUS} (one domain is NVLink's)",
+                        p.domains
+                    ),
+                );
+            }
+            if i > 0 && p.domains <= pts[i - 1].domains {
+                return err(
+                    &field("domains"),
+                    format!(
+                        "{} does not follow {}: list the points by increasing domains, one per count",
+                        p.domains,
+                        pts[i - 1].domains
+                    ),
+                );
+            }
+            for (f, v, range) in [
+                ("busbw", p.busbw, NETWORK_BUSBW),
+                ("latency_us", p.latency_us, LATENCY_US),
+            ] {
+                if let Err(problem) = range.check(v) {
+                    return err(&field(f), problem.to_string());
+                }
             }
         }
         Ok(())

@@ -13,7 +13,74 @@ fn builtin_profiles_parse_and_cite_sources() {
                 p.name
             );
         }
+        assert!(
+            p.network.by_domains.is_empty() || p.sources.contains_key("network.by_domains"),
+            "profile {} gives no source for network.by_domains",
+            p.name
+        );
     }
+}
+
+/// h100-sxm with the network's figures at 2, 8 and 32 domains.
+fn with_network_points() -> HardwareProfile {
+    let mut p = builtin_profile("h100-sxm").unwrap();
+    p.network.by_domains = [(2, 0.6, 20.0), (8, 0.3, 10.0), (32, 0.1, 10.0)]
+        .into_iter()
+        .map(|(domains, busbw, latency_us)| NetworkPoint {
+            domains,
+            busbw,
+            latency_us,
+        })
+        .collect();
+    p
+}
+
+#[test]
+fn network_points_interpolate_in_log_domains_and_hold_at_the_ends() {
+    // Without points: the profile's single figures at every count.
+    let p = builtin_profile("h100-sxm").unwrap();
+    for d in [1, 2, 3, 64, 1 << 20] {
+        assert_eq!(p.network_collective(d), (0.9, 5.0));
+    }
+    let p = with_network_points();
+    assert_eq!(p.network_collective(2), (0.6, 20.0));
+    assert_eq!(p.network_collective(8), (0.3, 10.0));
+    // 4 is halfway from 2 to 8 in log2.
+    let (b, l) = p.network_collective(4);
+    assert!(
+        (b - 0.45).abs() < 1e-12 && (l - 15.0).abs() < 1e-12,
+        "{b} {l}"
+    );
+    // Outside the points: the nearest one's figures.
+    assert_eq!(p.network_collective(1), (0.6, 20.0));
+    assert_eq!(p.network_collective(1024), (0.1, 10.0));
+    // Round trip through the file form; a profile without points writes none.
+    let back = HardwareProfile::from_json(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+    let plain = serde_json::to_string(&builtin_profile("h100-sxm").unwrap()).unwrap();
+    assert!(!plain.contains("by_domains"), "{plain}");
+}
+
+#[test]
+fn network_points_are_checked_and_named() {
+    let bad = |edit: fn(&mut HardwareProfile)| {
+        let mut p = with_network_points();
+        edit(&mut p);
+        HardwareProfile::from_json(&serde_json::to_string(&p).unwrap())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = bad(|p| p.network.by_domains[0].domains = 1);
+    assert!(e.contains("network.by_domains[0].domains"), "{e}");
+    let e = bad(|p| p.network.by_domains[2].domains = 8);
+    assert!(
+        e.contains("network.by_domains[2].domains") && e.contains("increasing"),
+        "{e}"
+    );
+    let e = bad(|p| p.network.by_domains[1].busbw = 0.0);
+    assert!(e.contains("network.by_domains[1].busbw"), "{e}");
+    let e = bad(|p| p.network.by_domains[1].latency_us = -1.0);
+    assert!(e.contains("network.by_domains[1].latency_us"), "{e}");
 }
 
 #[test]
