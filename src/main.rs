@@ -769,9 +769,16 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
     unrepresentable.extend(rejected);
     if rows.is_empty() {
         // The first row's reason says what is wrong; the count says how widespread.
-        let first = unrepresentable
-            .first()
-            .map_or(String::new(), |u| format!(": row '{}': {}", u.id, u.reason));
+        // From the user's file: a newline or escape in it must not break the
+        // one-line error.
+        let clean = |s: &str| -> String {
+            s.chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect()
+        };
+        let first = unrepresentable.first().map_or(String::new(), |u| {
+            format!(": row '{}': {}", clean(&u.id), clean(&u.reason))
+        });
         bail!(
             "no row of '{}' could be estimated ({} unrepresentable){first}",
             a.csv,
