@@ -55,8 +55,9 @@ impl<'a> Walker<'a> {
             h: d.hidden,
             hd: d.head_dim,
             hl: d.heads * d.head_dim / tp,
-            // With fewer K/V heads than TP ranks each rank keeps a copy of one
-            // (Megatron replicates them; `memory::kv_dim_per_rank`).
+            // With fewer K/V heads than TP ranks (TP a multiple of them) each rank
+            // computes one: Megatron-Core since f7dfb99 (Dec 2025; attention.py
+            // `num_query_groups < world_size`), as `memory::kv_dim_per_rank` prices.
             kvl: (d.kv_heads / tp).max(1) * d.head_dim,
             f: d.ffn / tp,
             up: s.model.mlp.matrices() - 1,

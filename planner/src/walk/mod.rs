@@ -36,8 +36,9 @@
 //!   conjugate; each element-wise pass twice the forward's bytes; the CP ring
 //!   passes K/V and, as a second exchange, their gradients.
 //!
-//! With fewer K/V heads than TP ranks each rank holds one K/V head (Megatron
-//! replicates them). The cost model prices these same ops class by class
+//! With fewer K/V heads than TP ranks each rank computes one K/V head
+//! (Megatron-Core since f7dfb99, Dec 2025; older releases refuse TP above the
+//! K/V heads). The cost model prices these same ops class by class
 //! (`cost::walked`'s tests hold it).
 //! - Recomputation replays the forward (full) or the selected modules.
 //!
