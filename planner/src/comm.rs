@@ -349,13 +349,13 @@ mod tests {
         );
     }
 
-    /// The aws-p5 profile against the measurements of Hugging Face's p5 cluster it
+    /// The aws-p5-hf profile against the measurements of Hugging Face's p5 cluster it
     /// was built from (all-gather by node count, the smallest all-reduce by node
     /// count, inside one node) and the ones held out (reduce-scatter; all-reduce,
     /// which the model prices as its hierarchical form).
     #[test]
-    fn aws_p5_reproduces_its_cluster_measurements() {
-        let hw = builtin_profile("p5.48xlarge").unwrap();
+    fn aws_p5_hf_reproduces_its_cluster_measurements() {
+        let hw = builtin_profile("aws-p5-hf").unwrap();
         let s = (256u64 << 20) as f64;
         let busbw = |c: Collective, nodes: u64| {
             let n = 8 * nodes;

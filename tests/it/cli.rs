@@ -1014,7 +1014,7 @@ fn models_and_profiles_list_the_built_ins() {
         "h200-sxm",
         "b200",
         "gb200-nvl72",
-        "aws-p5",
+        "aws-p5-hf",
         "h800",
         "mi300x",
     ] {

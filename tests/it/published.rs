@@ -444,7 +444,7 @@ fn sweeps() -> SweepData {
 /// each stays open until it is fixed.
 const RATIO_GAPS: &[(&str, &str)] = &[(
     "tp_nvlink",
-    "TP 16 costs 1.9-4.7x TP 8 in the Ultra-Scale Playbook's nanotron runs on AWS EFA; on the aws-p5 profile (the EFA figures that cluster published) the model prices 0.7-6.6x: it is 5-71% fast on nanotron's TP 2-8 inside a node at one-sample micro-batches and 38-87% fast on every 80B run, and on 16-32 nodes it prices TP 8 31-187% slow: at the cluster's published bandwidth TP 8's data-parallel all-reduce alone outlasts the whole measured step on 32 nodes (issue 21)",
+    "TP 16 costs 1.9-4.7x TP 8 in the Ultra-Scale Playbook's nanotron runs on AWS EFA; on the aws-p5-hf profile (the EFA figures that cluster published) the model prices 0.7-6.6x: it is 5-71% fast on nanotron's TP 2-8 inside a node at one-sample micro-batches and 38-87% fast on every 80B run, and on 16-32 nodes it prices TP 8 31-187% slow: at the cluster's published bandwidth TP 8's data-parallel all-reduce alone outlasts the whole measured step on 32 nodes (issue 21)",
 )];
 
 #[test]

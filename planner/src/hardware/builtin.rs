@@ -23,7 +23,10 @@ pub(super) const BUILTIN: &[(&str, &str)] = &[
         "h200-sxm",
         include_str!("../../../hwprofiles/h200-sxm.json"),
     ),
-    ("aws-p5", include_str!("../../../hwprofiles/aws-p5.json")),
+    (
+        "aws-p5-hf",
+        include_str!("../../../hwprofiles/aws-p5-hf.json"),
+    ),
     ("h800", include_str!("../../../hwprofiles/h800.json")),
     ("b200", include_str!("../../../hwprofiles/b200.json")),
     (
