@@ -25,6 +25,21 @@ pub use mcore::megatron_core;
 
 pub const MEGATRON_VERSION: &str = "Megatron-LM main 2026-08 (core_v0.19); core_v0.13+ except --use-megatron-fsdp (core_v0.13: --use-custom-fsdp)";
 
+/// The release floor a plan needs when its TP exceeds the model's K/V heads:
+/// Megatron-Core computes one K/V head per rank there only since f7dfb99
+/// (core_v0.16.0; attention.py `num_query_groups < world_size`); before, it
+/// asserted TP divides `num_query_groups`.
+pub fn kv_heads_below_tp(plan: &PlanFile, index: usize) -> Option<String> {
+    let m = &plan.model;
+    let tp = plan.plans.get(index)?.config.tp;
+    (m.mla.is_none() && m.kv_heads < tp).then(|| {
+        format!(
+            "Needs Megatron-Core core_v0.16 or later: TP {tp} exceeds the {} key/value heads (earlier releases require TP to divide them).",
+            m.kv_heads
+        )
+    })
+}
+
 /// `--pipeline-model-parallel-layout` string for an explicit per-stage list
 /// (syntax: megatron/core/transformer/pipeline_parallel_layer_layout.py; `E`
 /// embedding, `t` decoder layer, `m` multi-token-prediction layer, `L` loss, `|`

@@ -1334,3 +1334,35 @@ fn torchtitan_pipeline_stages_are_the_plans() {
         assert_eq!(stages, pp * vpp, "{toml}");
     }
 }
+
+/// From an outside review: TP above the model's K/V heads runs only on
+/// Megatron-Core releases that compute one K/V head per rank (core_v0.16+); the
+/// Megatron exports say so on such plans and only there.
+#[test]
+fn megatron_exports_name_the_release_tp_above_the_kv_heads_needs() {
+    let dir = TempDir::new("kv-heads-tp");
+    let note = "Needs Megatron-Core core_v0.16 or later: TP 8 exceeds the 4 key/value heads";
+    for (tp, wanted) in [("8", true), ("4", false)] {
+        let p = saved(
+            &dir,
+            &format!("q{tp}.json"),
+            &[
+                "plan",
+                "--model",
+                "qwen3-30b-a3b",
+                "--gpus",
+                "64",
+                "--tp",
+                tp,
+                "--top",
+                "1",
+            ],
+        );
+        for to in ["megatron-lm", "megatron-core"] {
+            let o = sextant(&["export", p.to_str().unwrap(), "--to", to]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(out.contains(note), wanted, "TP {tp}, {to}:\n{out}");
+        }
+    }
+}

@@ -10,8 +10,9 @@ use sextant_planner::model::MlpKind;
 use sextant_planner::plan::PlanFile;
 
 use super::{
-    check_rank_order, cuda_device_max_connections, fp8_recipe, megatron_schedule, model_refusal,
-    moe_layer_pattern, moe_token_fields, pipeline_layout, MaxConnections, Value, MEGATRON_VERSION,
+    check_rank_order, cuda_device_max_connections, fp8_recipe, kv_heads_below_tp,
+    megatron_schedule, model_refusal, moe_layer_pattern, moe_token_fields, pipeline_layout,
+    MaxConnections, Value, MEGATRON_VERSION,
 };
 use crate::quote;
 use crate::{ExportError, Target};
@@ -394,6 +395,9 @@ pub fn megatron_lm(plan: &PlanFile, index: usize) -> Result<String, ExportError>
         quote::comment(&plan.hardware.name)
     );
     let _ = writeln!(s, "# Flags as in {MEGATRON_VERSION}.");
+    if let Some(note) = kv_heads_below_tp(plan, index) {
+        let _ = writeln!(s, "# {note}");
+    }
     let _ = writeln!(s, "# Normalization, position embedding, tokenizer and data flags come from your model's recipe.");
     match cuda_device_max_connections(plan, index) {
         Some(MaxConnections::One) => {

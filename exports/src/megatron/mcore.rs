@@ -9,8 +9,8 @@ use sextant_planner::config::{
 use sextant_planner::plan::PlanFile;
 
 use super::{
-    check_rank_order, fp8_recipe, loss_fields, megatron_schedule, moe_layer_pattern,
-    moe_token_fields, pipeline_layout, MEGATRON_VERSION,
+    check_rank_order, fp8_recipe, kv_heads_below_tp, loss_fields, megatron_schedule,
+    moe_layer_pattern, moe_token_fields, pipeline_layout, MEGATRON_VERSION,
 };
 use crate::quote;
 use crate::{ExportError, Target};
@@ -35,6 +35,9 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
         quote::comment(&m.name),
         plan.gpus
     );
+    if let Some(note) = kv_heads_below_tp(plan, index) {
+        let _ = writeln!(s, "# {note}");
+    }
     let _ = writeln!(s, "import torch");
     let _ = writeln!(s, "from megatron.core import parallel_state");
     // Multi-latent attention takes MLATransformerConfig, a TransformerConfig subclass
