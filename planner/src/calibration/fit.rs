@@ -378,9 +378,12 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     }
     if let Some(x) = o.network_latency_us {
         p.network.latency_us = x;
-        // Measured on the user's network: it replaces the profile's figures by node
-        // count as well as its single one.
-        p.network.by_domains.clear();
+        // Measured on the user's network: it replaces the profile's latency at
+        // every node count as well as its single one; the bandwidth curve stays
+        // unless the bandwidth was measured too.
+        for q in &mut p.network.by_domains {
+            q.latency_us = x;
+        }
     }
     if let Some(x) = o.gemm_bf16 {
         // The measured fit (efficiency plus a cost per call) replaces the public
@@ -416,7 +419,10 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     }
     if let Some(x) = o.network_busbw {
         p.efficiency.network_busbw = x;
-        p.network.by_domains.clear();
+        // Likewise the bandwidth at every node count; the latency curve stays.
+        for q in &mut p.network.by_domains {
+            q.busbw = x;
+        }
         p.sources
             .insert("efficiency.network_busbw".into(), note.clone());
     }

@@ -73,8 +73,9 @@ fn measured_gemms_replace_the_shape_curve() {
     );
 }
 
-/// A measured network figure replaces the profile's figures by node count as well
-/// as its single one; a log fit's communication scale multiplies both.
+/// A measured network figure replaces the profile's figure by node count as well
+/// as its single one, and only that figure (a measured latency keeps the
+/// bandwidth curve); a log fit's communication scale multiplies both.
 #[test]
 fn measured_network_replaces_the_points_by_node_count() {
     let mut prof = crate::hardware::builtin_profile("h100-sxm").unwrap();
@@ -112,12 +113,14 @@ fn measured_network_replaces_the_points_by_node_count() {
     o.comm_scale = None;
     o.network_latency_us = Some(8.0);
     let p = apply(&prof, &o).unwrap();
-    assert!(p.network.by_domains.is_empty());
-    assert_eq!(p.network_collective(2), (0.9, 8.0));
+    assert_eq!(p.network_collective(2), (0.5, 8.0));
     o.network_latency_us = None;
     o.network_busbw = Some(0.7);
     let p = apply(&prof, &o).unwrap();
-    assert_eq!(p.network_collective(4), (0.7, 5.0));
+    assert_eq!(p.network_collective(4), (0.7, 20.0));
+    o.network_latency_us = Some(8.0);
+    let p = apply(&prof, &o).unwrap();
+    assert_eq!(p.network_collective(4), (0.7, 8.0));
 }
 
 /// A GPU overlay's numbers take the profile's ranges, a CPU one's only need to be
