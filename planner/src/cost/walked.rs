@@ -3,7 +3,8 @@
 //! on their groups' placement). The tests below hold it, for every preset as the
 //! executor runs it, to the cost model's price of the same layer class by class:
 //! each GEMM class (forward, input and weight gradients), the element-wise traffic
-//! (BF16) and each layer collective (TP, CP ring, EP all-to-all) before overlap.
+//! (BF16), each layer collective (TP, CP ring, EP all-to-all) before overlap, and
+//! what full and selective recomputation replay.
 //! What is priced but not run, and so not held: the attention core (the cost model
 //! prices the fused kernel at its measured efficiency, the executor runs batched
 //! GEMMs), FP8 casts (the executor's GEMMs are BF16), DeepEP's deduplicated
@@ -29,8 +30,10 @@ pub struct Priced<'a> {
     /// GEMM seconds by op class: first run (forward and backward), and replayed.
     pub gemm: BTreeMap<&'static str, f64>,
     pub recompute: BTreeMap<&'static str, f64>,
-    /// Element-wise and optimizer HBM traffic, by class.
+    /// Element-wise and optimizer HBM traffic, by class, and of it what
+    /// recomputation replays.
     pub memory: BTreeMap<&'static str, f64>,
+    pub memory_replayed: BTreeMap<&'static str, f64>,
     /// Collectives on their groups, by kind (none of them overlapped).
     pub collective: BTreeMap<&'static str, f64>,
 }
@@ -48,6 +51,7 @@ impl<'a> Priced<'a> {
             gemm: BTreeMap::new(),
             recompute: BTreeMap::new(),
             memory: BTreeMap::new(),
+            memory_replayed: BTreeMap::new(),
             collective: BTreeMap::new(),
         }
     }
@@ -88,8 +92,16 @@ impl Sink for Priced<'_> {
                 };
                 *to.entry(class.key()).or_default() += secs;
             }
-            Op::Memory { class, bytes, .. } => {
-                *self.memory.entry(class.key()).or_default() += c.mem(bytes as f64);
+            Op::Memory {
+                class,
+                bytes,
+                recompute,
+            } => {
+                let secs = c.mem(bytes as f64);
+                *self.memory.entry(class.key()).or_default() += secs;
+                if recompute {
+                    *self.memory_replayed.entry(class.key()).or_default() += secs;
+                }
             }
             Op::Coll {
                 kind, op, bytes, ..
@@ -132,7 +144,9 @@ impl Sink for Priced<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Dispatcher, Layout, Overlap, Precision, Recompute, Zero};
+    use crate::config::{
+        Dispatcher, Layout, Overlap, Precision, Recompute, RecomputeModules, Zero,
+    };
     use crate::cost::layer::layer_cost;
     use crate::hardware::builtin_profile;
     use crate::memory::LayerKind;
@@ -159,7 +173,14 @@ mod tests {
         m
     }
 
-    fn config(tp: u64, cp: u64, ep: u64, mbs: u64, dispatcher: Dispatcher) -> ParallelConfig {
+    fn config(
+        tp: u64,
+        cp: u64,
+        ep: u64,
+        mbs: u64,
+        dispatcher: Dispatcher,
+        (recompute, recompute_modules): (Recompute, RecomputeModules),
+    ) -> ParallelConfig {
         ParallelConfig {
             tp,
             pp: 1,
@@ -171,12 +192,12 @@ mod tests {
             sp: tp > 1,
             mbs,
             zero: Zero::None,
-            recompute: Recompute::None,
+            recompute,
             layout: Layout::Even,
             overlap: Overlap::default(),
             bf16_grads: false,
             bf16_moments: false,
-            recompute_modules: Default::default(),
+            recompute_modules,
             moe_dispatcher: dispatcher,
             schedule: Schedule::OneFOneB,
         }
@@ -254,9 +275,26 @@ mod tests {
         if !precision.is_fp8() {
             pairs.push((
                 "elementwise",
-                get(&priced.memory, "elementwise"),
+                get(&priced.memory, "elementwise") - get(&priced.memory_replayed, "elementwise"),
                 lc.fwd.elementwise + lc.bwd.elementwise,
             ));
+            // What recomputation replays: its GEMMs and element-wise traffic, less
+            // the attention core (the fused kernel is priced, batched GEMMs run).
+            let core = if cfg.recompute == Recompute::Full
+                || cfg.recomputes(RecomputeModules::CORE_ATTN)
+            {
+                lc.attn_core_fwd
+            } else {
+                0.0
+            };
+            let replayed: f64 = priced
+                .recompute
+                .iter()
+                .filter(|(k, _)| **k != "attention_core")
+                .map(|(_, v)| v)
+                .sum::<f64>()
+                + get(&priced.memory_replayed, "elementwise");
+            pairs.push(("replayed", replayed, lc.recompute - core));
         }
         for (class, walked, cost) in &pairs {
             assert!(
@@ -273,10 +311,25 @@ mod tests {
         pairs.iter().filter(|p| p.2 > 0.0).count()
     }
 
+    /// No recomputation, full, Megatron's default selective set, and the other
+    /// modules together.
+    fn replays() -> [(Recompute, RecomputeModules); 4] {
+        let m = RecomputeModules::LAYERNORM
+            .union(RecomputeModules::MLP)
+            .union(RecomputeModules::MOE);
+        [
+            (Recompute::None, RecomputeModules::DEFAULT),
+            (Recompute::Full, RecomputeModules::DEFAULT),
+            (Recompute::Selective, RecomputeModules::DEFAULT),
+            (Recompute::Selective, m),
+        ]
+    }
+
     /// Every preset as the executor runs it, at every TP that splits it, with and
-    /// without CP and EP: the walk's ops priced one by one cost what the cost model
-    /// charges the layer, for each GEMM class, the element-wise traffic and each
-    /// layer collective (total, before overlap). The attention core is left out: the
+    /// without CP and EP, under each recomputation: the walk's ops priced one by
+    /// one cost what the cost model charges the layer, for each GEMM class, the
+    /// element-wise traffic, each layer collective (total, before overlap) and the
+    /// replayed work. The attention core is left out: the
     /// cost model prices the fused kernel, the executor runs batched GEMMs (its
     /// FLOPs are held by `walk::tests`).
     #[test]
@@ -305,15 +358,17 @@ mod tests {
                         if d == Dispatcher::Deduplicated && (ep == 1 || ep > 8) {
                             continue;
                         }
-                        let cfg = config(tp, cp, ep, mbs, d);
-                        compared += check(&model, &cfg, 4096, Precision::Bf16);
+                        for rc in replays() {
+                            let cfg = config(tp, cp, ep, mbs, d, rc);
+                            compared += check(&model, &cfg, 4096, Precision::Bf16);
+                        }
                     }
                 }
             }
             // FP8 GEMMs (projections, MLP, experts; router in BF16).
             compared += check(
                 &model,
-                &config(1, 1, 1, 1, Dispatcher::AllToAll),
+                &config(1, 1, 1, 1, Dispatcher::AllToAll, replays()[0]),
                 2048,
                 Precision::Fp8,
             );

@@ -269,7 +269,7 @@ impl<'a> Walker<'a> {
         self.leave_tp(false);
         self.mem(OpClass::Elementwise, tl * h * B * 5, rc);
         if moe {
-            self.moe_forward(rc, true);
+            self.moe_forward(rc);
         } else {
             self.enter_tp(false);
             self.gemm(OpClass::Mlp, (t, up * f, h), 1, 1, rc);
@@ -280,7 +280,7 @@ impl<'a> Walker<'a> {
         self.mem(OpClass::Elementwise, tl * h * B * 3, rc);
     }
 
-    pub(super) fn moe_forward(&mut self, rc: bool, comms: bool) {
+    pub(super) fn moe_forward(&mut self, rc: bool) {
         let z = &self.z;
         let (h, top_k, e, n_local, experts) = (z.h, z.top_k, z.e, z.local_experts, z.experts);
         let r_in = self.routed_in();
@@ -290,21 +290,17 @@ impl<'a> Walker<'a> {
         let sort = self.sorts_chunks();
         self.gemm(OpClass::Router, (r_in, experts, h), 1, 1, rc);
         self.mem(OpClass::Elementwise, rows * h * B * 2, rc);
-        if comms {
-            self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
-            self.coll(CommKind::Etp, Coll::AllGather, rows * self.etp * h * B);
-        }
+        self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
+        self.coll(CommKind::Etp, Coll::AllGather, rows * self.etp * h * B);
         self.mem(OpClass::Elementwise, sort * rows * h * B * 2, rc);
         self.gemm(OpClass::MoeExperts, (per, up * e, h), 1, n_local, rc);
         self.mem(OpClass::Elementwise, per * n_local * e * B * (up + 1), rc);
         self.gemm(OpClass::MoeExperts, (per, h, e), 1, n_local, rc);
         self.mem(OpClass::Elementwise, sort * rows * h * B * 2, rc);
-        if comms {
-            self.coll(CommKind::Etp, Coll::ReduceScatter, rows * self.etp * h * B);
-            self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
-        }
+        self.coll(CommKind::Etp, Coll::ReduceScatter, rows * self.etp * h * B);
+        self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
         self.mem(OpClass::Elementwise, rows * h * B * 2, rc);
-        if comms && !self.sp {
+        if !self.sp {
             self.coll(CommKind::Tp, Coll::AllGather, self.z.t * h * B);
         }
     }
@@ -331,12 +327,17 @@ impl<'a> Walker<'a> {
             self.mem(OpClass::Elementwise, 2 * tl * h * B * 2, true);
         }
         match moe {
+            // The replayed block's collectives run again: Megatron checkpoints the
+            // MLP module, whose linears gather and scatter over TP themselves, and
+            // the whole MoE block with its all-to-alls.
             false if cfg.recomputes(RecomputeModules::MLP) => {
+                self.enter_tp(false);
                 self.gemm(OpClass::Mlp, (t, up * f, h), 1, 1, true);
                 self.mem(OpClass::Elementwise, t * f * B * (up + 1), true);
                 self.gemm(OpClass::Mlp, (t, h, f), 1, 1, true);
+                self.leave_tp(false);
             }
-            true if cfg.recomputes(RecomputeModules::MOE) => self.moe_forward(true, false),
+            true if cfg.recomputes(RecomputeModules::MOE) => self.moe_forward(true),
             true if cfg.recomputes(RecomputeModules::MOE_ACT) => {
                 let per = self.per_expert();
                 self.mem(

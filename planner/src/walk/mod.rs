@@ -40,7 +40,9 @@
 //! (Megatron-Core since f7dfb99, Dec 2025; older releases refuse TP above the
 //! K/V heads). The cost model prices these same ops class by class
 //! (`cost::walked`'s tests hold it).
-//! - Recomputation replays the forward (full) or the selected modules.
+//! - Recomputation replays the forward (full) or the selected modules, with the
+//!   collectives inside them (the MLP's TP gather and scatter, the MoE block's
+//!   all-to-alls).
 //!
 //! Pipeline transfers follow Megatron's p2p batching: a pass's outgoing send is
 //! issued in one NCCL group with the next pass's incoming receive
