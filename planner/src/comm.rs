@@ -150,6 +150,17 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
             // with PAT's logarithmic steps where each node holds one rank of the
             // group (NCCL 2.23 release notes: PAT for AllGather and ReduceScatter at
             // one GPU per node); it has no tree for them.
+            //
+            // Every ring step pays the network's step latency, not only the d - 1
+            // steps that cross a node as NCCL's tuning model charges them
+            // (src/graph/tuning.cc:411-412 at 5067397c). Measured both ways: on
+            // Hugging Face's p5 cluster a 256 MiB ring all-gather over 64 nodes takes
+            // 24 ms, longer than that cluster's all-reduce of twice the data (16 ms),
+            // which a cost per ring step explains and NCCL's form does not; on another
+            // p5 cluster (NCCL 2.27.7 with AWS's tuner) 32 MiB all-gathers over 2-16
+            // nodes run 1.7-2.2x faster than this form prices them with that
+            // profile's figures. The by_domains figures are fitted under this form;
+            // changing it means refitting them.
             if c != Collective::AllReduce {
                 let steps = if p.per_domain == 1 {
                     latency_steps(p.size)
