@@ -139,11 +139,21 @@ pub fn collective_secs(hw: &HardwareProfile, c: Collective, bytes: f64, p: Place
             let phases = if c == Collective::AllReduce { 2.0 } else { 1.0 };
             let factor = phases * (n - 1.0) / n;
             if p.domains == 1 {
-                let bw = match (c, nvls) {
-                    (Collective::AllReduce, Some(b)) => b,
-                    _ => nvl_ring,
+                let latency = phases * latency_steps(p.size) * nvl_alpha;
+                let ring = factor * bytes / nvl_ring + latency;
+                return match (c, nvls) {
+                    // NVLS all-reduce: each GPU's link carries its whole buffer into
+                    // the switch and the whole result back, plus the 1/n slice it
+                    // reduces and multicasts, so no bus bandwidth measured on 8 GPUs
+                    // lets it beat (1 + 1/n) S over the link; on 2 GPUs that bound is
+                    // below the ring, which NCCL then runs.
+                    (Collective::AllReduce, Some(b)) => {
+                        let link = hw.node.nvlink_gbytes_per_s * 1e9;
+                        let nvls = (factor * bytes / b).max((1.0 + 1.0 / n) * bytes / link);
+                        ring.min(nvls + latency)
+                    }
+                    _ => ring,
                 };
-                return factor * bytes / bw + phases * latency_steps(p.size) * nvl_alpha;
             }
             // Flat ring over all n ranks: every NIC carries factor * S / k. NCCL runs
             // all-gather and reduce-scatter as a ring (n - 1 steps of latency), or
@@ -424,6 +434,22 @@ mod tests {
             collective_secs(&hw, Collective::AllGather, bytes, p)
                 > 3.0 * collective_secs(&ib, Collective::AllGather, bytes, p)
         );
+    }
+
+    /// NVLS's bus bandwidth, measured on 8 GPUs, would put a 2-GPU all-reduce above
+    /// the link; the link's traffic bounds it, and the ring is then faster.
+    #[test]
+    fn nvls_all_reduce_stays_under_the_link() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let s = 1e9;
+        for n in [2u64, 4, 8] {
+            let t = collective_secs(&hw, Collective::AllReduce, s, Placement::new(n, 1, 8));
+            let algbw = s / t / 1e9;
+            assert!(algbw < 450.0, "{n} GPUs: {algbw} GB/s");
+        }
+        let two = collective_secs(&hw, Collective::AllReduce, s, Placement::new(2, 1, 8));
+        let ring = s / (450e9 * 0.81) + 2.0 * 1.5e-6;
+        assert!(close(two, ring, 1e-9), "{two} vs {ring}");
     }
 
     #[test]
