@@ -160,10 +160,11 @@ pub fn band_from(set: &ValidationSet, profile: &str, moe: bool, step_secs: f64) 
         let coverage = (r_hi - r_lo) / (n + 1) as f64;
         let (mut q10, mut q90) = (at_rank(&errs, r_lo), at_rank(&errs, r_hi));
         let mut basis = format!("{} {label} runs", errs.len());
-        // Too few runs of this kind for a pool of their own: the band still covers
-        // every error seen on them, so that a kind the model has done worse on
-        // does not borrow the other kind's narrower errors.
-        if level == 2 {
+        // Too few runs of this profile (or kind) for a pool of their own: the band
+        // still covers every error seen on that kind, so that hardware the model
+        // was never checked on does not borrow a narrower band than the hardware
+        // it was checked on (nor one kind the other kind's narrower errors).
+        if level >= 1 {
             let own: Vec<f64> = set
                 .samples
                 .iter()
@@ -423,6 +424,24 @@ mod tests {
             "{b:?}"
         );
         assert!((b.coverage - 5.0 / 7.0).abs() < 1e-12, "{}", b.coverage);
+    }
+
+    /// Hardware with no validated runs of its own (aws-p5-hf, h200-sxm) is never given
+    /// a band narrower than hardware that has them.
+    #[test]
+    fn unvalidated_hardware_borrows_no_narrower_band() {
+        for unvalidated in ["aws-p5-hf", "h200-sxm"] {
+            let own = band(unvalidated, false, 1.0).unwrap();
+            assert!(own.basis.contains("all hardware"), "{}", own.basis);
+            for validated in ["a100-80g", "h100-sxm"] {
+                let b = band(validated, false, 1.0).unwrap();
+                assert!(b.basis.contains(validated), "{}", b.basis);
+                assert!(
+                    own.low_secs <= b.low_secs && own.high_secs >= b.high_secs,
+                    "{unvalidated} {own:?} vs {validated} {b:?}"
+                );
+            }
+        }
     }
 
     #[test]
