@@ -33,6 +33,36 @@ pub fn from_str<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputE
     serde_json::from_str(text).map_err(err)
 }
 
+/// [`from_str`] for the formats people write by hand (hardware profile, calibration
+/// overlay, Sextant model): a key the format does not have is an error naming it
+/// (`network.by_domain`), where serde would skip it and the file would silently
+/// mean its defaults. Plan files and measured runs, which Sextant writes and older
+/// releases wrote with keys since retired, keep [`from_str`].
+pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputError> {
+    let text = text.strip_prefix(BOM).unwrap_or(text);
+    let err = |detail: String| InputError::Json {
+        what: what.into(),
+        detail,
+    };
+    serde_json::from_str::<NoDuplicateKeys>(text).map_err(|e| err(e.to_string()))?;
+    let mut unknown: Vec<String> = Vec::new();
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value: T = serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))
+        .map_err(|e| err(e.to_string()))?;
+    de.end().map_err(|e| err(e.to_string()))?;
+    if let Some(first) = unknown.first() {
+        let more = match unknown.len() {
+            1 => String::new(),
+            n => format!(" and {} more", n - 1),
+        };
+        return Err(err(format!(
+            "unknown key '{}'{more}: not a field of this format (check the spelling; ARCHITECTURE.md lists the fields)",
+            first.escape_debug()
+        )));
+    }
+    Ok(value)
+}
+
 /// Any JSON value, walked only to refuse an object that repeats a key.
 struct NoDuplicateKeys;
 
@@ -106,5 +136,48 @@ mod tests {
         // Deep nesting is an error, not a stack overflow.
         let deep = "[".repeat(100_000);
         assert!(from_str::<Value>(&deep, "test").is_err());
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Inner {
+        busbw: f64,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Outer {
+        name: String,
+        #[serde(default)]
+        points: Vec<Inner>,
+    }
+
+    #[test]
+    fn hand_written_formats_name_an_unknown_key() {
+        let ok: Outer =
+            from_str_known("{\"name\": \"x\", \"points\": [{\"busbw\": 1}]}", "test").unwrap();
+        assert_eq!(ok.name, "x");
+        let e = from_str_known::<Outer>("{\"name\": \"x\", \"point\": []}", "test")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown key 'point'"), "{e}");
+        let e = from_str_known::<Outer>(
+            "{\"name\": \"x\", \"points\": [{\"busbw\": 1, \"bus_bw\": 2}], \"z\": 1}",
+            "test",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("unknown key 'points.0.bus_bw' and 1 more"),
+            "{e}"
+        );
+        // A key with a control character is printed escaped, on one line.
+        let e = from_str_known::<Outer>("{\"name\": \"x\", \"a\\nb\": 1}", "test")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\n'), "{e}");
+        // Trailing text is still an error; the lenient reader still skips keys.
+        assert!(from_str_known::<Outer>("{\"name\": \"x\"} x", "test").is_err());
+        from_str::<Outer>("{\"name\": \"x\", \"point\": []}", "test").unwrap();
     }
 }

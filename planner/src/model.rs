@@ -560,7 +560,7 @@ impl ModelSpec {
 
     /// Parses Sextant's own model JSON.
     pub fn from_json(text: &str) -> Result<ModelSpec, InputError> {
-        let spec: ModelSpec = crate::json::from_str(text, "Sextant model")?;
+        let spec: ModelSpec = crate::json::from_str_known(text, "Sextant model")?;
         if spec.schema_version != MODEL_SCHEMA_VERSION {
             return Err(InputError::SchemaVersion {
                 what: "model".into(),

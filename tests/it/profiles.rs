@@ -491,6 +491,16 @@ pub fn hostile_profiles_and_calibrations() {
         &["estimate", "--model", "8b", "--gpus", "8", "--cluster", &f],
         "gpu.peak_tflops.bf16",
     );
+    // A misspelt key (`by_domain` for `by_domains`) would leave the profile at its
+    // defaults without a word; it is refused, named.
+    let mut typo = peak.clone();
+    typo["gpu"]["peak_tflops"]["bf16"] = json!(989);
+    typo["network"]["by_domain"] = json!([]);
+    let f = write(&dir, "typo.json", &typo);
+    fails_with_one_line(
+        &["estimate", "--model", "8b", "--gpus", "8", "--cluster", &f],
+        "unknown key 'network.by_domain'",
+    );
     let mut curve = peak.clone();
     curve["gpu"]["peak_tflops"]["bf16"] = json!(989);
     curve["gemm_curves"][0]["points"][0][3] = json!(1e-300);

@@ -375,7 +375,7 @@ pub fn scale_efficiencies(profile: &HardwareProfile, s: &Scales) -> HardwareProf
 
 impl Overlay {
     pub fn from_json(text: &str) -> Result<Overlay, InputError> {
-        let o: Overlay = crate::json::from_str(text, "calibration overlay")?;
+        let o: Overlay = crate::json::from_str_known(text, "calibration overlay")?;
         if !(1..=OVERLAY_SCHEMA_VERSION).contains(&o.schema_version) {
             return Err(InputError::SchemaVersion {
                 what: "calibration overlay".into(),

@@ -9,7 +9,7 @@ use crate::error::InputError;
 impl HardwareProfile {
     /// Parses and checks a profile. Errors name the field.
     pub fn from_json(text: &str) -> Result<HardwareProfile, InputError> {
-        let p: HardwareProfile = crate::json::from_str(text, "hardware profile")?;
+        let p: HardwareProfile = crate::json::from_str_known(text, "hardware profile")?;
         if p.schema_version != PROFILE_SCHEMA_VERSION {
             return Err(InputError::SchemaVersion {
                 what: "hardware profile".into(),
