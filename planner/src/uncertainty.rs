@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 pub use crate::cost::band::{Attribution, Band};
+use crate::cost::Framework;
 
 /// Fewest comparable runs a band is drawn from.
 pub const MIN_SAMPLES: usize = 5;
@@ -38,6 +39,9 @@ pub struct ErrorSample {
     /// Where the run sits on the axes of the validated region ([`crate::reach`]).
     #[serde(default)]
     pub reach: Option<crate::reach::Reach>,
+    /// The framework the run trained with; its band pools are its own.
+    #[serde(default, skip_serializing_if = "Framework::is_megatron_core")]
+    pub framework: Framework,
 }
 
 /// Fractions of a predicted step time, summing to 1.
@@ -126,23 +130,42 @@ fn at_rank(sorted: &[f64], r: f64) -> f64 {
 
 /// The band around `step_secs` that holds the measured time with probability
 /// [`COVERAGE`] (less where too few runs allow it; [`Band::coverage`] says).
-pub fn band(profile: &str, moe: bool, step_secs: f64) -> Option<Band> {
-    band_from(validation(), profile, moe, step_secs)
+pub fn band(profile: &str, moe: bool, framework: Framework, step_secs: f64) -> Option<Band> {
+    band_from(validation(), profile, moe, framework, step_secs)
 }
 
-pub fn band_from(set: &ValidationSet, profile: &str, moe: bool, step_secs: f64) -> Option<Band> {
+/// The band of a plan on `profile` of kind `moe` trained with `framework`, from
+/// the pools of `set` closest to it with enough runs: the same profile, kind and
+/// framework; the same kind and framework on all hardware; every run of the
+/// framework (every run, for a framework with none). A framework is never pooled
+/// with another's runs: torchtitan's measured runs are 11-44% slower than the
+/// model, Megatron-Core's within a few percent, and a torchtitan plan must not
+/// borrow Megatron-Core's band, nor a Megatron-Core MoE plan nanotron's errors.
+pub fn band_from(
+    set: &ValidationSet,
+    profile: &str,
+    moe: bool,
+    framework: Framework,
+    step_secs: f64,
+) -> Option<Band> {
     let kind = if moe { "MoE" } else { "dense" };
-    // Pools from the closest to the widest: same profile and kind, same kind, all.
+    let fw = match framework {
+        Framework::MegatronCore => String::new(),
+        f => format!(" {}", f.name()),
+    };
+    // Pools from the closest to the widest: same profile and kind, same kind, all
+    // (of this framework, where it has runs).
+    let fw_known = set.samples.iter().any(|s| s.framework == framework);
     let labels = [
-        format!("{profile} {kind}"),
-        format!("{kind} (all hardware)"),
-        "published".to_string(),
+        format!("{profile} {kind}{fw}"),
+        format!("{kind}{fw} (all hardware)"),
+        format!("published{fw}"),
     ];
     for (level, label) in labels.into_iter().enumerate() {
         let keep = |s: &ErrorSample| match level {
-            0 => s.profile == profile && s.moe == moe,
-            1 => s.moe == moe,
-            _ => true,
+            0 => s.profile == profile && s.moe == moe && s.framework == framework,
+            1 => s.moe == moe && s.framework == framework,
+            _ => !fw_known || s.framework == framework,
         };
         let mut errs: Vec<f64> = set
             .samples
@@ -161,14 +184,22 @@ pub fn band_from(set: &ValidationSet, profile: &str, moe: bool, step_secs: f64) 
         let (mut q10, mut q90) = (at_rank(&errs, r_lo), at_rank(&errs, r_hi));
         let mut basis = format!("{} {label} runs", errs.len());
         // Too few runs of this profile (or kind) for a pool of their own: the band
-        // still covers every error seen on that kind, so that hardware the model
-        // was never checked on does not borrow a narrower band than the hardware
-        // it was checked on (nor one kind the other kind's narrower errors).
+        // still covers every error seen on that kind (with this framework, where
+        // it has runs), so that hardware the model was never checked on does not
+        // borrow a narrower band than the hardware it was checked on (nor one kind
+        // the other kind's narrower errors).
         if level >= 1 {
+            let of_kind = |s: &&ErrorSample| s.moe == moe;
+            let same_fw = set
+                .samples
+                .iter()
+                .filter(of_kind)
+                .any(|s| s.framework == framework);
             let own: Vec<f64> = set
                 .samples
                 .iter()
-                .filter(|s| s.moe == moe)
+                .filter(of_kind)
+                .filter(|s| !same_fw || s.framework == framework)
                 .map(|s| s.rel_error)
                 .collect();
             if let (Some(lo), Some(hi)) = (
@@ -300,7 +331,7 @@ pub fn band_for(
     e: &crate::cost::Estimate,
 ) -> Option<Band> {
     use crate::reach::{grad_reductions, RankBy, Ranker, Reach};
-    let ranker = Ranker::builtin(&cluster.profile.name, moe, RankBy::Upper);
+    let ranker = Ranker::builtin(&cluster.profile.name, moe, framework, RankBy::Upper);
     let reductions = grad_reductions(moe, cfg, e.micro_batches, framework);
     let mut b = ranker.band(
         e.step_secs,
@@ -322,6 +353,7 @@ mod tests {
             rel_error: e,
             shares: None,
             reach: None,
+            framework: Framework::MegatronCore,
         }
     }
 
@@ -380,7 +412,7 @@ mod tests {
             samples,
             rates: Vec::new(),
         };
-        let b = band_from(&set, "a100-80g", false, 10.0).unwrap();
+        let b = band_from(&set, "a100-80g", false, Framework::MegatronCore, 10.0).unwrap();
         assert_eq!(b.samples, 11);
         // Eleven runs: the ends sit at ranks 12 x 0.1 = 1.2 and 12 x 0.9 = 10.8 of
         // -0.05, -0.04, ..., 0.05, i.e. -0.048 and 0.048, and claim (10.8 - 1.2) / 12.
@@ -391,7 +423,7 @@ mod tests {
         assert!((b.coverage - 0.8).abs() < 1e-12);
         // One MoE run is too few: fall back to every run, widened to cover that
         // run's +50% error (the dense runs' 90th percentile is lower).
-        let b = band_from(&set, "h100-sxm", true, 10.0).unwrap();
+        let b = band_from(&set, "h100-sxm", true, Framework::MegatronCore, 10.0).unwrap();
         assert_eq!(b.samples, 12);
         assert!(
             b.basis.contains("published")
@@ -418,7 +450,7 @@ mod tests {
             samples,
             rates: Vec::new(),
         };
-        let b = band_from(&set, "b200", true, 1.0).unwrap();
+        let b = band_from(&set, "b200", true, Framework::MegatronCore, 1.0).unwrap();
         assert!(
             (b.low_secs - 1.0 / 1.03).abs() < 1e-12 && (b.high_secs - 1.0 / 0.94).abs() < 1e-12,
             "{b:?}"
@@ -431,10 +463,10 @@ mod tests {
     #[test]
     fn unvalidated_hardware_borrows_no_narrower_band() {
         for unvalidated in ["aws-p5-hf", "h200-sxm"] {
-            let own = band(unvalidated, false, 1.0).unwrap();
+            let own = band(unvalidated, false, Framework::MegatronCore, 1.0).unwrap();
             assert!(own.basis.contains("all hardware"), "{}", own.basis);
             for validated in ["a100-80g", "h100-sxm"] {
-                let b = band(validated, false, 1.0).unwrap();
+                let b = band(validated, false, Framework::MegatronCore, 1.0).unwrap();
                 assert!(b.basis.contains(validated), "{}", b.basis);
                 assert!(
                     own.low_secs <= b.low_secs && own.high_secs >= b.high_secs,
@@ -444,9 +476,39 @@ mod tests {
         }
     }
 
+    /// A torchtitan plan takes its band from torchtitan's runs, which the model
+    /// prices too fast, and no Megatron-Core band moves for the other frameworks'
+    /// runs in the set.
+    #[test]
+    fn each_framework_draws_on_its_own_runs() {
+        let tt = band("h100-sxm", false, Framework::Torchtitan, 1.0).unwrap();
+        let mc = band("h100-sxm", false, Framework::MegatronCore, 1.0).unwrap();
+        assert!(tt.basis.contains("torchtitan"), "{}", tt.basis);
+        assert!(tt.high_secs > mc.high_secs, "{tt:?} vs {mc:?}");
+        let set = validation();
+        assert!(set.samples.iter().any(|s| !s.framework.is_megatron_core()));
+        let megatron_only = ValidationSet {
+            samples: set
+                .samples
+                .iter()
+                .filter(|s| s.framework.is_megatron_core())
+                .cloned()
+                .collect(),
+            ..set.clone()
+        };
+        for (profile, moe) in [("h100-sxm", false), ("h100-sxm", true), ("h200-sxm", false)] {
+            assert_eq!(
+                band_from(set, profile, moe, Framework::MegatronCore, 1.0),
+                band_from(&megatron_only, profile, moe, Framework::MegatronCore, 1.0),
+                "{profile} moe {moe}"
+            );
+        }
+    }
+
     #[test]
     fn compiled_in_set_gives_bands() {
-        let b = band("h100-sxm", false, 1.0).expect("enough H100 dense runs");
+        let b =
+            band("h100-sxm", false, Framework::MegatronCore, 1.0).expect("enough H100 dense runs");
         assert!(b.low_secs < 1.0 + 1e-9 || b.high_secs > 1.0 - 1e-9);
         assert!(b.low_secs <= b.high_secs);
     }

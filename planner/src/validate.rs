@@ -26,6 +26,8 @@ pub struct RowResult {
     pub predicted_secs: f64,
     /// predicted / measured - 1.
     pub error: f64,
+    /// The framework the run trained with.
+    pub framework: crate::cost::Framework,
 }
 
 /// Median and maximum absolute error of a group.
@@ -71,6 +73,7 @@ fn row(case: &RunCase, predicted: f64) -> RowResult {
         measured_secs: measured,
         predicted_secs: predicted,
         error: predicted / measured - 1.0,
+        framework: case.assumptions.framework,
     }
 }
 
@@ -184,6 +187,7 @@ pub fn memory_summary(rows: &[MemoryRow]) -> Vec<GroupSummary> {
             measured_secs: r.measured_gib,
             predicted_secs: r.predicted_gib,
             error: r.error,
+            framework: crate::cost::Framework::parse(&r.framework).unwrap_or_default(),
         })
         .collect();
     let mut out = vec![group("all", &as_rows.iter().collect::<Vec<_>>())];
@@ -403,6 +407,7 @@ pub fn band_checks(rows: &[RowResult], hold_out: HoldOut) -> Vec<BandCheck> {
                     rel_error: o.error,
                     shares: None,
                     reach: None,
+                    framework: o.framework,
                 })
                 .collect();
             let set = ValidationSet {
@@ -411,7 +416,7 @@ pub fn band_checks(rows: &[RowResult], hold_out: HoldOut) -> Vec<BandCheck> {
                 samples,
                 rates: Vec::new(),
             };
-            let b = band_from(&set, &r.profile, r.moe, r.predicted_secs)?;
+            let b = band_from(&set, &r.profile, r.moe, r.framework, r.predicted_secs)?;
             Some(BandCheck {
                 id: r.id.clone(),
                 moe: r.moe,
@@ -465,6 +470,7 @@ mod tests {
             measured_secs: 1.0,
             predicted_secs: 1.0 + e,
             error: e,
+            framework: Default::default(),
         };
         let rows = vec![r("a-1", 0.1), r("a-2", -0.3), r("b-1", 0.05)];
         let s = summarize(&rows);
@@ -484,6 +490,7 @@ mod tests {
             measured_secs: 2.0,
             predicted_secs: 2.0 * (1.0 + error),
             error,
+            framework: Default::default(),
         }
     }
 

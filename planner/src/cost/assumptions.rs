@@ -119,7 +119,8 @@ impl std::fmt::Display for CudaGraphs {
 /// in memory, and [`crate::memory`] prices each as its code does (see
 /// [`Framework::MegatronCore`] and the other variants for what differs and where it
 /// is read from).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Framework {
     /// Megatron-Core (Megatron-LM, NeMo, Megatron-Bridge): gradients live in the
     /// DDP buffer (no second copy), the SwiGLU is fused (it keeps its input and

@@ -313,8 +313,14 @@ pub struct Ranker {
 }
 
 impl Ranker {
-    pub fn new(set: &ValidationSet, profile: &str, moe: bool, by: RankBy) -> Ranker {
-        let template = crate::uncertainty::band_from(set, profile, moe, 1.0);
+    pub fn new(
+        set: &ValidationSet,
+        profile: &str,
+        moe: bool,
+        framework: crate::cost::Framework,
+        by: RankBy,
+    ) -> Ranker {
+        let template = crate::uncertainty::band_from(set, profile, moe, framework, 1.0);
         let (low, high) = template
             .as_ref()
             .map_or((1.0, 1.0), |b| (b.low_secs, b.high_secs));
@@ -355,8 +361,19 @@ impl Ranker {
     }
 
     /// The compiled-in validation set's ranker.
-    pub fn builtin(profile: &str, moe: bool, by: RankBy) -> Ranker {
-        Ranker::new(crate::uncertainty::validation(), profile, moe, by)
+    pub fn builtin(
+        profile: &str,
+        moe: bool,
+        framework: crate::cost::Framework,
+        by: RankBy,
+    ) -> Ranker {
+        Ranker::new(
+            crate::uncertainty::validation(),
+            profile,
+            moe,
+            framework,
+            by,
+        )
     }
 
     /// Doublings of axis `k` beyond the validated region (0 inside).

@@ -1,4 +1,5 @@
 use super::*;
+use crate::cost::Framework;
 use crate::uncertainty::ErrorSample;
 
 fn pt(sweep: &str, axis: &str, value: f64, pred: f64, meas: f64) -> SweepPoint {
@@ -72,6 +73,7 @@ fn set(reaches: &[Reach], rate: f64) -> ValidationSet {
                 rel_error: [-0.05, -0.02, 0.0, 0.02, 0.05][i % 5],
                 shares: None,
                 reach: Some(r.clone()),
+                framework: Framework::MegatronCore,
             })
             .collect(),
         rates: AXES
@@ -106,7 +108,13 @@ fn bands_widen_only_outside_and_grow_with_distance() {
         .map(|i| reach(1.0 + (i % 5) as f64, 0.8, "1f1b"))
         .collect();
     let s = set(&runs, 0.05);
-    let r = Ranker::new(&s, "h100-sxm", false, RankBy::Upper);
+    let r = Ranker::new(
+        &s,
+        "h100-sxm",
+        false,
+        Framework::MegatronCore,
+        RankBy::Upper,
+    );
     let inside = r.band(10.0, &reach(5.0, 0.8, "1f1b")).unwrap();
     assert!(inside.outside.is_empty());
     let one = r.band(10.0, &reach(10.0, 0.8, "1f1b")).unwrap();
@@ -237,7 +245,13 @@ fn sharded_gradient_reductions_count_micro_batches_only_when_sharded() {
 fn an_outside_plan_leads_only_when_its_upper_end_beats_the_inside_point() {
     let runs: Vec<Reach> = (0..10).map(|_| reach(2.0, 0.8, "1f1b")).collect();
     let s = set(&runs, 0.1);
-    let r = Ranker::new(&s, "h100-sxm", false, RankBy::Upper);
+    let r = Ranker::new(
+        &s,
+        "h100-sxm",
+        false,
+        Framework::MegatronCore,
+        RankBy::Upper,
+    );
     let out = reach(16.0, 0.8, "1f1b");
     let ins = reach(2.0, 0.8, "1f1b");
     let high_out = r.band(1.0, &out).unwrap().high_secs;
@@ -254,7 +268,13 @@ fn an_outside_plan_leads_only_when_its_upper_end_beats_the_inside_point() {
             > r.key_from(p_in, ins.numeric(), &ins.schedule)
     );
     // By point, the outside plan leads both times.
-    let p = Ranker::new(&s, "h100-sxm", false, RankBy::Point);
+    let p = Ranker::new(
+        &s,
+        "h100-sxm",
+        false,
+        Framework::MegatronCore,
+        RankBy::Point,
+    );
     assert!(
         p.key_from(1.0, out.numeric(), &out.schedule)
             < p.key_from(p_in, ins.numeric(), &ins.schedule)

@@ -121,7 +121,12 @@ pub fn search_with_progress(
         cluster,
         w,
         space,
-        ranker: Ranker::builtin(&cluster.profile.name, model.moe.is_some(), space.rank_by),
+        ranker: Ranker::builtin(
+            &cluster.profile.name,
+            model.moe.is_some(),
+            space.assumptions.framework,
+            space.rank_by,
+        ),
     };
     let module_sets = screen::module_sets(&inputs);
     let results: Vec<_> = shapes

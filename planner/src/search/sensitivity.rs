@@ -72,7 +72,12 @@ pub fn rescore_sensitivity(
     w: &Workload,
     space: &SearchSpace,
 ) {
-    let ranker = Ranker::builtin(&cluster.profile.name, model.moe.is_some(), space.rank_by);
+    let ranker = Ranker::builtin(
+        &cluster.profile.name,
+        model.moe.is_some(),
+        space.assumptions.framework,
+        space.rank_by,
+    );
     res.sensitivity.par_iter_mut().for_each(|s| {
         if let Ok(e) = crate::cost::estimate_with(model, cluster, w, &s.config, space.assumptions) {
             let e = crate::cost::simulate(&e, &s.config).unwrap_or(e);
