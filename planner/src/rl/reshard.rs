@@ -11,10 +11,18 @@
 //!   bandwidth).
 //! - Disaggregated pools: the rollout GPUs receive their slice over the network;
 //!   the transfer is bound by each receiver's NIC and by the senders' NICs together.
-//! - Offload: in the colocated placement the optimizer state and main gradients
-//!   (and, when chosen, the parameters) leave HBM for host memory before generation
-//!   and return before training, over the host link
-//!   ([`super::constants::host_link_gbytes_per_s`]).
+//! - Offload: in the colocated placement the optimizer state (and, when chosen, the
+//!   parameters) leave HBM for host memory before generation and return before
+//!   training, over the host link ([`super::constants::host_link_gbytes_per_s`]).
+//!   The gradient buffer is freed, not copied: the next step zeroes it
+//!   (Megatron-LM@76065f17, the commit NeMo RL v0.4 pins,
+//!   megatron/core/distributed/param_and_grad_buffer.py:881-887 `offload_to_cpu`
+//!   resizes the gradient storage to 0; `reload_from_cpu` zeroes it). The engine's
+//!   own weights go to host memory when it sleeps after generating and come back
+//!   when it wakes for the next refit (vLLM's sleep level 1 keeps the weights in
+//!   host memory and drops the KV cache; NVIDIA-NeMo/RL@06beed91
+//!   nemo_rl/models/generation/vllm/vllm_worker.py:725 `sleep(level=1)`,
+//!   nemo_rl/algorithms/grpo.py:891-892 `wake_up` of the weights before the refit).
 
 use super::constants::{host_link_gbytes_per_s, ROLLOUT_BYTES};
 use crate::comm::{collective_secs, Collective, Placement};
