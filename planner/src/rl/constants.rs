@@ -50,3 +50,18 @@ pub const ENGINE_HOST_SECS_PER_SEQ_STEP: f64 = 5.5e-3 / 256.0;
 /// "gpu_memory_utilization") calls 0.5 to 0.7 the usual range; 0.9 is vLLM's own
 /// default (`EngineArgs.gpu_memory_utilization`).
 pub const MAX_MEMORY_FRACTION: f64 = 0.9;
+
+/// Host time per weight tensor of a refit beyond moving its bytes: the gather, the
+/// conversion and the engine's `load_weights` run tensor by tensor (collective
+/// launches, Python calls).
+///
+/// Source: NeMo RL's refit post (NVIDIA-NeMo/.github
+/// blog/posts/nemo-rl-refit-performance/index.md, 2025-08-12, Table 1): DeepSeek-V3,
+/// training EP64 PP8, generation TP64, NeMo RL v0.3: the parameter gather took
+/// 12.2 s against a speed of light (full network and HBM bandwidth, no CPU
+/// overhead) of 3.3 s and the engine's update 1.5 s against 0.01 s, over "over 90
+/// thousand" tensors: (8.9 + 1.49) s / 90,000. The post's middle step (the CUDA IPC
+/// handles passed through Ray, 33.5 s there) is left out: NeMo RL v0.4 streams the
+/// packed buffers over ZMQ instead (NVIDIA-NeMo/RL@06beed91
+/// nemo_rl/algorithms/grpo.py:918 `update_weights_via_ipc_zmq`).
+pub const REFIT_SECS_PER_TENSOR: f64 = (12.2 - 3.3 + 1.5 - 0.01) / 90_000.0;

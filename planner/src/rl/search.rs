@@ -179,7 +179,9 @@ pub fn evaluate(
     let rollout = rollout_cost(&w.actor, hw, &w.lengths, w.prompts, w.sequences(), layout)?;
     let cfg = &side.config;
     let (reshard, offload) = if colocated {
-        let mut moved = m.gradients + m.optimizer;
+        // The gradient buffer is freed, not copied; the engine's weights go out
+        // when it sleeps and come back when it wakes (reshard.rs).
+        let mut moved = m.optimizer + rollout.weight_bytes_per_gpu;
         if offload_params {
             moved += m.weights;
         }
@@ -521,6 +523,19 @@ mod tests {
         assert_eq!(stated.memory_fraction, 0.5);
         assert!(derived.memory_fraction > 0.5);
         assert!(stated.rollout.kv_bytes_per_gpu < derived.rollout.kv_bytes_per_gpu);
+    }
+
+    #[test]
+    fn rl_colocated_offload_moves_optimizer_and_engine_weights_not_gradients() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let w = workload();
+        let cfg = crate::rl::phases::fixed_config(1, 1, 1, 1, 16);
+        let p = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, None).unwrap();
+        assert!(!p.offload_params);
+        let m = &p.train.estimate.memory;
+        let moved = m.optimizer + p.rollout.weight_bytes_per_gpu;
+        assert!(m.gradients > 0.0);
+        assert_eq!(p.times.offload, reshard::offload_secs(&hw, moved));
     }
 
     #[test]
