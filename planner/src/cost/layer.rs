@@ -140,6 +140,16 @@ pub(super) struct FeedForward {
     /// (`sort_chunks_by_idxs`, run when a rank holds more than one expert): another
     /// 8h. DeepEP / HybridEP permute once on the receiving side.
     shuffle: f64,
+    /// Bytes each routed row moves in HBM to add its expert's output bias, where
+    /// the linear layers carry biases (GPT-OSS): Megatron-Core's `TEGroupedMLP`
+    /// builds fc2 with `skip_bias_add=True` and adds the bias scaled by the routing
+    /// probability in `_apply_bias`, per local expert in eager PyTorch (`b * p`,
+    /// `t + ...`, then `torch.cat`: write h, read 2h and write h, read h and write h,
+    /// BF16: 12h). Megatron-LM core_r0.16.0 (b0cc2706d, 55ac70825) and core_r0.18
+    /// (251c6e9de, d0b3b7754) `moe/experts.py` `TEGroupedMLP._apply_bias`; only the
+    /// Transformer Engine op-fuser path (`use_transformer_engine_op_fuser`, opt-in)
+    /// skips it. Zero without biases.
+    expert_bias: f64,
 }
 
 impl FeedForward {
@@ -352,12 +362,16 @@ fn feed_forward(c: &Ctx, kind: LayerKind) -> FeedForward {
     let mut routed_tokens = 0.0;
     let mut expert_ffn = 0.0;
     let mut shuffle = 0.0;
+    let mut expert_bias = 0.0;
     match (kind, &m.moe) {
         (LayerKind::Moe, Some(moe)) => {
             let etp = cfg.etp as f64;
             let local_experts = (moe.experts / cfg.ep) as f64;
             let sorts = cfg.moe_dispatcher == Dispatcher::AllToAll && local_experts > 1.0;
             shuffle = if sorts { 16.0 * h } else { 8.0 * h };
+            if m.bias {
+                expert_bias = 12.0 * h;
+            }
             routed_tokens = tokens / t * moe.top_k as f64 * etp * moe_load;
             expert_ffn = moe.expert_ffn_hidden as f64;
             let per_expert = routed_tokens / local_experts;
@@ -377,6 +391,7 @@ fn feed_forward(c: &Ctx, kind: LayerKind) -> FeedForward {
         expert_ffn,
         shared_ffn: m.moe.map_or(0.0, |x| x.shared_hidden() as f64),
         shuffle,
+        expert_bias,
     }
 }
 
@@ -397,7 +412,8 @@ fn elementwise_secs(c: &Ctx, kind: LayerKind, proj: &Projections, ff: &FeedForwa
     let outside = (norms * 4.0 * h + 2.0 * (6.0 * h + mask * h)) / sp_div;
     let inner = match kind {
         LayerKind::Moe => {
-            ff.routed_tokens / tokens * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle)
+            ff.routed_tokens / tokens
+                * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle + ff.expert_bias)
                 + ff.act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t)
         }
         LayerKind::Dense => ff.act(m.ffn_hidden as f64, t),
@@ -472,7 +488,9 @@ fn selective_secs(c: &Ctx, parts: &Parts, fwd: &OpClasses) -> f64 {
                 + c.mem(
                     tokens
                         * (ff.routed_tokens / tokens
-                            * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle)
+                            * (ff.act(ff.expert_ffn, cfg.etp as f64)
+                                + ff.shuffle
+                                + ff.expert_bias)
                             + ff.act(shared_ffn, t)),
                 );
         }

@@ -296,6 +296,10 @@ impl<'a> Walker<'a> {
         self.gemm(OpClass::MoeExperts, (per, up * e, h), 1, n_local, rc);
         self.mem(OpClass::Elementwise, per * n_local * e * B * (up + 1), rc);
         self.gemm(OpClass::MoeExperts, (per, h, e), 1, n_local, rc);
+        // fc2's bias, scaled by the routing probability, added per local expert
+        // (`cost::layer`'s `expert_bias`: 12 bytes per element).
+        let bias = u64::from(self.s.model.bias);
+        self.mem(OpClass::Elementwise, bias * per * n_local * h * B * 6, rc);
         self.mem(OpClass::Elementwise, sort * rows * h * B * 2, rc);
         self.coll(CommKind::Etp, Coll::ReduceScatter, rows * self.etp * h * B);
         self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
@@ -376,6 +380,12 @@ impl<'a> Walker<'a> {
             self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
             self.coll(CommKind::Etp, Coll::AllGather, rows * self.etp * h * B);
             self.mem(OpClass::Elementwise, sort * rows * h * B * 4, false);
+            let bias = u64::from(self.s.model.bias);
+            self.mem(
+                OpClass::Elementwise,
+                bias * per * n_local * h * B * 12,
+                false,
+            );
             self.linear_bwd(OpClass::MoeExperts, (per, h, e), n_local, w);
             self.mem(
                 OpClass::Elementwise,
