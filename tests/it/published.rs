@@ -772,9 +772,9 @@ fn print_groups(title: &str, s: &sextant_planner::validate::Summary) {
 /// - every MoE row within 25% but two: not met (6 of 39 beyond it: the two
 ///   GPT-OSS-120B rows of 26.02.01, Qwen3-30B-A3B on 16 H100 at PP 2,
 ///   DeepSeek-V3 on 256 H100 under AutoModel, and two moe_recipes Qwen3-30B-A3B
-///   rows). The 26.06 GPT-OSS-120B row (-24.9%) is inside only because it is
+///   rows). The 26.06 GPT-OSS-120B row (-20.7%) is inside only because it is
 ///   charged the experts' per-expert output bias, which its op-fuser path did not
-///   run (ARCHITECTURE.md).
+///   run (ARCHITECTURE.md); without it, -27%.
 /// - leave-one-source-out median <= 6%: not met since the moe_recipes rows
 ///   (6.3%; 5.3% before them).
 #[test]

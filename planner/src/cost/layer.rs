@@ -94,12 +94,34 @@ pub(super) struct Projections {
     pub(super) kv_rank: f64,
     /// The output projection's input width on this TP rank.
     pub(super) out_in: f64,
+    /// Bytes the rotary embedding moves per element of Q and K ([`rotary_bytes`]).
+    rotary_bytes: f64,
 }
 
 impl Projections {
     /// Rotary on Q and K, bytes per token.
     fn rotary(&self) -> f64 {
-        4.0 * (self.q_rank + self.kv_rank)
+        self.rotary_bytes * (self.q_rank + self.kv_rank)
+    }
+}
+
+/// Bytes the rotary embedding moves per element of Q and K in one forward.
+/// Transformer Engine's fused kernel reads and writes each once (4). With a YaRN
+/// attention factor other than 1, Megatron-Core falls back to its unfused rotary,
+/// since the fused kernel takes no such factor (`apply_rotary_pos_emb`,
+/// `models/common/embeddings/rope_utils.py` L279-284 at core_r0.16.0 55ac70825;
+/// Megatron-Bridge also turns `apply_rope_fusion` off for any `yarn` position
+/// embedding, `utils/fusions.py` L65-74 at v0.3.1). `_apply_rotary_pos_emb_bshd`
+/// then runs five eager passes over Q and K: the negated half, its concatenation
+/// (`_rotate_half`), the products with the cosine and the sine, their sum, and the
+/// final `torch.cat` with the (empty) unrotated part: 6.5 reads and 5.5 writes of
+/// BF16 elements, 24 bytes ([`ModelSpec::rotary_unfused`]). The backward follows
+/// the layer's element-wise convention (twice the forward).
+fn rotary_bytes(m: &ModelSpec) -> f64 {
+    if m.rotary_unfused() {
+        24.0
+    } else {
+        4.0
     }
 }
 
@@ -292,6 +314,7 @@ fn projections(c: &Ctx) -> Projections {
         q_rank,
         kv_rank,
         out_in,
+        rotary_bytes: rotary_bytes(m),
     }
 }
 
