@@ -66,6 +66,7 @@ impl Dims {
         m.sandwich_norms = false;
         m.glu_clamp = None;
         m.attention_sinks = false;
+        m.yarn_attention_factor = None;
         // Nor does a multi-token-prediction layer.
         m.mtp_layers = 0;
         m.mlp = sextant_planner::model::MlpKind::Plain;

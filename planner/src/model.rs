@@ -161,6 +161,14 @@ pub struct ModelSpec {
     /// --softmax-type learnable). Priced as plain attention.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub attention_sinks: bool,
+    /// YaRN's attention factor, multiplied into the rotary embedding's cosine and
+    /// sine (Hugging Face `rope_scaling` with `rope_type: yarn`: `attention_factor`,
+    /// or `0.1 ln(factor) + 1` scaled by `mscale / mscale_all_dim`; Megatron's
+    /// concentration factor). Absent for plain RoPE and where it is 1 (DeepSeek-V3).
+    /// Transformer Engine's fused RoPE takes no such factor, so Megatron-Core runs
+    /// the unfused rotary where it is not 1 (`cost::layer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yarn_attention_factor: Option<f64>,
     /// Multi-token-prediction layers (DeepSeek-V3's MTP; Megatron's
     /// `--mtp-num-layers`, Hugging Face `num_nextn_predict_layers`). Each is one
     /// more transformer layer of the last layer's kind, with its own embedding
@@ -223,6 +231,13 @@ impl ModelSpec {
             Some(m) => self.heads * m.v_head_dim,
             None => self.heads * self.head_dim,
         }
+    }
+
+    /// Megatron-Core applies the rotary embedding unfused: a YaRN attention factor
+    /// other than 1, which Transformer Engine's fused RoPE does not take (GQA/MHA
+    /// attention; MLA has its own rotary path).
+    pub fn rotary_unfused(&self) -> bool {
+        self.mla.is_none() && self.yarn_attention_factor.is_some_and(|f| f != 1.0)
     }
 
     /// Head dimension used in the QK^T product.

@@ -49,6 +49,7 @@ fn dense(
         sandwich_norms: false,
         glu_clamp: None,
         attention_sinks: false,
+        yarn_attention_factor: None,
         mtp_layers: 0,
     }
 }
@@ -307,6 +308,8 @@ fn gpt_oss_120b() -> ModelSpec {
     // config.json swiglu_limit 7.0; the attention's per-head sinks.
     m.glu_clamp = Some(7.0);
     m.attention_sinks = true;
+    // rope_scaling: yarn, factor 32, no mscale: 0.1 ln(32) + 1.
+    m.yarn_attention_factor = Some(0.1 * 32f64.ln() + 1.0);
     m
 }
 fn nemotron4_340b() -> ModelSpec {

@@ -791,10 +791,12 @@ fn print_groups(title: &str, s: &sextant_planner::validate::Summary) {
 ///   summary. tests/data/README.md lists what was skipped and why.
 /// - MoE median <= 8%: not met (10.7% on 39 MoE rows; 9.7% on 33 before the six
 ///   moe_recipes rows).
-/// - every MoE row within 25% but two: not met (7 of 39 beyond it: the three
-///   GPT-OSS-120B rows of 26.02.01 and 26.06, Qwen3-30B-A3B on 16 H100 at PP 2,
+/// - every MoE row within 25% but two: not met (6 of 39 beyond it: the two
+///   GPT-OSS-120B rows of 26.02.01, Qwen3-30B-A3B on 16 H100 at PP 2,
 ///   DeepSeek-V3 on 256 H100 under AutoModel, and two moe_recipes Qwen3-30B-A3B
-///   rows).
+///   rows). The 26.06 GPT-OSS-120B row (-20.7%) is inside only because it is
+///   charged the experts' per-expert output bias, which its op-fuser path did not
+///   run (ARCHITECTURE.md); without it, -27%.
 /// - leave-one-source-out median <= 6%: not met since the moe_recipes rows
 ///   (6.3%; 5.3% before them).
 #[test]
@@ -889,10 +891,10 @@ fn new_published_runs_against_issue_25_bars() {
         moe.rows,
         moe_outside.join(", ")
     );
-    // Not met (bar: at most two): a regression guard at today's seven.
+    // Not met (bar: at most two): a regression guard at today's six.
     assert!(
-        moe_outside.len() <= 7,
-        "{} MoE rows beyond 25% (guard 7; issue 25's bar is 2)",
+        moe_outside.len() <= 6,
+        "{} MoE rows beyond 25% (guard 6; issue 25's bar is 2)",
         moe_outside.len()
     );
 

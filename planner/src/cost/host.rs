@@ -43,6 +43,11 @@ const MOE_ACT_REPLAY_OPS: f64 = 3.0;
 /// performance configurations run, so every FP8 plan pays them.
 const EXPERT_GEMM_KERNELS: (f64, f64) = (2.0, 4.0);
 const EXPERT_FP8_CAST_KERNELS: (f64, f64) = (2.0, 4.0);
+/// Where the linear layers carry biases, `TEGroupedMLP._apply_bias` adds fc2's bias
+/// per local expert in a Python loop of bare tensor ops (`b * p`, `t + ...`;
+/// autograd's backward: both products' gradients and their reductions), each at
+/// `efficiency.host_kernel_us` like one eager ATen op.
+const EXPERT_BIAS_KERNELS: (f64, f64) = (2.0, 4.0);
 
 /// GPU time lost per micro-batch to the host issuing one mixture-of-experts layer.
 ///
@@ -104,8 +109,13 @@ pub(super) fn host_wait(c: &Ctx, moe: &Moe, lc: &LayerCost) -> f64 {
     } else {
         (0.0, 0.0)
     };
-    let kernels_f = local * (EXPERT_GEMM_KERNELS.0 + casts.0);
-    let kernels_b = local * (EXPERT_GEMM_KERNELS.1 + casts.1);
+    let bias = if c.model.bias {
+        EXPERT_BIAS_KERNELS
+    } else {
+        (0.0, 0.0)
+    };
+    let kernels_f = local * (EXPERT_GEMM_KERNELS.0 + casts.0 + bias.0);
+    let kernels_b = local * (EXPERT_GEMM_KERNELS.1 + casts.1 + bias.1);
     let host = |ops: f64, kernels: f64| (ops * e.host_op_us + kernels * e.host_kernel_us) * 1e-6;
     let host_f = host(ops_f, kernels_f);
     // Recomputation issues the replayed forward again inside the backward.

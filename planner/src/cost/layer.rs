@@ -94,12 +94,34 @@ pub(super) struct Projections {
     pub(super) kv_rank: f64,
     /// The output projection's input width on this TP rank.
     pub(super) out_in: f64,
+    /// Bytes the rotary embedding moves per element of Q and K ([`rotary_bytes`]).
+    rotary_bytes: f64,
 }
 
 impl Projections {
     /// Rotary on Q and K, bytes per token.
     fn rotary(&self) -> f64 {
-        4.0 * (self.q_rank + self.kv_rank)
+        self.rotary_bytes * (self.q_rank + self.kv_rank)
+    }
+}
+
+/// Bytes the rotary embedding moves per element of Q and K in one forward.
+/// Transformer Engine's fused kernel reads and writes each once (4). With a YaRN
+/// attention factor other than 1, Megatron-Core falls back to its unfused rotary,
+/// since the fused kernel takes no such factor (`apply_rotary_pos_emb`,
+/// `models/common/embeddings/rope_utils.py` L279-284 at core_r0.16.0 55ac70825;
+/// Megatron-Bridge also turns `apply_rope_fusion` off for any `yarn` position
+/// embedding, `utils/fusions.py` L65-74 at v0.3.1). `_apply_rotary_pos_emb_bshd`
+/// then runs five eager passes over Q and K: the negated half, its concatenation
+/// (`_rotate_half`), the products with the cosine and the sine, their sum, and the
+/// final `torch.cat` with the (empty) unrotated part: 6.5 reads and 5.5 writes of
+/// BF16 elements, 24 bytes ([`ModelSpec::rotary_unfused`]). The backward follows
+/// the layer's element-wise convention (twice the forward).
+fn rotary_bytes(m: &ModelSpec) -> f64 {
+    if m.rotary_unfused() {
+        24.0
+    } else {
+        4.0
     }
 }
 
@@ -140,6 +162,16 @@ pub(super) struct FeedForward {
     /// (`sort_chunks_by_idxs`, run when a rank holds more than one expert): another
     /// 8h. DeepEP / HybridEP permute once on the receiving side.
     shuffle: f64,
+    /// Bytes each routed row moves in HBM to add its expert's output bias, where
+    /// the linear layers carry biases (GPT-OSS): Megatron-Core's `TEGroupedMLP`
+    /// builds fc2 with `skip_bias_add=True` and adds the bias scaled by the routing
+    /// probability in `_apply_bias`, per local expert in eager PyTorch (`b * p`,
+    /// `t + ...`, then `torch.cat`: write h, read 2h and write h, read h and write h,
+    /// BF16: 12h). Megatron-LM core_r0.16.0 (b0cc2706d, 55ac70825) and core_r0.18
+    /// (251c6e9de, d0b3b7754) `moe/experts.py` `TEGroupedMLP._apply_bias`; only the
+    /// Transformer Engine op-fuser path (`use_transformer_engine_op_fuser`, opt-in)
+    /// skips it. Zero without biases.
+    expert_bias: f64,
 }
 
 impl FeedForward {
@@ -282,6 +314,7 @@ fn projections(c: &Ctx) -> Projections {
         q_rank,
         kv_rank,
         out_in,
+        rotary_bytes: rotary_bytes(m),
     }
 }
 
@@ -352,12 +385,16 @@ fn feed_forward(c: &Ctx, kind: LayerKind) -> FeedForward {
     let mut routed_tokens = 0.0;
     let mut expert_ffn = 0.0;
     let mut shuffle = 0.0;
+    let mut expert_bias = 0.0;
     match (kind, &m.moe) {
         (LayerKind::Moe, Some(moe)) => {
             let etp = cfg.etp as f64;
             let local_experts = (moe.experts / cfg.ep) as f64;
             let sorts = cfg.moe_dispatcher == Dispatcher::AllToAll && local_experts > 1.0;
             shuffle = if sorts { 16.0 * h } else { 8.0 * h };
+            if m.bias {
+                expert_bias = 12.0 * h;
+            }
             routed_tokens = tokens / t * moe.top_k as f64 * etp * moe_load;
             expert_ffn = moe.expert_ffn_hidden as f64;
             let per_expert = routed_tokens / local_experts;
@@ -377,6 +414,7 @@ fn feed_forward(c: &Ctx, kind: LayerKind) -> FeedForward {
         expert_ffn,
         shared_ffn: m.moe.map_or(0.0, |x| x.shared_hidden() as f64),
         shuffle,
+        expert_bias,
     }
 }
 
@@ -397,7 +435,8 @@ fn elementwise_secs(c: &Ctx, kind: LayerKind, proj: &Projections, ff: &FeedForwa
     let outside = (norms * 4.0 * h + 2.0 * (6.0 * h + mask * h)) / sp_div;
     let inner = match kind {
         LayerKind::Moe => {
-            ff.routed_tokens / tokens * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle)
+            ff.routed_tokens / tokens
+                * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle + ff.expert_bias)
                 + ff.act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t)
         }
         LayerKind::Dense => ff.act(m.ffn_hidden as f64, t),
@@ -472,7 +511,9 @@ fn selective_secs(c: &Ctx, parts: &Parts, fwd: &OpClasses) -> f64 {
                 + c.mem(
                     tokens
                         * (ff.routed_tokens / tokens
-                            * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle)
+                            * (ff.act(ff.expert_ffn, cfg.etp as f64)
+                                + ff.shuffle
+                                + ff.expert_bias)
                             + ff.act(shared_ffn, t)),
                 );
         }

@@ -119,11 +119,54 @@ pub(super) fn build(c: &Cfg, display: String) -> Result<ModelSpec, InputError> {
             None
         },
         attention_sinks: mt == "gpt_oss",
+        yarn_attention_factor: yarn_attention_factor(c)?,
         // DeepSeek-V3, GLM-4.5 and MiMo state their multi-token-prediction layers.
         mtp_layers: c.opt("num_nextn_predict_layers")?.unwrap_or(0),
     };
     spec.validate()?;
     Ok(spec)
+}
+
+/// YaRN's attention factor from `rope_scaling` (`rope_type` or the older `type`
+/// "yarn"), as transformers computes it (`_compute_yarn_parameters`): the stated
+/// `attention_factor`, else `get_mscale(factor, mscale) / get_mscale(factor,
+/// mscale_all_dim)` when both are given, else `get_mscale(factor)`, where
+/// `get_mscale(s, m) = 0.1 m ln(s) + 1` for `s > 1`. `None` without YaRN or
+/// where the factor is 1.
+fn yarn_attention_factor(c: &Cfg) -> Result<Option<f64>, InputError> {
+    let Some(rs) = c.v.get("rope_scaling").filter(|v| v.is_object()) else {
+        return Ok(None);
+    };
+    let kind = rs
+        .get("rope_type")
+        .or_else(|| rs.get("type"))
+        .and_then(|v| v.as_str());
+    if kind != Some("yarn") {
+        return Ok(None);
+    }
+    let r = Cfg {
+        v: rs,
+        model_type: c.model_type,
+        at: "rope_scaling.",
+        defaults: &[],
+    };
+    let factor = r.number("factor", 1.0)?;
+    let mscale = |m: f64| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        }
+    };
+    let present = |k: &str| rs.get(k).is_some_and(|v| !v.is_null());
+    let af = if present("attention_factor") {
+        r.number("attention_factor", 1.0)?
+    } else if present("mscale") && present("mscale_all_dim") {
+        mscale(r.number("mscale", 1.0)?) / mscale(r.number("mscale_all_dim", 1.0)?)
+    } else {
+        mscale(1.0)
+    };
+    Ok(((af - 1.0).abs() > 1e-9).then_some(af))
 }
 
 fn moe(c: &Cfg) -> Result<Option<Moe>, InputError> {

@@ -23,7 +23,9 @@
 //! QKV and gate/up projections, Phi-3's and GLM's, are the same FLOPs as separate
 //! ones), the norms after each block (Gemma 2 and 3, GLM-4-0414), and which layers
 //! use a sliding window and how wide (Gemma 2: every other layer; Gemma 3: five of
-//! six; Mistral, Phi-3, StarCoder2: every layer), priced as windowed attention. Left
+//! six; Mistral, Phi-3, StarCoder2: every layer), priced as windowed attention; and
+//! YaRN's attention factor (`rope_scaling`, any family), whose rotary Megatron-Core
+//! runs unfused where it is not 1 (gpt-oss). Left
 //! out, as element-wise work too small to change a plan: logit soft-capping (Gemma
 //! 2's tanh on the attention scores inside the fused kernel and on the logits),
 //! query/key norms (Qwen3, Gemma 3, OLMo 2, GLM-4.5), partial rotary embeddings

@@ -77,6 +77,15 @@ fn each_family_imports_with_published_shapes() {
         (Some(7.0), true)
     );
     assert_eq!(load("qwen3-8b.json").glu_clamp, None);
+    // YaRN's attention factor: gpt-oss states factor 32 and no mscale (0.1 ln 32
+    // + 1), as the preset has; DeepSeek-V3's mscale / mscale_all_dim is 1, and
+    // Llama 3.1's rope_type llama3 is not YaRN.
+    let af = g.yarn_attention_factor.unwrap();
+    assert!((af - 1.3466).abs() < 1e-4, "{af}");
+    assert_eq!(preset.yarn_attention_factor, g.yarn_attention_factor);
+    assert!(g.rotary_unfused());
+    assert_eq!(load("deepseek-v3.json").yarn_attention_factor, None);
+    assert_eq!(load("llama-3.1-8b.json").yarn_attention_factor, None);
 }
 
 /// Parameters in billions, and its relative distance from a published count.

@@ -282,9 +282,13 @@ fn an_outside_plan_leads_only_when_its_upper_end_beats_the_inside_point() {
 }
 
 /// The case the issue names: DeepSeek-V3 on 1,024 H800s, where the point
-/// estimate ranks ZeRO-3 over 512 data-parallel ranks first, which no
-/// published run used; by the band's upper end a plan inside the validated
-/// runs ranks first.
+/// estimate ranks first a plan outside the validated runs (today DualPipe, a
+/// schedule no published run used). By the band's upper end an outside plan
+/// ranks ahead of the best inside plan only when its whole band, to its upper
+/// end, is faster than that plan's point estimate. With the MoE band of the
+/// GPT-OSS bias term (its slow end set by -22.0%, was -23.5%) the DualPipe
+/// plan's upper end is 5.93 s against the best inside plan's 6.04 s (1F1B,
+/// PP 16, CP 2), so it keeps the lead; before, 6.05 s lost to it by 0.2%.
 #[test]
 fn upper_ranking_moves_an_untested_corner_down() {
     use crate::config::{Precision, Workload};
@@ -308,13 +312,25 @@ fn upper_ranking_moves_an_untested_corner_down() {
                 rank_by: by,
                 ..SearchSpace::default()
             },
-            1,
+            3,
         )
     };
     let point = run(RankBy::Point).top.remove(0);
-    let upper = run(RankBy::Upper).top.remove(0);
+    let upper = run(RankBy::Upper).top;
     let outside = |e: &crate::cost::Estimate| !e.band.as_ref().unwrap().outside.is_empty();
     assert!(outside(&point.estimate), "{:?}", point.config);
-    assert!(!outside(&upper.estimate), "{:?}", upper.config);
-    assert!(upper.estimate.step_secs >= point.estimate.step_secs);
+    let inside = upper
+        .iter()
+        .position(|p| !outside(&p.estimate))
+        .expect("an inside plan among the upper ranking's leaders");
+    let inside_point = upper[inside].estimate.step_secs;
+    for p in &upper[..inside] {
+        let high = p.estimate.band.as_ref().unwrap().high_secs;
+        assert!(
+            high < inside_point,
+            "{:?}: outside plan ahead with upper end {high} s, not below the inside plan's {inside_point} s",
+            p.config
+        );
+    }
+    assert!(upper[0].estimate.step_secs >= point.estimate.step_secs);
 }

@@ -249,6 +249,16 @@ impl<'a> Walker<'a> {
         (self.routed_in() * self.z.top_k * self.etp).div_ceil(self.z.local_experts.max(1))
     }
 
+    /// The rotary's traffic over the fused kernel's: 6 where Megatron-Core runs it
+    /// unfused (`cost::layer`'s `rotary_bytes`: 24 bytes per element against 4).
+    fn rotary_passes(&self) -> u64 {
+        if self.s.model.rotary_unfused() {
+            6
+        } else {
+            1
+        }
+    }
+
     pub(super) fn layer_forward(&mut self, moe: bool, rc: bool) {
         let Sizes {
             t,
@@ -263,7 +273,11 @@ impl<'a> Walker<'a> {
         self.mem(OpClass::Elementwise, tl * h * B * 2, rc);
         self.enter_tp(false);
         self.gemm(OpClass::AttentionProj, (t, hl + 2 * kvl, h), 1, 1, rc);
-        self.mem(OpClass::Elementwise, t * (hl + kvl) * B * 2, rc);
+        self.mem(
+            OpClass::Elementwise,
+            self.rotary_passes() * t * (hl + kvl) * B * 2,
+            rc,
+        );
         self.core(false, rc);
         self.gemm(OpClass::AttentionProj, (t, h, hl), 1, 1, rc);
         self.leave_tp(false);
@@ -296,6 +310,10 @@ impl<'a> Walker<'a> {
         self.gemm(OpClass::MoeExperts, (per, up * e, h), 1, n_local, rc);
         self.mem(OpClass::Elementwise, per * n_local * e * B * (up + 1), rc);
         self.gemm(OpClass::MoeExperts, (per, h, e), 1, n_local, rc);
+        // fc2's bias, scaled by the routing probability, added per local expert
+        // (`cost::layer`'s `expert_bias`: 12 bytes per element).
+        let bias = u64::from(self.s.model.bias);
+        self.mem(OpClass::Elementwise, bias * per * n_local * h * B * 6, rc);
         self.mem(OpClass::Elementwise, sort * rows * h * B * 2, rc);
         self.coll(CommKind::Etp, Coll::ReduceScatter, rows * self.etp * h * B);
         self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
@@ -376,6 +394,12 @@ impl<'a> Walker<'a> {
             self.coll(CommKind::Ep, Coll::AllToAll, rows * h * B);
             self.coll(CommKind::Etp, Coll::AllGather, rows * self.etp * h * B);
             self.mem(OpClass::Elementwise, sort * rows * h * B * 4, false);
+            let bias = u64::from(self.s.model.bias);
+            self.mem(
+                OpClass::Elementwise,
+                bias * per * n_local * h * B * 12,
+                false,
+            );
             self.linear_bwd(OpClass::MoeExperts, (per, h, e), n_local, w);
             self.mem(
                 OpClass::Elementwise,
@@ -399,7 +423,11 @@ impl<'a> Walker<'a> {
         self.leave_tp(true);
         self.linear_bwd(OpClass::AttentionProj, (t, h, hl), 1, w);
         self.core(true, false);
-        self.mem(OpClass::Elementwise, t * (hl + kvl) * B * 4, false);
+        self.mem(
+            OpClass::Elementwise,
+            self.rotary_passes() * t * (hl + kvl) * B * 4,
+            false,
+        );
         self.linear_bwd(OpClass::AttentionProj, (t, hl + 2 * kvl, h), 1, w);
         self.enter_tp(true);
         self.mem(OpClass::Elementwise, tl * h * B * 4, false);

@@ -213,6 +213,84 @@ fn fp8_casts_routed_expert_inputs() {
     );
 }
 
+/// Megatron-Core adds the experts' output bias per local expert in eager PyTorch
+/// (`TEGroupedMLP._apply_bias`): 12 bytes per element of each routed row, forward,
+/// and twice that backward; the GEMMs do not change, and a model without biases
+/// pays nothing.
+#[test]
+fn expert_output_bias_moves_routed_rows() {
+    let biased = resolve("gpt-oss-120b").unwrap().spec;
+    assert!(biased.bias);
+    let plain = ModelSpec {
+        bias: false,
+        ..biased.clone()
+    };
+    let moe = biased.moe.unwrap();
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let w = wl(4096, 64);
+    let k = ParallelConfig {
+        ep: 8,
+        ..cfg(1, 1, 1, 8)
+    };
+    let ctx = |model| Ctx {
+        model,
+        hw: &h100,
+        w: &w,
+        cfg: &k,
+        a: Assumptions::default(),
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    let (a, b) = (
+        layer_cost(&ctx(&biased), LayerKind::Moe),
+        layer_cost(&ctx(&plain), LayerKind::Moe),
+    );
+    let routed = 4096.0 * moe.top_k as f64;
+    let bias = ctx(&plain).mem(routed * 12.0 * biased.hidden as f64);
+    assert!(close(a.fwd.elementwise - b.fwd.elementwise, bias));
+    assert!(close(a.bwd.elementwise - b.bwd.elementwise, 2.0 * bias));
+    assert_eq!(a.fwd.moe_experts, b.fwd.moe_experts);
+}
+
+/// A YaRN attention factor other than 1 runs Megatron-Core's unfused rotary:
+/// 24 bytes per element of Q and K forward instead of the fused kernel's 4, and
+/// twice the difference backward; nothing else moves.
+#[test]
+fn yarn_attention_factor_unfuses_the_rotary() {
+    let yarn = resolve("gpt-oss-120b").unwrap().spec;
+    assert!(yarn.rotary_unfused());
+    let plain = ModelSpec {
+        yarn_attention_factor: None,
+        ..yarn.clone()
+    };
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let w = wl(4096, 64);
+    let k = ParallelConfig {
+        ep: 8,
+        ..cfg(1, 1, 1, 8)
+    };
+    let ctx = |model| Ctx {
+        model,
+        hw: &h100,
+        w: &w,
+        cfg: &k,
+        a: Assumptions::default(),
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    let (a, b) = (
+        layer_cost(&ctx(&yarn), LayerKind::Moe),
+        layer_cost(&ctx(&plain), LayerKind::Moe),
+    );
+    let qk = (yarn.q_dim() + yarn.kv_heads * yarn.head_dim) as f64;
+    let extra = ctx(&plain).mem(4096.0 * 20.0 * qk);
+    assert!(close(a.fwd.elementwise - b.fwd.elementwise, extra));
+    assert!(close(a.bwd.elementwise - b.bwd.elementwise, 2.0 * extra));
+    assert_eq!(a.fwd.attention_proj, b.fwd.attention_proj);
+}
+
 /// ZB-H1 and DualPipe defer each stage's weight-gradient GEMMs as the W pass:
 /// a middle stage's W time is its layers' `X^T dY` GEMMs at their own shapes,
 /// not the forward GEMMs' time.
