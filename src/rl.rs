@@ -184,8 +184,27 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
     println!();
     print!(
         "{}",
-        side_by_side(r.best_colocated.as_ref(), r.best_disaggregated.as_ref())
+        side_by_side(
+            r.best_colocated.as_ref(),
+            r.best_disaggregated.as_ref(),
+            &hw.name,
+            w.actor.moe.is_some()
+        )
     );
+    if let Some((p, b)) = r.plans.first().and_then(|p| {
+        sextant_planner::uncertainty::rl_band(&hw.name, w.actor.moe.is_some(), p.times.iteration)
+            .map(|b| (p, b))
+    }) {
+        println!(
+            "iteration band: the model's errors on {} (NeMo RL, from their stated configurations){}",
+            b.basis,
+            if b.low_secs > p.times.iteration {
+                "; every one took longer than predicted, so read the point as optimistic"
+            } else {
+                ""
+            }
+        );
+    }
     println!();
     print!("{}", ranked(&r.plans));
     if let Some(target) = &a.emit {
@@ -245,12 +264,26 @@ fn layout(p: &RlPlan) -> String {
     s
 }
 
+/// The iteration's band from the published RL runs' errors, as a cell.
+fn band_cell(p: &RlPlan, profile: &str, moe: bool) -> String {
+    match sextant_planner::uncertainty::rl_band(profile, moe, p.times.iteration) {
+        Some(b) => format!(
+            "{:.1} to {:.1} ({:.0}%)",
+            b.low_secs,
+            b.high_secs,
+            100.0 * b.coverage
+        ),
+        None => "none".into(),
+    }
+}
+
 fn gib(b: f64) -> String {
     format!("{:.1}", b / GIB)
 }
 
-/// The best plan of each placement, one column each.
-pub fn side_by_side(c: Option<&RlPlan>, d: Option<&RlPlan>) -> String {
+/// The best plan of each placement, one column each, with each iteration's band
+/// (the published RL runs' errors, on `profile` for a model of kind `moe`).
+pub fn side_by_side(c: Option<&RlPlan>, d: Option<&RlPlan>, profile: &str, moe: bool) -> String {
     type Row = (&'static str, fn(&RlPlan) -> String);
     let rows: [Row; 14] = [
         ("GPUs train / rollout", |p| {
@@ -292,6 +325,11 @@ pub fn side_by_side(c: Option<&RlPlan>, d: Option<&RlPlan>) -> String {
     );
     for (name, f) in rows {
         s += &format!("{:<27} {:<32} {}\n", name, cell(c, f), cell(d, f));
+        if name == "iteration (s)" {
+            let b =
+                |p: Option<&RlPlan>| p.map_or("none fits".into(), |p| band_cell(p, profile, moe));
+            s += &format!("{:<27} {:<32} {}\n", "iteration band (s)", b(c), b(d));
+        }
     }
     s
 }

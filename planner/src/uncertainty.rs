@@ -112,6 +112,31 @@ pub fn validation() -> &'static ValidationSet {
     })
 }
 
+/// The compiled-in errors of the published RL iterations
+/// (hwprofiles/validation_rl.json, written by tests/it/rl.rs): each run's
+/// iteration predicted by `rl-plan`'s model from its stated configuration.
+pub fn rl_validation() -> &'static ValidationSet {
+    static SET: OnceLock<ValidationSet> = OnceLock::new();
+    SET.get_or_init(|| {
+        serde_json::from_str(include_str!("../../hwprofiles/validation_rl.json"))
+            .expect("compiled-in validation_rl.json parses")
+    })
+}
+
+/// The band of an RL iteration of `step_secs`, from the published RL runs'
+/// errors by the same pooling and ranks as a training step's ([`band_from`]).
+/// With five runs it spans them all and claims 4/6; every run on record took
+/// longer than predicted, so the band lies above the point.
+pub fn rl_band(profile: &str, moe: bool, step_secs: f64) -> Option<Band> {
+    band_from(
+        rl_validation(),
+        profile,
+        moe,
+        Framework::MegatronCore,
+        step_secs,
+    )
+}
+
 /// Rank (1-based) of a prediction interval's end at probability `q` among `n`
 /// sorted errors: (n + 1) q, held to 1..n. If the runs' errors are exchangeable
 /// with a new run's, the interval between ranks r_lo and r_hi holds the new run's

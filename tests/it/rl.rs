@@ -18,6 +18,8 @@ use crate::common::{data, sextant, stderr, stdout};
 
 struct Row {
     id: String,
+    gpu: String,
+    moe: bool,
     predicted: f64,
     measured: f64,
     phases: String,
@@ -85,6 +87,8 @@ fn predict(r: &csv::StringRecord, h: &csv::StringRecord) -> Row {
     .unwrap_or_else(|e| panic!("{}: {e}", get("id")));
     Row {
         id: get("id"),
+        gpu: hw.name.clone(),
+        moe: w.actor.moe.is_some(),
         predicted: p.times.iteration,
         measured: get("value").parse().unwrap(),
         phases: format!(
@@ -178,6 +182,49 @@ fn rl_published_runs_predicted() {
         );
     }
     assert!(median < MEDIAN_BAR, "median error {median}");
+    check_rl_validation_file(&rows);
+}
+
+/// hwprofiles/validation_rl.json feeds `rl-plan`'s band (`uncertainty::rl_band`);
+/// it must hold these rows' errors under this model.
+fn check_rl_validation_file(rows: &[Row]) {
+    use sextant_planner::cost::Framework;
+    use sextant_planner::uncertainty::{ErrorSample, ValidationSet};
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/hwprofiles/validation_rl.json");
+    let fresh = ValidationSet {
+        schema_version: 1,
+        source: "signed iteration-time error (predicted / measured - 1) of every row of tests/data/published_rl_runs.csv, each predicted from its stated configuration; written by tests/it/rl.rs".into(),
+        samples: rows
+            .iter()
+            .map(|r| ErrorSample {
+                id: r.id.clone(),
+                profile: r.gpu.clone(),
+                moe: r.moe,
+                rel_error: ((r.predicted / r.measured - 1.0) * 1e4).round() / 1e4,
+                shares: None,
+                reach: None,
+                framework: Framework::MegatronCore,
+            })
+            .collect(),
+        rates: Vec::new(),
+    };
+    if std::env::var_os("SEXTANT_BLESS").is_some() {
+        std::fs::write(path, serde_json::to_string_pretty(&fresh).unwrap() + "\n").unwrap();
+        return;
+    }
+    let committed: ValidationSet =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let stale = "hwprofiles/validation_rl.json is stale: run SEXTANT_BLESS=1 cargo test --release --test it rl_published";
+    assert_eq!(committed.samples.len(), fresh.samples.len(), "{stale}");
+    for (a, b) in committed.samples.iter().zip(&fresh.samples) {
+        assert!(
+            a.id == b.id && a.moe == b.moe && (a.rel_error - b.rel_error).abs() < 0.005,
+            "{stale} ({}: {} vs {})",
+            b.id,
+            a.rel_error,
+            b.rel_error
+        );
+    }
 }
 
 /// How far off one row may be (a factor): a regression bar above today's errors
@@ -238,10 +285,22 @@ fn rl_plan_shows_both_placements_for_the_bar_workloads() {
             "forward passes (s)",
             "training (s)",
             "iteration (s)",
+            "iteration band (s)",
             "memory GiB roll/fwd/train",
         ] {
             assert!(out.lines().any(|l| l.starts_with(row)), "{row} missing");
         }
+        // The band comes from the published runs' errors: every one was slower
+        // than predicted, so it lies above the point and says so.
+        let cells = |name: &str| -> Vec<String> {
+            let l = out.lines().find(|l| l.starts_with(name)).unwrap();
+            l[27..].split_whitespace().map(String::from).collect()
+        };
+        let point: f64 = cells("iteration (s)")[0].parse().unwrap();
+        let band = cells("iteration band (s)");
+        let (low, high): (f64, f64) = (band[0].parse().unwrap(), band[2].parse().unwrap());
+        assert!(point < low && low < high, "{point} vs {band:?}");
+        assert!(out.contains("read the point as optimistic"), "{out}");
         assert!(out.lines().any(|l| l.starts_with("1  ")), "ranked plans");
     }
 }
