@@ -550,6 +550,31 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         text.push_str("No configuration fits. ");
         text.push_str(&render::search_summary(&res, millis));
         print!("{text}");
+        // Where the model state alone cannot fit, say how many GPUs it needs.
+        let gpus = inp.cluster.gpus;
+        let params = inp.model.params().total as f64;
+        let per_gpu = |n: u64| {
+            sextant_planner::memory::sharded_state_floor(
+                params,
+                n,
+                inp.assumptions.framework,
+                inp.bf16_grads,
+                inp.bf16_moments,
+            )
+        };
+        let room = inp.cluster.profile.capacity_bytes()
+            - inp.cluster.profile.memory.reserve_gib * sextant_planner::hardware::GIB;
+        if per_gpu(gpus) > room && room > 0.0 {
+            let need = (per_gpu(1) / room).ceil();
+            let s = if gpus == 1 { "" } else { "s" };
+            bail!(
+                "no valid plan for {} on {gpus} GPU{s}: its weights, gradients and optimizer state alone take {:.1} GiB per GPU with every parameter sharded over {} (ZeRO-3), more than the {:.1} GiB a plan may use besides the runtime reserve: at least {need:.0} GPUs of this kind, before activations",
+                inp.model.name,
+                per_gpu(gpus) / sextant_planner::hardware::GIB,
+                if gpus == 1 { "the one GPU".to_string() } else { format!("all {gpus}") },
+                room / sextant_planner::hardware::GIB
+            );
+        }
         bail!("no valid plan for {} on {} GPUs: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, inp.cluster.gpus);
     }
     text.push_str(&render::plan_table(&res, &inp, table_width()));

@@ -721,6 +721,15 @@ pub fn bad_input_gets_one_clear_line() {
         &["plan", "--model", "70b", "--gpus", "8", "--gpu", "a100"],
         "no valid plan",
     );
+    // Where the model state alone cannot fit, the line says how many GPUs it needs:
+    // 70.6B parameters x 18 bytes = 1,183 GiB over 72.1 usable GiB per H100.
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "8"],
+        "alone take 147.8 GiB per GPU with every parameter sharded over all 8 (ZeRO-3), more than the 72.1 GiB a plan may use besides the runtime reserve: at least 17 GPUs",
+    );
+    // With room for the model state (24 GPUs: 49 GiB each), a plan fits.
+    let o = sextant(&["plan", "--model", "70b", "--gpus", "24"]);
+    assert!(o.status.success(), "{}", stderr(&o));
     // Values that would overflow the products of parallel sizes.
     fails_with_one_line(
         &[

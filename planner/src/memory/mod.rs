@@ -27,7 +27,7 @@ pub use activations::{
     torchtitan_mms, LayerActivations, LayerKind,
 };
 pub use framework::{framework_buffers, logit_bytes, HeldParams};
-pub use model_state::{grad_bytes, model_state, optimizer_bytes};
+pub use model_state::{grad_bytes, model_state, optimizer_bytes, sharded_state_floor};
 
 /// Bytes per parameter kept for training (Megatron mixed precision with Adam).
 pub const WEIGHT_BYTES: f64 = 2.0;

@@ -23,6 +23,32 @@ pub fn optimizer_bytes(cfg: &ParallelConfig) -> f64 {
     }
 }
 
+/// The least model state (weights, gradients, optimizer) a GPU can hold: every
+/// parameter sharded over all `gpus` (ZeRO-3), before activations, buffers and the
+/// runtime reserve. When it exceeds what a plan may use, no layout fits on that
+/// many GPUs of that kind.
+pub fn sharded_state_floor(
+    params: f64,
+    gpus: u64,
+    framework: Framework,
+    bf16_grads: bool,
+    bf16_moments: bool,
+) -> f64 {
+    let per_param = if framework == Framework::Torchtitan {
+        // FP32 parameter and gradient shards, Adam's moments ([`model_state`]).
+        4.0 + 4.0 + if bf16_moments { 4.0 } else { 8.0 }
+    } else {
+        WEIGHT_BYTES
+            + if bf16_grads { 2.0 } else { GRAD_BYTES }
+            + if bf16_moments {
+                OPTIMIZER_BYTES_BF16_MOMENTS
+            } else {
+                OPTIMIZER_BYTES
+            }
+    };
+    per_param * params / gpus.max(1) as f64
+}
+
 /// Model state bytes (weights, gradients, optimizer) for `dense` and `expert`
 /// parameters held by one GPU.
 ///
