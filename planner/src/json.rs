@@ -33,6 +33,9 @@ pub fn from_str<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputE
     serde_json::from_str(text).map_err(err)
 }
 
+/// Characters of an unknown key that [`from_str_known`]'s error shows.
+const KEY_SHOWN: usize = 120;
+
 /// [`from_str`] for the formats people write by hand (hardware profile, calibration
 /// overlay, Sextant model): a key the format does not have is an error naming it
 /// (`network.by_domain`), where serde would skip it and the file would silently
@@ -55,9 +58,13 @@ pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, 
             1 => String::new(),
             n => format!(" and {} more", n - 1),
         };
+        // A hostile file's key may be megabytes long: name at most its first
+        // KEY_SHOWN characters, so the error stays one readable line.
+        let shown: String = first.chars().take(KEY_SHOWN).collect();
+        let cut = if shown.len() < first.len() { "..." } else { "" };
         return Err(err(format!(
-            "unknown key '{}'{more}: not a field of this format (check the spelling; ARCHITECTURE.md lists the fields)",
-            first.escape_debug()
+            "unknown key '{}{cut}'{more}: not a field of this format (check the spelling; ARCHITECTURE.md lists the fields)",
+            shown.escape_debug()
         )));
     }
     Ok(value)
@@ -176,6 +183,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!e.contains('\n'), "{e}");
+        // A huge key is cut, not echoed whole.
+        let long = format!("{{\"name\": \"x\", \"{}\": 1}}", "k".repeat(100_000));
+        let e = from_str_known::<Outer>(&long, "test")
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400 && e.contains("kkk...'"), "{}", e.len());
         // Trailing text is still an error; the lenient reader still skips keys.
         assert!(from_str_known::<Outer>("{\"name\": \"x\"} x", "test").is_err());
         from_str::<Outer>("{\"name\": \"x\", \"point\": []}", "test").unwrap();

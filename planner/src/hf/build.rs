@@ -158,7 +158,11 @@ fn yarn_attention_factor(c: &Cfg) -> Result<Option<f64>, InputError> {
             0.1 * m * factor.ln() + 1.0
         }
     };
-    let present = |k: &str| rs.get(k).is_some_and(|v| !v.is_null());
+    // transformers tests `if mscale and mscale_all_dim`: a zero counts as absent.
+    let present = |k: &str| {
+        rs.get(k)
+            .is_some_and(|v| !v.is_null() && v.as_f64() != Some(0.0))
+    };
     let af = if present("attention_factor") {
         r.number("attention_factor", 1.0)?
     } else if present("mscale") && present("mscale_all_dim") {

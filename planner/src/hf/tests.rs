@@ -86,6 +86,18 @@ fn each_family_imports_with_published_shapes() {
     assert!(g.rotary_unfused());
     assert_eq!(load("deepseek-v3.json").yarn_attention_factor, None);
     assert_eq!(load("llama-3.1-8b.json").yarn_attention_factor, None);
+    // transformers reads `mscale and mscale_all_dim` as Python truth values: a zero
+    // mscale_all_dim falls back to 0.1 ln(factor) + 1, and is no error.
+    let path = format!(
+        "{}/../tests/data/hf/gpt-oss-120b.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v["rope_scaling"]["mscale"] = serde_json::json!(1.0);
+    v["rope_scaling"]["mscale_all_dim"] = serde_json::json!(0);
+    let z = from_hf_config(&v.to_string(), "zero mscale_all_dim").unwrap();
+    assert_eq!(z.yarn_attention_factor, g.yarn_attention_factor);
 }
 
 /// Parameters in billions, and its relative distance from a published count.
