@@ -59,9 +59,14 @@ pub const MAX_MEMORY_FRACTION: f64 = 0.9;
 /// blog/posts/nemo-rl-refit-performance/index.md, 2025-08-12, Table 1): DeepSeek-V3,
 /// training EP64 PP8, generation TP64, NeMo RL v0.3: the parameter gather took
 /// 12.2 s against a speed of light (full network and HBM bandwidth, no CPU
-/// overhead) of 3.3 s and the engine's update 1.5 s against 0.01 s, over "over 90
-/// thousand" tensors: (8.9 + 1.49) s / 90,000. The post's middle step (the CUDA IPC
+/// overhead) of 3.3 s and the engine's update 1.5 s against 0.01 s: 10.39 s over
+/// the 45,337 tensors [`super::reshard::weight_tensors`] counts for DeepSeek-V3, so
+/// that the model charges its source run what was measured. The post says "over 90
+/// thousand" tensors, about twice that count: DeepSeek-V3's published FP8 checkpoint
+/// carries a `weight_scale_inv` beside each quantized weight, which a BF16 refit
+/// does not move; dividing by the post's figure would charge the source run half
+/// its measured time (review of 112c27a). The post's middle step (the CUDA IPC
 /// handles passed through Ray, 33.5 s there) is left out: NeMo RL v0.4 streams the
 /// packed buffers over ZMQ instead (NVIDIA-NeMo/RL@06beed91
 /// nemo_rl/algorithms/grpo.py:918 `update_weights_via_ipc_zmq`).
-pub const REFIT_SECS_PER_TENSOR: f64 = (12.2 - 3.3 + 1.5 - 0.01) / 90_000.0;
+pub const REFIT_SECS_PER_TENSOR: f64 = (12.2 - 3.3 + 1.5 - 0.01) / 45_337.0;

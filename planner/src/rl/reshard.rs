@@ -149,6 +149,10 @@ mod tests {
             dsv3,
             61.0 * 9.0 + 3.0 * 3.0 + 58.0 * (1.0 + 768.0 + 3.0) + 3.0
         );
+        // The constant's source run (NeMo RL's refit post, DeepSeek-V3): its host
+        // time beyond the bytes, 12.2 - 3.3 + 1.5 - 0.01 s, is what is charged.
+        let t = tensor_secs(&resolve("deepseek-v3").unwrap().spec);
+        assert!((t - 10.39).abs() < 1e-9, "{t}");
         let m = resolve("8b").unwrap().spec;
         let hw = builtin_profile("h100-sxm").unwrap();
         let c = colocated_secs(&m, &hw, &cfg(1, 1), 1);
