@@ -356,6 +356,21 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs, width: Option<usize>) -> Str
             100.0 * b.coverage
         ));
     }
+    // Where the comparable runs all took longer than predicted, the step, MFU and
+    // tok/s columns are optimistic: say so.
+    if let Some(c) = res.top.first() {
+        if let Some(b) = c
+            .estimate
+            .band
+            .as_ref()
+            .filter(|b| b.low_secs > c.estimate.step_secs)
+        {
+            foot.push(format!(
+                "  note: the first plan's band lies wholly above its step time: the comparable runs ({}) took longer than the model predicts them, so read the upper column, not step(s), tok/s/GPU or MFU",
+                b.basis
+            ));
+        }
+    }
     for (k, n) in outside_notes.iter().enumerate() {
         foot.push(format!(
             "  {}: band widened outside the validated runs: {n}",

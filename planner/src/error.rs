@@ -31,6 +31,14 @@ pub enum InputError {
     },
     #[error("{what} JSON is malformed: {detail}")]
     Json { what: String, detail: String },
+    /// A well-formed hand-written file with a key its format does not have; `key`
+    /// is the path of names and array indices, joined by '.'.
+    #[error("{what} has an unknown key '{key}'{more}: not a field of this format (check the spelling; ARCHITECTURE.md lists the fields)")]
+    UnknownKey {
+        what: String,
+        key: String,
+        more: String,
+    },
     #[error("Hugging Face config: {0}")]
     HfConfig(String),
     #[error("{what} file has schema_version {found}; this Sextant reads version {supported}")]

@@ -62,10 +62,11 @@ pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, 
         // KEY_SHOWN characters, so the error stays one readable line.
         let shown: String = first.chars().take(KEY_SHOWN).collect();
         let cut = if shown.len() < first.len() { "..." } else { "" };
-        return Err(err(format!(
-            "unknown key '{}{cut}'{more}: not a field of this format (check the spelling; ARCHITECTURE.md lists the fields)",
-            shown.escape_debug()
-        )));
+        return Err(InputError::UnknownKey {
+            what: what.into(),
+            key: format!("{}{cut}", shown.escape_debug()),
+            more,
+        });
     }
     Ok(value)
 }

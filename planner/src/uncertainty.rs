@@ -232,10 +232,14 @@ pub fn band_from(
                 own.iter().copied().reduce(f64::max),
             ) {
                 if lo < q10 || hi > q90 {
-                    basis = format!(
-                        "{basis}, widened to the errors of the {} {kind} runs",
-                        own.len()
-                    );
+                    basis = if own.len() == errs.len() {
+                        format!("{basis}, spanning all their errors")
+                    } else {
+                        format!(
+                            "{basis}, widened to the errors of the {} {kind} runs",
+                            own.len()
+                        )
+                    };
                 }
                 (q10, q90) = (q10.min(lo), q90.max(hi));
             }

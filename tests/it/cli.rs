@@ -52,6 +52,33 @@ fn plan_70b_on_128_gpus_prints_ten_ranked_plans_and_counts() {
         out.contains("does not fit in GPU memory"),
         "rejection reasons not listed:\n{out}"
     );
+    // Megatron-Core's band straddles the step: no note that the step is optimistic.
+    assert!(!out.contains("wholly above"), "{out}");
+}
+
+/// torchtitan's runs all took longer than predicted: a torchtitan plan's band lies
+/// above its step, and the table says to read the upper column.
+#[test]
+fn plan_says_when_the_step_is_optimistic() {
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "70b",
+        "--gpus",
+        "128",
+        "--target",
+        "torchtitan",
+        "--top",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("band lies wholly above its step time")
+            && out.contains("h100-sxm dense torchtitan runs")
+            && out.contains("read the upper column"),
+        "{out}"
+    );
 }
 
 #[test]
