@@ -102,19 +102,18 @@ fn reach(v: f64, frac: f64, schedule: &str) -> Reach {
     }
 }
 
+/// The ranker of a Megatron-Core dense search on h100-sxm over `s`.
+fn h100_dense(s: &ValidationSet, by: RankBy) -> Ranker {
+    Ranker::new(s, "h100-sxm", false, Framework::MegatronCore, by)
+}
+
 #[test]
 fn bands_widen_only_outside_and_grow_with_distance() {
     let runs: Vec<Reach> = (0..10)
         .map(|i| reach(1.0 + (i % 5) as f64, 0.8, "1f1b"))
         .collect();
     let s = set(&runs, 0.05);
-    let r = Ranker::new(
-        &s,
-        "h100-sxm",
-        false,
-        Framework::MegatronCore,
-        RankBy::Upper,
-    );
+    let r = h100_dense(&s, RankBy::Upper);
     let inside = r.band(10.0, &reach(5.0, 0.8, "1f1b")).unwrap();
     assert!(inside.outside.is_empty());
     let one = r.band(10.0, &reach(10.0, 0.8, "1f1b")).unwrap();
@@ -245,13 +244,7 @@ fn sharded_gradient_reductions_count_micro_batches_only_when_sharded() {
 fn an_outside_plan_leads_only_when_its_upper_end_beats_the_inside_point() {
     let runs: Vec<Reach> = (0..10).map(|_| reach(2.0, 0.8, "1f1b")).collect();
     let s = set(&runs, 0.1);
-    let r = Ranker::new(
-        &s,
-        "h100-sxm",
-        false,
-        Framework::MegatronCore,
-        RankBy::Upper,
-    );
+    let r = h100_dense(&s, RankBy::Upper);
     let out = reach(16.0, 0.8, "1f1b");
     let ins = reach(2.0, 0.8, "1f1b");
     let high_out = r.band(1.0, &out).unwrap().high_secs;
@@ -268,13 +261,7 @@ fn an_outside_plan_leads_only_when_its_upper_end_beats_the_inside_point() {
             > r.key_from(p_in, ins.numeric(), &ins.schedule)
     );
     // By point, the outside plan leads both times.
-    let p = Ranker::new(
-        &s,
-        "h100-sxm",
-        false,
-        Framework::MegatronCore,
-        RankBy::Point,
-    );
+    let p = h100_dense(&s, RankBy::Point);
     assert!(
         p.key_from(1.0, out.numeric(), &out.schedule)
             < p.key_from(p_in, ins.numeric(), &ins.schedule)
