@@ -432,9 +432,13 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         inp.assumptions.framework = sextant_planner::cost::Framework::Torchtitan;
     }
     if target == Some(Target::ScaleTorch) {
-        // Priced as ScaleTorch runs: its rank grid and its unfused loss.
+        // Priced as ScaleTorch runs: its rank grid, its unfused loss and its
+        // pure-BF16 memory (BF16 weights and Adam moments, FP32 gradient buckets,
+        // the loss's logits); its band is the widest, since no ScaleTorch run
+        // was measured.
         inp.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;
         inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
+        inp.assumptions.framework = sextant_planner::cost::Framework::ScaleTorch;
     }
     let rank_by = RankBy::from(a.rank_by);
     let space = SearchSpace {

@@ -97,7 +97,7 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<(Vec<String>, Env), ExportE
     }
     if cfg.bf16_moments {
         return Err(cannot(
-            "BF16 Adam moments: ScaleTorch's optimizer keeps FP32 state".into(),
+            "--bf16-moments: ScaleTorch has no such switch (its AdamW keeps the moments in the parameters' BF16 whatever the plan says, and a ScaleTorch plan prices them so); re-plan without --bf16-moments".into(),
         ));
     }
     let m = plan.plans[index].estimate.micro_batches;

@@ -534,6 +534,27 @@ mod tests {
         }
     }
 
+    /// No ScaleTorch run was measured: a ScaleTorch plan takes the pool of every
+    /// run, widened to every error of its kind, never a band narrower than the
+    /// frameworks that were measured.
+    #[test]
+    fn an_unmeasured_framework_takes_the_widest_band() {
+        let set = validation();
+        assert!(!set
+            .samples
+            .iter()
+            .any(|s| s.framework == Framework::ScaleTorch));
+        let st = band("h100-sxm", false, Framework::ScaleTorch, 1.0).unwrap();
+        assert!(st.basis.contains("published scaletorch"), "{}", st.basis);
+        for other in [Framework::MegatronCore, Framework::Torchtitan] {
+            let b = band("h100-sxm", false, other, 1.0).unwrap();
+            assert!(
+                st.low_secs <= b.low_secs && st.high_secs >= b.high_secs,
+                "{st:?} vs {other:?} {b:?}"
+            );
+        }
+    }
+
     #[test]
     fn compiled_in_set_gives_bands() {
         let b =

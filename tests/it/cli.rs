@@ -1985,6 +1985,58 @@ fn cuda_graph_scopes_are_checked() {
     );
 }
 
+/// `--target scaletorch` prices ScaleTorch's pure-BF16 memory (10 bytes of model
+/// state per parameter with data parallelism, not Megatron-Core's 18): every
+/// ranked plan takes less memory than the same layout priced as Megatron-Core,
+/// and its band is the widest, since no ScaleTorch run was measured.
+#[test]
+fn scaletorch_target_prices_scaletorch_memory() {
+    use sextant_planner::cost::{evaluate, Framework};
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--target",
+        "scaletorch",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = PlanFile::from_json(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    assert_eq!(plan.assumptions.framework, Framework::ScaleTorch);
+    assert!(!plan.plans.is_empty());
+    let cluster =
+        sextant_planner::hardware::Cluster::new(plan.hardware.clone(), plan.gpus).unwrap();
+    for p in &plan.plans {
+        let m = &p.estimate.memory;
+        let band = p.estimate.band.as_ref().expect("a band");
+        assert!(
+            band.basis.contains("published scaletorch"),
+            "{}",
+            band.basis
+        );
+        if p.config.dp > 1 {
+            assert!(
+                ((m.weights + m.gradients + m.optimizer) / m.params - 10.0).abs() < 1e-9,
+                "{m:?}"
+            );
+        }
+        let megatron = sextant_planner::cost::Assumptions {
+            framework: Framework::MegatronCore,
+            ..plan.assumptions
+        };
+        let mc = evaluate(&plan.model, &cluster, &plan.workload, &p.config, megatron).unwrap();
+        assert!(
+            m.total < mc.memory.total,
+            "{:?}: {} vs Megatron-Core {}",
+            p.config,
+            m.total,
+            mc.memory.total
+        );
+    }
+}
+
 /// `--target torchtitan` searches only what torchtitan runs: no distributed
 /// optimizer, no Megatron module lists, even stages; asking for only what it
 /// cannot run is one line naming what it can.

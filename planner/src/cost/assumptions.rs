@@ -139,16 +139,33 @@ pub enum Framework {
     /// recomputation is op-level ("op" SAC: every other matmul's output is saved);
     /// the loss is `cross_entropy` over an FP32 copy of the logits.
     Torchtitan,
+    /// ScaleTorch (github.com/jianzhnie/ScaleTorch at c4c08ac): pure BF16 training.
+    /// The model is cast to BF16 (trainer/model_builder.py:90, dtype from
+    /// trainer/dist_setup.py:29-45), so there is no FP32 master copy and torch
+    /// AdamW's moments (fused by default, trainer/config.py:253-255) are BF16.
+    /// With data parallelism `DataParallelBucket` (model_builder.py:92-93) keeps
+    /// FP32 gradient buckets (`grad_type` is not passed on to `BucketManager`,
+    /// parallel/data_parallel/data_parallel.py:186-188, which defaults to FP32,
+    /// bucket.py:194-196) and after the sync a BF16 `param.grad` copy
+    /// (data_parallel.py:319-323, 346-350) until the step's `reset`. The GLU runs
+    /// as separate ops (models/llama.py:247-249); the loss is `F.cross_entropy`
+    /// under autocast over the BF16 logits, which stay referenced through the
+    /// backward (trainer/train_step.py:98-117). Recomputation is whole decoder
+    /// layers (llama.py:535-544). Anything not read there (kernels, the
+    /// activations' other tensors) is priced as Megatron-Core's.
+    #[serde(rename = "scaletorch")]
+    ScaleTorch,
 }
 
 impl Framework {
-    pub const NAMES: &'static str = "megatron-core, nanotron, torchtitan";
+    pub const NAMES: &'static str = "megatron-core, nanotron, torchtitan, scaletorch";
 
     pub fn name(self) -> &'static str {
         match self {
             Framework::MegatronCore => "megatron-core",
             Framework::Nanotron => "nanotron",
             Framework::Torchtitan => "torchtitan",
+            Framework::ScaleTorch => "scaletorch",
         }
     }
 
@@ -157,6 +174,7 @@ impl Framework {
             Framework::MegatronCore,
             Framework::Nanotron,
             Framework::Torchtitan,
+            Framework::ScaleTorch,
         ]
         .into_iter()
         .find(|f| f.name() == s)

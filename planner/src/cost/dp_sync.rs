@@ -113,7 +113,21 @@ pub(super) fn dp_sync(
         let (_, _, opt_bytes) =
             memory::model_state(cfg, dense_p, expert_p, Framework::MegatronCore);
         let owned = opt_bytes / memory::optimizer_bytes(cfg);
-        let per_param = if cfg.bf16_moments { 26.0 } else { 34.0 };
+        let per_param = match c.a.framework {
+            // ScaleTorch's pure-BF16 AdamW (`Framework::ScaleTorch`) reads the
+            // weight and gradient and writes the weight (2 + 2 + 2), reads and
+            // writes both BF16 moments (8); clipping reads the gradients and
+            // scales them in place (2 + 4); with data parallelism the FP32
+            // buckets are first copied to BF16 gradients (4 + 2).
+            Framework::ScaleTorch => 14.0 + 6.0 + if cfg.dp > 1 { 6.0 } else { 0.0 },
+            Framework::MegatronCore | Framework::Nanotron | Framework::Torchtitan => {
+                if cfg.bf16_moments {
+                    26.0
+                } else {
+                    34.0
+                }
+            }
+        };
         optimizer_secs = optimizer_secs.max(c.mem(owned * per_param));
     }
     DpSync {

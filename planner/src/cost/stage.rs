@@ -419,7 +419,10 @@ pub(super) fn rank_memory(
                 0.0
             },
     };
-    let buffers = memory::framework_buffers(a.framework, cfg, held, m);
+    // What is held only at the optimizer step counts where it exceeds the
+    // activations and logits freed before it (`memory::step_buffers`).
+    let buffers = memory::framework_buffers(a.framework, cfg, held, m)
+        + (memory::step_buffers(a.framework, cfg, held) - activations - logits).max(0.0);
     let fragmentation = hw.memory.fragmentation * (activations + logits + buffers);
     let reserve = hw.memory.reserve_gib * GIB;
     let total =

@@ -55,7 +55,7 @@ pub enum RankOrder {
 }
 
 /// The framework whose memory layout the estimate follows: `megatron-core` (when
-/// absent), `nanotron` or `torchtitan`.
+/// absent), `nanotron`, `torchtitan` or `scaletorch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Framework {
@@ -63,6 +63,8 @@ pub enum Framework {
     MegatronCore,
     Nanotron,
     Torchtitan,
+    #[serde(rename = "scaletorch")]
+    ScaleTorch,
 }
 
 impl Framework {

@@ -41,7 +41,7 @@ both_ways!(RankOrder, cost::RankOrder, [Megatron, ScaleTorch]);
 both_ways!(
     Framework,
     cost::Framework,
-    [MegatronCore, Nanotron, Torchtitan]
+    [MegatronCore, Nanotron, Torchtitan, ScaleTorch]
 );
 both_ways!(RankBy, reach::RankBy, [Point, Upper]);
 both_ways!(

@@ -178,8 +178,9 @@ fn per_token_activations(
     // (the second projection's input); `act_dropped` for "moe_act". Megatron-Core's
     // fused SwiGLU (`bias_swiglu_impl`) keeps only its input and recomputes the
     // activation; a GLU run as separate ops (nanotron's `GLUActivation`,
-    // torchtitan's `w2(silu(w1(x)) * w3(x))`) also keeps the activation's output
-    // for the product's backward.
+    // torchtitan's `w2(silu(w1(x)) * w3(x))`, ScaleTorch's
+    // `down_proj(silu(gate_proj(x)) * up_proj(x))`, models/llama.py:247-249 at
+    // c4c08ac) also keeps the activation's output for the product's backward.
     let separate_glu = model.mlp == MlpKind::Gated && a.framework != Framework::MegatronCore;
     let mlp_inner = |ffn: f64, div: f64, act_dropped: bool| -> f64 {
         let first = model.mlp.matrices() as f64 - 1.0;

@@ -1,5 +1,6 @@
 //! What each framework holds beyond Megatron's accounting: the loss's bytes per
-//! logit, and nanotron's DDP buckets and torchtitan's FSDP2 buffers.
+//! logit, nanotron's DDP buckets, torchtitan's FSDP2 buffers and ScaleTorch's
+//! gradient copy at the optimizer step.
 
 use crate::config::{ParallelConfig, Zero};
 use crate::cost::Framework;
@@ -12,12 +13,19 @@ use crate::cost::Framework;
 /// tensor_parallel/functional.py): 8. torchtitan's `cross_entropy(pred.float())`
 /// keeps the FP32 log-softmax for its backward; after `del pred` that backward
 /// holds it with the incoming and the outgoing FP32 gradient (train.py at 9dec370):
-/// 12.
+/// 12. ScaleTorch (c4c08ac) calls `F.cross_entropy` on the BF16 logits under
+/// autocast (trainer/train_step.py:81-103), which runs it in FP32 (PyTorch's
+/// autocast op list, not ScaleTorch's code): the FP32 log-softmax and, in its
+/// backward, the incoming and outgoing FP32 gradients as torchtitan's, and the
+/// BF16 logits besides, which `outputs` keeps until after the backward
+/// (train_step.py:117): 14. Its pipeline engines' loss
+/// (parallel/pipeline_parallel/pipeline_parallel.py:327) is priced the same.
 pub fn logit_bytes(framework: Framework) -> f64 {
     match framework {
         Framework::MegatronCore => 2.0 + 4.0,
         Framework::Nanotron => 4.0 + 4.0,
         Framework::Torchtitan => 4.0 + 4.0 + 4.0,
+        Framework::ScaleTorch => 2.0 + 4.0 + 4.0 + 4.0,
     }
 }
 
@@ -80,5 +88,27 @@ pub fn framework_buffers(
             }
         }
         Framework::Torchtitan => 0.0,
+        // Its FP32 gradient buckets are the model state's gradients; the BF16
+        // copy the sync leaves is held at the optimizer step ([`step_buffers`]).
+        Framework::ScaleTorch => 0.0,
+    }
+}
+
+/// Bytes a framework holds only from the end of the last backward through the
+/// optimizer step, after the activations and logits are freed: a stage's peak
+/// is the larger of its model state plus activations and its model state plus
+/// these. ScaleTorch's `DataParallelBucket` (with data parallelism), once its
+/// FP32 buckets are reduced, sets every `param.grad` to a BF16 copy of its
+/// bucket view (`main_grad.to(param.dtype)`, parallel/data_parallel/
+/// data_parallel.py:319-323 after the backward, 346-350 after a pipeline's last
+/// micro-batch), kept through the optimizer step until `model.reset()`
+/// (tools/train.py:365-367): 2 bytes per parameter. Other frameworks: none.
+pub fn step_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldParams) -> f64 {
+    match framework {
+        Framework::ScaleTorch if cfg.dp > 1 => 2.0 * held.all,
+        Framework::ScaleTorch
+        | Framework::MegatronCore
+        | Framework::Nanotron
+        | Framework::Torchtitan => 0.0,
     }
 }

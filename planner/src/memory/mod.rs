@@ -26,8 +26,10 @@ pub use activations::{
     in_flight, kv_dim_per_rank, layer_activations, op_sac_applies, op_sac_per_token,
     torchtitan_mms, LayerActivations, LayerKind,
 };
-pub use framework::{framework_buffers, logit_bytes, HeldParams};
-pub use model_state::{grad_bytes, model_state, optimizer_bytes, sharded_state_floor};
+pub use framework::{framework_buffers, logit_bytes, step_buffers, HeldParams};
+pub use model_state::{
+    grad_bytes, model_state, optimizer_bytes, scaletorch_bytes, sharded_state_floor,
+};
 
 /// Bytes per parameter kept for training (Megatron mixed precision with Adam).
 pub const WEIGHT_BYTES: f64 = 2.0;

@@ -34,19 +34,45 @@ pub fn sharded_state_floor(
     bf16_grads: bool,
     bf16_moments: bool,
 ) -> f64 {
-    let per_param = if framework == Framework::Torchtitan {
+    let per_param = match framework {
         // FP32 parameter and gradient shards, Adam's moments ([`model_state`]).
-        4.0 + 4.0 + if bf16_moments { 4.0 } else { 8.0 }
-    } else {
-        WEIGHT_BYTES
-            + if bf16_grads { 2.0 } else { GRAD_BYTES }
-            + if bf16_moments {
-                OPTIMIZER_BYTES_BF16_MOMENTS
-            } else {
-                OPTIMIZER_BYTES
-            }
+        Framework::Torchtitan => 4.0 + 4.0 + if bf16_moments { 4.0 } else { 8.0 },
+        // The least ScaleTorch keeps: without data parallelism its gradient is
+        // BF16 ([`scaletorch_bytes`]).
+        Framework::ScaleTorch => {
+            let (w, g, o) = scaletorch_bytes(1);
+            w + g + o
+        }
+        Framework::MegatronCore | Framework::Nanotron => {
+            WEIGHT_BYTES
+                + if bf16_grads { 2.0 } else { GRAD_BYTES }
+                + if bf16_moments {
+                    OPTIMIZER_BYTES_BF16_MOMENTS
+                } else {
+                    OPTIMIZER_BYTES
+                }
+        }
     };
     per_param * params / gpus.max(1) as f64
+}
+
+/// ScaleTorch's bytes per parameter (weight, gradient, optimizer) with `dp`
+/// data-parallel replicas ([`Framework::ScaleTorch`], at c4c08ac). It trains pure
+/// BF16: the model is cast to BF16 (trainer/model_builder.py:90) and torch AdamW's
+/// two moments follow the parameter's dtype (2 + 2), with no FP32 master copy.
+/// With `dp` > 1 the model is wrapped in `DataParallelBucket`
+/// (model_builder.py:92-93), whose `BucketManager` is built with the `grad_type`
+/// argument left unset (parallel/data_parallel/data_parallel.py:186-188) and so
+/// allocates FP32 buckets (bucket.py:194-196, 301-304) that every parameter's
+/// `main_grad` views (bucket.py:320-327): 4 bytes; the BF16 `param.grad` is freed
+/// as soon as it is added in (data_parallel.py:264-267). Without data parallelism
+/// the gradient stays PyTorch's BF16 `param.grad`: 2. The BF16 copy of the
+/// buckets the sync leaves in `param.grad` is [`crate::memory::step_buffers`].
+/// Megatron's `--bf16-grads` and `--bf16-moments` do not apply: ScaleTorch has
+/// neither switch.
+pub fn scaletorch_bytes(dp: u64) -> (f64, f64, f64) {
+    let grad = if dp > 1 { 4.0 } else { 2.0 };
+    (2.0, grad, 2.0 + 2.0)
 }
 
 /// Model state bytes (weights, gradients, optimizer) for `dense` and `expert`
@@ -70,6 +96,12 @@ pub fn model_state(
         let moments = if cfg.bf16_moments { 4.0 } else { 8.0 };
         return (4.0 * sharded, 4.0 * sharded, moments * sharded);
     }
+    let (w_bytes, g_bytes, o_bytes) = match framework {
+        Framework::ScaleTorch => scaletorch_bytes(cfg.dp),
+        Framework::MegatronCore | Framework::Nanotron | Framework::Torchtitan => {
+            (WEIGHT_BYTES, grad_bytes(cfg), optimizer_bytes(cfg))
+        }
+    };
     let shard = |params: f64, dp: f64, sharded: bool| if sharded { params / dp } else { params };
     let (w_shard, g_shard, o_shard) = match cfg.zero {
         Zero::None => (false, false, false),
@@ -79,11 +111,8 @@ pub fn model_state(
     };
     // FP8 weight casts are transient workspaces, as in Megatron's own accounting;
     // the BF16 weight stays the stored copy.
-    let weights =
-        WEIGHT_BYTES * (shard(dense, dp_dense, w_shard) + shard(expert, dp_expert, w_shard));
-    let grads =
-        grad_bytes(cfg) * (shard(dense, dp_dense, g_shard) + shard(expert, dp_expert, g_shard));
-    let optim = optimizer_bytes(cfg)
-        * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
+    let weights = w_bytes * (shard(dense, dp_dense, w_shard) + shard(expert, dp_expert, w_shard));
+    let grads = g_bytes * (shard(dense, dp_dense, g_shard) + shard(expert, dp_expert, g_shard));
+    let optim = o_bytes * (shard(dense, dp_dense, o_shard) + shard(expert, dp_expert, o_shard));
     (weights, grads, optim)
 }

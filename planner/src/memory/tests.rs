@@ -347,3 +347,45 @@ fn framework_layouts_by_hand() {
         200.0 + 60.0
     );
 }
+
+/// ScaleTorch trains pure BF16: a BF16 weight and two BF16 Adam moments, and an
+/// FP32 gradient bucket with data parallelism (BF16 `param.grad` without), 10
+/// bytes per parameter against Megatron-Core's 18; Megatron's BF16 switches do
+/// not apply. The BF16 gradient copy the sync leaves counts only at the optimizer
+/// step, and the loss keeps the BF16 logits beside torchtitan's FP32 buffers.
+#[test]
+fn scaletorch_keeps_bf16_state_and_fp32_buckets() {
+    let mut c = cfg(1, false, Recompute::None);
+    assert_eq!(
+        model_state(&c, 8.0, 0.0, Framework::ScaleTorch),
+        (16.0, 16.0, 32.0)
+    );
+    c.dp = 4;
+    assert_eq!(
+        model_state(&c, 8.0, 0.0, Framework::ScaleTorch),
+        (16.0, 32.0, 32.0)
+    );
+    let (w, g, o) = model_state(&c, 8.0, 0.0, Framework::MegatronCore);
+    assert_eq!(w + g + o, 18.0 * 8.0);
+    c.bf16_grads = true;
+    c.bf16_moments = true;
+    assert_eq!(
+        model_state(&c, 8.0, 0.0, Framework::ScaleTorch),
+        (16.0, 32.0, 32.0)
+    );
+    assert_eq!(
+        sharded_state_floor(80.0, 8, Framework::ScaleTorch, false, false),
+        80.0
+    );
+    let held = HeldParams {
+        all: 100.0,
+        layer: 10.0,
+        root: 5.0,
+    };
+    assert_eq!(framework_buffers(Framework::ScaleTorch, &c, held, 4), 0.0);
+    assert_eq!(step_buffers(Framework::ScaleTorch, &c, held), 200.0);
+    assert_eq!(step_buffers(Framework::Nanotron, &c, held), 0.0);
+    c.dp = 1;
+    assert_eq!(step_buffers(Framework::ScaleTorch, &c, held), 0.0);
+    assert_eq!(logit_bytes(Framework::ScaleTorch), 14.0);
+}
