@@ -434,8 +434,8 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     if target == Some(Target::ScaleTorch) {
         // Priced as ScaleTorch runs: its rank grid, its unfused loss and its
         // pure-BF16 memory (BF16 weights and Adam moments, FP32 gradient buckets,
-        // the loss's logits); its band is the widest, since no ScaleTorch run
-        // was measured.
+        // the loss's logits); its band pools every framework's runs, since no
+        // ScaleTorch run was measured.
         inp.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;
         inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
         inp.assumptions.framework = sextant_planner::cost::Framework::ScaleTorch;

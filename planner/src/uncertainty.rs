@@ -184,7 +184,13 @@ pub fn band_from(
     let labels = [
         format!("{profile} {kind}{fw}"),
         format!("{kind}{fw} (all hardware)"),
-        format!("published{fw}"),
+        if fw_known {
+            format!("published{fw}")
+        } else {
+            // A framework no published run used: every framework's runs, whose
+            // spread is what moving to an unmeasured framework has cost.
+            format!("published (every framework; none with{fw})")
+        },
     ];
     for (level, label) in labels.into_iter().enumerate() {
         let keep = |s: &ErrorSample| match level {
@@ -213,7 +219,10 @@ pub fn band_from(
         // it has runs), so that hardware the model was never checked on does not
         // borrow a narrower band than the hardware it was checked on (nor one kind
         // the other kind's narrower errors).
-        if level >= 1 {
+        // A framework with no runs takes the pooled quantiles of every framework's
+        // runs as they are: widened to their whole range it would answer for the
+        // worst corner of another framework's runs (nanotron's cross-node TP 32).
+        if level >= 1 && fw_known {
             let of_kind = |s: &&ErrorSample| s.moe == moe;
             let same_fw = set
                 .samples
@@ -534,24 +543,27 @@ mod tests {
         }
     }
 
-    /// No ScaleTorch run was measured: a ScaleTorch plan takes the pool of every
-    /// run, widened to every error of its kind, never a band narrower than the
-    /// frameworks that were measured.
+    /// A framework no published run used (ScaleTorch) takes the 80% band of every
+    /// framework's runs pooled: its slow end no nearer than any measured
+    /// framework's own, and the point inside it.
     #[test]
-    fn an_unmeasured_framework_takes_the_widest_band() {
+    fn an_unmeasured_framework_takes_every_frameworks_runs() {
         let set = validation();
         assert!(!set
             .samples
             .iter()
             .any(|s| s.framework == Framework::ScaleTorch));
         let st = band("h100-sxm", false, Framework::ScaleTorch, 1.0).unwrap();
-        assert!(st.basis.contains("published scaletorch"), "{}", st.basis);
+        assert!(
+            st.basis
+                .contains("published (every framework; none with scaletorch)"),
+            "{}",
+            st.basis
+        );
+        assert!(st.low_secs <= 1.0, "{st:?}");
         for other in [Framework::MegatronCore, Framework::Torchtitan] {
             let b = band("h100-sxm", false, other, 1.0).unwrap();
-            assert!(
-                st.low_secs <= b.low_secs && st.high_secs >= b.high_secs,
-                "{st:?} vs {other:?} {b:?}"
-            );
+            assert!(st.high_secs >= b.high_secs, "{st:?} vs {other:?} {b:?}");
         }
     }
 

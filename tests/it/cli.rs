@@ -2012,7 +2012,8 @@ fn scaletorch_target_prices_scaletorch_memory() {
         let m = &p.estimate.memory;
         let band = p.estimate.band.as_ref().expect("a band");
         assert!(
-            band.basis.contains("published scaletorch"),
+            band.basis
+                .contains("published (every framework; none with scaletorch)"),
             "{}",
             band.basis
         );
