@@ -137,6 +137,46 @@ fn loss_kernels_differ_by_their_passes_over_the_logits() {
     );
 }
 
+/// One layer of `kind` of `with` and of `without` on H100s under `k`, 4,096
+/// tokens, and the time the second takes to move a number of bytes through HBM.
+fn layer_pair(
+    with: &ModelSpec,
+    without: &ModelSpec,
+    k: &ParallelConfig,
+    kind: LayerKind,
+) -> (
+    crate::cost::layer::LayerCost,
+    crate::cost::layer::LayerCost,
+    impl Fn(f64) -> f64,
+) {
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let w = wl(4096, 64);
+    let ctx = |model| Ctx {
+        model,
+        hw: &h100,
+        w: &w,
+        cfg: k,
+        a: Assumptions::default(),
+        tokens: 4096.0,
+        fp8: false,
+        domain: 8,
+    };
+    let (a, b) = (
+        layer_cost(&ctx(with), kind),
+        layer_cost(&ctx(without), kind),
+    );
+    let per_byte = ctx(without).mem(1.0);
+    (a, b, move |bytes: f64| per_byte * bytes)
+}
+
+/// EP 8 on one node of 8.
+fn ep8() -> ParallelConfig {
+    ParallelConfig {
+        ep: 8,
+        ..cfg(1, 1, 1, 8)
+    }
+}
+
 /// Sandwich norms (Gemma 2 and 3, GLM-4-0414) add two norm passes per layer
 /// (read 2h, write 2h per token, split by SP), forward and, twice over,
 /// backward; nothing else moves.
@@ -147,27 +187,12 @@ fn sandwich_norms_add_two_norm_passes() {
         sandwich_norms: true,
         ..plain.clone()
     };
-    let h100 = builtin_profile("h100-sxm").unwrap();
-    let w = wl(4096, 64);
     let k = ParallelConfig {
         sp: true,
         ..cfg(4, 1, 1, 2)
     };
-    let ctx = |model| Ctx {
-        model,
-        hw: &h100,
-        w: &w,
-        cfg: &k,
-        a: Assumptions::default(),
-        tokens: 4096.0,
-        fp8: false,
-        domain: 8,
-    };
-    let (a, b) = (
-        layer_cost(&ctx(&sandwich), LayerKind::Dense),
-        layer_cost(&ctx(&plain), LayerKind::Dense),
-    );
-    let two_norms = ctx(&plain).mem(4096.0 * 2.0 * 4.0 * plain.hidden as f64 / 4.0);
+    let (a, b, mem) = layer_pair(&sandwich, &plain, &k, LayerKind::Dense);
+    let two_norms = mem(4096.0 * 2.0 * 4.0 * plain.hidden as f64 / 4.0);
     assert!(close(a.fwd.elementwise - b.fwd.elementwise, two_norms));
     assert!(close(
         a.bwd.elementwise - b.bwd.elementwise,
@@ -217,40 +242,6 @@ fn fp8_casts_routed_expert_inputs() {
 /// (`TEGroupedMLP._apply_bias`): 12 bytes per element of each routed row, forward,
 /// and twice that backward; the GEMMs do not change, and a model without biases
 /// pays nothing.
-/// One MoE layer of `with` and of `without` on 8 H100s at EP 8, 4,096 tokens,
-/// and the time the first takes to move a number of bytes through HBM.
-fn moe_layers_ep8(
-    with: &ModelSpec,
-    without: &ModelSpec,
-) -> (
-    crate::cost::layer::LayerCost,
-    crate::cost::layer::LayerCost,
-    impl Fn(f64) -> f64,
-) {
-    let h100 = builtin_profile("h100-sxm").unwrap();
-    let w = wl(4096, 64);
-    let k = ParallelConfig {
-        ep: 8,
-        ..cfg(1, 1, 1, 8)
-    };
-    let ctx = |model| Ctx {
-        model,
-        hw: &h100,
-        w: &w,
-        cfg: &k,
-        a: Assumptions::default(),
-        tokens: 4096.0,
-        fp8: false,
-        domain: 8,
-    };
-    let (a, b) = (
-        layer_cost(&ctx(with), LayerKind::Moe),
-        layer_cost(&ctx(without), LayerKind::Moe),
-    );
-    let per_byte = ctx(without).mem(1.0);
-    (a, b, move |bytes: f64| per_byte * bytes)
-}
-
 #[test]
 fn expert_output_bias_moves_routed_rows() {
     let biased = resolve("gpt-oss-120b").unwrap().spec;
@@ -260,7 +251,7 @@ fn expert_output_bias_moves_routed_rows() {
         ..biased.clone()
     };
     let moe = biased.moe.unwrap();
-    let (a, b, mem) = moe_layers_ep8(&biased, &plain);
+    let (a, b, mem) = layer_pair(&biased, &plain, &ep8(), LayerKind::Moe);
     let routed = 4096.0 * moe.top_k as f64;
     let bias = mem(routed * 12.0 * biased.hidden as f64);
     assert!(close(a.fwd.elementwise - b.fwd.elementwise, bias));
@@ -279,7 +270,7 @@ fn yarn_attention_factor_unfuses_the_rotary() {
         yarn_attention_factor: None,
         ..yarn.clone()
     };
-    let (a, b, mem) = moe_layers_ep8(&yarn, &plain);
+    let (a, b, mem) = layer_pair(&yarn, &plain, &ep8(), LayerKind::Moe);
     let qk = (yarn.q_dim() + yarn.kv_heads * yarn.head_dim) as f64;
     let extra = mem(4096.0 * 20.0 * qk);
     assert!(close(a.fwd.elementwise - b.fwd.elementwise, extra));
