@@ -34,26 +34,14 @@ pub fn sharded_state_floor(
     bf16_grads: bool,
     bf16_moments: bool,
 ) -> f64 {
-    let per_param = match framework {
-        // FP32 parameter and gradient shards, Adam's moments ([`model_state`]).
-        Framework::Torchtitan => 4.0 + 4.0 + if bf16_moments { 4.0 } else { 8.0 },
-        // The least ScaleTorch keeps: without data parallelism its gradient is
-        // BF16 ([`scaletorch_bytes`]).
-        Framework::ScaleTorch => {
-            let (w, g, o) = scaletorch_bytes(1);
-            w + g + o
-        }
-        Framework::MegatronCore | Framework::Nanotron => {
-            WEIGHT_BYTES
-                + if bf16_grads { 2.0 } else { GRAD_BYTES }
-                + if bf16_moments {
-                    OPTIMIZER_BYTES_BF16_MOMENTS
-                } else {
-                    OPTIMIZER_BYTES
-                }
-        }
+    // ScaleTorch never shards: the least it keeps is without data parallelism.
+    let dp = if framework == Framework::ScaleTorch {
+        1
+    } else {
+        gpus
     };
-    per_param * params / gpus.max(1) as f64
+    let (w, g, o) = state_bytes(framework, Zero::Zero3, dp, bf16_grads, bf16_moments);
+    (w + g + o) * params / gpus.max(1) as f64
 }
 
 /// ScaleTorch's bytes per parameter (weight, gradient, optimizer) with `dp`
@@ -75,6 +63,34 @@ pub fn scaletorch_bytes(dp: u64) -> (f64, f64, f64) {
     (2.0, grad, 2.0 + 2.0)
 }
 
+/// Bytes per parameter of weights, gradients and optimizer state before sharding,
+/// as `framework` keeps them under `zero` with `dp` data-parallel ranks: the one
+/// rule [`model_state`] and [`sharded_state_floor`] share.
+fn state_bytes(
+    framework: Framework,
+    zero: Zero,
+    dp: u64,
+    bf16_grads: bool,
+    bf16_moments: bool,
+) -> (f64, f64, f64) {
+    match framework {
+        // FSDP2's FP32 parameter and gradient shards, Adam's moments (below).
+        Framework::Torchtitan if zero == Zero::Zero3 => {
+            (4.0, 4.0, if bf16_moments { 4.0 } else { 8.0 })
+        }
+        Framework::ScaleTorch => scaletorch_bytes(dp),
+        Framework::MegatronCore | Framework::Nanotron | Framework::Torchtitan => (
+            WEIGHT_BYTES,
+            if bf16_grads { 2.0 } else { GRAD_BYTES },
+            if bf16_moments {
+                OPTIMIZER_BYTES_BF16_MOMENTS
+            } else {
+                OPTIMIZER_BYTES
+            },
+        ),
+    }
+}
+
 /// Model state bytes (weights, gradients, optimizer) for `dense` and `expert`
 /// parameters held by one GPU.
 ///
@@ -91,17 +107,13 @@ pub fn model_state(
 ) -> (f64, f64, f64) {
     let dp_dense = (cfg.dp * cfg.cp) as f64;
     let dp_expert = cfg.edp() as f64;
-    if framework == Framework::Torchtitan && cfg.zero == Zero::Zero3 {
-        let sharded = dense / dp_dense + expert / dp_expert;
-        let moments = if cfg.bf16_moments { 4.0 } else { 8.0 };
-        return (4.0 * sharded, 4.0 * sharded, moments * sharded);
-    }
-    let (w_bytes, g_bytes, o_bytes) = match framework {
-        Framework::ScaleTorch => scaletorch_bytes(cfg.dp),
-        Framework::MegatronCore | Framework::Nanotron | Framework::Torchtitan => {
-            (WEIGHT_BYTES, grad_bytes(cfg), optimizer_bytes(cfg))
-        }
-    };
+    let (w_bytes, g_bytes, o_bytes) = state_bytes(
+        framework,
+        cfg.zero,
+        cfg.dp,
+        cfg.bf16_grads,
+        cfg.bf16_moments,
+    );
     let shard = |params: f64, dp: f64, sharded: bool| if sharded { params / dp } else { params };
     let (w_shard, g_shard, o_shard) = match cfg.zero {
         Zero::None => (false, false, false),
