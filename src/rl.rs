@@ -163,6 +163,13 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
     if a.gpus == 0 {
         bail!("--gpus must be at least 1");
     }
+    let most = sextant_planner::hardware::MAX_GPUS;
+    if a.gpus > most {
+        bail!(
+            "--gpus {}: more than Sextant models (at most {most})",
+            a.gpus
+        );
+    }
     if let Some(e) = &a.emit {
         if e != "verl" && e != "rlinf" {
             bail!("--emit '{e}': the RL exports are verl and rlinf");

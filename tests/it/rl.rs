@@ -390,6 +390,10 @@ fn rl_exports_keys_are_all_in_the_key_table() {
 #[test]
 fn rl_plan_bad_input_is_one_line() {
     for bad in [
+        // More GPUs than Sextant models: refused before any search (it grew a
+        // vector per node and panicked on capacity overflow).
+        vec!["rl-plan", "--model", "8b", "--gpus", "18446744073709551615"],
+        vec!["rl-plan", "--model", "8b", "--gpus", "16777217"],
         vec![
             "rl-plan",
             "--model",

@@ -255,10 +255,24 @@ pub fn evaluate(
     })
 }
 
-/// Whole-node training-pool sizes of a disaggregated split.
+/// Most disaggregated splits searched: each one runs a training-layout search.
+const MAX_SPLITS: u64 = 64;
+
+/// Whole-node training-pool sizes of a disaggregated split: every one up to
+/// [`MAX_SPLITS`] nodes, beyond that [`MAX_SPLITS`] - 1 evenly spaced in nodes
+/// (a split to within 1/64 of the cluster), so that the search's work does not
+/// grow with the cluster.
 fn splits(gpus: u64, per_node: u64) -> Vec<u64> {
-    let nodes = gpus / per_node;
-    (1..nodes).map(|n| n * per_node).collect()
+    let nodes = gpus / per_node.max(1);
+    if nodes <= MAX_SPLITS {
+        return (1..nodes).map(|n| n * per_node).collect();
+    }
+    let mut out: Vec<u64> = (1..MAX_SPLITS)
+        .map(|i| (nodes as u128 * i as u128 / MAX_SPLITS as u128) as u64 * per_node)
+        .filter(|&t| t > 0)
+        .collect();
+    out.dedup();
+    out
 }
 
 /// The best few training layouts of `w` on `gpus` GPUs.
@@ -434,6 +448,18 @@ pub fn evaluate_stated(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn rl_splits_stay_few_on_large_clusters() {
+        assert_eq!(splits(32, 8), vec![8, 16, 24]);
+        assert_eq!(splits(8 * 64, 8).len(), 63);
+        for gpus in [8 * 65, 8 * 4096, 1 << 24] {
+            let s = splits(gpus, 8);
+            assert_eq!(s.len(), 63, "{gpus}");
+            assert!(s.windows(2).all(|w| w[0] < w[1]));
+            assert!(s.iter().all(|&t| t % 8 == 0 && t > 0 && t < gpus));
+        }
+    }
     use super::*;
     use crate::config::Precision;
     use crate::hardware::builtin_profile;
