@@ -313,6 +313,28 @@ fn check_knobs(name: &str, values: &Option<Vec<u64>>) -> Result<()> {
 /// recomputation. The user's own restrictions stay; a choice ScaleTorch cannot run
 /// is one line.
 fn scaletorch_space(mut s: SearchSpace) -> Result<SearchSpace> {
+    // Switches ScaleTorch does not have: refused before the search, not after it.
+    for (on, flag, why) in [
+        (
+            s.bf16_grads,
+            "--bf16-grads",
+            "with data parallelism its gradient buckets are FP32",
+        ),
+        (
+            s.bf16_moments,
+            "--bf16-moments",
+            "its AdamW keeps BF16 moments whatever the plan says",
+        ),
+        (
+            s.overlap.tp_comm,
+            "--tp-comm-overlap",
+            "it runs its tensor-parallel collectives unoverlapped",
+        ),
+    ] {
+        if on {
+            bail!("--target scaletorch has no {flag} ({why}): drop {flag}");
+        }
+    }
     s.zero.retain(|z| *z == Zero::None);
     if s.zero.is_empty() {
         bail!("--target scaletorch runs plain data parallelism only: include 0 in --zero");
@@ -579,7 +601,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
                 room / sextant_planner::hardware::GIB
             );
         }
-        bail!("no valid plan for {} on {} GPUs: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, inp.cluster.gpus);
+        bail!("no valid plan for {} on {gpus} GPU{}: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, if gpus == 1 { "" } else { "s" });
     }
     text.push_str(&render::plan_table(&res, &inp, table_width()));
     text.push('\n');

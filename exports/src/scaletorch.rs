@@ -100,6 +100,16 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<(Vec<String>, Env), ExportE
             "--bf16-moments: ScaleTorch has no such switch (its AdamW keeps the moments in the parameters' BF16 whatever the plan says, and a ScaleTorch plan prices them so); re-plan without --bf16-moments".into(),
         ));
     }
+    if cfg.bf16_grads {
+        return Err(cannot(
+            "--bf16-grads: ScaleTorch has no such switch (with data parallelism its gradient buckets are FP32); re-plan without --bf16-grads".into(),
+        ));
+    }
+    if cfg.overlap.tp_comm && cfg.tp > 1 {
+        return Err(cannot(
+            "--tp-comm-overlap: ScaleTorch runs its tensor-parallel collectives unoverlapped; re-plan without --tp-comm-overlap".into(),
+        ));
+    }
     let m = plan.plans[index].estimate.micro_batches;
     let v = vec![
         "--model_name_or_path \"${MODEL_PATH:?set MODEL_PATH to the Hugging Face id or directory of the planned model}\"".to_string(),

@@ -1160,6 +1160,40 @@ fn scaletorch_export_states_what_scaletorch_runs() {
         &["export", plan_path.to_str().unwrap(), "--to", "megatron-lm"],
         "tp-ep-cp-pp-dp",
     );
+    // Switches ScaleTorch does not have: a plan file edited to carry them is not
+    // exported as if they held, and the search refuses them before it starts.
+    for (edit, flag) in [
+        (
+            (|c: &mut ParallelConfig| c.bf16_grads = true) as fn(&mut ParallelConfig),
+            "--bf16-grads",
+        ),
+        (
+            |c: &mut ParallelConfig| c.overlap.tp_comm = true,
+            "--tp-comm-overlap",
+        ),
+    ] {
+        // The first plan runs TP above 1, where a TP overlap would apply.
+        assert!(plan.plans[0].config.tp > 1);
+        let mut edited = plan.clone();
+        edit(&mut edited.plans[0].config);
+        let e = export(&edited, 1, Target::ScaleTorch, &LaunchOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(flag), "{e}");
+        fails_with_one_line(
+            &[
+                "plan",
+                "--model",
+                "8b",
+                "--gpus",
+                "64",
+                "--target",
+                "scaletorch",
+                flag,
+            ],
+            &format!("--target scaletorch has no {flag}"),
+        );
+    }
     let mega = dir.path("mega.json");
     let o = sextant(&[
         "plan",
