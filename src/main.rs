@@ -591,14 +591,16 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         let room = inp.cluster.profile.capacity_bytes()
             - inp.cluster.profile.memory.reserve_gib * sextant_planner::hardware::GIB;
         if per_gpu(gpus) > room && room > 0.0 {
-            let need = (per_gpu(1) / room).ceil();
-            let s = if gpus == 1 { "" } else { "s" };
+            let need = (per_gpu(1) / room).ceil() as u64;
+            let per_node = inp.cluster.profile.node.gpus_per_node.max(1);
             bail!(
-                "no valid plan for {} on {gpus} GPU{s}: its weights, gradients and optimizer state alone take {:.1} GiB per GPU with every parameter sharded over {} (ZeRO-3), more than the {:.1} GiB a plan may use besides the runtime reserve: at least {need:.0} GPUs of this kind, before activations",
+                "no valid plan for {} on {}: its weights, gradients and optimizer state alone take {:.1} GiB {}, more than the {:.1} GiB a plan may use besides the runtime reserve: at least {}, before activations",
                 inp.model.name,
+                render::gpu_count(gpus),
                 per_gpu(gpus) / sextant_planner::hardware::GIB,
-                if gpus == 1 { "the one GPU".to_string() } else { format!("all {gpus}") },
-                room / sextant_planner::hardware::GIB
+                render::fully_sharded(inp.assumptions.framework, gpus),
+                room / sextant_planner::hardware::GIB,
+                render::gpus_in_nodes(need, per_node),
             );
         }
         bail!("no valid plan for {} on {gpus} GPU{}: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, if gpus == 1 { "" } else { "s" });

@@ -12,6 +12,7 @@ use sextant_planner::search::SearchResult;
 use crate::args::Inputs;
 
 pub fn assumptions(inp: &Inputs) -> String {
+    let scaletorch = inp.assumptions.framework == sextant_planner::cost::Framework::ScaleTorch;
     let mut s = String::new();
     let m = &inp.model;
     let p = &inp.cluster.profile;
@@ -45,10 +46,10 @@ pub fn assumptions(inp: &Inputs) -> String {
         w.global_batch,
         (w.seq * w.global_batch) as f64 / 1e6,
         w.precision,
-        if inp.bf16_grads { "bf16" } else { "fp32" },
+        grads_dtype(inp),
         inp.assumptions.loss.name(),
         onoff(inp.overlap.grad_reduce),
-        onoff(inp.overlap.param_gather),
+        if scaletorch { "n/a (no sharding)" } else { onoff(inp.overlap.param_gather) },
         onoff(inp.overlap.tp_comm),
         if m.moe.is_some() {
             let cap = w.moe_capacity.map(|c| format!("capacity factor {}{}", c.factor, if c.pad { " padded" } else { "" })).unwrap_or_else(|| "dropless".into());
@@ -58,6 +59,57 @@ pub fn assumptions(inp: &Inputs) -> String {
         }
     );
     s
+}
+
+/// How a model's state is spread when every parameter is split over all `gpus`, in
+/// `framework`'s words: ScaleTorch has no sharded data parallelism, so only tensor
+/// and pipeline parallelism split it.
+pub fn fully_sharded(framework: sextant_planner::cost::Framework, gpus: u64) -> String {
+    use sextant_planner::cost::Framework;
+    if gpus <= 1 {
+        return "on its one GPU".to_string();
+    }
+    let over = format!("all {gpus}");
+    match framework {
+        Framework::ScaleTorch => format!(
+            "per GPU with every parameter split over {over} by tensor and pipeline parallelism (ScaleTorch shards nothing over data parallelism)"
+        ),
+        Framework::Torchtitan => format!("per GPU with every parameter sharded over {over} (FSDP)"),
+        Framework::MegatronCore | Framework::Nanotron => {
+            format!("per GPU with every parameter sharded over {over} (ZeRO-3)")
+        }
+    }
+}
+
+/// "1 GPU", "8 GPUs".
+pub fn gpu_count(n: u64) -> String {
+    format!("{n} GPU{}", if n == 1 { "" } else { "s" })
+}
+
+/// `n` GPUs and, where they span several nodes of `per_node`, how many nodes.
+pub fn gpus_in_nodes(n: u64, per_node: u64) -> String {
+    let nodes = n.div_ceil(per_node.max(1));
+    if nodes > 1 {
+        format!(
+            "{} of this kind ({nodes} nodes of {per_node})",
+            gpu_count(n)
+        )
+    } else {
+        format!("{} of this kind", gpu_count(n))
+    }
+}
+
+/// The gradients' precision as the header states it. ScaleTorch's gradients are
+/// FP32 buckets only under data parallelism (BF16 `param.grad` without), so one
+/// word cannot describe every plan of the table.
+fn grads_dtype(inp: &Inputs) -> &'static str {
+    if inp.assumptions.framework == sextant_planner::cost::Framework::ScaleTorch {
+        "fp32 buckets with data parallelism, bf16 without"
+    } else if inp.bf16_grads {
+        "bf16"
+    } else {
+        "fp32"
+    }
 }
 
 fn onoff(b: bool) -> &'static str {

@@ -31,6 +31,14 @@ pub enum InputError {
     },
     #[error("{what} JSON is malformed: {detail}")]
     Json { what: String, detail: String },
+    /// Well-formed JSON whose value at `path` (keys and indices joined by '.') does
+    /// not fit the format.
+    #[error("{what}: key '{path}': {detail}")]
+    Field {
+        what: String,
+        path: String,
+        detail: String,
+    },
     /// A well-formed hand-written file with a key its format does not have; `key`
     /// is the path of names and array indices, joined by '.'.
     #[error("{what} has an unknown key '{key}'{more}: not a field of this format (check the spelling; ARCHITECTURE.md lists the fields)")]

@@ -30,7 +30,39 @@ pub fn from_str<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputE
     // serde_json's recursion limit (128 levels) bounds this walk's stack as it
     // bounds the typed parse's.
     serde_json::from_str::<NoDuplicateKeys>(text).map_err(err)?;
-    serde_json::from_str(text).map_err(err)
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| mismatch(what, e))?;
+    de.end().map_err(err)?;
+    Ok(value)
+}
+
+/// The error of a typed parse of text already known to be well-formed JSON: the
+/// text is not malformed, a value in it does not fit the format, so the error says
+/// which key holds it. serde_json's own message for a number where a name is
+/// expected ("expected value at line 1 column 16190") would otherwise read as a
+/// syntax error in a file that has none.
+fn mismatch(what: &str, e: serde_path_to_error::Error<serde_json::Error>) -> InputError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    let detail = match inner.classify() {
+        serde_json::error::Category::Syntax if inner.to_string().starts_with("expected value") => {
+            format!(
+                "a value of the wrong type at line {} column {}",
+                inner.line(),
+                inner.column()
+            )
+        }
+        _ => inner.to_string(),
+    };
+    InputError::Field {
+        what: what.into(),
+        path: if path == "." {
+            "(top level)".into()
+        } else {
+            path
+        },
+        detail,
+    }
 }
 
 /// Characters of an unknown key that [`from_str_known`]'s error shows.
@@ -50,8 +82,11 @@ pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, 
     serde_json::from_str::<NoDuplicateKeys>(text).map_err(|e| err(e.to_string()))?;
     let mut unknown: Vec<String> = Vec::new();
     let mut de = serde_json::Deserializer::from_str(text);
-    let value: T = serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))
-        .map_err(|e| err(e.to_string()))?;
+    let value: T = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
+        &mut de,
+        &mut |path: serde_ignored::Path| unknown.push(path.to_string()),
+    ))
+    .map_err(|e| mismatch(what, e))?;
     de.end().map_err(|e| err(e.to_string()))?;
     if let Some(first) = unknown.first() {
         let more = match unknown.len() {
@@ -193,5 +228,54 @@ mod tests {
         // Trailing text is still an error; the lenient reader still skips keys.
         assert!(from_str_known::<Outer>("{\"name\": \"x\"} x", "test").is_err());
         from_str::<Outer>("{\"name\": \"x\", \"point\": []}", "test").unwrap();
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    #[allow(dead_code)]
+    enum Kind {
+        Ring,
+        Tree,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Typed {
+        kind: Kind,
+        points: Vec<Inner>,
+    }
+
+    /// Well-formed JSON with a value of the wrong type is not called malformed: the
+    /// error names the key that holds the value, for both readers. A number where
+    /// a name is expected is serde_json's "expected value", said as a wrong type.
+    #[test]
+    fn a_value_that_does_not_fit_names_its_key() {
+        for read in [from_str::<Typed>, from_str_known::<Typed>] {
+            let e = read("{\"kind\": 42, \"points\": []}", "test")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("test: key 'kind': a value of the wrong type at line 1"),
+                "{e}"
+            );
+            assert!(!e.contains("malformed"), "{e}");
+            let e = read(
+                "{\"kind\": \"ring\", \"points\": [{\"busbw\": 1}, {\"busbw\": \"x\"}]}",
+                "test",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("key 'points[1].busbw': invalid type"), "{e}");
+            let e = read("{\"kind\": \"star\", \"points\": []}", "test")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("key 'kind': unknown variant `star`, expected `ring` or `tree`"),
+                "{e}"
+            );
+            // Broken syntax is still malformed.
+            let e = read("{\"kind\": ", "test").unwrap_err().to_string();
+            assert!(e.contains("JSON is malformed"), "{e}");
+        }
     }
 }

@@ -752,7 +752,11 @@ pub fn bad_input_gets_one_clear_line() {
     // 70.6B parameters x 18 bytes = 1,183 GiB over 72.1 usable GiB per H100.
     fails_with_one_line(
         &["plan", "--model", "70b", "--gpus", "8"],
-        "alone take 147.8 GiB per GPU with every parameter sharded over all 8 (ZeRO-3), more than the 72.1 GiB a plan may use besides the runtime reserve: at least 17 GPUs",
+        "alone take 147.8 GiB per GPU with every parameter sharded over all 8 (ZeRO-3), more than the 72.1 GiB a plan may use besides the runtime reserve: at least 17 GPUs of this kind (3 nodes of 8), before activations",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "1"],
+        "alone take 1182.7 GiB on its one GPU, more than",
     );
     // With room for the model state (24 GPUs: 49 GiB each), a plan fits.
     let o = sextant(&["plan", "--model", "70b", "--gpus", "24"]);
@@ -2036,6 +2040,39 @@ fn scaletorch_target_prices_scaletorch_memory() {
             mc.memory.total
         );
     }
+}
+
+/// ScaleTorch's header and its no-fit line speak of what ScaleTorch does: gradients
+/// in FP32 buckets only under data parallelism, no parameter gather, and model state
+/// split only by tensor and pipeline parallelism (no ZeRO to name).
+#[test]
+fn scaletorch_header_and_no_fit_line_describe_scaletorch() {
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--target",
+        "scaletorch",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let header = out
+        .lines()
+        .find(|l| l.starts_with("Workload:"))
+        .unwrap_or_else(|| panic!("no workload line: {out}"));
+    assert!(
+        header.contains("grads fp32 buckets with data parallelism, bf16 without")
+            && header.contains("param-gather n/a"),
+        "{header}"
+    );
+    // 70B in pure BF16 (8 bytes per parameter without data parallelism) does not
+    // fit 4 H100s whatever the split, and needs at least 8.
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "4", "--target", "scaletorch"],
+        "per GPU with every parameter split over all 4 by tensor and pipeline parallelism (ScaleTorch shards nothing over data parallelism), more than the 72.1 GiB a plan may use besides the runtime reserve: at least 8 GPUs of this kind, before",
+    );
 }
 
 /// `--target torchtitan` searches only what torchtitan runs: no distributed
