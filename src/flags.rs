@@ -152,7 +152,7 @@ impl From<RecomputeFlag> for Recompute {
 pub enum RankByFlag {
     /// The step time.
     Point,
-    /// The upper end of the 80% band.
+    /// The upper end of the error band (80%, or more where widened).
     Upper,
 }
 

@@ -211,7 +211,7 @@ pub fn band_from(
         let tail = (1.0 - COVERAGE) / 2.0;
         let n = errs.len();
         let (r_lo, r_hi) = (rank(n, tail), rank(n, 1.0 - tail));
-        let coverage = (r_hi - r_lo) / (n + 1) as f64;
+        let mut coverage = (r_hi - r_lo) / (n + 1) as f64;
         let (mut q10, mut q90) = (at_rank(&errs, r_lo), at_rank(&errs, r_hi));
         let mut basis = format!("{} {label} runs", errs.len());
         // Too few runs of this profile (or kind) for a pool of their own: the band
@@ -241,6 +241,11 @@ pub fn band_from(
                 own.iter().copied().reduce(f64::max),
             ) {
                 if lo < q10 || hi > q90 {
+                    // The range of m exchangeable errors holds the next one with
+                    // probability (m - 1) / (m + 1): what the widened band claims,
+                    // no longer the 80% of the quantiles it replaced.
+                    let m = own.len() as f64;
+                    coverage = coverage.max((m - 1.0) / (m + 1.0));
                     basis = if own.len() == errs.len() {
                         format!("{basis}, spanning all their errors")
                     } else {
@@ -471,6 +476,15 @@ mod tests {
         );
         assert!((b.low_secs - 10.0 / 1.5).abs() < 1e-9, "{}", b.low_secs);
         assert!(b.high_secs > 10.0 * 0.9);
+        // Hardware with no runs of its own takes every dense run, widened to their
+        // whole range: -5% to +5%, which claims (11 - 1) / (11 + 1), not 80%.
+        let b = band_from(&set, "h200-sxm", false, Framework::MegatronCore, 10.0).unwrap();
+        assert!(b.basis.contains("spanning all their errors"), "{}", b.basis);
+        assert!(
+            (b.low_secs - 10.0 / 1.05).abs() < 1e-9 && (b.high_secs - 10.0 / 0.95).abs() < 1e-9,
+            "{b:?}"
+        );
+        assert!((b.coverage - 10.0 / 12.0).abs() < 1e-12, "{}", b.coverage);
     }
 
     #[test]

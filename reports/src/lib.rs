@@ -224,6 +224,21 @@ pub fn render(input: &ReportInput) -> String {
     // 2. Ranked plans.
     let mut b = String::new();
     let _ = writeln!(b, "<p><input id=\"ranked-filter\" type=\"search\" placeholder=\"filter plans, e.g. TP 8 or ZeRO 1\" aria-label=\"filter plans\"> <span class=\"note\">Click a column to sort.</span></p>");
+    // The bands' coverage: one heading when every plan's band claims the same,
+    // else each cell says its own.
+    let coverages: Vec<f64> = plan
+        .plans
+        .iter()
+        .filter_map(|rp| rp.estimate.band.as_ref().map(|b| b.coverage))
+        .collect();
+    let one_coverage = coverages
+        .first()
+        .filter(|c| coverages.iter().all(|x| (x - *c).abs() < 1e-9))
+        .copied();
+    let band_head = match one_coverage {
+        Some(c) => format!("{:.0}% band", 100.0 * c),
+        None => "band".to_string(),
+    };
     let heads = [
         ("rank", "#"),
         ("tp", "TP"),
@@ -239,7 +254,7 @@ pub fn render(input: &ReportInput) -> String {
         ("zero", "ZeRO"),
         ("rc", "RC"),
         ("step", "step"),
-        ("band", "80% band"),
+        ("band", band_head.as_str()),
         ("tps", "tok/s/GPU"),
         ("mfu", "MFU"),
         ("mem", "mem GiB / cap"),
@@ -262,7 +277,16 @@ pub fn render(input: &ReportInput) -> String {
             .as_ref()
             .map(|b| {
                 (
-                    format!("{}&ndash;{}", secs(b.low_secs), secs(b.high_secs)),
+                    format!(
+                        "{}&ndash;{}{}",
+                        secs(b.low_secs),
+                        secs(b.high_secs),
+                        if one_coverage.is_some() {
+                            String::new()
+                        } else {
+                            format!(" ({:.0}%)", 100.0 * b.coverage)
+                        }
+                    ),
                     b.high_secs,
                 )
             })
@@ -343,7 +367,8 @@ pub fn render(input: &ReportInput) -> String {
                     e.band
                         .as_ref()
                         .map(|b| format!(
-                            " (80% band {} to {})",
+                            " ({:.0}% band {} to {})",
+                            100.0 * b.coverage,
                             secs(b.low_secs),
                             secs(b.high_secs)
                         ))

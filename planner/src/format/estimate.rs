@@ -156,7 +156,8 @@ pub struct StageSummary {
     pub memory: StageMemory,
 }
 
-/// `estimate.band`: the 80% interval on the step time.
+/// `estimate.band`: the interval on the step time that holds the measured time with
+/// probability `coverage` (80%, or the nominal coverage of the range it was widened to).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Band {
     pub coverage: f64,
