@@ -11,7 +11,9 @@
 pub struct Band {
     /// Probability that the measured step time falls inside, if the comparable
     /// runs' errors are exchangeable with this one's: the nominal coverage (80%)
-    /// from 9 runs up, less below (the band then spans all of them).
+    /// from 9 runs up, less below (the band then spans all of them), and
+    /// (m - 1) / (m + 1) where it was widened to the range of m errors of a wider
+    /// pool.
     pub coverage: f64,
     pub low_secs: f64,
     pub high_secs: f64,

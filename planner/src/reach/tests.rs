@@ -321,3 +321,24 @@ fn upper_ranking_moves_an_untested_corner_down() {
     }
     assert!(upper[0].estimate.step_secs >= point.estimate.step_secs);
 }
+
+/// The widening's z-score follows the band's own coverage: the 80% band's
+/// 1.2816, and more for a band that claims more (a standard normal's 0.97
+/// quantile is 1.9145 for the 94% of 35 errors' range), within the
+/// approximation's 4.5e-4.
+#[test]
+fn widening_uses_the_bands_own_coverage() {
+    assert!(
+        (upper_z(0.8) - 1.281_551_6).abs() < 4.5e-4,
+        "{}",
+        upper_z(0.8)
+    );
+    assert!(
+        (upper_z(34.0 / 36.0) - 1.914_506).abs() < 4.5e-4,
+        "{}",
+        upper_z(34.0 / 36.0)
+    );
+    assert!((upper_z(0.5) - 0.674_49).abs() < 4.5e-4);
+    assert!(upper_z(0.99) > upper_z(0.9) && upper_z(0.9) > upper_z(0.8));
+    assert!(upper_z(1.0).is_finite() && upper_z(0.0) >= 0.0);
+}
