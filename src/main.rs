@@ -214,7 +214,8 @@ struct PlanArgs {
     /// target when given, else megatron-lm.
     #[arg(long)]
     target: Option<String>,
-    /// Rank plans by the upper end of their 80% error band (upper, the default),
+    /// Rank plans by the upper end of their error band (80%, more where widened to a
+    /// wider pool's range; upper, the default),
     /// which widens outside what published runs validated, or by the point
     /// estimate (point).
     #[arg(long, value_enum, ignore_case = true, default_value = "upper")]
@@ -591,8 +592,20 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         let room = inp.cluster.profile.capacity_bytes()
             - inp.cluster.profile.memory.reserve_gib * sextant_planner::hardware::GIB;
         if per_gpu(gpus) > room && room > 0.0 {
-            let need = (per_gpu(1) / room).ceil() as u64;
+            use sextant_planner::hardware::{Cluster, MAX_GPUS};
             let per_node = inp.cluster.profile.node.gpus_per_node.max(1);
+            let least = (per_gpu(1) / room).ceil();
+            if least > MAX_GPUS as f64 {
+                bail!(
+                    "no valid plan for {} on {}: its weights, gradients and optimizer state alone take {:.1} GiB {}, and the {:.3} GiB a plan may use besides the runtime reserve would need more GPUs of this kind than Sextant models ({MAX_GPUS}): use a GPU with more memory",
+                    inp.model.name,
+                    render::gpu_count(gpus),
+                    per_gpu(gpus) / sextant_planner::hardware::GIB,
+                    render::fully_sharded(inp.assumptions.framework, gpus),
+                    room / sextant_planner::hardware::GIB,
+                );
+            }
+            let need = Cluster::fitting_count(least as u64, per_node);
             bail!(
                 "no valid plan for {} on {}: its weights, gradients and optimizer state alone take {:.1} GiB {}, more than the {:.1} GiB a plan may use besides the runtime reserve: at least {}, before activations",
                 inp.model.name,

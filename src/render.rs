@@ -101,14 +101,15 @@ pub fn gpus_in_nodes(n: u64, per_node: u64) -> String {
 
 /// The gradients' precision as the header states it. ScaleTorch's gradients are
 /// FP32 buckets only under data parallelism (BF16 `param.grad` without), so one
-/// word cannot describe every plan of the table.
+/// word cannot describe every plan of the table; torchtitan's FSDP keeps FP32
+/// gradient shards whatever `--bf16-grads` says.
 fn grads_dtype(inp: &Inputs) -> &'static str {
-    if inp.assumptions.framework == sextant_planner::cost::Framework::ScaleTorch {
-        "fp32 buckets with data parallelism, bf16 without"
-    } else if inp.bf16_grads {
-        "bf16"
-    } else {
-        "fp32"
+    use sextant_planner::cost::Framework;
+    match inp.assumptions.framework {
+        Framework::ScaleTorch => "fp32 (bf16 without data parallelism)",
+        Framework::Torchtitan if inp.bf16_grads => "bf16 (fp32 shards under FSDP)",
+        _ if inp.bf16_grads => "bf16",
+        _ => "fp32",
     }
 }
 

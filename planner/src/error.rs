@@ -31,8 +31,8 @@ pub enum InputError {
     },
     #[error("{what} JSON is malformed: {detail}")]
     Json { what: String, detail: String },
-    /// Well-formed JSON whose value at `path` (keys and indices joined by '.') does
-    /// not fit the format.
+    /// Well-formed JSON whose value at `path` (keys joined by '.', indices in
+    /// brackets, escaped and cut to one line) does not fit the format.
     #[error("{what}: key '{path}': {detail}")]
     Field {
         what: String,

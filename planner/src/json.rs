@@ -25,7 +25,7 @@ pub fn from_str<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputE
     let text = text.strip_prefix(BOM).unwrap_or(text);
     let err = |e: serde_json::Error| InputError::Json {
         what: what.into(),
-        detail: e.to_string(),
+        detail: one_line(&e.to_string(), DETAIL_SHOWN),
     };
     // serde_json's recursion limit (128 levels) bounds this walk's stack as it
     // bounds the typed parse's.
@@ -59,10 +59,31 @@ fn mismatch(what: &str, e: serde_path_to_error::Error<serde_json::Error>) -> Inp
         path: if path == "." {
             "(top level)".into()
         } else {
-            path
+            one_line(&path, KEY_SHOWN)
         },
-        detail,
+        detail: one_line(&detail, DETAIL_SHOWN),
     }
+}
+
+/// Characters of an error's detail shown: serde's message quotes the offending
+/// value, which a hostile file may make megabytes long.
+const DETAIL_SHOWN: usize = 300;
+
+/// `text` on one line (control characters escaped) and at most `max` characters
+/// of it, marked "..." where cut: what an error may echo of a file.
+fn one_line(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in text.chars().take(max) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if text.chars().nth(max).is_some() {
+        out.push_str("...");
+    }
+    out
 }
 
 /// Characters of an unknown key that [`from_str_known`]'s error shows.
@@ -79,7 +100,8 @@ pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, 
         what: what.into(),
         detail,
     };
-    serde_json::from_str::<NoDuplicateKeys>(text).map_err(|e| err(e.to_string()))?;
+    serde_json::from_str::<NoDuplicateKeys>(text)
+        .map_err(|e| err(one_line(&e.to_string(), DETAIL_SHOWN)))?;
     let mut unknown: Vec<String> = Vec::new();
     let mut de = serde_json::Deserializer::from_str(text);
     let value: T = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
@@ -87,7 +109,8 @@ pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, 
         &mut |path: serde_ignored::Path| unknown.push(path.to_string()),
     ))
     .map_err(|e| mismatch(what, e))?;
-    de.end().map_err(|e| err(e.to_string()))?;
+    de.end()
+        .map_err(|e| err(one_line(&e.to_string(), DETAIL_SHOWN)))?;
     if let Some(first) = unknown.first() {
         let more = match unknown.len() {
             1 => String::new(),
@@ -95,11 +118,9 @@ pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, 
         };
         // A hostile file's key may be megabytes long: name at most its first
         // KEY_SHOWN characters, so the error stays one readable line.
-        let shown: String = first.chars().take(KEY_SHOWN).collect();
-        let cut = if shown.len() < first.len() { "..." } else { "" };
         return Err(InputError::UnknownKey {
             what: what.into(),
-            key: format!("{}{cut}", shown.escape_debug()),
+            key: one_line(first, KEY_SHOWN),
             more,
         });
     }
@@ -243,6 +264,8 @@ mod tests {
     struct Typed {
         kind: Kind,
         points: Vec<Inner>,
+        #[serde(default)]
+        extra: std::collections::BTreeMap<String, f64>,
     }
 
     /// Well-formed JSON with a value of the wrong type is not called malformed: the
@@ -272,6 +295,30 @@ mod tests {
             assert!(
                 e.contains("key 'kind': unknown variant `star`, expected `ring` or `tree`"),
                 "{e}"
+            );
+            // A hostile key or value is escaped and cut: the error stays one short line.
+            let key = format!("a\\n\\u001b[31m{}", "k".repeat(100_000));
+            let text =
+                format!("{{\"kind\": \"ring\", \"points\": [], \"extra\": {{\"{key}\": \"x\"}}}}");
+            let e = read(&text, "test").unwrap_err().to_string();
+            assert!(
+                !e.contains('\n') && !e.contains('\u{1b}') && e.len() < 800,
+                "{}",
+                e.len()
+            );
+            assert!(
+                e.contains("key 'extra.a\\n\\u{1b}[31mkkk") && e.contains("kkk..."),
+                "{e}"
+            );
+            let text = format!(
+                "{{\"kind\": \"{}\\n\", \"points\": []}}",
+                "s".repeat(100_000)
+            );
+            let e = read(&text, "test").unwrap_err().to_string();
+            assert!(
+                !e.contains('\n') && e.len() < 800 && e.contains("..."),
+                "{}",
+                e.len()
             );
             // Broken syntax is still malformed.
             let e = read("{\"kind\": ", "test").unwrap_err().to_string();

@@ -64,6 +64,21 @@ impl Cluster {
         })
     }
 
+    /// The smallest GPU count of at least `at_least` that [`Cluster::new`] accepts
+    /// on nodes of `per_node`: a divisor of `per_node` inside one node, else whole
+    /// nodes.
+    pub fn fitting_count(at_least: u64, per_node: u64) -> u64 {
+        let per_node = per_node.max(1);
+        let at_least = at_least.max(1);
+        if at_least <= per_node {
+            (at_least..=per_node)
+                .find(|d| per_node.is_multiple_of(*d))
+                .unwrap_or(per_node)
+        } else {
+            at_least.div_ceil(per_node).saturating_mul(per_node)
+        }
+    }
+
     pub fn nodes(&self) -> u64 {
         self.gpus.div_ceil(self.profile.node.gpus_per_node)
     }
