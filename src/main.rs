@@ -595,25 +595,23 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             use sextant_planner::hardware::{Cluster, MAX_GPUS};
             let per_node = inp.cluster.profile.node.gpus_per_node.max(1);
             let least = (per_gpu(1) / room).ceil();
-            if least > MAX_GPUS as f64 {
-                bail!(
-                    "no valid plan for {} on {}: its weights, gradients and optimizer state alone take {:.1} GiB {}, and the {:.3} GiB a plan may use besides the runtime reserve would need more GPUs of this kind than Sextant models ({MAX_GPUS}): use a GPU with more memory",
-                    inp.model.name,
-                    render::gpu_count(gpus),
-                    per_gpu(gpus) / sextant_planner::hardware::GIB,
-                    render::fully_sharded(inp.assumptions.framework, gpus),
-                    room / sextant_planner::hardware::GIB,
-                );
-            }
-            let need = Cluster::fitting_count(least as u64, per_node);
+            // What would help: a GPU count `plan` accepts, or none Sextant models.
+            let advice = if least > MAX_GPUS as f64 {
+                format!("more GPUs of this kind than Sextant models ({MAX_GPUS}) would be needed: use a GPU with more memory")
+            } else {
+                let need = Cluster::fitting_count(least as u64, per_node);
+                format!(
+                    "at least {}, before activations",
+                    render::gpus_in_nodes(need, per_node)
+                )
+            };
             bail!(
-                "no valid plan for {} on {}: its weights, gradients and optimizer state alone take {:.1} GiB {}, more than the {:.1} GiB a plan may use besides the runtime reserve: at least {}, before activations",
+                "no valid plan for {} on {}: its weights, gradients and optimizer state alone take {:.1} GiB {}, more than the {:.1} GiB a plan may use besides the runtime reserve: {advice}",
                 inp.model.name,
                 render::gpu_count(gpus),
                 per_gpu(gpus) / sextant_planner::hardware::GIB,
                 render::fully_sharded(inp.assumptions.framework, gpus),
                 room / sextant_planner::hardware::GIB,
-                render::gpus_in_nodes(need, per_node),
             );
         }
         bail!("no valid plan for {} on {gpus} GPU{}: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, if gpus == 1 { "" } else { "s" });
