@@ -100,8 +100,9 @@ pub struct Common {
     #[arg(long = "cuda-graphs", value_name = "SCOPES", value_parser = parse_cuda_graphs, default_value = "none")]
     pub cuda_graphs: CudaGraphs,
     /// Cross-entropy kernel: native (Megatron's `--cross-entropy-loss-fusion`), te
-    /// (Transformer Engine's, as Megatron-Bridge's performance scripts pick) or
-    /// unfused (Megatron-LM without the flag).
+    /// (Transformer Engine's, as Megatron-Bridge's performance scripts pick),
+    /// unfused (Megatron-LM without the flag) or compiled (torchtitan's loss under
+    /// torch.compile, `--target torchtitan` only: exported as `[compile]` of the loss).
     #[arg(
         long = "loss",
         value_enum,

@@ -40,6 +40,8 @@ pub enum LossFlag {
     Native,
     /// Megatron-LM without the fusion flag.
     Unfused,
+    /// torchtitan's loss under torch.compile (`--target torchtitan` only).
+    Compiled,
 }
 
 impl From<LossFlag> for LossKernel {
@@ -48,6 +50,7 @@ impl From<LossFlag> for LossKernel {
             LossFlag::Te => LossKernel::Te,
             LossFlag::Native => LossKernel::Native,
             LossFlag::Unfused => LossKernel::Unfused,
+            LossFlag::Compiled => LossKernel::Compiled,
         }
     }
 }

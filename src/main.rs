@@ -448,6 +448,11 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         }
         other => other,
     };
+    if inp.assumptions.loss == sextant_planner::cost::LossKernel::Compiled
+        && target != Some(Target::Torchtitan)
+    {
+        bail!("--loss compiled is torchtitan's loss under torch.compile: plan it with --target torchtitan ({target_name} runs Megatron's kernels: --loss native, te or unfused)");
+    }
     if target == Some(Target::Torchtitan) {
         // Priced as torchtitan runs: its memory layout (FSDP2's buffers, its loss
         // and GLU activations), no Megatron host-wait term, its pipeline stages'
@@ -936,6 +941,9 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     io::check_outputs(&a.common.outputs(), &a.common.input_files(), a.common.force)?;
     let inp = a.common.resolve()?;
+    if inp.assumptions.loss == sextant_planner::cost::LossKernel::Compiled {
+        bail!("--loss compiled is torchtitan's loss under torch.compile, and estimate prices Megatron-Core: use plan --target torchtitan --loss compiled, or --loss native, te or unfused here");
+    }
     for (name, v) in [
         ("tp", a.tp),
         ("pp", a.pp),

@@ -9,6 +9,7 @@
 //! What both renderings share is here: the layout string, the schedule and rank-order
 //! rules, the MoE token fields; `lm` writes the arguments, `mcore` the Python.
 
+use crate::{ExportError, Target};
 use sextant_planner::config::{Dispatcher, ParallelConfig, RecomputeModules, Zero};
 use sextant_planner::cost::LossKernel;
 use sextant_planner::plan::PlanFile;
@@ -252,11 +253,23 @@ pub(crate) fn moe_token_fields(
 
 /// The loss the plan priced, as Megatron-Core's `ModelParallelConfig` fields
 /// `cross_entropy_loss_fusion` and `cross_entropy_fusion_impl`
-/// (megatron/core/model_parallel_config.py).
-pub fn loss_fields(loss: LossKernel) -> (bool, Option<&'static str>) {
+/// (megatron/core/model_parallel_config.py); torchtitan's compiled loss has none.
+pub fn loss_fields(
+    loss: LossKernel,
+    target: Target,
+) -> Result<(bool, Option<&'static str>), ExportError> {
     match loss {
-        LossKernel::Native => (true, Some("native")),
-        LossKernel::Te => (true, Some("te")),
-        LossKernel::Unfused => (false, None),
+        LossKernel::Native => Ok((true, Some("native"))),
+        LossKernel::Te => Ok((true, Some("te"))),
+        LossKernel::Unfused => Ok((false, None)),
+        LossKernel::Compiled => Err(compiled_loss(target)),
+    }
+}
+
+/// The refusal of a plan priced with torchtitan's compiled loss.
+pub fn compiled_loss(target: Target) -> ExportError {
+    ExportError::Inexpressible {
+        target,
+        reason: "the plan prices torchtitan's loss under torch.compile (--loss compiled), which Megatron-Core has no switch for; re-plan with --loss native or te".into(),
     }
 }

@@ -523,7 +523,7 @@ fn loss_kernel_changes_only_the_output_layer() {
         &[
             "estimate", "--model", "8b", "--gpus", "8", "--loss", "fused",
         ],
-        "invalid value 'fused' for '--loss <LOSS>': [possible values: te, native, unfused]",
+        "invalid value 'fused' for '--loss <LOSS>': [possible values: te, native, unfused, compiled]",
     );
 }
 
@@ -2072,6 +2072,78 @@ fn scaletorch_header_and_no_fit_line_describe_scaletorch() {
     fails_with_one_line(
         &["plan", "--model", "70b", "--gpus", "4", "--target", "scaletorch"],
         "per GPU with every parameter split over all 4 by tensor and pipeline parallelism (ScaleTorch shards nothing over data parallelism), more than the 72.1 GiB a plan may use besides the runtime reserve: at least 8 GPUs of this kind, before",
+    );
+}
+
+/// `--loss compiled` prices torchtitan's loss under torch.compile (the BF16 logits
+/// and their gradient, not the eager loss's FP32 copies): less memory per plan,
+/// exported as `[compile]` of the loss only; any other target or `estimate`
+/// refuses it in one line, and a Megatron export of such a plan says why not.
+#[test]
+fn torchtitan_compiled_loss_is_priced_and_exported() {
+    use crate::common::TempDir;
+    let dir = TempDir::new("compiled-loss");
+    let plan_with = |loss: &str| {
+        let o = sextant(&[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "64",
+            "--target",
+            "torchtitan",
+            "--loss",
+            loss,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        (
+            PlanFile::from_json(&String::from_utf8_lossy(&o.stdout)).unwrap(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    let (compiled, text) = plan_with("compiled");
+    let (eager, _) = plan_with("native");
+    assert_eq!(
+        compiled.assumptions.loss,
+        sextant_planner::cost::LossKernel::Compiled
+    );
+    // The same layout holds 8 bytes less per logit on the rank with the output layer.
+    let first = &compiled.plans[0];
+    let same = eager
+        .plans
+        .iter()
+        .find(|p| p.config == first.config)
+        .expect("the compiled loss's first plan is ranked with the eager loss too");
+    assert!(
+        first.estimate.memory.logits < same.estimate.memory.logits / 2.0,
+        "{} vs {}",
+        first.estimate.memory.logits,
+        same.estimate.memory.logits
+    );
+    let path = dir.path("plan.json");
+    std::fs::write(&path, text).unwrap();
+    let p = path.to_str().unwrap();
+    let o = sextant(&["export", p, "--to", "torchtitan"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("[compile]\nenable = true\ncomponents = [\"loss\"]"),
+        "{}",
+        stdout(&o)
+    );
+    fails_with_one_line(
+        &["export", p, "--to", "megatron-core"],
+        "torchtitan's loss under torch.compile (--loss compiled), which Megatron-Core has no switch for",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "8b", "--gpus", "64", "--loss", "compiled"],
+        "--loss compiled is torchtitan's loss under torch.compile: plan it with --target torchtitan",
+    );
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8b", "--gpus", "8", "--loss", "compiled",
+        ],
+        "estimate prices Megatron-Core",
     );
 }
 

@@ -247,6 +247,7 @@ fn precision_args(
         }
         LossKernel::Native => flag(v, "cross-entropy-loss-fusion"),
         LossKernel::Unfused => {}
+        LossKernel::Compiled => return Err(crate::megatron::compiled_loss(Target::MegatronLm)),
     }
     Ok(())
 }

@@ -85,7 +85,7 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     }
     let _ = writeln!(s, "    order={},", quote::double_quoted(&plan.rank_order));
     let _ = writeln!(s, ")\n");
-    config_fields(&mut s, plan, cfg, config_class);
+    config_fields(&mut s, plan, cfg, config_class)?;
     training_fields(&mut s, plan, cfg)?;
     let _ = writeln!(s, "ddp_config = DistributedDataParallelConfig(");
     let _ = writeln!(s, "    grad_reduce_in_fp32={},", py_bool(!cfg.bf16_grads));
@@ -135,7 +135,12 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
 }
 
 /// The `TransformerConfig` call's model, parallel and MoE fields.
-fn config_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig, config_class: &str) {
+fn config_fields(
+    s: &mut String,
+    plan: &PlanFile,
+    cfg: &ParallelConfig,
+    config_class: &str,
+) -> Result<(), ExportError> {
     let m = &plan.model;
     let w = &plan.workload;
     let py_bool = |b: bool| if b { "True" } else { "False" };
@@ -179,7 +184,7 @@ fn config_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig, config_c
         "    sequence_parallel={},",
         py_bool(cfg.sp && cfg.tp > 1)
     );
-    let (fusion, fusion_impl) = loss_fields(plan.assumptions.loss);
+    let (fusion, fusion_impl) = loss_fields(plan.assumptions.loss, Target::MegatronCore)?;
     let _ = writeln!(s, "    cross_entropy_loss_fusion={},", py_bool(fusion));
     if let Some(i) = fusion_impl {
         let _ = writeln!(s, "    cross_entropy_fusion_impl=\"{i}\",");
@@ -222,6 +227,7 @@ fn config_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig, config_c
             );
         }
     }
+    Ok(())
 }
 
 /// The `TransformerConfig` call's attention backend, layout, recomputation and

@@ -60,7 +60,8 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     put("model.mtp_num_layers", mtp_value(plan));
     // The loss the plan priced (megatron/core/model_parallel_config.py fields; the
     // provider's default turns the fusion on).
-    let (fusion, fusion_impl) = crate::megatron::loss_fields(plan.assumptions.loss);
+    let (fusion, fusion_impl) =
+        crate::megatron::loss_fields(plan.assumptions.loss, Target::MegatronBridge)?;
     put("model.cross_entropy_loss_fusion", fusion.to_string());
     if let Some(i) = fusion_impl {
         put("model.cross_entropy_fusion_impl", i.into());

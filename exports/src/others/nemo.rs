@@ -105,7 +105,7 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let _ = writeln!(s, "recipe.data.global_batch_size = {}", w.global_batch);
     let _ = writeln!(s, "recipe.data.seq_length = {}", w.seq);
     let _ = writeln!(s, "recipe.model.config.seq_length = {}", w.seq);
-    model_fields(&mut s, plan, cfg);
+    model_fields(&mut s, plan, cfg)?;
     // TP overlap is switched on by a callback that also initialises Transformer
     // Engine's userbuffers (nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py);
     // the config field alone would be reset. Performance recipes may add one already.
@@ -129,7 +129,7 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
 
 /// The model config's fields: recomputation, MTP, the loss kernel, the attention
 /// backend and the MoE token path.
-fn model_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig) {
+fn model_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig) -> Result<(), ExportError> {
     let py = |b: bool| if b { "True" } else { "False" };
     for (k, v) in recompute_fields(cfg) {
         let v = if k == "recompute_granularity" || k == "recompute_method" {
@@ -149,7 +149,7 @@ fn model_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig) {
             "None".into()
         }
     );
-    let (fusion, fusion_impl) = crate::megatron::loss_fields(plan.assumptions.loss);
+    let (fusion, fusion_impl) = crate::megatron::loss_fields(plan.assumptions.loss, Target::Nemo)?;
     let _ = writeln!(
         s,
         "recipe.model.config.cross_entropy_loss_fusion = {}",
@@ -174,4 +174,5 @@ fn model_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig) {
         };
         let _ = writeln!(s, "recipe.model.config.{key} = {}", value.python());
     }
+    Ok(())
 }

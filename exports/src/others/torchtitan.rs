@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use sextant_planner::config::{Layout, Precision, Recompute, Zero};
+use sextant_planner::cost::LossKernel;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::schedule::Schedule;
 
@@ -114,6 +115,12 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
         Recompute::Full => {
             let _ = writeln!(s, "mode = \"full\"");
         }
+    }
+    // The loss the plan priced: under torch.compile only the loss is compiled (the
+    // model's time and memory were priced eager); `components` at v0.2.2,
+    // torchtitan/config/job_config.py `Compile`.
+    if plan.assumptions.loss == LossKernel::Compiled {
+        let _ = writeln!(s, "\n[compile]\nenable = true\ncomponents = [\"loss\"]");
     }
     match w.precision {
         Precision::Bf16 => {}

@@ -235,23 +235,35 @@ pub enum LossKernel {
     /// Without `--cross-entropy-loss-fusion` (Megatron-LM's default), and the only
     /// loss Megatron-LM had before June 2024.
     Unfused,
+    /// torchtitan's `cross_entropy(pred.float())` under `torch.compile`: with
+    /// `[compile] enable` its loss is compiled by default (`components = ["model",
+    /// "loss"]`, torchtitan/config/job_config.py and components/loss.py:33-35 at
+    /// v0.2.2; loss.py:27-29 at e7c0cae), so Inductor fuses the FP32 upcast into
+    /// the reductions: the BF16 logits and their BF16 gradient only. torchtitan's.
+    Compiled,
 }
 
 impl LossKernel {
-    pub const NAMES: &'static str = "te, native, unfused";
+    pub const NAMES: &'static str = "te, native, unfused, compiled";
 
     pub fn name(self) -> &'static str {
         match self {
             LossKernel::Te => "te",
             LossKernel::Native => "native",
             LossKernel::Unfused => "unfused",
+            LossKernel::Compiled => "compiled",
         }
     }
 
     pub fn parse(s: &str) -> Option<LossKernel> {
-        [LossKernel::Te, LossKernel::Native, LossKernel::Unfused]
-            .into_iter()
-            .find(|k| k.name() == s)
+        [
+            LossKernel::Te,
+            LossKernel::Native,
+            LossKernel::Unfused,
+            LossKernel::Compiled,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
     }
 
     /// HBM bytes per logit (one token, one vocabulary entry on this rank) that the
@@ -270,9 +282,14 @@ impl LossKernel {
     ///   the max (4), the in-place subtraction (4 + 4), `exp` (4 + 4), the sum (4), the
     ///   in-place division (4 + 4); backward the in-place scaling (4 + 4) and the cast
     ///   back to BF16 (4 + 2): 52.
+    /// - `Compiled` (Inductor's code for torchtitan's loss): the forward's reduction
+    ///   loops over the BF16 logits for the row maximum and the sum of exponentials
+    ///   (2 + 2), the backward's one pointwise kernel reads them and writes the BF16
+    ///   gradient (2 + 2): 8. Counted as `Te`'s, pass by pass; no FP32 copy.
     pub fn bytes_per_logit(self) -> f64 {
         match self {
             LossKernel::Te => 2.0 + (2.0 + 2.0) + (2.0 + 2.0),
+            LossKernel::Compiled => (2.0 + 2.0) + (2.0 + 2.0),
             LossKernel::Native => (2.0 + 4.0) + (4.0 + 4.0) + (4.0 + 4.0) + (4.0 + 4.0 + 2.0),
             LossKernel::Unfused => {
                 (2.0 + 4.0)

@@ -400,7 +400,7 @@ pub(super) fn rank_memory(
     // The loss's logits buffers (`memory::logit_bytes`), once for the loss and
     // once per MTP layer.
     let logits = if here.iter().any(|&(s, _)| s == p - 1) {
-        (1.0 + layout.mtp) * tokens * pc.vocab_rank * memory::logit_bytes(a.framework)
+        (1.0 + layout.mtp) * tokens * pc.vocab_rank * memory::logit_bytes(a.framework, a.loss)
     } else {
         0.0
     };
@@ -501,8 +501,8 @@ pub fn stage_problem(
             * frag;
     extra_secs[p - 1] += pc.output_secs + 2.0 * pc.out_tp;
     let out_params = if pc.tied_single { 0.0 } else { pc.embed_params } + h;
-    extra_bytes[p - 1] +=
-        state(out_params, 0.0) + c.tokens * pc.vocab_rank * memory::logit_bytes(a.framework) * frag;
+    extra_bytes[p - 1] += state(out_params, 0.0)
+        + c.tokens * pc.vocab_rank * memory::logit_bytes(a.framework, a.loss) * frag;
     // Multi-token prediction on the last stage: its layers (of the last layer's
     // kind), projections, second output pass and embedding copy.
     let mtp = model.mtp_layers as f64;

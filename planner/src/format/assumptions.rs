@@ -34,7 +34,8 @@ impl Default for Assumptions {
     }
 }
 
-/// The cross-entropy kernel: `te`, `native` (when absent) or `unfused`.
+/// The cross-entropy kernel: `te`, `native` (when absent), `unfused` or `compiled`
+/// (torchtitan's loss under `torch.compile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LossKernel {
@@ -42,6 +43,7 @@ pub enum LossKernel {
     #[default]
     Native,
     Unfused,
+    Compiled,
 }
 
 /// The rank layout groups were placed by: `megatron` (when absent) or

@@ -36,7 +36,11 @@ macro_rules! both_ways {
     };
 }
 
-both_ways!(LossKernel, cost::LossKernel, [Te, Native, Unfused]);
+both_ways!(
+    LossKernel,
+    cost::LossKernel,
+    [Te, Native, Unfused, Compiled]
+);
 both_ways!(RankOrder, cost::RankOrder, [Megatron, ScaleTorch]);
 both_ways!(
     Framework,

@@ -3,7 +3,7 @@ use crate::config::{
     Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload,
     Zero,
 };
-use crate::cost::{Assumptions, Framework};
+use crate::cost::{Assumptions, Framework, LossKernel};
 use crate::model::ModelSpec;
 use crate::presets::gpt;
 use crate::schedule::Schedule;
@@ -305,11 +305,16 @@ fn framework_layouts_by_hand() {
     // Loss buffers per logit.
     assert_eq!(
         [
-            logit_bytes(Framework::MegatronCore),
-            logit_bytes(Framework::Nanotron),
-            logit_bytes(Framework::Torchtitan)
+            logit_bytes(Framework::MegatronCore, LossKernel::Native),
+            logit_bytes(Framework::Nanotron, LossKernel::Native),
+            logit_bytes(Framework::Torchtitan, LossKernel::Native)
         ],
         [6.0, 8.0, 12.0]
+    );
+    // torchtitan's loss under torch.compile: the BF16 logits and their gradient.
+    assert_eq!(
+        logit_bytes(Framework::Torchtitan, LossKernel::Compiled),
+        4.0
     );
     // FSDP2's sharded state: FP32 parameter, gradient and two moments.
     let mut z3 = cfg(1, false, Recompute::None);
@@ -387,5 +392,8 @@ fn scaletorch_keeps_bf16_state_and_fp32_buckets() {
     assert_eq!(step_buffers(Framework::Nanotron, &c, held), 0.0);
     c.dp = 1;
     assert_eq!(step_buffers(Framework::ScaleTorch, &c, held), 0.0);
-    assert_eq!(logit_bytes(Framework::ScaleTorch), 14.0);
+    assert_eq!(
+        logit_bytes(Framework::ScaleTorch, LossKernel::Unfused),
+        14.0
+    );
 }
