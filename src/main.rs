@@ -118,7 +118,7 @@ struct ValidateArgs {
     /// A CSV completing the runs' software configuration: `id`, `source`, and any of
     /// recompute, attention (flash/unfused), recompute_modules, optimizer_moments (bf16/fp32), dispatcher
     /// (alltoall/deepep/hybridep), ep_comm_overlap, tp_comm_overlap (true/false),
-    /// pp_layout, mtp_layers, cross_entropy (te/native/unfused), cuda_graphs (Megatron's
+    /// pp_layout, mtp_layers, cross_entropy (te/native/unfused, or compiled: torchtitan's loss under torch.compile, framework torchtitan only), cuda_graphs (Megatron's
     /// scopes: attn moe_router moe_preprocess, full_iteration, or none).
     /// Blank columns follow the default rules (see ARCHITECTURE.md).
     #[arg(long, value_name = "CSV")]
@@ -377,6 +377,11 @@ fn torchtitan_space(mut s: SearchSpace) -> Result<SearchSpace> {
         ),
         Some(_) => {}
     }
+    if s.overlap.tp_comm {
+        bail!("--target torchtitan: its async TP (--tp-comm-overlap) runs only with the model compiled (torchtitan/distributed/tensor_parallel.py:20 at v0.2.2), and Sextant prices torchtitan's model eager: drop --tp-comm-overlap");
+    }
+    // Without FSDP, torchtitan's data parallelism is one-dimensional DDP.
+    s.plain_dp_alone = true;
     s.even_layers = true;
     Ok(s)
 }
@@ -451,7 +456,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     if inp.assumptions.loss == sextant_planner::cost::LossKernel::Compiled
         && target != Some(Target::Torchtitan)
     {
-        bail!("--loss compiled is torchtitan's loss under torch.compile: plan it with --target torchtitan ({target_name} runs Megatron's kernels: --loss native, te or unfused)");
+        bail!("--loss compiled is torchtitan's loss under torch.compile: plan it with --target torchtitan ({target_name} plans are priced with Megatron-Core's kernels: --loss native, te or unfused)");
     }
     if target == Some(Target::Torchtitan) {
         // Priced as torchtitan runs: its memory layout (FSDP2's buffers, its loss
@@ -493,6 +498,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         assumptions: inp.assumptions,
         rank_by,
         even_layers: false,
+        plain_dp_alone: false,
     };
     let space = match target {
         Some(Target::ScaleTorch) => scaletorch_space(space)?,

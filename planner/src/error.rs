@@ -33,10 +33,11 @@ pub enum InputError {
     Json { what: String, detail: String },
     /// Well-formed JSON whose value at `path` (keys joined by '.', indices in
     /// brackets, escaped and cut to one line) does not fit the format.
-    #[error("{what}: key '{path}': {detail}")]
+    #[error("{what}: {at}{detail}")]
     Field {
         what: String,
-        path: String,
+        /// "key 'a.b[0]': ", or empty for the top level.
+        at: String,
         detail: String,
     },
     /// A well-formed hand-written file with a key its format does not have; `key`

@@ -56,12 +56,30 @@ fn mismatch(what: &str, e: serde_path_to_error::Error<serde_json::Error>) -> Inp
     };
     InputError::Field {
         what: what.into(),
-        path: if path == "." {
-            "(top level)".into()
+        at: if path == "." {
+            String::new()
         } else {
-            one_line(&path, KEY_SHOWN)
+            format!("key '{}': ", one_line(&path, KEY_SHOWN))
         },
         detail: one_line(&detail, DETAIL_SHOWN),
+    }
+}
+
+/// An ignored key's path as the typed errors write theirs (serde_path_to_error):
+/// keys joined by '.', array indices in brackets (`points[0].bus_bw`), where
+/// serde_ignored writes `points.0.bus_bw`.
+fn bracketed(path: &serde_ignored::Path) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", bracketed(parent)),
+        Path::Map { parent, key } => match bracketed(parent) {
+            p if p.is_empty() => key.clone(),
+            p => format!("{p}.{key}"),
+        },
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => bracketed(parent),
     }
 }
 
@@ -106,7 +124,7 @@ pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, 
     let mut de = serde_json::Deserializer::from_str(text);
     let value: T = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
         &mut de,
-        &mut |path: serde_ignored::Path| unknown.push(path.to_string()),
+        &mut |path: serde_ignored::Path| unknown.push(bracketed(&path)),
     ))
     .map_err(|e| mismatch(what, e))?;
     de.end()
@@ -232,7 +250,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("unknown key 'points.0.bus_bw' and 1 more"),
+            e.contains("unknown key 'points[0].bus_bw' and 1 more"),
             "{e}"
         );
         // A key with a control character is printed escaped, on one line.

@@ -116,6 +116,9 @@ impl PlanFile {
                 priced.order()
             )));
         }
+        p.assumptions
+            .check()
+            .map_err(|e| InputError::Workload(e.to_string()))?;
         p.workload
             .validate()
             .map_err(|e| InputError::Workload(e.to_string()))?;

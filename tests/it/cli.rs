@@ -2145,6 +2145,70 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
         ],
         "estimate prices Megatron-Core",
     );
+    // A plan file priced for Megatron-Core that claims the compiled loss is refused
+    // when read, by every command.
+    let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["assumptions"]["loss"] = "compiled".into();
+    let edited = dir.path("edited.json");
+    std::fs::write(&edited, v.to_string()).unwrap();
+    for to in ["torchtitan", "megatron-lm", "rank-map"] {
+        fails_with_one_line(
+            &["export", edited.to_str().unwrap(), "--to", to],
+            "the compiled loss (torchtitan's cross-entropy under torch.compile) is torchtitan's, but the framework is megatron-core",
+        );
+    }
+    // torchtitan runs TP only beside FSDP, and async TP only with the model
+    // compiled, which Sextant does not price.
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "64",
+            "--target",
+            "torchtitan",
+            "--tp-comm-overlap",
+        ],
+        "its async TP (--tp-comm-overlap) runs only with the model compiled",
+    );
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "gpt-1.7b",
+        "--gpus",
+        "64",
+        "--target",
+        "torchtitan",
+        "--zero",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p = PlanFile::from_json(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    assert!(!p.plans.is_empty());
+    for rp in &p.plans {
+        assert!(
+            rp.config.tp == 1 && rp.config.pp == 1 && rp.config.cp == 1,
+            "torchtitan without FSDP runs only 1-D DDP: {:?}",
+            rp.config
+        );
+    }
+    // A plan with TP beside plain data parallelism, made for any target, is not
+    // exported to torchtitan.
+    let o = sextant(&[
+        "plan", "--model", "8b", "--gpus", "64", "--target", "any", "--zero", "0", "--tp", "2",
+        "--pp", "2", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ddp = dir.path("ddp.json");
+    std::fs::write(&ddp, &o.stdout).unwrap();
+    fails_with_one_line(
+        &["export", ddp.to_str().unwrap(), "--to", "torchtitan"],
+        "torchtitan runs TP, PP or CP only beside FSDP",
+    );
 }
 
 /// `--target torchtitan` searches only what torchtitan runs: no distributed

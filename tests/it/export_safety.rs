@@ -321,7 +321,8 @@ fn variant_for(base: &PlanFile, target: Target) -> PlanFile {
     let mut p = base.clone();
     match target {
         Target::Verl | Target::Rlinf => p.assumptions.loss = LossKernel::Unfused,
-        Target::Torchtitan => p.plans[0].config.zero = Zero::None,
+        // FSDP: torchtitan runs TP and PP only beside it.
+        Target::Torchtitan => p.plans[0].config.zero = Zero::Zero3,
         Target::ScaleTorch => {
             p.assumptions.loss = LossKernel::Unfused;
             p.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;

@@ -17,6 +17,12 @@ use super::{cannot, describe_layout, layout_fields, mtp_value, recompute_fields,
 /// unfused `vocab_parallel_cross_entropy`, so only a plan priced with the unfused
 /// loss is the run it launches; and it has no verified setting for TP or
 /// expert-parallel communication overlap.
+/// The FSDP backends compute log-probabilities with their own code, not
+/// torchtitan's compiled loss.
+fn compiled_loss_reason(framework: &str) -> String {
+    format!("{framework}'s FSDP backend computes log-probabilities with its own code, not the torchtitan loss under torch.compile this plan priced (--loss compiled); re-plan with --loss unfused")
+}
+
 fn rl_backend_limits(
     plan: &PlanFile,
     cfg: &ParallelConfig,
@@ -66,6 +72,9 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         w.global_batch
     );
     let fsdp = cfg.zero == Zero::Zero3 || cfg.zero == Zero::Zero2;
+    if fsdp && plan.assumptions.loss == LossKernel::Compiled {
+        return Err(cannot(t, compiled_loss_reason("verl")));
+    }
     if fsdp {
         // FSDP backend: DP (and Ulysses SP) only.
         if cfg.tp > 1 || cfg.pp > 1 || cfg.ep > 1 {
@@ -188,6 +197,9 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let _ = writeln!(s, "# For RL reasoning tasks RLinf derives actor.micro_batch_size from algorithm.training_batch_size_per_gpu");
     let _ = writeln!(s, "# and actor.global_batch_size from data.rollout_batch_size x algorithm.group_size / algorithm.n_minibatches.");
     if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
+        if plan.assumptions.loss == LossKernel::Compiled {
+            return Err(cannot(t, compiled_loss_reason("RLinf")));
+        }
         if cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1 || cfg.ep > 1 {
             return Err(cannot(t, "RLinf's FSDP backend has no tensor, pipeline, context or expert parallelism; re-plan with --zero 0,1"));
         }

@@ -53,6 +53,18 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
         Layout::Even => layers / (cfg.pp * cfg.vpp),
         _ => return Err(cannot(t, format!("torchtitan splits stages evenly by pipeline_parallel_layers_per_stage; this plan uses {}", describe_layout(plan, cfg)))),
     };
+    // Without FSDP, v0.2.2 runs data parallelism only as one-dimensional DDP
+    // (llama3/infra/parallelize.py:148-151 raises beside TP, PP or CP) and turns
+    // mixed precision off under TP or PP (distributed/utils.py:251-256): the run
+    // would fail or train in FP32, not the BF16 plan priced.
+    if cfg.zero == Zero::None && (cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1) {
+        return Err(cannot(t, "torchtitan runs TP, PP or CP only beside FSDP: without it, data parallelism is one-dimensional DDP and mixed precision is off (v0.2.2 parallelize.py:148-151, distributed/utils.py:251-256); re-plan with --zero 2,3"));
+    }
+    // Async TP needs the model compiled (distributed/tensor_parallel.py:20), which
+    // Sextant does not price.
+    if cfg.overlap.tp_comm && cfg.tp > 1 {
+        return Err(cannot(t, "torchtitan's async TP runs only with the model compiled (distributed/tensor_parallel.py:20 at v0.2.2), which this plan did not price; re-plan without --tp-comm-overlap"));
+    }
     let mut s = String::new();
     let _ = writeln!(
         s,

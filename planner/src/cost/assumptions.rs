@@ -243,6 +243,20 @@ pub enum LossKernel {
     Compiled,
 }
 
+impl Assumptions {
+    /// Combinations no framework runs: torchtitan's compiled loss priced with
+    /// another framework's layout (a hand-edited plan file or a published row).
+    pub fn check(&self) -> Result<(), String> {
+        if self.loss == LossKernel::Compiled && self.framework != Framework::Torchtitan {
+            return Err(format!(
+                "the compiled loss (torchtitan's cross-entropy under torch.compile) is torchtitan's, but the framework is {}; use it only with framework torchtitan",
+                self.framework.name()
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl LossKernel {
     pub const NAMES: &'static str = "te, native, unfused, compiled";
 

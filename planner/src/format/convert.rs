@@ -144,6 +144,7 @@ impl SpaceRecord {
             bf16_moments: space.bf16_moments,
             moe_dispatcher: space.moe_dispatcher,
             even_layers: space.even_layers,
+            plain_dp_alone: space.plain_dp_alone,
             allow_tp_across_nodes,
         }
     }
@@ -170,6 +171,7 @@ impl SpaceRecord {
             assumptions,
             rank_by,
             even_layers: self.even_layers,
+            plain_dp_alone: self.plain_dp_alone,
         }
     }
 }

@@ -51,6 +51,7 @@ const READS: [u32; 2] = [1, 2];
 /// schema; [`crate::plan::PlanFile::from_json`] checks that the plans are coherent.
 pub fn read_plan(text: &str) -> Result<PlanFile, InputError> {
     #[derive(Deserialize)]
+    #[serde(expecting = "a JSON object (a Sextant plan file)")]
     struct Version {
         schema_version: u32,
     }

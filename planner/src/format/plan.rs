@@ -16,6 +16,7 @@ use crate::schedule::Schedule;
 
 /// The plan file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(expecting = "a JSON object (a Sextant plan file)")]
 pub struct PlanFile {
     pub schema_version: u32,
     /// "sextant X.Y.Z".
@@ -95,6 +96,10 @@ pub struct SpaceRecord {
     pub moe_dispatcher: Dispatcher,
     /// Only stages of equal layer counts (ScaleTorch).
     pub even_layers: bool,
+    /// ZeRO 0 only without TP, PP or CP (torchtitan's one-dimensional DDP); false
+    /// when absent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plain_dp_alone: bool,
     /// `--allow-tp-across-nodes`: TP groups could span NVLink domains.
     pub allow_tp_across_nodes: bool,
 }

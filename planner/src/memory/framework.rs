@@ -23,7 +23,8 @@ use crate::cost::{Framework, LossKernel};
 /// torchtitan's loss under `torch.compile` ([`LossKernel::Compiled`]) keeps the
 /// BF16 logits (the compiled graph saves its input and the rows' log-sum-exp) and
 /// writes their BF16 gradient: 4. (Measured: two H200 runs at torchtitan e7c0cae
-/// with compile on took 47-48 GB where the 12-byte eager loss prices 65-67 GiB.)
+/// with compile on peaked at 47-48 GiB reserved, where the 12-byte eager loss
+/// prices 65-67 GiB.)
 pub fn logit_bytes(framework: Framework, loss: LossKernel) -> f64 {
     match framework {
         Framework::Torchtitan if loss == LossKernel::Compiled => 2.0 + 2.0,

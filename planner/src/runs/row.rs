@@ -504,6 +504,13 @@ fn kernels_for(r: &Row, modern: bool) -> Result<(bool, LossKernel, Framework), R
         name => Framework::parse(name)
             .ok_or_else(|| RowError::cell("framework", name, Framework::NAMES))?,
     };
+    if loss == LossKernel::Compiled && framework != Framework::Torchtitan {
+        return Err(RowError::cell(
+            "cross_entropy",
+            "compiled",
+            "te, native or unfused: compiled is torchtitan's loss under torch.compile (framework torchtitan only)",
+        ));
+    }
     Ok((flash_attention, loss, framework))
 }
 

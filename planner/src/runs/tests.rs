@@ -313,3 +313,23 @@ fn measured_memory_columns() {
         assert!(err.reason.contains(why), "{extra:?}: {}", err.reason);
     }
 }
+
+/// `cross_entropy = compiled` is torchtitan's loss under torch.compile: a row of
+/// another framework that states it is refused, naming the column; a torchtitan
+/// row is priced with it.
+#[test]
+fn compiled_loss_only_for_torchtitan_rows() {
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut row = nemotron_row();
+        row.extend_from_slice(extra);
+        parse_runs(&csv(&row)).unwrap().remove(0)
+    };
+    let e = with(&[("cross_entropy", "compiled")]).unwrap_err().reason;
+    assert!(
+        e.contains("column 'cross_entropy' is 'compiled'")
+            && e.contains("framework torchtitan only"),
+        "{e}"
+    );
+    let c = with(&[("cross_entropy", "compiled"), ("framework", "torchtitan")]).unwrap();
+    assert_eq!(c.assumptions.loss, crate::cost::LossKernel::Compiled);
+}

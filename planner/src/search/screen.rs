@@ -66,10 +66,20 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
         1
     };
     let unsharded = s.dp * s.cp == 1 && expert_dp <= 1;
-    let zeros: &[Zero] = if unsharded {
-        &space.zero[..space.zero.len().min(1)]
+    let allowed: Vec<Zero> = if space.plain_dp_alone && (s.tp > 1 || s.pp > 1 || s.cp > 1) {
+        space
+            .zero
+            .iter()
+            .copied()
+            .filter(|z| *z != Zero::None)
+            .collect()
     } else {
-        &space.zero
+        space.zero.clone()
+    };
+    let zeros: &[Zero] = if unsharded {
+        &allowed[..allowed.len().min(1)]
+    } else {
+        &allowed
     };
     let recomputes: Vec<(Recompute, RecomputeModules)> = space
         .recompute

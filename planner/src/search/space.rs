@@ -37,6 +37,10 @@ pub struct SearchSpace {
     /// Only stages of equal layer counts, no re-partitioning: for frameworks that
     /// split layers evenly themselves (ScaleTorch).
     pub even_layers: bool,
+    /// Plain data parallelism (ZeRO 0) only with no TP, PP or CP beside it: for
+    /// frameworks whose unsharded data parallelism is one-dimensional DDP
+    /// (torchtitan).
+    pub plain_dp_alone: bool,
 }
 
 /// `list` without repeats, first occurrence kept (the order can matter: with
@@ -105,6 +109,7 @@ impl Default for SearchSpace {
             assumptions: Assumptions::default(),
             rank_by: RankBy::default(),
             even_layers: false,
+            plain_dp_alone: false,
         }
     }
 }
