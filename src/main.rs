@@ -42,7 +42,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use sextant_exports::{export, LaunchOptions, Target};
+use sextant_exports::{export, LaunchOptions, Target, TARGETS};
 use sextant_planner::banded::{estimate_with, simulated};
 use sextant_planner::config::{Layout, ParallelConfig, Recompute, Rejection, Zero};
 use sextant_planner::cost::evaluate;
@@ -688,13 +688,24 @@ fn write_report(
     path: &str,
     force: bool,
 ) -> Result<()> {
-    let launch = export(plan, 1, Target::MegatronLm, &LaunchOptions::default())
+    // The plan's own target (Megatron-LM for a plan made for any framework).
+    let target = plan
+        .target
+        .as_deref()
+        .and_then(|t| Target::parse(t).ok())
+        .unwrap_or(Target::MegatronLm);
+    let launch_for = TARGETS
+        .iter()
+        .find(|(_, t)| *t == target)
+        .map_or("megatron-lm", |(n, _)| *n);
+    let launch = export(plan, 1, target, &LaunchOptions::default())
         .map_err(|e| sextant_reports::NoLaunch(e.to_string()));
     let html = sextant_reports::render(&sextant_reports::ReportInput {
         plan,
         points,
         sensitivity,
         launch,
+        launch_for,
         measured: &measured.rows,
         measured_on: &measured.device,
     });

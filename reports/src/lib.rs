@@ -31,7 +31,7 @@ pub const SECTIONS: &[(&str, &str)] = &[
     ("memory", "5. Memory per pipeline stage"),
     ("schedule", "6. Pipeline schedule of one step"),
     ("others", "7. Why the others lost"),
-    ("launch", "8. Launch arguments (Megatron-LM)"),
+    ("launch", "8. Launch configuration"),
     ("measured", "9. Predicted against measured"),
 ];
 
@@ -48,8 +48,11 @@ pub struct ReportInput<'a> {
     /// Every valid configuration of the search (empty for a single estimate).
     pub points: &'a [Point],
     pub sensitivity: &'a [Sensitivity],
-    /// Megatron-LM arguments of the chosen plan, or why there are none.
+    /// The chosen plan's configuration for `launch_for`, or why there is none.
     pub launch: Result<String, NoLaunch>,
+    /// The framework `launch` is for: the plan's target (Megatron-LM when it has
+    /// none, or `any`).
+    pub launch_for: &'a str,
     /// Measured timings of the chosen plan, when an executor run exists.
     pub measured: &'a [Measured],
     /// Where they were measured (device and backend); empty without a run.
@@ -534,9 +537,14 @@ pub fn render(input: &ReportInput) -> String {
     }
     section(&mut h, "others", b);
 
-    // 8. Launch arguments.
+    // 8. Launch configuration, for the plan's own target.
     let b = match &input.launch {
-        Ok(args) => format!("<pre>{}</pre>\n", esc(args)),
+        Ok(args) => format!(
+            "<p>For {} (<code>sextant export plan.json --to {}</code>):</p>\n<pre>{}</pre>\n",
+            esc(input.launch_for),
+            esc(input.launch_for),
+            esc(args)
+        ),
         Err(why) => format!("<p class=\"note\">{}</p>\n", esc(&why.0)),
     };
     section(&mut h, "launch", b);

@@ -247,6 +247,8 @@ fn dense_and_moe_reports_are_complete_and_self_contained() {
         );
         let html = std::fs::read_to_string(&path).unwrap();
         check_structure(&html);
+        // The launch section is for the plan's target (megatron-lm by default).
+        assert!(html.contains("<p>For megatron-lm ("), "{label}");
         if label == "moe" {
             assert!(
                 html.contains("EP"),
@@ -254,6 +256,35 @@ fn dense_and_moe_reports_are_complete_and_self_contained() {
             );
         }
     }
+}
+
+/// A plan made for torchtitan shows torchtitan's configuration in the report, not
+/// Megatron-LM's arguments (or their refusal).
+#[test]
+fn report_launch_section_follows_the_plan_target() {
+    let path = tmp("torchtitan.html");
+    let _ = std::fs::remove_file(&path);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "64",
+        "--target",
+        "torchtitan",
+        "--loss",
+        "compiled",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let html = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        html.contains("<p>For torchtitan ("),
+        "no torchtitan launch section"
+    );
+    assert!(html.contains("[compile]"));
+    assert!(!html.contains("--loss native or te"));
 }
 
 #[test]
