@@ -458,6 +458,11 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     {
         bail!("--loss compiled is torchtitan's loss under torch.compile: plan it with --target torchtitan ({target_name} plans are priced with Megatron-Core's kernels: --loss native, te or unfused)");
     }
+    if target == Some(Target::Torchtitan)
+        && inp.assumptions.loss == sextant_planner::cost::LossKernel::Te
+    {
+        bail!("--target torchtitan has no Transformer Engine cross-entropy kernel (--loss te): use --loss native (its eager loss's passes) or compiled");
+    }
     if target == Some(Target::Torchtitan) {
         // Priced as torchtitan runs: its memory layout (FSDP2's buffers, its loss
         // and GLU activations), no Megatron host-wait term, its pipeline stages'

@@ -47,7 +47,7 @@ pub fn assumptions(inp: &Inputs) -> String {
         (w.seq * w.global_batch) as f64 / 1e6,
         w.precision,
         grads_dtype(inp),
-        inp.assumptions.loss.name(),
+        loss_name(inp),
         onoff(inp.overlap.grad_reduce),
         if scaletorch { "n/a (no sharding)" } else { onoff(inp.overlap.param_gather) },
         onoff(inp.overlap.tp_comm),
@@ -96,6 +96,18 @@ pub fn gpus_in_nodes(n: u64, per_node: u64) -> String {
         )
     } else {
         format!("{} of this kind", gpu_count(n))
+    }
+}
+
+/// The loss kernel as the header states it: torchtitan's eager loss is priced with
+/// Megatron's fused passes (`native`), which is not a kernel torchtitan has.
+fn loss_name(inp: &Inputs) -> &'static str {
+    use sextant_planner::cost::{Framework, LossKernel};
+    match (inp.assumptions.framework, inp.assumptions.loss) {
+        (Framework::Torchtitan, LossKernel::Native) => {
+            "eager (torchtitan's, priced as native's passes)"
+        }
+        (_, k) => k.name(),
     }
 }
 

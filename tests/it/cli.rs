@@ -2159,6 +2159,21 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
             "the compiled loss (torchtitan's cross-entropy under torch.compile) is torchtitan's, but the framework is megatron-core",
         );
     }
+    // torchtitan has no Transformer Engine loss kernel.
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "64",
+            "--target",
+            "torchtitan",
+            "--loss",
+            "te",
+        ],
+        "--target torchtitan has no Transformer Engine cross-entropy kernel",
+    );
     // torchtitan runs TP only beside FSDP, and async TP only with the model
     // compiled, which Sextant does not price.
     fails_with_one_line(

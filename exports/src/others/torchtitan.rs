@@ -53,6 +53,11 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
         Layout::Even => layers / (cfg.pp * cfg.vpp),
         _ => return Err(cannot(t, format!("torchtitan splits stages evenly by pipeline_parallel_layers_per_stage; this plan uses {}", describe_layout(plan, cfg)))),
     };
+    // torchtitan's loss is `cross_entropy(pred.float())` (components/loss.py), eager
+    // or compiled; Transformer Engine's fused kernel is not one of them.
+    if plan.assumptions.loss == LossKernel::Te {
+        return Err(cannot(t, "torchtitan has no Transformer Engine cross-entropy kernel (--loss te); re-plan with --loss native (its eager loss's passes) or compiled"));
+    }
     // Without FSDP, v0.2.2 runs data parallelism only as one-dimensional DDP
     // (llama3/infra/parallelize.py:148-151 raises beside TP, PP or CP) and turns
     // mixed precision off under TP or PP (distributed/utils.py:251-256): the run
