@@ -62,8 +62,9 @@ pub fn assumptions(inp: &Inputs) -> String {
 }
 
 /// How a model's state is spread when every parameter is split over all `gpus`, in
-/// `framework`'s words: ScaleTorch has no sharded data parallelism, so only tensor
-/// and pipeline parallelism split it.
+/// `framework`'s words: a floor whatever sharding the target offers (NeMo's export
+/// has no ZeRO-3, yet tensor and pipeline parallelism can split as far); ScaleTorch
+/// has no sharded data parallelism, so only tensor and pipeline parallelism split it.
 pub fn fully_sharded(framework: sextant_planner::cost::Framework, gpus: u64) -> String {
     use sextant_planner::cost::Framework;
     if gpus <= 1 {
@@ -74,9 +75,9 @@ pub fn fully_sharded(framework: sextant_planner::cost::Framework, gpus: u64) -> 
         Framework::ScaleTorch => format!(
             "per GPU with every parameter split over {over} by tensor and pipeline parallelism (ScaleTorch shards nothing over data parallelism)"
         ),
-        Framework::Torchtitan => format!("per GPU with every parameter sharded over {over} (FSDP)"),
+        Framework::Torchtitan => format!("per GPU even with every parameter sharded over {over} (FSDP)"),
         Framework::MegatronCore | Framework::Nanotron => {
-            format!("per GPU with every parameter sharded over {over} (ZeRO-3)")
+            format!("per GPU even with every parameter sharded over {over}")
         }
     }
 }

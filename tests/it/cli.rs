@@ -752,7 +752,7 @@ pub fn bad_input_gets_one_clear_line() {
     // 70.6B parameters x 18 bytes = 1,183 GiB over 72.1 usable GiB per H100.
     fails_with_one_line(
         &["plan", "--model", "70b", "--gpus", "8"],
-        "alone take 147.8 GiB per GPU with every parameter sharded over all 8 (ZeRO-3), more than the 72.1 GiB a plan may use besides the runtime reserve: at least 24 GPUs of this kind (3 nodes of 8), before activations",
+        "alone take 147.8 GiB per GPU even with every parameter sharded over all 8, more than the 72.1 GiB a plan may use besides the runtime reserve: at least 24 GPUs of this kind (3 nodes of 8), before activations",
     );
     fails_with_one_line(
         &["plan", "--model", "70b", "--gpus", "1"],
