@@ -635,6 +635,15 @@ pub fn bad_input_gets_one_clear_line() {
         &["plan", "--model", "70b", "--gpus", "7"],
         "7 GPUs do not fill",
     );
+    // The counts it suggests are ones it accepts.
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "3"],
+        "use a divisor of 8 for part of one node (e.g. 2 or 4), or whole nodes",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "70b", "--gpus", "17"],
+        "use a multiple of 8 (e.g. 16 or 24)",
+    );
     fails_with_one_line(
         &["plan", "--model", "70b", "--gpus", "99999999999"],
         "more than Sextant models",

@@ -42,19 +42,27 @@ impl Cluster {
             gpus.is_multiple_of(per_node)
         };
         if !ok {
-            let lower = if gpus < per_node {
-                (1..=gpus)
+            // The nearest counts below and above that fill nodes (or part of one).
+            let (lower, upper) = if gpus < per_node {
+                let below = (1..=gpus)
                     .rev()
                     .find(|d| per_node.is_multiple_of(*d))
-                    .unwrap_or(1)
+                    .unwrap_or(1);
+                (below, Cluster::fitting_count(gpus, per_node))
             } else {
-                gpus / per_node * per_node
+                (
+                    gpus / per_node * per_node,
+                    Cluster::fitting_count(gpus, per_node),
+                )
+            };
+            let how = if gpus < per_node {
+                format!("use a divisor of {per_node} for part of one node (e.g. {lower} or {upper}), or whole nodes")
+            } else {
+                format!("use a multiple of {per_node} (e.g. {lower} or {upper}), or a divisor of {per_node} for part of one node")
             };
             return Err(InputError::Workload(format!(
-                "{gpus} GPUs do not fill {} nodes of {per_node} GPUs: use a multiple of {per_node} (e.g. {} or {}), or a divisor of {per_node} for a single node",
+                "{gpus} GPUs do not fill {} nodes of {per_node} GPUs: {how}",
                 profile.name,
-                lower,
-                lower.max(per_node) + if gpus < per_node { 0 } else { per_node },
             )));
         }
         Ok(Cluster {
