@@ -630,7 +630,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
                 room / sextant_planner::hardware::GIB,
             );
         }
-        bail!("no valid plan for {} on {gpus} GPU{}: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, if gpus == 1 { "" } else { "s" });
+        bail!("no valid plan for {} on {}: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, render::gpu_count(gpus));
     }
     text.push_str(&render::plan_table(&res, &inp, table_width()));
     text.push('\n');

@@ -2092,8 +2092,8 @@ fn scaletorch_header_and_no_fit_line_describe_scaletorch() {
 fn torchtitan_compiled_loss_is_priced_and_exported() {
     use crate::common::TempDir;
     let dir = TempDir::new("compiled-loss");
-    let plan_with = |loss: &str| {
-        let o = sextant(&[
+    let args = |loss: &'static str| {
+        [
             "plan",
             "--model",
             "8b",
@@ -2103,16 +2103,11 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
             "torchtitan",
             "--loss",
             loss,
-            "--json",
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        (
-            PlanFile::from_json(&String::from_utf8_lossy(&o.stdout)).unwrap(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-        )
+        ]
     };
-    let (compiled, text) = plan_with("compiled");
-    let (eager, _) = plan_with("native");
+    let path = crate::common::saved(&dir, "plan.json", &args("compiled"));
+    let compiled = PlanFile::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let eager = crate::common::planned(&args("native"));
     assert_eq!(
         compiled.assumptions.loss,
         sextant_planner::cost::LossKernel::Compiled
@@ -2130,8 +2125,6 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
         first.estimate.memory.logits,
         same.estimate.memory.logits
     );
-    let path = dir.path("plan.json");
-    std::fs::write(&path, text).unwrap();
     let p = path.to_str().unwrap();
     let o = sextant(&["export", p, "--to", "torchtitan"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -2198,7 +2191,7 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
         ],
         "its async TP (--tp-comm-overlap) runs only with the model compiled",
     );
-    let o = sextant(&[
+    let p = crate::common::planned(&[
         "plan",
         "--model",
         "gpt-1.7b",
@@ -2208,10 +2201,7 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
         "torchtitan",
         "--zero",
         "0",
-        "--json",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let p = PlanFile::from_json(&String::from_utf8_lossy(&o.stdout)).unwrap();
     assert!(!p.plans.is_empty());
     for rp in &p.plans {
         assert!(
@@ -2222,13 +2212,14 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
     }
     // A plan with TP beside plain data parallelism, made for any target, is not
     // exported to torchtitan.
-    let o = sextant(&[
-        "plan", "--model", "8b", "--gpus", "64", "--target", "any", "--zero", "0", "--tp", "2",
-        "--pp", "2", "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let ddp = dir.path("ddp.json");
-    std::fs::write(&ddp, &o.stdout).unwrap();
+    let ddp = crate::common::saved(
+        &dir,
+        "ddp.json",
+        &[
+            "plan", "--model", "8b", "--gpus", "64", "--target", "any", "--zero", "0", "--tp", "2",
+            "--pp", "2",
+        ],
+    );
     fails_with_one_line(
         &["export", ddp.to_str().unwrap(), "--to", "torchtitan"],
         "torchtitan runs TP, PP or CP only beside FSDP",

@@ -93,6 +93,16 @@ pub fn saved(dir: &TempDir, name: &str, args: &[&str]) -> std::path::PathBuf {
     path
 }
 
+/// Runs `sextant ARGS --json`, which must succeed, and returns the plan file it
+/// printed.
+pub fn planned(args: &[&str]) -> sextant_planner::plan::PlanFile {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let o = sextant(&a);
+    assert!(o.status.success(), "{a:?}: {}", stderr(&o));
+    sextant_planner::plan::PlanFile::from_json(&stdout(&o)).unwrap_or_else(|e| panic!("{a:?}: {e}"))
+}
+
 /// The Chromium binary the browser tests drive, when one is installed (`.ci/run`
 /// installs Debian's `chromium`).
 pub fn chromium() -> Option<PathBuf> {

@@ -66,20 +66,15 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
         1
     };
     let unsharded = s.dp * s.cp == 1 && expert_dp <= 1;
-    let allowed: Vec<Zero> = if space.plain_dp_alone && (s.tp > 1 || s.pp > 1 || s.cp > 1) {
+    // Plain data parallelism beside TP, PP or CP where the framework has none.
+    let plain_ok = !(space.plain_dp_alone && (s.tp > 1 || s.pp > 1 || s.cp > 1));
+    let zeros = || {
         space
             .zero
             .iter()
             .copied()
-            .filter(|z| *z != Zero::None)
-            .collect()
-    } else {
-        space.zero.clone()
-    };
-    let zeros: &[Zero] = if unsharded {
-        &allowed[..allowed.len().min(1)]
-    } else {
-        &allowed
+            .filter(move |z| plain_ok || *z != Zero::None)
+            .take(if unsharded { 1 } else { usize::MAX })
     };
     let recomputes: Vec<(Recompute, RecomputeModules)> = space
         .recompute
@@ -91,7 +86,7 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
         .collect();
     for &sp in &sps {
         for &mbs in &space.mbs {
-            for &zero in zeros {
+            for zero in zeros() {
                 for &(recompute, recompute_modules) in &recomputes {
                     for &schedule in &schedules {
                         enumerated += 1;
