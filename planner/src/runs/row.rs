@@ -391,6 +391,14 @@ fn cluster_for(r: &Row, gpu: &str) -> Result<Cluster, RowError> {
             .validate()
             .map_err(|e| RowError::column("hbm_gib", e))?;
     }
+    // The network of the run's cluster, per GPU, when it differs from the profile's
+    // (the same GPUs and nodes with fewer or slower NICs).
+    if let Some(nic) = positive(r, "nic_gbytes_per_s")? {
+        profile.network.nic_gbytes_per_s = nic;
+        profile
+            .validate()
+            .map_err(|e| RowError::column("nic_gbytes_per_s", e))?;
+    }
     let gpus = req(r, "gpus")?;
     // The run was measured, so it fit: no planning headroom applies to it.
     profile.memory.headroom = 0.0;

@@ -314,6 +314,31 @@ fn measured_memory_columns() {
     }
 }
 
+/// `nic_gbytes_per_s` sets the network per GPU of the run's cluster (vTrain's
+/// A100 nodes have 4 x 200 Gb/s, half a DGX A100's), and the step it prices is
+/// slower for it; a value the profile cannot hold is refused naming the column.
+#[test]
+fn network_column_sets_the_nic() {
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut row = nemotron_row();
+        row.extend_from_slice(extra);
+        parse_runs(&csv(&row)).unwrap().remove(0)
+    };
+    let base = with(&[]).unwrap();
+    let slow = with(&[("nic_gbytes_per_s", "12.5")]).unwrap();
+    assert_ne!(base.cluster.profile.network.nic_gbytes_per_s, 12.5);
+    assert_eq!(slow.cluster.profile.network.nic_gbytes_per_s, 12.5);
+    assert!(slow.estimate().unwrap().step_secs > base.estimate().unwrap().step_secs);
+    for bad in ["0", "-1", "fast"] {
+        let err = with(&[("nic_gbytes_per_s", bad)]).unwrap_err();
+        assert!(
+            err.reason.contains("column 'nic_gbytes_per_s'"),
+            "{bad}: {}",
+            err.reason
+        );
+    }
+}
+
 /// `cross_entropy = compiled` is torchtitan's loss under torch.compile: a row of
 /// another framework that states it is refused, naming the column; a torchtitan
 /// row is priced with it.
