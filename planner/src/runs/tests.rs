@@ -174,6 +174,13 @@ fn nemotron_row() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
+/// The Nemotron row with `extra` columns added, parsed.
+fn nemotron_with(extra: &[(&'static str, &'static str)]) -> Result<RunCase, Unrepresentable> {
+    let mut row = nemotron_row();
+    row.extend_from_slice(extra);
+    parse_runs(&csv(&row)).unwrap().remove(0)
+}
+
 /// A model that is no preset comes from the row's shape columns and is priced;
 /// a row leaving out a column the shape needs is refused, naming the column.
 #[test]
@@ -260,11 +267,7 @@ fn unknown_models_are_built_from_shape_columns() {
 /// `hbm_gib` column sets the GPUs' memory.
 #[test]
 fn measured_memory_columns() {
-    let with = |extra: &[(&'static str, &'static str)]| {
-        let mut row = nemotron_row();
-        row.extend_from_slice(extra);
-        parse_runs(&csv(&row)).unwrap().remove(0)
-    };
+    let with = nemotron_with;
     let c = with(&[
         ("measured_mem_gib", "61.5"),
         ("mem_kind", "peak_reserved"),
@@ -319,11 +322,7 @@ fn measured_memory_columns() {
 /// slower for it; a value the profile cannot hold is refused naming the column.
 #[test]
 fn network_column_sets_the_nic() {
-    let with = |extra: &[(&'static str, &'static str)]| {
-        let mut row = nemotron_row();
-        row.extend_from_slice(extra);
-        parse_runs(&csv(&row)).unwrap().remove(0)
-    };
+    let with = nemotron_with;
     let base = with(&[]).unwrap();
     let slow = with(&[("nic_gbytes_per_s", "12.5")]).unwrap();
     assert_ne!(base.cluster.profile.network.nic_gbytes_per_s, 12.5);
@@ -344,11 +343,7 @@ fn network_column_sets_the_nic() {
 /// row is priced with it.
 #[test]
 fn compiled_loss_only_for_torchtitan_rows() {
-    let with = |extra: &[(&'static str, &'static str)]| {
-        let mut row = nemotron_row();
-        row.extend_from_slice(extra);
-        parse_runs(&csv(&row)).unwrap().remove(0)
-    };
+    let with = nemotron_with;
     let e = with(&[("cross_entropy", "compiled")]).unwrap_err().reason;
     assert!(
         e.contains("column 'cross_entropy' is 'compiled'")
