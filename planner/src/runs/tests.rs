@@ -318,7 +318,7 @@ fn measured_memory_columns() {
 }
 
 /// `nic_gbytes_per_s` sets the network per GPU of the run's cluster (vTrain's
-/// A100 nodes have 4 x 200 Gb/s, half a DGX A100's), and the step it prices is
+/// A100 nodes have 800 Gb/s, half a DGX A100's), and the step it prices is
 /// slower for it; a value the profile cannot hold is refused naming the column.
 #[test]
 fn network_column_sets_the_nic() {
