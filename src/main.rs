@@ -645,6 +645,12 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         inp.model.moe.is_some(),
         &inp.cluster.profile,
     ));
+    if let Some(first) = res.top.first() {
+        notes.extend(sextant_planner::notes::small_layer_notes(
+            inp.model.moe.is_some(),
+            &first.estimate,
+        ));
+    }
     text.push_str(&render::notes(&notes));
     if let Some(path) = &a.report {
         rescore_sensitivity(&mut res, &inp.model, &inp.cluster, &inp.workload, &space);
@@ -1085,6 +1091,10 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     notes.extend(sextant_planner::notes::host_notes(
         inp.model.moe.is_some(),
         &inp.cluster.profile,
+    ));
+    notes.extend(sextant_planner::notes::small_layer_notes(
+        inp.model.moe.is_some(),
+        &est,
     ));
     text.push_str(&render::notes(&notes));
     emit(&a.common, &plan, text)

@@ -61,6 +61,40 @@ pub fn host_notes(moe: bool, profile: &crate::hardware::HardwareProfile) -> Vec<
     }
 }
 
+/// Below this much GPU time per transformer layer and micro-batch (forward,
+/// backward and recomputation, on the critical stage) every published dense run
+/// took longer than priced: vTrain's single-node A100 iterations
+/// (tests/data/vtrain_single_node.csv, Megatron-DeepSpeed: 582 rows, 1.7 to 10.6
+/// times the priced step, median 2.6) and the Ultra-Scale Playbook's nanotron runs
+/// (tests/data/published_sweeps.csv: 6 rows, 2.2 to 3.5 times); no published run of
+/// the Megatron-Core stack has layers this small (from 2 to 8 ms its 11 runs took
+/// 0.95 to 1.19 times the priced step, the other stacks' 0.9 to 2.9 times).
+/// `small_layers_ran_slower_than_priced` checks all of it and prints the table;
+/// docs/trust.md, "Small layers". A threshold for a note, not a constant of the
+/// cost model: no number changes with it.
+pub const SMALL_LAYER_SECS: f64 = 2e-3;
+
+/// A note when a dense plan's layers are so small that the host issuing their
+/// kernels, which the cost model prices only for mixture-of-experts layers, is
+/// likely to hold the GPU back.
+pub fn small_layer_notes(moe: bool, est: &crate::cost::Estimate) -> Vec<String> {
+    let Some(stage) = est.stages.get(est.critical_stage as usize) else {
+        return Vec::new();
+    };
+    if moe || stage.layers == 0 {
+        return Vec::new();
+    }
+    let per_layer = stage.secs_per_micro_batch / stage.layers as f64;
+    if per_layer >= SMALL_LAYER_SECS {
+        return Vec::new();
+    }
+    vec![format!(
+        "each layer takes {:.1} ms of GPU time per micro-batch (forward and backward): every published run with layers under {:.0} ms (Megatron-DeepSpeed and nanotron; none of Megatron-Core) took 1.7 to 10.6 times the priced step (median 2.6): the host issuing the kernels, priced for MoE layers only (docs/trust.md); expect this step to be slower, or give each layer more work (a larger micro-batch, less tensor parallelism)",
+        per_layer * 1e3,
+        SMALL_LAYER_SECS * 1e3
+    )]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,5 +169,53 @@ mod tests {
         assert!(host_notes(false, &p).is_empty());
         let n = host_notes(true, &p);
         assert!(n.len() == 1 && n[0].contains("host_op_us"), "{n:?}");
+    }
+
+    /// The small-layer note fires exactly when the critical stage's time per layer
+    /// and micro-batch is under the threshold, for dense plans only.
+    #[test]
+    fn small_layers_are_named() {
+        let hw = crate::hardware::builtin_profile("h100-sxm").unwrap();
+        let cluster = crate::hardware::Cluster::new(hw, 64).unwrap();
+        let model = crate::presets::resolve("8b").unwrap().spec;
+        use crate::config::{Dispatcher, Layout, Overlap, Recompute, Zero};
+        let mut c = ParallelConfig {
+            tp: 8,
+            pp: 1,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp: 8,
+            sp: true,
+            mbs: 1,
+            zero: Zero::DistOpt,
+            recompute: Recompute::None,
+            layout: Layout::Even,
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            bf16_moments: false,
+            recompute_modules: Default::default(),
+            moe_dispatcher: Dispatcher::AllToAll,
+            schedule: crate::schedule::Schedule::OneFOneB,
+        };
+        let e = crate::cost::estimate(&model, &cluster, &w(2048, 512), &c).unwrap();
+        let stage = &e.stages[e.critical_stage as usize];
+        let per_layer = stage.secs_per_micro_batch / stage.layers as f64;
+        assert!(per_layer < SMALL_LAYER_SECS, "{per_layer}");
+        let n = small_layer_notes(false, &e);
+        assert!(
+            n.len() == 1 && n[0].contains(&format!("{:.1} ms", per_layer * 1e3)),
+            "{n:?}"
+        );
+        assert!(small_layer_notes(true, &e).is_empty());
+        c.tp = 1;
+        c.sp = false;
+        c.dp = 64;
+        c.mbs = 2;
+        let e = crate::cost::estimate(&model, &cluster, &w(2048, 512), &c).unwrap();
+        let stage = &e.stages[e.critical_stage as usize];
+        assert!(stage.secs_per_micro_batch / stage.layers as f64 >= SMALL_LAYER_SECS);
+        assert!(small_layer_notes(false, &e).is_empty());
     }
 }

@@ -81,6 +81,27 @@ fn plan_says_when_the_step_is_optimistic() {
     );
 }
 
+/// A dense plan whose layers take under 2 ms per micro-batch is named as one the
+/// published runs ran slower than priced; the default 70B plan is not.
+#[test]
+fn small_layers_get_a_note() {
+    let o = sextant(&[
+        "estimate", "--model", "8b", "--gpus", "64", "--seq", "2048", "--tp", "8", "--dp", "8",
+        "--mbs", "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("note: each layer takes")
+            && out.contains("ms of GPU time per micro-batch")
+            && out.contains("none of Megatron-Core"),
+        "{out}"
+    );
+    let o = sextant(&["plan", "--model", "70b", "--gpus", "128", "--top", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("each layer takes"), "{}", stdout(&o));
+}
+
 #[test]
 fn plan_flags_change_assumptions_and_json_is_a_plan_file() {
     let o = sextant(&[
