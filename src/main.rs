@@ -651,6 +651,14 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             &first.estimate,
         ));
     }
+    notes.extend(sextant_planner::notes::tie_notes(
+        &res.top,
+        |c| match (rank_by, &c.estimate.band) {
+            (RankBy::Upper, Some(b)) => b.high_secs,
+            _ => c.estimate.step_secs,
+        },
+        inp.cluster.profile.capacity_bytes(),
+    ));
     text.push_str(&render::notes(&notes));
     if let Some(path) = &a.report {
         rescore_sensitivity(&mut res, &inp.model, &inp.cluster, &inp.workload, &space);

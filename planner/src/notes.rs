@@ -95,6 +95,81 @@ pub fn small_layer_notes(moe: bool, est: &crate::cost::Estimate) -> Vec<String> 
     )]
 }
 
+/// Plans whose ranking keys lie within this fraction of the first plan's are ties as
+/// far as the evidence goes: the published-sweep test checks the model's order only
+/// for configurations measured 5% or more apart (`published_sweeps_are_ordered`),
+/// and its median error on the published runs is 4-5% (docs/trust.md). A threshold
+/// for a note: no ranking changes with it.
+pub const TIE: f64 = 0.05;
+
+/// A note when the first plan is tied (within [`TIE`]) with plans a practitioner
+/// would rather run: one holding clearly less memory when the first sits at the
+/// edge of the usable HBM, or one with fewer, deeper virtual stages when the first
+/// gives each virtual stage a single layer. `key` is what the ranking sorted by.
+pub fn tie_notes(
+    top: &[crate::search::Candidate],
+    key: impl Fn(&crate::search::Candidate) -> f64,
+    cap_bytes: f64,
+) -> Vec<String> {
+    let Some(first) = top.first() else {
+        return Vec::new();
+    };
+    let k0 = key(first);
+    let tied: Vec<(usize, &crate::search::Candidate)> = top
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| key(c) <= k0 * (1.0 + TIE))
+        .collect();
+    if tied.len() < 2 {
+        return Vec::new();
+    }
+    let gib = |c: &crate::search::Candidate| c.estimate.memory.total / crate::hardware::GIB;
+    let mem = |c: &crate::search::Candidate| c.estimate.memory.total / cap_bytes;
+    // Layers per virtual stage on the stage that sets the pace.
+    let depth = |c: &crate::search::Candidate| {
+        let e = &c.estimate;
+        e.stages
+            .get(e.critical_stage as usize)
+            .map_or(0.0, |s| s.layers as f64 / c.config.vpp.max(1) as f64)
+    };
+    let behind = |c: &crate::search::Candidate| 100.0 * (key(c) / k0 - 1.0);
+    let mut why = Vec::new();
+    // The best-ranked tied plan with a margin, when the first has none.
+    if mem(first) >= 0.95 {
+        if let Some((i, c)) = tied.iter().find(|(_, c)| mem(c) <= 0.85) {
+            why.push(format!(
+                "plan {} ({:+.1}%) needs {:.1} GiB where the first needs {:.1} of the {:.1} a plan may use",
+                i + 1,
+                behind(c),
+                gib(c),
+                gib(first),
+                cap_bytes / crate::hardware::GIB
+            ));
+        }
+    }
+    if first.config.vpp > 1 && depth(first) <= 1.0 {
+        if let Some((i, c)) = tied.iter().find(|(_, c)| depth(c) >= 2.0) {
+            why.push(format!(
+                "plan {} ({:+.1}%) gives each virtual stage {:.0} layers where the first gives one (VPP {} against {}: fewer pipeline messages and launches)",
+                i + 1,
+                behind(c),
+                depth(c),
+                c.config.vpp,
+                first.config.vpp
+            ));
+        }
+    }
+    if why.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "plans 1 to {} rank within {:.0}% of the first, and the published sweeps check the model's order only for configurations measured 5% or more apart (docs/trust.md), so it cannot tell these apart: {}; run the one you would trust",
+        tied.last().map_or(1, |t| t.0 + 1),
+        TIE * 100.0,
+        why.join(", and ")
+    )]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

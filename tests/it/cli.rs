@@ -102,6 +102,28 @@ fn small_layers_get_a_note() {
     assert!(!stdout(&o).contains("each layer takes"), "{}", stdout(&o));
 }
 
+/// When the first plan is tied (within 5%) with a plan holding a margin of memory or
+/// deeper virtual stages, the note names them; a lone plan gets no such note.
+#[test]
+fn tied_plans_name_the_safer_one() {
+    let o = sextant(&["plan", "--model", "70b", "--gpus", "128"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let note = out
+        .lines()
+        .find(|l| l.starts_with("note: plans 1 to"))
+        .unwrap_or_else(|| panic!("no tie note: {out}"));
+    assert!(
+        note.contains("rank within 5% of the first")
+            && note.contains("where the first needs 75.6 of the 75.6 a plan may use")
+            && note.contains("where the first gives one (VPP"),
+        "{note}"
+    );
+    let o = sextant(&["plan", "--model", "70b", "--gpus", "128", "--top", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("note: plans 1 to"), "{}", stdout(&o));
+}
+
 #[test]
 fn plan_flags_change_assumptions_and_json_is_a_plan_file() {
     let o = sextant(&[
