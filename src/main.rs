@@ -1189,12 +1189,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Validate(a) => cmd_validate(a),
         Command::Completions { shell } => {
             use clap::CommandFactory;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "sextant",
-                &mut std::io::stdout(),
-            );
+            // Into a buffer first: clap_complete panics when its writer fails
+            // (a full disk, a closed pipe); our writer says so in one line.
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "sextant", &mut buf);
+            print!("{}", String::from_utf8_lossy(&buf));
             Ok(())
         }
         Command::Exec(a) => exec::cmd_exec(a),

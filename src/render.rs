@@ -17,19 +17,22 @@ pub fn assumptions(inp: &Inputs) -> String {
     let m = &inp.model;
     let p = &inp.cluster.profile;
     let w = &inp.workload;
+    // Names come from the user's files: control characters (a terminal escape would
+    // rewrite the screen) are shown escaped, and a long name is cut.
+    let name = |t: &str| sextant_planner::json::one_line(t, 100);
     let _ = writeln!(
         s,
         "Model:     {} ({}): {}",
-        m.name,
-        inp.model_note,
+        name(&m.name),
+        name(&inp.model_note),
         m.summary()
     );
     let _ = writeln!(
         s,
         "Cluster:   {} x {} ({}), {} nodes of {}, NVLink domain {} at {:.0} GB/s, network {:.0} GB/s per GPU, {:.1} GiB HBM of which plans use at most {:.1} (headroom {:.0}%, --mem-headroom)",
         inp.cluster.gpus,
-        p.gpu.name,
-        p.name,
+        name(&p.gpu.name),
+        name(&p.name),
         inp.cluster.nodes(),
         p.node.gpus_per_node,
         p.node.nvlink_domain,

@@ -89,7 +89,7 @@ const DETAIL_SHOWN: usize = 300;
 
 /// `text` on one line (control characters escaped) and at most `max` characters
 /// of it, marked "..." where cut: what an error may echo of a file.
-fn one_line(text: &str, max: usize) -> String {
+pub fn one_line(text: &str, max: usize) -> String {
     let mut out = String::new();
     for c in text.chars().take(max) {
         if c.is_control() {

@@ -101,7 +101,8 @@ pub fn plan_mixed(
     cfg: &ParallelConfig,
     a: Assumptions,
 ) -> Result<MixedPlan, MixedError> {
-    let total: u64 = classes.iter().map(|(_, n)| n).sum();
+    // Saturating: counts near u64::MAX must not wrap to a total that matches.
+    let total = classes.iter().fold(0u64, |t, (_, n)| t.saturating_add(*n));
     if classes.len() < 2 {
         return Err(MixedError::OneClass);
     }

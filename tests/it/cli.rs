@@ -102,6 +102,61 @@ fn small_layers_get_a_note() {
     assert!(!stdout(&o).contains("each layer takes"), "{}", stdout(&o));
 }
 
+/// Counts near u64::MAX must not wrap below the bounds they are checked against, and
+/// a shell completion that cannot be written is one error line, not clap's panic.
+#[test]
+fn huge_counts_do_not_wrap_and_completions_fail_cleanly() {
+    crate::common::fails_with_one_line(
+        &[
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--prompt-len",
+            "1",
+            "--prompt-max",
+            "18446744073709551615",
+            "--response-len",
+            "2",
+            "--emit",
+            "rlinf",
+        ],
+        "beyond what Sextant prices",
+    );
+    crate::common::fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "70b",
+            "--gpus",
+            "128",
+            "--tp",
+            "8",
+            "--pp",
+            "16",
+            "--global-batch",
+            "64",
+            "--mix",
+            "h100-sxm:18446744073709551552,a100-80g:192",
+        ],
+        "add up to 18446744073709551615 GPUs",
+    );
+    if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_sextant"))
+            .args(["completions", "bash"])
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            !err.contains("panicked") && err.trim_end().lines().count() == 1,
+            "{err}"
+        );
+    }
+}
+
 /// When the first plan is tied (within 5%) with a plan holding a margin of memory or
 /// deeper virtual stages, the note names them; a lone plan gets no such note.
 #[test]

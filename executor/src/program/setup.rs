@@ -370,10 +370,12 @@ fn micro_batches(
         }
         m = m.div_ceil(cfg.pp) * cfg.pp;
     }
-    if m == 0 || m >= 1 << 20 || o.steps + o.warmup >= 4096 || stages >= 8192 {
+    // Saturating: --max-steps near u64::MAX must not wrap below the bound.
+    let steps = o.steps.saturating_add(o.warmup);
+    if m == 0 || m >= 1 << 20 || steps >= 4096 || stages >= 8192 {
         return Err(SetupError::TagBounds {
             micro_batches: m,
-            steps: o.steps + o.warmup,
+            steps,
             stages,
         });
     }

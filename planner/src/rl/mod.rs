@@ -138,10 +138,13 @@ impl RlWorkload {
                 max: self.lengths.prompt_max,
             });
         }
-        if self.lengths.prompt_max + self.lengths.response_max > 1 << 20 {
-            return Err(RlError::TooLong {
-                tokens: self.lengths.prompt_max + self.lengths.response_max,
-            });
+        // Saturating: lengths near u64::MAX must not wrap below the bound.
+        let longest = self
+            .lengths
+            .prompt_max
+            .saturating_add(self.lengths.response_max);
+        if longest > 1 << 20 {
+            return Err(RlError::TooLong { tokens: longest });
         }
         if !self.sequences().is_multiple_of(self.mini_batches) {
             return Err(RlError::MiniBatches {

@@ -76,7 +76,8 @@ impl RowError {
     pub(super) fn cell(column: &str, value: &str, expected: impl ToString) -> RowError {
         RowError::Cell {
             column: column.to_string(),
-            value: value.to_string(),
+            // From the user's file: escaped and cut to one short line.
+            value: crate::json::one_line(value, 60),
             expected: expected.to_string(),
         }
     }
@@ -84,7 +85,7 @@ impl RowError {
     pub(super) fn not_one_of(what: &'static str, value: &str, allowed: &'static str) -> RowError {
         RowError::NotOneOf {
             what,
-            value: value.to_string(),
+            value: crate::json::one_line(value, 60),
             allowed,
         }
     }

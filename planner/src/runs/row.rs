@@ -560,9 +560,22 @@ fn metric_for(r: &Row) -> Result<(Metric, f64), RowError> {
     };
     let value: f64 = get(r, "value")
         .parse()
-        .map_err(|_| RowError::ValueNotANumber(get(r, "value").to_string()))?;
+        .map_err(|_| RowError::ValueNotANumber(crate::json::one_line(get(r, "value"), 60)))?;
     if !(value.is_finite() && value > 0.0) {
         return Err(RowError::ValueNotPositive(value));
+    }
+    // A measurement of a training step: from 0.1 ms to a year per step, or from a
+    // thousandth of a token to 100 million tokens per second per GPU.
+    let (lo, hi) = match metric {
+        Metric::IterSecs => (1e-4, 3.2e7),
+        Metric::TokensPerSecPerGpu => (1e-3, 1e8),
+    };
+    if !(lo..=hi).contains(&value) {
+        return Err(RowError::cell(
+            "value",
+            get(r, "value"),
+            format!("a measured {} from {lo:e} to {hi:e}", get(r, "metric")),
+        ));
     }
     Ok((metric, value))
 }

@@ -317,6 +317,31 @@ fn measured_memory_columns() {
     }
 }
 
+/// A measured value outside what a training step can be is refused naming the
+/// column, and a hostile cell is echoed escaped and cut, never whole.
+#[test]
+fn measured_values_have_a_range_and_cells_are_cut() {
+    for (metric, value) in [
+        ("iter_s", "1e-320"),
+        ("iter_s", "1e9"),
+        ("tok_per_s_per_gpu", "1e308"),
+    ] {
+        let err = nemotron_with(&[("metric", metric), ("value", value)]).unwrap_err();
+        assert!(
+            err.reason.contains("column 'value'"),
+            "{value}: {}",
+            err.reason
+        );
+    }
+    let long = Box::leak(format!("bf16\u{1b}[2J{}", "x".repeat(100_000)).into_boxed_str());
+    let err = nemotron_with(&[("precision", long)]).unwrap_err();
+    assert!(
+        err.reason.len() < 300 && !err.reason.contains('\u{1b}'),
+        "{}",
+        err.reason
+    );
+}
+
 /// `nic_gbytes_per_s` sets the network per GPU of the run's cluster (vTrain's
 /// A100 nodes have 800 Gb/s, half a DGX A100's), and the step it prices is
 /// slower for it; a value the profile cannot hold is refused naming the column.
