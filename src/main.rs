@@ -581,8 +581,24 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     let mut text = render::assumptions(&inp);
     text.push('\n');
     if res.top.is_empty() && res.enumerated == 0 {
+        // Only virtual stages restricted to interleaved schedules: say the rule that
+        // leaves none (an interleaved pipeline splits the layers evenly).
+        let interleaved_only = inp.schedules.as_ref().is_some_and(|s| {
+            !s.is_empty()
+                && s.iter()
+                    .all(|s| *s == sextant_planner::schedule::Schedule::Interleaved)
+        });
+        let why = if interleaved_only {
+            format!(
+                ", and --schedule {} needs the {} layers split evenly over pp x vpp virtual stages (or an explicit --pp-layout)",
+                inp.schedules.as_deref().unwrap_or_default().iter().map(|s| s.name()).collect::<Vec<_>>().join(","),
+                inp.model.layers
+            )
+        } else {
+            String::new()
+        };
         bail!(
-            "no configuration of {} on {} GPUs matches the --tp/--pp/--vpp/--cp/--ep/--etp values given (within what {} runs): tp x pp x cp must divide the GPU count and tp the attention heads ({}); widen or drop a restriction",
+            "no configuration of {} on {} GPUs matches the --schedule/--tp/--pp/--vpp/--cp/--ep/--etp values given (within what {} runs): tp x pp x cp must divide the GPU count and tp the attention heads ({}){why}; widen or drop a restriction",
             inp.model.name,
             inp.cluster.gpus,
             target_name,

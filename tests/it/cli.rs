@@ -157,6 +157,26 @@ fn huge_counts_do_not_wrap_and_completions_fail_cleanly() {
     }
 }
 
+/// A search that only --schedule interleaved empties names that rule, not the
+/// --tp/--pp flags the user did not give.
+#[test]
+fn an_impossible_interleaving_is_named() {
+    crate::common::fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "deepseek-v3",
+            "--gpus",
+            "1024",
+            "--gpu",
+            "h800",
+            "--schedule",
+            "interleaved",
+        ],
+        "--schedule interleaved needs the 61 layers split evenly",
+    );
+}
+
 /// When the first plan is tied (within 5%) with a plan holding a margin of memory or
 /// deeper virtual stages, the note names them; a lone plan gets no such note.
 #[test]

@@ -274,11 +274,22 @@ impl ParallelConfig {
                 Ok(vec![layers / chunks; chunks as usize])
             }
             Layout::AccountEmbeddingLoss => {
-                if !(layers + 2).is_multiple_of(chunks) || (layers + 2) / chunks < 2 && chunks > 1 {
+                if !(layers + 2).is_multiple_of(chunks) {
                     return Err(Rejection::Layout {
                         detail: format!(
                             "layers + embedding + loss = {} is not a multiple of pp x vpp = {chunks}",
                             layers + 2
+                        ),
+                    });
+                }
+                // The first virtual stage holds the embedding and the last the loss,
+                // each beside at least one transformer layer.
+                if (layers + 2) / chunks < 2 && chunks > 1 {
+                    return Err(Rejection::Layout {
+                        detail: format!(
+                            "layers + embedding + loss = {} over pp x vpp = {chunks} virtual stages leaves the first and last without a transformer layer: use at most {} virtual stages in all (or --pp-layout)",
+                            layers + 2,
+                            (layers + 2) / 2
                         ),
                     });
                 }

@@ -43,6 +43,16 @@ fn layouts_split_layers() {
     assert_eq!(v.len(), 64);
     assert_eq!(v.iter().sum::<u64>(), 126);
     assert_eq!((v[0], v[1], v[63]), (1, 2, 1));
+    // One unit per virtual stage would leave the first and last without a layer:
+    // said so, not "128 is not a multiple of 128".
+    let e = cfg(16, 8, Layout::AccountEmbeddingLoss)
+        .stage_layers(126)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("without a transformer layer") && e.contains("at most 64 virtual stages"),
+        "{e}"
+    );
     assert_eq!(
         cfg(
             4,
