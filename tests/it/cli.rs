@@ -2219,6 +2219,9 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
             "64",
             "--target",
             "torchtitan",
+            // One stage, so that every plan's worst stage holds the output layer.
+            "--pp",
+            "1",
             "--loss",
             loss,
         ]
@@ -2230,13 +2233,18 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
         compiled.assumptions.loss,
         sextant_planner::cost::LossKernel::Compiled
     );
-    // The same layout holds 8 bytes less per logit on the rank with the output layer.
-    let first = &compiled.plans[0];
-    let same = eager
+    // The same layout holds 8 bytes less per logit (its one stage has the output layer).
+    let (first, same) = compiled
         .plans
         .iter()
-        .find(|p| p.config == first.config)
-        .expect("the compiled loss's first plan is ranked with the eager loss too");
+        .find_map(|c| {
+            eager
+                .plans
+                .iter()
+                .find(|e| e.config == c.config)
+                .map(|e| (c, e))
+        })
+        .expect("a layout ranked with both losses");
     assert!(
         first.estimate.memory.logits < same.estimate.memory.logits / 2.0,
         "{} vs {}",

@@ -131,7 +131,7 @@ fn check_validation_file(mut samples: Vec<ErrorSample>) {
     }
     let fresh = ValidationSet {
         schema_version: 1,
-        source: "signed step-time error (predicted / measured - 1) and reach of every row of tests/data/published_runs.csv; per-axis error drift from tests/data/published_sweeps.csv, and the signed error of its rows trained with other frameworks (torchtitan, nanotron: their plans' band pools, no reach); written by tests/it/published.rs".into(),
+        source: "signed step-time error (predicted / measured - 1) and reach of every row of tests/data/published_runs.csv; per-axis error drift from tests/data/published_sweeps.csv, and the signed error of its rows trained with other frameworks (torchtitan, nanotron: their plans' band pools and validated region); written by tests/it/published.rs".into(),
         samples,
         rates,
     };
@@ -370,8 +370,9 @@ struct SweepData {
     points: Vec<SweepPoint>,
     /// The step-time errors of the rows trained with a framework other than
     /// Megatron-Core (torchtitan, nanotron): the band pools of plans for those
-    /// frameworks. They carry no reach (they do not widen the validated region,
-    /// which the Megatron-Core runs set) and no term shares.
+    /// frameworks. They carry their reach, the validated region of plans for their
+    /// framework (`Ranker::new` keeps the frameworks' regions apart), and no term
+    /// shares.
     other_frameworks: Vec<ErrorSample>,
 }
 
@@ -409,6 +410,13 @@ fn sweeps() -> SweepData {
         match case.estimate() {
             Ok(e) => {
                 let (axis, sweep) = member[&case.id].clone();
+                let reductions = grad_reductions(
+                    case.moe,
+                    &case.config,
+                    e.micro_batches,
+                    case.assumptions.framework,
+                );
+                let reach = Reach::of(&case.cluster, &case.config, reductions, e.memory.total);
                 if !case.assumptions.framework.is_megatron_core() {
                     let err = e.step_secs / case.measured_step_secs() - 1.0;
                     other_frameworks.push(ErrorSample {
@@ -417,17 +425,12 @@ fn sweeps() -> SweepData {
                         moe: case.moe,
                         rel_error: (err * 1e4).round() / 1e4,
                         shares: None,
-                        reach: None,
+                        // The validated region of plans for this framework
+                        // (`Ranker::new` keeps the frameworks' regions apart).
+                        reach: Some(round_reach(reach.clone())),
                         framework: case.assumptions.framework,
                     });
                 }
-                let reductions = grad_reductions(
-                    case.moe,
-                    &case.config,
-                    e.micro_batches,
-                    case.assumptions.framework,
-                );
-                let reach = Reach::of(&case.cluster, &case.config, reductions, e.memory.total);
                 // The sweep axes that are axes of the validated region.
                 let on = match axis.as_str() {
                     "vpp" => Some((AXES[0], reach.virtual_stages)),

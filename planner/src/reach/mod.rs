@@ -326,11 +326,22 @@ impl Ranker {
         let (low, high) = template
             .as_ref()
             .map_or((1.0, 1.0), |b| (b.low_secs, b.high_secs));
-        let reaches: Vec<&Reach> = set
-            .samples
-            .iter()
-            .filter_map(|s| s.reach.as_ref())
-            .collect();
+        // The validated region is that of the runs trained with the plan's framework
+        // (torchtitan's own FSDP runs for a torchtitan plan); a framework with none
+        // (ScaleTorch) takes Megatron-Core's, the runs the region was first drawn from.
+        let of = |fw: crate::cost::Framework| -> Vec<&Reach> {
+            set.samples
+                .iter()
+                .filter(|s| s.framework == fw)
+                .filter_map(|s| s.reach.as_ref())
+                .collect()
+        };
+        let own = of(framework);
+        let reaches = if own.is_empty() {
+            of(crate::cost::Framework::MegatronCore)
+        } else {
+            own
+        };
         let rate = |axis: &str| {
             set.rates
                 .iter()

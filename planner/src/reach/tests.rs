@@ -342,3 +342,40 @@ fn widening_uses_the_bands_own_coverage() {
     assert!(upper_z(0.99) > upper_z(0.9) && upper_z(0.9) > upper_z(0.8));
     assert!(upper_z(1.0).is_finite() && upper_z(0.0) >= 0.0);
 }
+
+/// Each framework's plans are judged against the region its own runs validated:
+/// torchtitan's FSDP runs validate ZeRO-3 at DP 64 for a torchtitan plan without
+/// widening Megatron-Core's region, and a framework with no runs (ScaleTorch) takes
+/// Megatron-Core's.
+#[test]
+fn each_framework_has_its_own_validated_region() {
+    let mut s = set(
+        &(0..10).map(|_| reach(1.0, 0.8, "1f1b")).collect::<Vec<_>>(),
+        0.05,
+    );
+    for i in 0..5 {
+        let mut r = reach(1.0, 0.8, "1f1b");
+        r.zero3_dp = 64.0;
+        s.samples.push(ErrorSample {
+            id: format!("tt{i}"),
+            profile: "h100-sxm".into(),
+            moe: false,
+            rel_error: -0.1,
+            shares: None,
+            reach: Some(r),
+            framework: Framework::Torchtitan,
+        });
+    }
+    let mut fsdp = reach(1.0, 0.8, "1f1b");
+    fsdp.zero3_dp = 64.0;
+    let ranker = |fw| Ranker::new(&s, "h100-sxm", false, fw, RankBy::Upper);
+    let outside = |fw| ranker(fw).band(10.0, &fsdp).unwrap().outside;
+    assert!(outside(Framework::Torchtitan).is_empty());
+    for fw in [Framework::MegatronCore, Framework::ScaleTorch] {
+        let o = outside(fw);
+        assert!(
+            o.len() == 1 && o[0].axis == AXES[1] && o[0].validated == 1.0,
+            "{fw:?}: {o:?}"
+        );
+    }
+}
