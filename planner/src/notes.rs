@@ -185,6 +185,31 @@ mod tests {
         }
     }
 
+    /// A dense Megatron-Core layout: TP `tp` (with SP), PP `pp`, DP `dp`, micro-batch 1.
+    fn dense(tp: u64, pp: u64, dp: u64) -> ParallelConfig {
+        use crate::config::{Dispatcher, Layout, Overlap, Recompute, Zero};
+        ParallelConfig {
+            tp,
+            pp,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp,
+            sp: tp > 1,
+            mbs: 1,
+            zero: Zero::DistOpt,
+            recompute: Recompute::None,
+            layout: Layout::Even,
+            overlap: Overlap::default(),
+            bf16_grads: false,
+            bf16_moments: false,
+            recompute_modules: Default::default(),
+            moe_dispatcher: Dispatcher::AllToAll,
+            schedule: crate::schedule::Schedule::OneFOneB,
+        }
+    }
+
     #[test]
     fn notes_name_the_problem() {
         assert!(sanity_notes(&w(4096, 1024), 128, 4096, None).is_empty());
@@ -198,27 +223,7 @@ mod tests {
             n.len() == 1 && n[0].contains("8.39M tokens") && n[0].contains("2.0x"),
             "{n:?}"
         );
-        use crate::config::{Dispatcher, Layout, Overlap, Recompute, Zero};
-        let c = ParallelConfig {
-            tp: 8,
-            pp: 4,
-            vpp: 1,
-            cp: 1,
-            ep: 1,
-            etp: 1,
-            dp: 4,
-            sp: true,
-            mbs: 1,
-            zero: Zero::DistOpt,
-            recompute: Recompute::None,
-            layout: Layout::Even,
-            overlap: Overlap::default(),
-            bf16_grads: false,
-            bf16_moments: false,
-            recompute_modules: Default::default(),
-            moe_dispatcher: Dispatcher::AllToAll,
-            schedule: crate::schedule::Schedule::OneFOneB,
-        };
+        let c = dense(8, 4, 4);
         let n = sanity_notes(&w(4096, 4), 128, 4096, Some(&c));
         assert_eq!(c.micro_batches(&w(4096, 4)), 1);
         assert!(
@@ -253,27 +258,7 @@ mod tests {
         let hw = crate::hardware::builtin_profile("h100-sxm").unwrap();
         let cluster = crate::hardware::Cluster::new(hw, 64).unwrap();
         let model = crate::presets::resolve("8b").unwrap().spec;
-        use crate::config::{Dispatcher, Layout, Overlap, Recompute, Zero};
-        let mut c = ParallelConfig {
-            tp: 8,
-            pp: 1,
-            vpp: 1,
-            cp: 1,
-            ep: 1,
-            etp: 1,
-            dp: 8,
-            sp: true,
-            mbs: 1,
-            zero: Zero::DistOpt,
-            recompute: Recompute::None,
-            layout: Layout::Even,
-            overlap: Overlap::default(),
-            bf16_grads: false,
-            bf16_moments: false,
-            recompute_modules: Default::default(),
-            moe_dispatcher: Dispatcher::AllToAll,
-            schedule: crate::schedule::Schedule::OneFOneB,
-        };
+        let mut c = dense(8, 1, 8);
         let e = crate::cost::estimate(&model, &cluster, &w(2048, 512), &c).unwrap();
         let stage = &e.stages[e.critical_stage as usize];
         let per_layer = stage.secs_per_micro_batch / stage.layers as f64;
