@@ -356,7 +356,8 @@ pub fn calibrate(
 pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, CalibrationError> {
     if o.profile != profile.name {
         return Err(CalibrationError::WrongProfile {
-            overlay: o.profile.clone(),
+            // From the user's file: escaped and cut before it is echoed.
+            overlay: crate::json::one_line(&o.profile, 60),
             profile: profile.name.clone(),
         });
     }

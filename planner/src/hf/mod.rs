@@ -153,10 +153,13 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
         )));
     }
     if !SUPPORTED_TYPES.contains(&model_type) {
+        // From the user's file: escaped and cut before it is echoed.
+        let model_type = crate::json::one_line(model_type, 60);
         let inner = v
             .get("text_config")
             .and_then(|t| t.get("model_type"))
-            .and_then(Value::as_str);
+            .and_then(Value::as_str)
+            .map(|t| crate::json::one_line(t, 60));
         return Err(InputError::HfConfig(match inner {
             Some(inner) => format!(
                 "model_type '{model_type}' is not supported; its text model is 'text_config' (model_type '{inner}'): save that object as a config.json of its own and pass it"

@@ -377,3 +377,20 @@ fn unrepresentable_families_say_why() {
     .to_string();
     assert!(e.contains("text_config") && e.contains("'mistral'"), "{e}");
 }
+
+/// An unsupported `model_type` is echoed escaped and cut: a terminal escape or a
+/// megabyte of it must not reach the one-line error whole.
+#[test]
+fn an_unknown_model_type_is_echoed_escaped_and_cut() {
+    let hostile = format!("qwen3_moe\n\u{1b}[31m{}", "x".repeat(1_000_000));
+    let text = serde_json::json!({ "model_type": hostile }).to_string();
+    let e = from_hf_config(&text, "config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is not supported"), "{e}");
+    assert!(
+        e.len() < 600 && !e.contains('\u{1b}') && !e.contains('\n'),
+        "{} bytes",
+        e.len()
+    );
+}
