@@ -11,6 +11,17 @@ use sextant_planner::search::SearchResult;
 
 use crate::args::Inputs;
 
+/// A value from the user's CSV in a table: control characters escaped, cut to 80
+/// characters, and in Markdown a `|` escaped so that it stays one cell.
+fn csv_cell(text: &str, md: bool) -> String {
+    let t = sextant_planner::json::one_line(text, 80);
+    if md {
+        t.replace('|', "\\|")
+    } else {
+        t
+    }
+}
+
 pub fn assumptions(inp: &Inputs) -> String {
     let scaletorch = inp.assumptions.framework == sextant_planner::cost::Framework::ScaleTorch;
     let mut s = String::new();
@@ -805,10 +816,11 @@ fn summary_lines(s: &mut String, sum: &sextant_planner::validate::Summary, md: b
         );
     }
     for (kind, g) in groups {
+        let group = csv_cell(&g.group, md);
         let name = if kind.is_empty() {
-            g.group.clone()
+            group
         } else {
-            format!("{kind}: {}", g.group)
+            format!("{kind}: {group}")
         };
         if md {
             let _ = writeln!(
@@ -849,7 +861,7 @@ fn rows_table(s: &mut String, rows: &[sextant_planner::validate::RowResult], md:
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {kind} | {:.3} | {:.3} | {:+.1}% |",
-                r.id,
+                csv_cell(&r.id, md),
                 r.profile,
                 r.gpus,
                 r.measured_secs,
@@ -860,7 +872,7 @@ fn rows_table(s: &mut String, rows: &[sextant_planner::validate::RowResult], md:
             let _ = writeln!(
                 s,
                 "{:<44} {:<12} {:>6} {:<5} {:>10.3}s {:>10.3}s {:>+7.1}%",
-                r.id,
+                csv_cell(&r.id, md),
                 r.profile,
                 r.gpus,
                 kind,
@@ -892,7 +904,13 @@ pub fn validation(
     if !unrepresentable.is_empty() {
         let _ = writeln!(s, "\nRows not estimated:");
         for u in unrepresentable {
-            let _ = writeln!(s, "{}{}: {}", if md { "- " } else { "  " }, u.id, u.reason);
+            let _ = writeln!(
+                s,
+                "{}{}: {}",
+                if md { "- " } else { "  " },
+                csv_cell(&u.id, md),
+                sextant_planner::json::one_line(&u.reason, 400)
+            );
         }
     }
     s
@@ -938,7 +956,7 @@ pub fn memory_validation(rows: &[sextant_planner::validate::MemoryRow], md: bool
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {} | {:.1} GiB | {:.1} GiB | {:+.1}% |",
-                r.id,
+                csv_cell(&r.id, md),
                 r.framework,
                 r.kind.name(),
                 stage,
@@ -950,7 +968,7 @@ pub fn memory_validation(rows: &[sextant_planner::validate::MemoryRow], md: bool
             let _ = writeln!(
                 s,
                 "{:<44} {:<13} {:<14} {:>5} {:>7.1}Gi {:>8.1}Gi {:>+7.1}%",
-                r.id,
+                csv_cell(&r.id, md),
                 r.framework,
                 r.kind.name(),
                 stage,
@@ -966,7 +984,7 @@ pub fn memory_validation(rows: &[sextant_planner::validate::MemoryRow], md: bool
             s,
             "{}{:<26} {:>4} rows  median |error| {:>5.1}%  max {:>5.1}%  mean signed {:>+6.1}%",
             if md { "- " } else { "" },
-            g.group,
+            csv_cell(&g.group, md),
             g.rows,
             100.0 * g.median_abs,
             100.0 * g.max_abs,

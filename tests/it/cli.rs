@@ -177,6 +177,30 @@ fn an_impossible_interleaving_is_named() {
     );
 }
 
+/// A run id from the user's CSV stays one table cell: escaped, and in Markdown a
+/// `|` escaped.
+#[test]
+fn validate_tables_escape_the_csv_ids() {
+    let dir = crate::common::TempDir::new("csv-ids");
+    let text = std::fs::read_to_string(crate::common::data("published_runs.csv")).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let row = lines.next().unwrap();
+    let (_, rest) = row.split_once(',').unwrap();
+    let csv = format!("{header}\n\"a|b\u{1b}[2Jc\",{rest}\n");
+    let path = dir.0.join("runs.csv");
+    std::fs::write(&path, csv).unwrap();
+    let o = sextant(&["validate", path.to_str().unwrap(), "--markdown"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(!out.contains('\u{1b}'), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("a\\|b"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(line.matches(" | ").count(), 6, "{line}");
+}
+
 /// When the first plan is tied (within 5%) with a plan holding a margin of memory or
 /// deeper virtual stages, the note names them; a lone plan gets no such note.
 #[test]
