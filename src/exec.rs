@@ -51,7 +51,7 @@ pub struct ExecArgs {
     /// Run this many layers, split over the stages in the plan's proportions.
     #[arg(long = "scale-layers")]
     scale_layers: Option<u64>,
-    /// Run at the plan's real sizes (the default on CUDA; on the CPU backend only for tiny models).
+    /// Run at the plan's real sizes (the default on CUDA; on the CPU backend only for tiny models, refused when the plan's memory over the local ranks exceeds the host's available memory).
     #[arg(long = "full-size")]
     full_size: bool,
     /// Skip the comparison with the unsharded reference.
@@ -146,6 +146,36 @@ enum Fault {
     Absent(u64),
 }
 
+/// `--full-size` on the CPU backend holds the plan's real tensors in host memory:
+/// refuse it when the plan's own memory estimate per GPU, over `ranks` ranks on
+/// this host, already exceeds what the host has available (`MemAvailable` in
+/// /proc/meminfo; no check where that cannot be read). A lower bound: the CPU
+/// backend keeps FP32 copies the GPU estimate does not count.
+fn fits_in_host_memory(bytes: f64, ranks: u64) -> Result<()> {
+    let Some(available) = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map(|kib| kib * 1024.0)
+    else {
+        return Ok(());
+    };
+    let gib = sextant_planner::hardware::GIB;
+    if bytes > available {
+        bail!(
+            "--full-size on the CPU backend would hold at least {:.1} GiB ({ranks} rank{} at the plan's {:.1} GiB per GPU), more than the {:.1} GiB this host has available: run it with --backend cuda on the GPUs, or without --full-size",
+            bytes / gib,
+            if ranks == 1 { "" } else { "s" },
+            bytes / ranks as f64 / gib,
+            available / gib
+        );
+    }
+    Ok(())
+}
+
 fn parse_fault(s: &str) -> Result<Fault> {
     let f: Vec<&str> = s.split(':').collect();
     let num = |x: &str| {
@@ -215,6 +245,9 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
         if n != need {
             bail!("the plan needs {need} ranks (tp x cp x dp x pp) but --ranks {n} was given: use --ranks {need}");
         }
+        if !cuda && opts.full_size {
+            fits_in_host_memory(setup.predicted_bytes * n as f64, n)?;
+        }
         output::check_out(out, plan_path, a.force)?;
         output::remove_stale_temps(out);
         return launch::launch_local(n, a.timeout);
@@ -235,6 +268,10 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
     if env.rank == 0 {
         output::check_out(out, plan_path, a.force).map_err(|e| anyhow!("rank 0: {e}"))?;
         output::remove_stale_temps(out);
+    }
+    if !cuda && opts.full_size {
+        fits_in_host_memory(setup.predicted_bytes, 1)
+            .map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
     }
     if cuda {
         return run_cuda(&setup, &opts, &env, hash, (out, plan_path), a.force);

@@ -697,3 +697,34 @@ fn cpu_backend_expert_tensor_parallelism() {
         }
     }
 }
+
+/// `--full-size` on the CPU backend is refused in one line, before any rank
+/// starts, when the plan's own per-GPU memory over its ranks exceeds what the host
+/// has available (405B on 128 ranks: about 9 TiB), instead of growing until the
+/// host runs out.
+#[test]
+fn full_size_on_the_cpu_refuses_what_the_host_cannot_hold() {
+    if std::fs::read_to_string("/proc/meminfo").is_err() {
+        return;
+    }
+    let dir = TempDir::new("full-size-host");
+    let plan = crate::common::saved(
+        &dir,
+        "p.json",
+        &["plan", "--model", "405b", "--gpus", "128"],
+    );
+    let out = dir.0.join("r.json");
+    fails_with_one_line(
+        &[
+            "exec",
+            plan.to_str().unwrap(),
+            "--ranks",
+            "128",
+            "--full-size",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        "--full-size on the CPU backend would hold at least",
+    );
+    assert!(!out.exists());
+}
