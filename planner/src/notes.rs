@@ -74,20 +74,21 @@ pub fn host_notes(moe: bool, profile: &crate::hardware::HardwareProfile) -> Vec<
 /// cost model: no number changes with it.
 pub const SMALL_LAYER_SECS: f64 = 2e-3;
 
+/// GPU time per transformer layer and micro-batch on the stage that sets the
+/// pace (its time per micro-batch over its layers), what [`SMALL_LAYER_SECS`] is
+/// compared with; `None` for a stage without layers.
+pub fn layer_secs(est: &crate::cost::Estimate) -> Option<f64> {
+    let stage = est.stages.get(est.critical_stage as usize)?;
+    (stage.layers > 0).then(|| stage.secs_per_micro_batch / stage.layers as f64)
+}
+
 /// A note when a dense plan's layers are so small that the host issuing their
 /// kernels, which the cost model prices only for mixture-of-experts layers, is
 /// likely to hold the GPU back.
 pub fn small_layer_notes(moe: bool, est: &crate::cost::Estimate) -> Vec<String> {
-    let Some(stage) = est.stages.get(est.critical_stage as usize) else {
+    let Some(per_layer) = layer_secs(est).filter(|&s| !moe && s < SMALL_LAYER_SECS) else {
         return Vec::new();
     };
-    if moe || stage.layers == 0 {
-        return Vec::new();
-    }
-    let per_layer = stage.secs_per_micro_batch / stage.layers as f64;
-    if per_layer >= SMALL_LAYER_SECS {
-        return Vec::new();
-    }
     vec![format!(
         "each layer takes {:.1} ms of GPU time per micro-batch (forward and backward): every published run with layers under {:.0} ms (Megatron-DeepSpeed and nanotron; none of Megatron-Core) took 1.7 to 10.6 times the priced step (median 2.6): the host issuing the kernels, priced for MoE layers only (docs/trust.md); expect this step to be slower, or give each layer more work (a larger micro-batch, less tensor parallelism)",
         per_layer * 1e3,
@@ -260,8 +261,7 @@ mod tests {
         let model = crate::presets::resolve("8b").unwrap().spec;
         let mut c = dense(8, 1, 8);
         let e = crate::cost::estimate(&model, &cluster, &w(2048, 512), &c).unwrap();
-        let stage = &e.stages[e.critical_stage as usize];
-        let per_layer = stage.secs_per_micro_batch / stage.layers as f64;
+        let per_layer = layer_secs(&e).unwrap();
         assert!(per_layer < SMALL_LAYER_SECS, "{per_layer}");
         let n = small_layer_notes(false, &e);
         assert!(
@@ -274,8 +274,7 @@ mod tests {
         c.dp = 64;
         c.mbs = 2;
         let e = crate::cost::estimate(&model, &cluster, &w(2048, 512), &c).unwrap();
-        let stage = &e.stages[e.critical_stage as usize];
-        assert!(stage.secs_per_micro_batch / stage.layers as f64 >= SMALL_LAYER_SECS);
+        assert!(layer_secs(&e).unwrap() >= SMALL_LAYER_SECS);
         assert!(small_layer_notes(false, &e).is_empty());
     }
 }

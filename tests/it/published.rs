@@ -980,8 +980,10 @@ fn small_layers_ran_slower_than_priced() {
     let mut core_under = Vec::new();
     for c in cases.iter().filter(|c| !c.moe) {
         let Ok(e) = c.estimate() else { continue };
-        let stage = &e.stages[e.critical_stage as usize];
-        let per_layer = stage.secs_per_micro_batch / stage.layers.max(1) as f64;
+        // The note's own measure.
+        let Some(per_layer) = sextant_planner::notes::layer_secs(&e) else {
+            continue;
+        };
         let err = e.step_secs / c.measured_step_secs() - 1.0;
         let band = bands.windows(2).position(|w| per_layer < w[1]).unwrap();
         let source = c.id.split('-').next().unwrap_or("").to_string();
