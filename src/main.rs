@@ -665,6 +665,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         notes.extend(sextant_planner::notes::small_layer_notes(
             inp.model.moe.is_some(),
             &first.estimate,
+            inp.cluster.profile.efficiency.host_layer_kernel_us,
         ));
     }
     notes.extend(sextant_planner::notes::tie_notes(
@@ -1119,6 +1120,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     notes.extend(sextant_planner::notes::small_layer_notes(
         inp.model.moe.is_some(),
         &est,
+        inp.cluster.profile.efficiency.host_layer_kernel_us,
     ));
     text.push_str(&render::notes(&notes));
     emit(&a.common, &plan, text)

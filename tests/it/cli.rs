@@ -92,13 +92,14 @@ fn small_layers_get_a_note() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(
-        out.contains("note: each layer takes")
+        out.contains("note: the GPU waits for the host")
             && out.contains("ms of GPU time per micro-batch")
-            && out.contains("none of Megatron-Core"),
+            && out.contains("waiting for the host"),
         "{out}"
     );
     let o = sextant(&["plan", "--model", "70b", "--gpus", "128", "--top", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("waits for the host"), "{}", stdout(&o));
     assert!(!stdout(&o).contains("each layer takes"), "{}", stdout(&o));
 }
 

@@ -49,6 +49,7 @@ fn scalar_fields() -> Vec<(String, Get)> {
         efficiency.overlap_slowdown,
         efficiency.host_op_us,
         efficiency.host_kernel_us,
+        efficiency.host_layer_kernel_us,
         memory.reserve_gib,
         memory.fragmentation,
         memory.headroom,

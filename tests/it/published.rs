@@ -943,15 +943,20 @@ fn new_published_runs_against_issue_25_bars() {
     }
 }
 
-/// The small-layer note's claim (`notes::SMALL_LAYER_SECS`): every published dense
-/// row whose layers take less GPU time per micro-batch than the threshold, as the
-/// note measures it (the critical stage's time per micro-batch over its layers), ran
-/// slower than priced. Read over every dense row the project carries: the published
-/// runs, the sweeps, and vTrain's single-node iterations
-/// (tests/data/vtrain_single_node.csv), which the note's threshold was read from.
-/// Prints the rows by band of that time, per source.
+/// Small layers and the host (`cost/host.rs`, `notes::SMALL_LAYER_SECS`). Every
+/// dense row the project carries (the published runs, the sweeps and vTrain's
+/// single-node iterations, tests/data/vtrain_single_node.csv), binned by the GPU
+/// time of one layer and micro-batch on the critical stage without the host's
+/// share, printed per source. vTrain's single-node iterations are the rows
+/// `host_layer_kernel_us` was fitted on (least squares in log error): over all
+/// 1,440 the median |error| stays within 8% (33% without the host) and the RMS
+/// log error within 0.15 (0.81 without). The other rows where a host wait is
+/// priced are held out: none may be priced more than 10% slower than measured
+/// (the host must not be overcharged where it was not fitted), and no
+/// Megatron-Core run with a sharded optimizer has layers under the threshold (the
+/// note says the modern stack's host is untested).
 #[test]
-fn small_layers_ran_slower_than_priced() {
+fn small_layers_pay_the_host() {
     use sextant_planner::config::Zero;
     use sextant_planner::notes::SMALL_LAYER_SECS;
     use std::collections::BTreeMap;
@@ -972,29 +977,35 @@ fn small_layers_ran_slower_than_priced() {
             cases.extend(row.ok());
         }
     }
-    // (band, source) -> errors; the rows under the threshold faster than priced.
+    // (band, source) -> errors.
     let bands = [0.0, SMALL_LAYER_SECS, 4e-3, 8e-3, 16e-3, f64::INFINITY];
     let mut by: BTreeMap<(usize, String), Vec<f64>> = BTreeMap::new();
-    let mut under = 0;
-    let mut faster = Vec::new();
+    let (mut fitted, mut held_out) = (Vec::new(), 0);
+    let mut overcharged = Vec::new();
     let mut core_under = Vec::new();
     for c in cases.iter().filter(|c| !c.moe) {
         let Ok(e) = c.estimate() else { continue };
-        // The note's own measure.
         let Some(per_layer) = sextant_planner::notes::layer_secs(&e) else {
             continue;
         };
         let err = e.step_secs / c.measured_step_secs() - 1.0;
         let band = bands.windows(2).position(|w| per_layer < w[1]).unwrap();
         let source = c.id.split('-').next().unwrap_or("").to_string();
-        by.entry((band, source)).or_default().push(err);
-        if per_layer < SMALL_LAYER_SECS {
-            under += 1;
-            if c.assumptions.framework.is_megatron_core() && c.config.zero != Zero::None {
-                core_under.push(c.id.clone());
-            }
-            if err >= 0.0 {
-                faster.push(format!(
+        by.entry((band, source.clone())).or_default().push(err);
+        if source == "vtrain1" {
+            fitted.push(err);
+            continue;
+        }
+        if per_layer < SMALL_LAYER_SECS
+            && c.assumptions.framework.is_megatron_core()
+            && c.config.zero != Zero::None
+        {
+            core_under.push(c.id.clone());
+        }
+        if e.time.host_wait > 0.0 {
+            held_out += 1;
+            if err > 0.10 {
+                overcharged.push(format!(
                     "{} ({:.1} ms, {:+.1}%)",
                     c.id,
                     per_layer * 1e3,
@@ -1020,14 +1031,33 @@ fn small_layers_ran_slower_than_priced() {
             ratio(v[v.len() / 2]),
         );
     }
-    assert!(under >= 500, "only {under} dense rows under the threshold");
-    assert!(
-        faster.is_empty(),
-        "rows under {} ms per layer priced no faster than measured: {faster:?}",
-        SMALL_LAYER_SECS * 1e3
+    assert_eq!(fitted.len(), 1440, "vTrain's single-node rows");
+    let mut abs: Vec<f64> = fitted.iter().map(|e| e.abs()).collect();
+    abs.sort_by(f64::total_cmp);
+    let median = abs[abs.len() / 2];
+    let rms_log =
+        (fitted.iter().map(|e| (1.0 + e).ln().powi(2)).sum::<f64>() / fitted.len() as f64).sqrt();
+    println!(
+        "vTrain single node (the fit): median |error| {:.1}%, RMS log error {rms_log:.3}; held-out dense rows with a host wait priced: {held_out}",
+        100.0 * median
     );
-    // The note says no Megatron-Core run is that small: the modern stack's rows
-    // (Megatron-Core with a sharded optimizer) stay above the threshold.
+    assert!(
+        median <= 0.08,
+        "median |error| {:.1}% on the fitted rows",
+        100.0 * median
+    );
+    assert!(
+        rms_log <= 0.15,
+        "RMS log error {rms_log:.3} on the fitted rows"
+    );
+    assert!(
+        held_out >= 5,
+        "only {held_out} held-out rows with a host wait"
+    );
+    assert!(
+        overcharged.is_empty(),
+        "held-out rows with a host wait priced over 10% slower than measured: {overcharged:?}"
+    );
     assert!(
         core_under.is_empty(),
         "Megatron-Core rows under the threshold, the note must say so: {core_under:?}"

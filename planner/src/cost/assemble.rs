@@ -164,7 +164,7 @@ fn critical_compute(
         crit.last * mb * ((1.0 + mtp) * pc.output_secs + mtp * pc.mtp.proj_secs);
     compute.elementwise += crit.last * mb * mtp * pc.mtp.elementwise_secs;
     let recompute = mb * (crit.dense * dense.recompute + crit.moe * moe.recompute);
-    let host_wait = mb * crit.moe * moe.host_wait;
+    let host_wait = mb * (crit.dense * dense.host_wait + crit.moe * moe.host_wait);
     (compute, recompute, host_wait)
 }
 

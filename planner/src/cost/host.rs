@@ -1,6 +1,9 @@
-//! The host side of a mixture-of-experts layer: the CPU issues every kernel, and a
-//! forward that blocks the host on the GPU once per layer leaves the GPU waiting
-//! whenever issuing the layer takes longer than running it.
+//! The host side of a transformer layer: the CPU issues every kernel, and the GPU
+//! waits whenever issuing a layer takes longer than running it. A
+//! mixture-of-experts forward blocks the host on the GPU once per layer
+//! ([`host_wait`]); a dense layer's host runs ahead of the GPU, so only a layer
+//! whose kernels are issued more slowly than they run holds it back
+//! ([`dense_host_wait`]).
 
 use crate::config::{Recompute, RecomputeModules};
 use crate::model::Moe;
@@ -72,7 +75,6 @@ const EXPERT_BIAS_KERNELS: (f64, f64) = (2.0, 4.0);
 /// effective figure fitted on measured steps, not a bare per-operation cost: it
 /// also holds whatever else the GPU loses once a layer's queue has drained.
 pub(super) fn host_wait(c: &Ctx, moe: &Moe, lc: &LayerCost) -> f64 {
-    let (fwd, bwd) = (&lc.fwd, &lc.bwd);
     let e = &c.hw.efficiency;
     let graphs = c.a.cuda_graphs;
     let drop_and_pad = c.w.moe_capacity.is_some_and(|cap| cap.pad);
@@ -127,19 +129,149 @@ pub(super) fn host_wait(c: &Ctx, moe: &Moe, lc: &LayerCost) -> f64 {
         0.0
     };
     let host_b = host(ops_b, kernels_b) + replay;
-    // GPU time of the layer, with its exposed communication split between the
-    // passes: the all-to-alls half and half (dispatch and combine each way), the
-    // rest in proportion to the passes' compute.
-    let exposed = lc.tp.1 + lc.cp.1 + lc.etp.1;
-    let (gf, gb) = (fwd.total(), bwd.total() + lc.recompute);
-    let share_f = if gf + gb > 0.0 { gf / (gf + gb) } else { 0.5 };
-    let (gpu_f, gpu_b) = (
-        gf + share_f * exposed + 0.5 * lc.ep.1,
-        gb + (1.0 - share_f) * exposed + 0.5 * lc.ep.1,
-    );
+    let (gpu_f, gpu_b) = gpu_passes(lc);
     let apart = (host_f - gpu_f).max(0.0) + (host_b - gpu_b).max(0.0);
     match cfg.ep_overlap(c.w) {
         Some(f) => (1.0 - f) * apart + f * (host_f + host_b - gpu_f - gpu_b).max(0.0),
         None => apart,
     }
+}
+
+/// GPU time of one layer's forward and backward (with what recomputation replays)
+/// for one micro-batch, its exposed communication split between the passes: the
+/// all-to-alls half and half (dispatch and combine each way), the rest in
+/// proportion to the passes' compute.
+fn gpu_passes(lc: &LayerCost) -> (f64, f64) {
+    let exposed = lc.tp.1 + lc.cp.1 + lc.etp.1;
+    let (gf, gb) = (lc.fwd.total(), lc.bwd.total() + lc.recompute);
+    let share_f = if gf + gb > 0.0 { gf / (gf + gb) } else { 0.5 };
+    (
+        gf + share_f * exposed + 0.5 * lc.ep.1,
+        gb + (1.0 - share_f) * exposed + 0.5 * lc.ep.1,
+    )
+}
+
+/// Kernels one dense transformer layer issues for one micro-batch, not counting
+/// its tensor- and context-parallel collectives (taken from the layer's own
+/// communication, [`LayerCost::tp_calls`]), each block as (forward, backward).
+struct DenseKernels {
+    /// The attention block: norm, projections, core attention, residual.
+    attn: (f64, f64),
+    /// Of which the core attention (what `core_attn` recomputation replays).
+    core: (f64, f64),
+    /// The MLP block: norm, projections, activation, residual.
+    mlp: (f64, f64),
+    /// Per-parameter gradient accumulation the backward issues from hooks.
+    grad_hooks: f64,
+}
+
+/// Counted from the code, BF16/FP16 without FP8 casts:
+/// - Megatron-LM's own layer before Megatron-Core (`--transformer-impl local`, the
+///   unfused-softmax stack of 2021-22 and of Megatron-DeepSpeed; Megatron-LM
+///   de7dc40f88 `megatron/model/transformer.py`, `mpu/layers.py`): attention block
+///   forward = layer norm, QKV GEMM with bias, `baddbmm`, fused scale-mask-softmax,
+///   dropout, `bmm`, the context's `permute().contiguous()`, output GEMM, the
+///   TorchScript bias-dropout-add (9; the core from `baddbmm` to the permute: 5);
+///   backward = layer norm 2, QKV 3 (input, weight and bias gradients), core 7
+///   (each `bmm` 2, softmax, dropout, permute), output GEMM 2, bias-dropout-add 3
+///   (17). MLP block forward = norm, fc1, fused bias-GeLU, fc2, bias-dropout-add
+///   (5); backward = norm 2, fc1 2, bias-GeLU and its bias gradient 2, fc2 2,
+///   bias-dropout-add 3 (11). The local DDP's hooks add each of the layer's 12
+///   parameter gradients into its FP32 `main_grad` (12).
+const LEGACY_MEGATRON: DenseKernels = DenseKernels {
+    attn: (9.0, 17.0),
+    core: (5.0, 7.0),
+    mlp: (5.0, 11.0),
+    grad_hooks: 12.0,
+};
+/// - Megatron-Core with Transformer Engine (Megatron-LM d98e8a6
+///   `transformer_layer.py`, `attention.py`, `mlp.py` with the TE layer spec):
+///   attention forward = `TELayerNormColumnParallelLinear` (norm and GEMM 2),
+///   fused RoPE on query and key 2, fused attention 1, `TERowParallelLinear` 1,
+///   fused bias-dropout-add 1 (7); backward = norm and GEMM gradients 4, RoPE 2,
+///   the flash backward's three kernels, output GEMM 2, bias-dropout-add 1 (12).
+///   MLP forward = norm and fc1 2, fused activation 1, fc2 1, bias-dropout-add 1
+///   (5); backward 4 + 1 + 2 + 1 (8). Weight gradients accumulate inside the
+///   GEMM (`gradient_accumulation_fusion`, the default): no hook kernels.
+const MEGATRON_CORE_TE: DenseKernels = DenseKernels {
+    attn: (7.0, 12.0),
+    core: (1.0, 3.0),
+    mlp: (5.0, 8.0),
+    grad_hooks: 0.0,
+};
+/// - Hugging Face nanotron (e24d2483 `models/llama.py`, the training path):
+///   attention forward = Triton RMSNorm, QKV GEMM, the grouped-query split's three
+///   `transpose().contiguous()` copies, rotary on query and key 2, flash attention
+///   1, output GEMM 1, residual add 1 (10); backward = norm 2, QKV 2, the copies
+///   3, rotary 2, flash backward 3, output GEMM 2, residual 1 (15). MLP forward =
+///   norm, gate-up GEMM, SiLU, product, down GEMM, residual (6); backward = norm 2,
+///   gate-up 2, SiLU 1, product 2, down 2 (9). Its FP32 gradient accumulator adds
+///   each of the layer's 6 parameter gradients from a hook (6).
+const NANOTRON: DenseKernels = DenseKernels {
+    attn: (10.0, 15.0),
+    core: (1.0, 3.0),
+    mlp: (6.0, 9.0),
+    grad_hooks: 6.0,
+};
+
+/// GPU time lost per micro-batch to the host issuing one dense transformer layer.
+///
+/// Nothing in a dense layer blocks the host (no host copy of a routing count), so
+/// the host runs ahead of the GPU and the layer costs the longer of the two: the
+/// GPU's time, or the host's time to issue its kernels, each pass apart (the
+/// backward also issues what recomputation replays). The host time is the kernels
+/// counted from each stack's code ([`DenseKernels`]) and its collectives, at the
+/// profile's `efficiency.host_layer_kernel_us`: an effective figure fitted on
+/// measured steps of layers too small to keep the GPU busy, not a bare launch
+/// cost. A captured CUDA graph of the attention block costs one launch per pass; a
+/// full-iteration graph leaves nothing to wait for. torchtitan and ScaleTorch
+/// layers are not counted (0: not priced).
+pub(super) fn dense_host_wait(c: &Ctx, lc: &LayerCost) -> f64 {
+    let us = c.hw.efficiency.host_layer_kernel_us;
+    let graphs = c.a.cuda_graphs;
+    if us <= 0.0 || graphs.full_iteration {
+        return 0.0;
+    }
+    let k = match (c.a.framework, c.a.flash_attention) {
+        (Framework::MegatronCore, false) => &LEGACY_MEGATRON,
+        (Framework::MegatronCore, true) => &MEGATRON_CORE_TE,
+        (Framework::Nanotron, _) => &NANOTRON,
+        (Framework::Torchtitan | Framework::ScaleTorch, _) => return 0.0,
+    };
+    let cfg = c.cfg;
+    // Collectives: the forward issues one per block (an all-reduce), two under
+    // sequence parallelism (all-gather and reduce-scatter), and half the
+    // context-parallel ring steps; the backward the rest of what the layer's
+    // communication counts (its own, and what recomputation replays).
+    let per_pass: f64 = if cfg.tp > 1 {
+        2.0 * if cfg.sp { 2.0 } else { 1.0 }
+    } else {
+        0.0
+    };
+    let comm_f = per_pass.min(lc.tp_calls) + 0.5 * lc.cp_calls;
+    let comm_b = lc.tp_calls + lc.cp_calls - comm_f;
+    let attn = if graphs.attn { (1.0, 1.0) } else { k.attn };
+    let fwd = attn.0 + k.mlp.0;
+    let replay = match cfg.recompute {
+        Recompute::Full => fwd,
+        Recompute::None => 0.0,
+        Recompute::Selective => {
+            let mut r = 0.0;
+            if cfg.recomputes(RecomputeModules::CORE_ATTN) && !graphs.attn {
+                r += k.core.0;
+            }
+            if cfg.recomputes(RecomputeModules::MLP) {
+                r += k.mlp.0;
+            }
+            if cfg.recomputes(RecomputeModules::LAYERNORM) {
+                r += 2.0;
+            }
+            r
+        }
+    };
+    let bwd = attn.1 + k.mlp.1 + k.grad_hooks + replay;
+    let host_f = (fwd + comm_f) * us * 1e-6;
+    let host_b = (bwd + comm_b) * us * 1e-6;
+    let (gpu_f, gpu_b) = gpu_passes(lc);
+    (host_f - gpu_f).max(0.0) + (host_b - gpu_b).max(0.0)
 }

@@ -255,9 +255,10 @@ pub(super) fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     lc.recompute_flops = recompute_flops(c, &parts, fwd_flops_seq);
 
     layer_comm::add_layer_comm(c, &parts, &mut lc);
-    if let (LayerKind::Moe, Some(moe)) = (kind, &c.model.moe) {
-        lc.host_wait = host::host_wait(c, moe, &lc);
-    }
+    lc.host_wait = match (kind, &c.model.moe) {
+        (LayerKind::Moe, Some(moe)) => host::host_wait(c, moe, &lc),
+        _ => host::dense_host_wait(c, &lc),
+    };
     lc
 }
 

@@ -51,6 +51,7 @@ pub const SOURCED_FIELDS: &[&str] = &[
     "efficiency.hbm",
     "efficiency.host_op_us",
     "efficiency.host_kernel_us",
+    "efficiency.host_layer_kernel_us",
     "efficiency.nvlink_busbw",
     "efficiency.network_busbw",
     "memory.reserve_gib",

@@ -129,6 +129,16 @@ pub struct Efficiency {
     /// call per expert of a grouped GEMM), microseconds.
     #[serde(default)]
     pub host_kernel_us: f64,
+    /// Host time of one kernel of a dense transformer layer's forward or backward
+    /// (counted per stack in `cost/host.rs`), an effective figure: the layer costs
+    /// the longer of its GPU time and its kernels at this rate. 0: not priced (and
+    /// not written, so that plan files from before the field read back unchanged).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_layer_kernel_us: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// Memory that the model cannot use.

@@ -52,7 +52,7 @@ impl HardwareProfile {
             &self.efficiency,
             &self.memory,
         );
-        let checks: [(&str, f64, Range); 24] = [
+        let checks: [(&str, f64, Range); 25] = [
             ("gpu.peak_tflops.bf16", g.peak_tflops.bf16, PEAK_TFLOPS),
             ("gpu.peak_tflops.fp16", g.peak_tflops.fp16, PEAK_TFLOPS),
             (
@@ -102,6 +102,11 @@ impl HardwareProfile {
             ),
             ("efficiency.host_op_us", e.host_op_us, HOST_US),
             ("efficiency.host_kernel_us", e.host_kernel_us, HOST_US),
+            (
+                "efficiency.host_layer_kernel_us",
+                e.host_layer_kernel_us,
+                HOST_US,
+            ),
             ("memory.reserve_gib", m.reserve_gib, RESERVE_GIB),
             ("memory.fragmentation", m.fragmentation, FRAGMENTATION),
             ("memory.headroom", m.headroom, HEADROOM),

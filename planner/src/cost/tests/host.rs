@@ -1,5 +1,5 @@
-//! The host's share: MoE layers waiting for the host to issue them, and the CUDA
-//! graph scopes that shorten the wait.
+//! The host's share: MoE and small dense layers waiting for the host to issue
+//! them, and the CUDA graph scopes that shorten the wait.
 
 use super::*;
 
@@ -98,10 +98,87 @@ fn host_wait_bounds_fine_grained_moe_layers() {
         act.time.host_wait,
         eager.time.host_wait
     );
-    // Dense layers do not block the host.
+    // A dense layer with this much work per micro-batch keeps the GPU ahead of
+    // the host.
     let dense = resolve("llama3-8b").unwrap().spec;
     let d = evaluate(&dense, &c, &w, &cfg(1, 1, 1, 8), Assumptions::default()).unwrap();
     assert_eq!(d.time.host_wait, 0.0);
+}
+
+/// A dense layer too small to keep the GPU busy costs its kernels at the host's
+/// rate: SC'21's GPT 1.7B (hidden 2,304) at TP 8 and micro-batch 1, on the
+/// 2021 Megatron stack (unfused softmax) with full recomputation, takes at least
+/// its counted kernels per layer and micro-batch (14 forward; 28 backward, 12
+/// gradient hooks and the replayed 14; 4 all-reduces and 2 replayed) at
+/// `host_layer_kernel_us`. More work per micro-batch, a full-iteration graph, a
+/// profile without the figure and a stack whose kernels are not counted shrink
+/// or remove the wait; the breakdown still sums to the step.
+#[test]
+fn dense_host_wait_is_the_counted_kernels_at_the_host_rate() {
+    let m = resolve("gpt-1.7b").unwrap().spec;
+    let hw = builtin_profile("a100-80g").unwrap();
+    let us = hw.efficiency.host_layer_kernel_us;
+    assert!(us > 0.0);
+    let c = Cluster::new(hw, 8).unwrap();
+    let w = wl(2048, 64);
+    let legacy = Assumptions {
+        flash_attention: false,
+        ..Assumptions::default()
+    };
+    let k = |mbs| ParallelConfig {
+        mbs,
+        recompute: Recompute::Full,
+        ..cfg(8, 1, 1, 1)
+    };
+    let run = |k: &ParallelConfig, a: Assumptions, c: &Cluster| evaluate(&m, c, &w, k, a).unwrap();
+    let small = run(&k(1), legacy, &c);
+    assert!(small.time.host_wait > 0.0, "{:?}", small.time);
+    let kernels = 14.0 + (28.0 + 12.0 + 14.0) + 4.0 + 2.0;
+    let per_layer_mb = small.step_secs / (m.layers * small.micro_batches) as f64;
+    assert!(
+        per_layer_mb >= kernels * us * 1e-6,
+        "{per_layer_mb} s per layer and micro-batch, below {kernels} kernels at {us} us"
+    );
+    let t = &small.time;
+    let parts = t.compute.total()
+        + t.recompute
+        + t.exposed_comm
+        + t.bubble
+        + t.optimizer
+        + t.overlap_slowdown
+        + t.host_wait;
+    assert!(
+        (parts - small.step_secs).abs() < 1e-6 * small.step_secs,
+        "{parts} vs {}",
+        small.step_secs
+    );
+    // Eight times the tokens per micro-batch: the GPU outlasts the host.
+    let big = run(&k(8), legacy, &c);
+    assert!(big.time.host_wait < 0.25 * small.time.host_wait);
+    // Megatron-Core with Transformer Engine issues fewer kernels per layer.
+    let te = run(&k(1), Assumptions::default(), &c);
+    assert!(te.time.host_wait < small.time.host_wait);
+    // Nothing to wait for under a full-iteration graph, without the figure, or
+    // for a stack whose kernels are not counted.
+    let full = Assumptions {
+        cuda_graphs: CudaGraphs::parse("full_iteration").unwrap(),
+        ..legacy
+    };
+    assert_eq!(run(&k(1), full, &c).time.host_wait, 0.0);
+    let titan = Assumptions {
+        framework: Framework::Torchtitan,
+        ..Assumptions::default()
+    };
+    assert_eq!(run(&k(1), titan, &c).time.host_wait, 0.0);
+    let mut quiet = builtin_profile("a100-80g").unwrap();
+    quiet.efficiency.host_layer_kernel_us = 0.0;
+    let quiet = Cluster::new(quiet, 8).unwrap();
+    let none = run(&k(1), legacy, &quiet);
+    assert_eq!(none.time.host_wait, 0.0);
+    assert!(close(
+        small.step_secs - small.time.host_wait,
+        none.step_secs
+    ));
 }
 
 #[test]
