@@ -562,7 +562,8 @@ fn published_sweeps_are_ordered() {
     // Megatron-DeepSpeed layout sweeps broke when they were added: 269 of 304 pairs
     // (88.5%; 129 of 131 before). 33 of the 35 wrong pairs are vTrain's, 26 of them a
     // TP 8 layout of the 18.4B or 39.1B model measured faster than a TP 2-4 one the
-    // model prices faster (docs/trust.md).
+    // model prices faster; no mechanism in DeepSpeed's pipeline engine or
+    // Megatron-DeepSpeed explains the 39.1B TP 2 runs' excess (docs/trust.md).
     assert!(
         right as f64 >= 0.88 * pairs as f64,
         "predicted order wrong on {} of {pairs} pairs: {wrong:?}",
