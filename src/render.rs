@@ -148,20 +148,25 @@ fn onoff(b: bool) -> &'static str {
     }
 }
 
-fn layout_note(cfg: &ParallelConfig) -> String {
+/// The layout column of a plan: `e`'s stages say how many multi-token-prediction
+/// layers sit on the last one, which an explicit layout must name to read back.
+fn layout_note(cfg: &ParallelConfig, e: &Estimate) -> String {
     match &cfg.layout {
         Layout::Even => String::new(),
         Layout::AccountEmbeddingLoss => " emb+loss as layers".into(),
         Layout::FirstLast { first, last } => format!(" first {first} last {last}"),
-        Layout::Explicit { layers } => format!(" --pp-layout \"{}\"", megatron_layout(layers)),
+        Layout::Explicit { layers } => {
+            let mtp = e.stages.iter().map(|s| s.mtp_layers).sum();
+            format!(" --pp-layout \"{}\"", megatron_layout(layers, mtp))
+        }
     }
 }
 
 /// An explicit layout (decoder layers per virtual stage, in pipeline order) in
 /// Megatron's layout syntax, which `estimate --pp-layout` reads back: `E` on the
-/// first chunk, `L` on the last, `|` between chunks, runs of equal middle chunks
-/// as `(…|)*k`.
-pub fn megatron_layout(layers: &[u64]) -> String {
+/// first chunk, the `mtp` multi-token-prediction layers (`m`) and `L` on the last,
+/// `|` between chunks, runs of equal middle chunks as `(…|)*k`.
+pub fn megatron_layout(layers: &[u64], mtp: u64) -> String {
     let last = layers.len().saturating_sub(1);
     let chunk = |i: usize, n: u64| {
         let mut c = String::new();
@@ -176,6 +181,13 @@ pub fn megatron_layout(layers: &[u64]) -> String {
             }
         }
         if i == last {
+            match mtp {
+                0 => {}
+                1 => c.push('m'),
+                n => {
+                    let _ = write!(c, "m*{n}");
+                }
+            }
             c.push('L');
         }
         c
@@ -319,7 +331,7 @@ pub fn plan_table(res: &SearchResult, inp: &Inputs, width: Option<usize>) -> Str
         for (c, v) in cols.iter_mut().zip(row) {
             c.cells.push(v);
         }
-        layouts.push(layout_note(cfg).trim_start().to_string());
+        layouts.push(layout_note(cfg, e).trim_start().to_string());
     }
     let total = |cols: &[Column]| -> usize { cols.iter().map(|c| c.width() + 1).sum() };
     let longest_layout = layouts.iter().map(|l| l.len()).max().unwrap_or(0);
@@ -578,7 +590,7 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
             r => format!("{r:?}").to_lowercase(),
         },
         cfg.schedule.name(),
-        layout_note(cfg)
+        layout_note(cfg, e)
     );
     let _ = writeln!(
         s,
@@ -1169,16 +1181,26 @@ mod tests {
             (vec![0, 2, 2, 1], 2),
             (vec![5, 5], 2),
         ] {
-            let text = megatron_layout(&layers);
-            let back = Layout::from_megatron(&text, pp).unwrap_or_else(|e| panic!("{text}: {e}"));
-            assert_eq!(
-                back.layout,
-                Layout::Explicit {
-                    layers: layers.clone()
-                },
-                "{text}"
-            );
+            for mtp in [0, 1, 2] {
+                let text = megatron_layout(&layers, mtp);
+                let back =
+                    Layout::from_megatron(&text, pp).unwrap_or_else(|e| panic!("{text}: {e}"));
+                assert_eq!(
+                    (back.layout, back.mtp_layers),
+                    (
+                        Layout::Explicit {
+                            layers: layers.clone()
+                        },
+                        mtp
+                    ),
+                    "{text}"
+                );
+            }
         }
-        assert_eq!(megatron_layout(&[0, 1, 1, 1, 1, 1, 1, 0]), "E|(t|)*6L");
+        assert_eq!(megatron_layout(&[0, 1, 1, 1, 1, 1, 1, 0], 0), "E|(t|)*6L");
+        // Megatron-Bridge's DeepSeek-V3 layout, its MTP layer kept.
+        let mut dsv3 = vec![4u64; 16];
+        dsv3[15] = 1;
+        assert_eq!(megatron_layout(&dsv3, 1), "Et*4|(t*4|)*14tmL");
     }
 }

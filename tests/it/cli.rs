@@ -2457,3 +2457,53 @@ fn torchtitan_target_searches_what_torchtitan_runs() {
         assert!(e.contains(says), "{e}");
     }
 }
+
+/// An explicit layout printed for a model with multi-token prediction names its MTP
+/// layer, so the printed flags estimate the same plan again (they were refused:
+/// "places 0 MTP layers but deepseek-v3 has 1").
+#[test]
+fn printed_layouts_keep_the_mtp_layer() {
+    let run = |layout: &str| {
+        let o = sextant(&[
+            "estimate",
+            "--model",
+            "deepseek-v3",
+            "--gpus",
+            "256",
+            "--gpu",
+            "b200",
+            "--tp",
+            "1",
+            "--pp",
+            "8",
+            "--ep",
+            "32",
+            "--global-batch",
+            "4096",
+            "--precision",
+            "mxfp8",
+            "--recompute",
+            "selective",
+            "--recompute-modules",
+            "mla_up_proj,mlp",
+            "--bf16-moments",
+            "--pp-layout",
+            layout,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let first = run("Et*4|(t*4|)*14tmL");
+    let printed = first
+        .split("--pp-layout \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("the layout is printed");
+    assert_eq!(printed, "Et*4|(t*4|)*14tmL");
+    let step = |out: &str| {
+        out.lines()
+            .find(|l| l.starts_with("Step time"))
+            .map(str::to_string)
+    };
+    assert_eq!(step(&run(printed)), step(&first));
+}
