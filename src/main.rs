@@ -570,7 +570,13 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             .map(|c| (c.config.clone(), c.estimate.clone()))
             .collect(),
     );
-    plan.target = target.map(|_| target_name.clone());
+    // The canonical name (`--target Megatron_LM` is written `megatron-lm`).
+    plan.target = target.map(|t| {
+        TARGETS
+            .iter()
+            .find(|(_, x)| *x == t)
+            .map_or_else(|| target_name.clone(), |(n, _)| n.to_string())
+    });
     plan.rank_by = Some(rank_by);
     if let Some(summary) = plan.search.as_mut() {
         summary.space = Some(sextant_planner::plan::SpaceRecord::of(
@@ -754,6 +760,18 @@ fn write_report(
 fn read_plan_rederived(path: &str) -> Result<PlanFile> {
     let text = io::read_text(Path::new(path), "plan file")?;
     let mut plan = PlanFile::from_json(&text).map_err(|e| anyhow::anyhow!("'{path}': {e}"))?;
+    // The framework the search was restricted to: one `plan --target` writes.
+    if let Some(t) = &plan.target {
+        let known = Target::parse(t)
+            .ok()
+            .filter(|&t| sextant_exports::expressible_schedules(t).is_some());
+        if known.is_none() {
+            bail!(
+                "'{path}': key 'target': '{}' is not a framework `plan --target` writes (megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch, torchrun, slurm); fix it or remove the key (a plan for any framework has none)",
+                sextant_planner::json::one_line(t, 60)
+            );
+        }
+    }
     let notes = plan
         .rederive()
         .map_err(|e| anyhow::anyhow!("'{path}': {e}"))?;

@@ -97,7 +97,7 @@ impl Target {
             .iter()
             .find(|(n, _)| *n == key)
             .map(|(_, t)| *t)
-            .ok_or_else(|| ExportError::UnknownTarget(s.to_string()))
+            .ok_or_else(|| ExportError::UnknownTarget(sextant_planner::json::one_line(s, 60)))
     }
 }
 

@@ -2507,3 +2507,55 @@ fn printed_layouts_keep_the_mtp_layer() {
     };
     assert_eq!(step(&run(printed)), step(&first));
 }
+
+/// The plan file's `target` is the framework's canonical name, and a file whose
+/// target is not one `plan --target` writes is refused in one escaped line by every
+/// command that reads plans (the report used to draw Megatron-LM's launch for it
+/// without a word).
+#[test]
+fn plan_file_targets_are_canonical_and_checked() {
+    let dir = crate::common::TempDir::new("target-check");
+    let path = crate::common::saved(
+        &dir,
+        "p.json",
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--target",
+            "Megatron_Core",
+            "--top",
+            "2",
+        ],
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let plan = sextant_planner::plan::PlanFile::from_json(&text).unwrap();
+    assert_eq!(plan.target.as_deref(), Some("megatron-core"));
+    let bad = dir.path("bad.json");
+    std::fs::write(
+        &bad,
+        text.replace(
+            "\"target\": \"megatron-core\"",
+            "\"target\": \"\\u001b[31mrank-map\"",
+        ),
+    )
+    .unwrap();
+    let bad = bad.to_str().unwrap();
+    for args in [
+        vec!["export", bad, "--to", "megatron-core"],
+        vec!["report", bad, "-o", "/nonexistent-dir/r.html"],
+    ] {
+        crate::common::fails_with_one_line(&args, "key 'target'");
+        let err = stderr(&sextant(&args));
+        assert!(
+            err.contains("\\u{1b}[31mrank-map") && !err.contains('\u{1b}'),
+            "{err}"
+        );
+    }
+    crate::common::fails_with_one_line(
+        &["export", &path.to_string_lossy(), "--to", "\u{1b}x"],
+        "unknown export target '\\u{1b}x'",
+    );
+}
