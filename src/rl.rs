@@ -136,7 +136,10 @@ fn search_of(a: &RlPlanArgs) -> Result<RlSearch> {
         .map(|p| match p.as_str() {
             "colocated" => Ok(PlacementKind::Colocated),
             "disaggregated" => Ok(PlacementKind::Disaggregated),
-            other => bail!("unknown --placement '{other}' (colocated, disaggregated)"),
+            other => bail!(
+                "unknown --placement '{}' (colocated, disaggregated)",
+                sextant_planner::json::one_line(other, 60)
+            ),
         })
         .collect::<Result<_>>()?;
     let mut s = RlSearch {
@@ -149,6 +152,18 @@ fn search_of(a: &RlPlanArgs) -> Result<RlSearch> {
         }
     }
     s.rollout_tp = a.rollout_tp.clone();
+    if let Some(v) = &a.train_gpus {
+        if let Some(&bad) = v.iter().find(|&&t| t == 0 || t >= a.gpus) {
+            bail!(
+                "--train-gpus {bad}: a disaggregated training pool takes 1 to {} of the {} GPUs (the rest run the rollout)",
+                a.gpus.saturating_sub(1),
+                a.gpus
+            );
+        }
+        if !s.placements.contains(&PlacementKind::Disaggregated) {
+            bail!("--train-gpus sizes the disaggregated placement's training pool, which --placement colocated does not search: add --placement disaggregated or drop --train-gpus");
+        }
+    }
     s.train_gpus = a.train_gpus.clone();
     s.space.tp = a.tp.clone();
     s.space.pp = a.pp.clone();

@@ -389,6 +389,40 @@ fn rl_exports_keys_are_all_in_the_key_table() {
 
 #[test]
 fn rl_plan_bad_input_is_one_line() {
+    // Training-pool sizes outside 1..gpus, or for a search without the
+    // disaggregated placement, were dropped without a word.
+    for (t, placement, needle) in [
+        ("0", "disaggregated", "takes 1 to 15 of the 16 GPUs"),
+        ("16", "disaggregated", "takes 1 to 15 of the 16 GPUs"),
+        ("8", "colocated", "--placement colocated does not search"),
+    ] {
+        crate::common::fails_with_one_line(
+            &[
+                "rl-plan",
+                "--model",
+                "8b",
+                "--gpus",
+                "16",
+                "--train-gpus",
+                t,
+                "--placement",
+                placement,
+            ],
+            needle,
+        );
+    }
+    crate::common::fails_with_one_line(
+        &[
+            "rl-plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "16",
+            "--placement",
+            "\u{1b}[2J",
+        ],
+        "unknown --placement '\\u{1b}[2J'",
+    );
     for bad in [
         // More GPUs than Sextant models: refused before any search (it grew a
         // vector per node and panicked on capacity overflow).
