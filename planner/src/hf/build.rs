@@ -188,6 +188,14 @@ fn moe(c: &Cfg) -> Result<Option<Moe>, InputError> {
         "qwen2_moe" | "qwen3_moe" => {
             let shared = c.opt("shared_expert_intermediate_size")?.unwrap_or(0);
             let step = c.opt("decoder_sparse_step")?.unwrap_or(1);
+            // Hugging Face's Qwen2-MoE and Qwen3-MoE make layer i sparse when
+            // (i + 1) % decoder_sparse_step == 0: a step of 0 divides by zero there.
+            if step == 0 {
+                return Err(c.err(format!(
+                    "field '{}decoder_sparse_step' is 0: every n-th layer is an MoE layer, so it must be at least 1",
+                    c.at
+                )));
+            }
             let dense_only =
                 c.v.get("mlp_only_layers")
                     .and_then(Value::as_array)
@@ -205,7 +213,7 @@ fn moe(c: &Cfg) -> Result<Option<Moe>, InputError> {
                 shared_experts: u64::from(shared > 0),
                 shared_ffn_hidden: if shared > 0 { Some(shared) } else { None },
                 dense_leading_layers: 0,
-                layer_freq: step.max(1),
+                layer_freq: step,
                 balancing: Balancing::AuxLoss,
             }
         }

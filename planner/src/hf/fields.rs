@@ -51,8 +51,9 @@ impl Cfg<'_> {
             None | Some(Value::Null) => Ok(self.default_of(key)),
             Some(x) => x.as_u64().map(Some).ok_or_else(|| {
                 self.err(format!(
-                    "field '{}{key}' is {x}, expected a non-negative integer",
-                    self.at
+                    "field '{}{key}' is {}, expected a non-negative integer",
+                    self.at,
+                    crate::json::one_line(&x.to_string(), 60)
                 ))
             }),
         }

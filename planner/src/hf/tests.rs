@@ -304,6 +304,25 @@ fn bad_configs_say_what_is_wrong() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("num_attention_heads"), "{e}");
+    // A sparse step of 0 divides by zero in Hugging Face's Qwen MoE layers; it was
+    // read as 1.
+    let path = format!(
+        "{}/../tests/data/hf/qwen3-30b-a3b.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["decoder_sparse_step"] = 0.into();
+    let e = from_hf_config(&v.to_string(), "x").unwrap_err().to_string();
+    assert!(e.contains("decoder_sparse_step' is 0"), "{e}");
+    // A wrong-typed value is echoed cut to one line.
+    v["decoder_sparse_step"] = format!("\u{1b}[31m{}", "9".repeat(100_000)).into();
+    let e = from_hf_config(&v.to_string(), "x").unwrap_err().to_string();
+    assert!(
+        e.contains("decoder_sparse_step") && e.len() < 400 && !e.contains('\u{1b}'),
+        "{}",
+        &e[..e.len().min(400)]
+    );
 }
 
 #[test]
