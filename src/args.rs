@@ -8,6 +8,7 @@ use clap::Args;
 use crate::flags::{DispatcherFlag, LossFlag, PrecisionFlag, ScheduleFlag};
 use sextant_planner::config::{Dispatcher, Overlap, Precision, RecomputeModules, Workload};
 use sextant_planner::cost::{Assumptions, CudaGraphs, LossKernel};
+use sextant_planner::hardware::ranges::show;
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile, DEFAULT_PROFILE};
 use sextant_planner::hf::from_hf_config;
 use sextant_planner::model::ModelSpec;
@@ -258,7 +259,7 @@ impl Common {
         }
         if let Some(h) = self.mem_headroom {
             if !(h.is_finite() && (0.0..=0.5).contains(&h)) {
-                bail!("--mem-headroom {h} is not a fraction of HBM from 0 to 0.5 (e.g. 0.05 keeps 5% free)");
+                bail!("--mem-headroom {} is not a fraction of HBM from 0 to 0.5 (e.g. 0.05 keeps 5% free)", show(h));
             }
             profile.memory.headroom = h;
         }
@@ -299,7 +300,7 @@ impl Common {
         }
         let moe_imbalance = match (self.moe_imbalance, &model.moe) {
             (Some(x), Some(moe)) if x > sextant_planner::routing::max_imbalance(moe) => {
-                bail!("--moe-imbalance {x} is more than one expert can carry: with {} experts and top-{} routing the busiest expert takes at most {} times the mean", moe.experts, moe.top_k, sextant_planner::routing::max_imbalance(moe))
+                bail!("--moe-imbalance {} is more than one expert can carry: with {} experts and top-{} routing the busiest expert takes at most {} times the mean", show(x), moe.experts, moe.top_k, sextant_planner::routing::max_imbalance(moe))
             }
             (Some(x), _) => x,
             (None, Some(moe)) => sextant_planner::routing::default_imbalance(moe)

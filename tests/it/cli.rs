@@ -2559,3 +2559,20 @@ fn plan_file_targets_are_canonical_and_checked() {
         "unknown export target '\\u{1b}x'",
     );
 }
+
+/// A huge number is echoed in scientific notation, not as 300 digits.
+#[test]
+fn huge_floats_are_echoed_short() {
+    for (flag, model, said) in [
+        ("--moe-imbalance", "8x7b", "--moe-imbalance 1e300"),
+        ("--moe-capacity-factor", "8x7b", "capacity factor 1e300"),
+        ("--mem-headroom", "8b", "--mem-headroom 1e300"),
+    ] {
+        crate::common::fails_with_one_line(
+            &[
+                "estimate", "--model", model, "--gpus", "64", "--ep", "8", flag, "1e300",
+            ],
+            said,
+        );
+    }
+}

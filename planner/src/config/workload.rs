@@ -99,8 +99,8 @@ pub enum WorkloadError {
     Seq(u64),
     #[error("global batch {0} is out of range: use 1 to {MAX_GLOBAL_BATCH} sequences")]
     GlobalBatch(u64),
-    #[error("MoE imbalance {0} is out of range: use 1.0 (balanced) up to 64")]
+    #[error("MoE imbalance {} is out of range: use 1.0 (balanced) up to 64", crate::hardware::ranges::show(*.0))]
     Imbalance(f64),
-    #[error("MoE capacity factor {0} is out of range: use a value above 0 up to {max} (1.0 to 1.25 is usual), or leave it out for dropless routing", max = crate::routing::MAX_CAPACITY_FACTOR)]
+    #[error("MoE capacity factor {} is out of range: use a value above 0 up to {max} (1.0 to 1.25 is usual), or leave it out for dropless routing", crate::hardware::ranges::show(*.0), max = crate::routing::MAX_CAPACITY_FACTOR)]
     CapacityFactor(f64),
 }

@@ -36,7 +36,7 @@ pub enum RowError {
     Input(InputError),
     #[error("columns 'mem_kind' and 'mem_stage' describe 'measured_mem_gib', which is empty")]
     MemoryUnmeasured,
-    #[error("column 'measured_mem_gib' is {0}, more than any GPU holds (at most 1000000 GiB)")]
+    #[error("column 'measured_mem_gib' is {}, more than any GPU holds (at most 1000000 GiB)", crate::hardware::ranges::show(*.0))]
     MemoryTooLarge(f64),
     #[error(
         "column 'mem_stage' is {stage}, but the run has {pp} pipeline stages (numbered from 0)"
@@ -68,7 +68,7 @@ pub enum RowError {
     },
     #[error("value '{0}' is not a number")]
     ValueNotANumber(String),
-    #[error("value {0} must be positive")]
+    #[error("value {} must be positive", crate::hardware::ranges::show(*.0))]
     ValueNotPositive(f64),
 }
 
