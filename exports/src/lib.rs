@@ -177,12 +177,14 @@ pub fn export(
     if cfg.bf16_moments && matches!(target, Target::Verl | Target::Rlinf | Target::Torchtitan) {
         return Err(ExportError::Inexpressible { target, reason: "BF16 Adam moments (Megatron's precision-aware optimizer) have no verified setting here; re-plan without --bf16-moments".into() });
     }
-    // CUDA graphs priced by the plan: only Megatron-LM's arguments carry them.
+    // CUDA graphs priced by the plan: only Megatron-LM's arguments and
+    // Megatron-Bridge's overrides carry them.
     let graphs = plan.assumptions.cuda_graphs;
     if !graphs.is_none()
         && !matches!(
             target,
             Target::MegatronLm
+                | Target::MegatronBridge
                 | Target::Torchrun
                 | Target::Slurm
                 | Target::TorchrunExec
@@ -193,7 +195,7 @@ pub fn export(
     {
         return Err(ExportError::Inexpressible {
             target,
-            reason: format!("the plan prices CUDA graphs ({graphs}), which this export does not set; export to megatron-lm, or re-plan without --cuda-graphs"),
+            reason: format!("the plan prices CUDA graphs ({graphs}), which this export does not set; export to megatron-lm or megatron-bridge, or re-plan without --cuda-graphs"),
         });
     }
     if target == Target::Torchtitan

@@ -1299,9 +1299,9 @@ fn qwen2_exports_qkv_biases_only() {
 }
 
 /// CUDA graphs the plan priced: the Megatron-LM export (and the launchers built on
-/// its arguments) passes Transformer Engine's per-layer graphs over the priced
-/// scopes; a full-iteration graph, and every other framework's export, is refused
-/// in one line; the plan file keeps the scopes.
+/// its arguments) and the Megatron-Bridge overrides pass Transformer Engine's
+/// per-layer graphs over the priced scopes; a full-iteration graph, and every other
+/// framework's export, is refused in one line; the plan file keeps the scopes.
 #[test]
 fn exports_carry_or_refuse_the_priced_cuda_graphs() {
     let opts = LaunchOptions::default();
@@ -1317,11 +1317,21 @@ fn exports_carry_or_refuse_the_priced_cuda_graphs() {
     assert!(export(&p, 1, Target::Torchrun, &opts)
         .unwrap()
         .contains("--cuda-graph-modules attn moe_router moe_preprocess"));
-    for target in [
-        Target::MegatronCore,
-        Target::MegatronBridge,
-        Target::Torchtitan,
-    ] {
+    // Megatron-Bridge: the overrides its performance scripts set (the TE RNG
+    // tracker that capture needs included); the plan's scopes only.
+    let bridge = export(&p, 1, Target::MegatronBridge, &opts).unwrap();
+    assert!(
+        bridge.contains("\nmodel.cuda_graph_impl=transformer_engine\n")
+            && bridge.contains("'model.cuda_graph_modules=[attn,moe_router,moe_preprocess]'")
+            && bridge.contains("\nrng.te_rng_tracker=true\n"),
+        "{bridge}"
+    );
+    let mut attn_only = p.clone();
+    attn_only.assumptions.cuda_graphs = sextant_planner::cost::CudaGraphs::parse("attn").unwrap();
+    assert!(export(&attn_only, 1, Target::MegatronBridge, &opts)
+        .unwrap()
+        .contains("'model.cuda_graph_modules=[attn]'"));
+    for target in [Target::MegatronCore, Target::Torchtitan] {
         let e = export(&p, 1, target, &opts).unwrap_err().to_string();
         assert!(
             e.contains("CUDA graphs (attn moe_router moe_preprocess)") && !e.contains('\n'),
@@ -1335,10 +1345,17 @@ fn exports_carry_or_refuse_the_priced_cuda_graphs() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("full-iteration"), "{e}");
+    let e = export(&p, 1, Target::MegatronBridge, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("full-iteration") && !e.contains('\n'), "{e}");
     // Without graphs nothing is written.
     assert!(!export(&moe(), 1, Target::MegatronLm, &opts)
         .unwrap()
         .contains("cuda-graph"));
+    assert!(!export(&moe(), 1, Target::MegatronBridge, &opts)
+        .unwrap()
+        .contains("cuda_graph"));
 }
 
 /// torchtitan derives its stage count from `pipeline_parallel_layers_per_stage`

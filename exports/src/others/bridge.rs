@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use sextant_planner::config::{Layout, Precision, Zero};
+use sextant_planner::cost::CudaGraphs;
 use sextant_planner::plan::PlanFile;
 
 use crate::megatron::moe_token_fields;
@@ -65,6 +66,41 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     put("model.cross_entropy_loss_fusion", fusion.to_string());
     if let Some(i) = fusion_impl {
         put("model.cross_entropy_fusion_impl", i.into());
+    }
+    // CUDA graphs the plan priced: Transformer Engine's per-layer graphs over the
+    // named modules, set as Bridge's own performance scripts set them
+    // (scripts/performance/utils/overrides.py `_set_cuda_graph_overrides` at
+    // 067f987df: model.cuda_graph_impl, the modules through
+    // utils/cuda_graph.py `set_cuda_graph_modules`, and the TE RNG tracker that
+    // graph capture needs, which ConfigContainer keeps in step with
+    // model.use_te_rng_tracker, training/config.py). Megatron-Core takes the
+    // module names as strings (`cuda_graph_modules`, normalised in
+    // TransformerConfig.__post_init__, transformer_config.py at d98e8a6). A
+    // full-iteration graph needs static MoE shapes that no plan sets.
+    let graphs = plan.assumptions.cuda_graphs;
+    if graphs.full_iteration {
+        return Err(cannot(
+            t,
+            "a full-iteration CUDA graph, which needs a static expert-rank capacity this export does not set; re-plan with --cuda-graphs attn,moe_router,moe_preprocess or without it",
+        ));
+    }
+    if !graphs.is_none() {
+        put("model.cuda_graph_impl", "transformer_engine".into());
+        let modules: Vec<&str> = CudaGraphs::SCOPES
+            .iter()
+            .copied()
+            .filter(|&m| match m {
+                "attn" => graphs.attn,
+                "moe_router" => graphs.moe_router,
+                "moe_preprocess" => graphs.moe_preprocess,
+                _ => false,
+            })
+            .collect();
+        put(
+            "model.cuda_graph_modules",
+            format!("[{}]", modules.join(",")),
+        );
+        put("rng.te_rng_tracker", "true".into());
     }
     // megatron/core/transformer/transformer_config.py
     for (k, v) in recompute_fields(cfg) {
