@@ -96,7 +96,8 @@ pub struct Common {
     pub no_flash_attention: bool,
     /// CUDA graphs the run captures, as Megatron's scopes (`attn moe_router
     /// moe_preprocess`, any of them, or `full_iteration`): the host then launches
-    /// them whole, which the model prices as a shorter host-bound MoE layer (one
+    /// them whole, which the model prices as a shorter host-bound layer (MoE layers,
+    /// and dense layers too small to outlast their kernels' issue; one
     /// published A/B measured no gain; see docs/trust.md). Default: none.
     #[arg(long = "cuda-graphs", value_name = "SCOPES", value_parser = parse_cuda_graphs, default_value = "none")]
     pub cuda_graphs: CudaGraphs,

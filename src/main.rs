@@ -671,7 +671,8 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         notes.extend(sextant_planner::notes::small_layer_notes(
             inp.model.moe.is_some(),
             &first.estimate,
-            inp.cluster.profile.efficiency.host_layer_kernel_us,
+            &inp.assumptions,
+            &inp.cluster.profile,
         ));
     }
     notes.extend(sextant_planner::notes::tie_notes(
@@ -1138,7 +1139,8 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     notes.extend(sextant_planner::notes::small_layer_notes(
         inp.model.moe.is_some(),
         &est,
-        inp.cluster.profile.efficiency.host_layer_kernel_us,
+        &inp.assumptions,
+        &inp.cluster.profile,
     ));
     text.push_str(&render::notes(&notes));
     emit(&a.common, &plan, text)

@@ -160,6 +160,12 @@ pub enum Framework {
 impl Framework {
     pub const NAMES: &'static str = "megatron-core, nanotron, torchtitan, scaletorch";
 
+    /// Whether the cost model counts this framework's dense-layer kernels, and so
+    /// prices the GPU waiting for its host (`cost/host.rs`).
+    pub fn counts_dense_kernels(self) -> bool {
+        matches!(self, Framework::MegatronCore | Framework::Nanotron)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Framework::MegatronCore => "megatron-core",

@@ -161,8 +161,42 @@ struct DenseKernels {
     core: (f64, f64),
     /// The MLP block: norm, projections, activation, residual.
     mlp: (f64, f64),
-    /// Per-parameter gradient accumulation the backward issues from hooks.
-    grad_hooks: f64,
+    /// Per-parameter gradient additions the backward issues.
+    grad_adds: GradAdds,
+}
+
+/// Which of a layer's parameter gradients the backward adds into an FP32 buffer
+/// with one kernel each.
+enum GradAdds {
+    /// Every parameter: this many.
+    Every(f64),
+    /// Those the GEMMs do not accumulate themselves (Transformer Engine's weight
+    /// GEMMs do): the norms' weights (and biases under LayerNorm) and the linear
+    /// layers' biases.
+    OutsideGemms,
+}
+
+impl GradAdds {
+    fn count(&self, m: &crate::model::ModelSpec) -> f64 {
+        match *self {
+            GradAdds::Every(n) => n,
+            GradAdds::OutsideGemms => {
+                let norms = if m.norm == Some(crate::model::Norm::LayerNorm) {
+                    4.0
+                } else {
+                    2.0
+                };
+                let biases = if m.bias {
+                    4.0
+                } else if m.qkv_bias {
+                    1.0
+                } else {
+                    0.0
+                };
+                norms + biases
+            }
+        }
+    }
 }
 
 /// Counted from the code, BF16/FP16 without FP8 casts:
@@ -176,13 +210,16 @@ struct DenseKernels {
 ///   (each `bmm` 2, softmax, dropout, permute), output GEMM 2, bias-dropout-add 3
 ///   (17). MLP block forward = norm, fc1, fused bias-GeLU, fc2, bias-dropout-add
 ///   (5); backward = norm 2, fc1 2, bias-GeLU and its bias gradient 2, fc2 2,
-///   bias-dropout-add 3 (11). The local DDP's hooks add each of the layer's 12
-///   parameter gradients into its FP32 `main_grad` (12).
+///   bias-dropout-add 3 (11). Each of the layer's 12 parameter gradients is added
+///   into an FP32 buffer, by the local DDP's hooks (`main_grad`,
+///   `megatron/model/distributed.py`) or, under Megatron-DeepSpeed, by DeepSpeed's
+///   engine (12). The backward's smaller kernels (the scaling in `baddbmm`'s
+///   gradient, the residual adds) are not counted; the fitted figure holds them.
 const LEGACY_MEGATRON: DenseKernels = DenseKernels {
     attn: (9.0, 17.0),
     core: (5.0, 7.0),
     mlp: (5.0, 11.0),
-    grad_hooks: 12.0,
+    grad_adds: GradAdds::Every(12.0),
 };
 /// - Megatron-Core with Transformer Engine (Megatron-LM d98e8a6
 ///   `transformer_layer.py`, `attention.py`, `mlp.py` with the TE layer spec):
@@ -192,26 +229,33 @@ const LEGACY_MEGATRON: DenseKernels = DenseKernels {
 ///   the flash backward's three kernels, output GEMM 2, bias-dropout-add 1 (12).
 ///   MLP forward = norm and fc1 2, fused activation 1, fc2 1, bias-dropout-add 1
 ///   (5); backward 4 + 1 + 2 + 1 (8). Weight gradients accumulate inside the
-///   GEMM (`gradient_accumulation_fusion`, the default): no hook kernels.
+///   GEMM (`--gradient-accumulation-fusion`, Megatron-LM's default); the DDP hook
+///   adds the rest into `main_grad` (`distributed_data_parallel.py`): the norms'
+///   weights and biases and the linear biases. These are kernels; the MoE term's
+///   `ATTN_OPS` counts the same block's Python-issued operations, a different unit
+///   fitted apart (`host_op_us`).
 const MEGATRON_CORE_TE: DenseKernels = DenseKernels {
     attn: (7.0, 12.0),
     core: (1.0, 3.0),
     mlp: (5.0, 8.0),
-    grad_hooks: 0.0,
+    grad_adds: GradAdds::OutsideGemms,
 };
 /// - Hugging Face nanotron (e24d2483 `models/llama.py`, the training path):
 ///   attention forward = Triton RMSNorm, QKV GEMM, the grouped-query split's three
-///   `transpose().contiguous()` copies, rotary on query and key 2, flash attention
-///   1, output GEMM 1, residual add 1 (10); backward = norm 2, QKV 2, the copies
-///   3, rotary 2, flash backward 3, output GEMM 2, residual 1 (15). MLP forward =
+///   `transpose().contiguous()` copies, the key-value `cat` and its
+///   `permute().contiguous()`, rotary on query and key 2, the sequence offsets
+///   every layer rebuilds (two `zeros`, two `sum`, two `cumsum`), flash attention
+///   1, output GEMM 1, residual add 1 (18); backward = norm 2, QKV 2, the copies
+///   5, rotary 2, flash backward 3, output GEMM 2, residual 1 (17). MLP forward =
 ///   norm, gate-up GEMM, SiLU, product, down GEMM, residual (6); backward = norm 2,
 ///   gate-up 2, SiLU 1, product 2, down 2 (9). Its FP32 gradient accumulator adds
-///   each of the layer's 6 parameter gradients from a hook (6).
+///   each of the layer's 6 parameter gradients, after the backward or in the DDP
+///   bucket hook (`gradient_accumulator.py`) (6).
 const NANOTRON: DenseKernels = DenseKernels {
-    attn: (10.0, 15.0),
+    attn: (18.0, 17.0),
     core: (1.0, 3.0),
     mlp: (6.0, 9.0),
-    grad_hooks: 6.0,
+    grad_adds: GradAdds::Every(6.0),
 };
 
 /// GPU time lost per micro-batch to the host issuing one dense transformer layer.
@@ -229,14 +273,13 @@ const NANOTRON: DenseKernels = DenseKernels {
 pub(super) fn dense_host_wait(c: &Ctx, lc: &LayerCost) -> f64 {
     let us = c.hw.efficiency.host_layer_kernel_us;
     let graphs = c.a.cuda_graphs;
-    if us <= 0.0 || graphs.full_iteration {
+    if us <= 0.0 || graphs.full_iteration || !c.a.framework.counts_dense_kernels() {
         return 0.0;
     }
     let k = match (c.a.framework, c.a.flash_attention) {
         (Framework::MegatronCore, false) => &LEGACY_MEGATRON,
-        (Framework::MegatronCore, true) => &MEGATRON_CORE_TE,
         (Framework::Nanotron, _) => &NANOTRON,
-        (Framework::Torchtitan | Framework::ScaleTorch, _) => return 0.0,
+        _ => &MEGATRON_CORE_TE,
     };
     let cfg = c.cfg;
     // Collectives: the forward issues one per block (an all-reduce), two under
@@ -269,7 +312,7 @@ pub(super) fn dense_host_wait(c: &Ctx, lc: &LayerCost) -> f64 {
             r
         }
     };
-    let bwd = attn.1 + k.mlp.1 + k.grad_hooks + replay;
+    let bwd = attn.1 + k.mlp.1 + k.grad_adds.count(c.model) + replay;
     let host_f = (fwd + comm_f) * us * 1e-6;
     let host_b = (bwd + comm_b) * us * 1e-6;
     let (gpu_f, gpu_b) = gpu_passes(lc);
