@@ -153,6 +153,12 @@ fn search_of(a: &RlPlanArgs) -> Result<RlSearch> {
     }
     s.rollout_tp = a.rollout_tp.clone();
     if let Some(v) = &a.train_gpus {
+        if a.gpus < 2 {
+            bail!(
+                "--train-gpus sizes a disaggregated training pool, which needs at least 2 GPUs (one training, one rollout); --gpus is {}",
+                a.gpus
+            );
+        }
         if let Some(&bad) = v.iter().find(|&&t| t == 0 || t >= a.gpus) {
             bail!(
                 "--train-gpus {bad}: a disaggregated training pool takes 1 to {} of the {} GPUs (the rest run the rollout)",

@@ -338,10 +338,24 @@ pub fn plan(
 ) -> Result<RlResult, RlError> {
     w.check()?;
     let per_node = hw.node.gpus_per_node;
+    // Each size once, whatever the lists repeat: a repeated value would be searched
+    // once per copy (a million copies, a million searches).
+    let distinct = |v: &[u64]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
     let tps: Vec<u64> = s
         .rollout_tp
-        .clone()
+        .as_deref()
+        .map(distinct)
         .unwrap_or_else(|| divisors(per_node.min(hw.node.nvlink_domain)));
+    let s = &RlSearch {
+        train_gpus: s.train_gpus.as_deref().map(distinct),
+        space: s.space.normalized(),
+        ..s.clone()
+    };
     let mut tally = Tally::default();
     let mut plans = Vec::new();
     let mut try_one = |tally: &mut Tally, p: Placement, side: &TrainSide, tp: u64, off: bool| {
@@ -515,6 +529,26 @@ mod tests {
             .plans
             .windows(2)
             .all(|p| p[0].times.iteration <= p[1].times.iteration));
+    }
+
+    /// Repeated pool sizes and engine TPs are searched once each.
+    #[test]
+    fn rl_repeated_sizes_are_searched_once() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let mut once = small_search();
+        once.placements = vec![PlacementKind::Disaggregated];
+        once.train_gpus = Some(vec![16]);
+        once.rollout_tp = Some(vec![1, 2]);
+        let mut many = once.clone();
+        many.train_gpus = Some(vec![16; 1000]);
+        many.rollout_tp = Some(vec![2, 1, 2, 1, 1]);
+        many.space.tp = Some(vec![2, 1, 2, 2]);
+        let (a, b) = (
+            plan(&workload(), &hw, 32, &once).unwrap(),
+            plan(&workload(), &hw, 32, &many).unwrap(),
+        );
+        assert_eq!(a.evaluated, b.evaluated);
+        assert_eq!(a.plans.len(), b.plans.len());
     }
 
     #[test]
