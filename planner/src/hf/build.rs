@@ -189,18 +189,26 @@ fn moe(c: &Cfg) -> Result<Option<Moe>, InputError> {
             let shared = c.opt("shared_expert_intermediate_size")?.unwrap_or(0);
             let step = c.opt("decoder_sparse_step")?.unwrap_or(1);
             // Hugging Face's Qwen2-MoE and Qwen3-MoE make layer i sparse when
-            // (i + 1) % decoder_sparse_step == 0: a step of 0 divides by zero there.
-            if step == 0 {
+            // (i + 1) % decoder_sparse_step == 0 (a step of 0 divides by zero);
+            // Megatron's moe_layer_freq, which Sextant follows, starts at layer 0.
+            // Only a step of 1 (every released model's) means the same layers.
+            if step != 1 {
                 return Err(c.err(format!(
-                    "field '{}decoder_sparse_step' is 0: every n-th layer is an MoE layer, so it must be at least 1",
+                    "field '{}decoder_sparse_step' is {step}: Hugging Face places an MoE layer where (layer + 1) is a multiple of it, Sextant only every layer (1, every released Qwen MoE model's value)",
                     c.at
                 )));
             }
-            let dense_only =
-                c.v.get("mlp_only_layers")
-                    .and_then(Value::as_array)
-                    .map(|a| a.len())
-                    .unwrap_or(0);
+            let dense_only = match c.v.get("mlp_only_layers") {
+                None | Some(Value::Null) => 0,
+                Some(Value::Array(a)) => a.len(),
+                Some(x) => {
+                    return Err(c.err(format!(
+                        "field '{}mlp_only_layers' is {}, expected a list of layer indices",
+                        c.at,
+                        crate::json::one_line(&x.to_string(), 60)
+                    )))
+                }
+            };
             if dense_only > 0 {
                 return Err(c.err(
                     "mlp_only_layers lists dense layers at arbitrary positions; Sextant models only leading dense layers".into(),
@@ -213,7 +221,7 @@ fn moe(c: &Cfg) -> Result<Option<Moe>, InputError> {
                 shared_experts: u64::from(shared > 0),
                 shared_ffn_hidden: if shared > 0 { Some(shared) } else { None },
                 dense_leading_layers: 0,
-                layer_freq: step,
+                layer_freq: 1,
                 balancing: Balancing::AuxLoss,
             }
         }

@@ -53,7 +53,7 @@ impl Cfg<'_> {
                 self.err(format!(
                     "field '{}{key}' is {}, expected a non-negative integer",
                     self.at,
-                    crate::json::one_line(&x.to_string(), 60)
+                    shown(x)
                 ))
             }),
         }
@@ -90,8 +90,9 @@ impl Cfg<'_> {
                 .filter(|f| f.is_finite() && *f > 0.0)
                 .ok_or_else(|| {
                     self.err(format!(
-                        "field '{}{key}' is {x}, expected a positive number",
-                        self.at
+                        "field '{}{key}' is {}, expected a positive number",
+                        self.at,
+                        shown(x)
                     ))
                 }),
         }
@@ -103,9 +104,15 @@ impl Cfg<'_> {
             None | Some(Value::Null) => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
             Some(x) => Err(self.err(format!(
-                "field '{}{key}' is {x}, expected true or false",
-                self.at
+                "field '{}{key}' is {}, expected true or false",
+                self.at,
+                shown(x)
             ))),
         }
     }
+}
+
+/// A JSON value as echoed in an error: one line, cut (a field may hold megabytes).
+fn shown(x: &Value) -> String {
+    crate::json::one_line(&x.to_string(), 60)
 }

@@ -130,7 +130,8 @@ pub fn from_hf_config(text: &str, name: &str) -> Result<ModelSpec, InputError> {
         if let Some(inner) = text.get("model_type").and_then(Value::as_str) {
             if inner != "gemma3_text" {
                 return Err(InputError::HfConfig(format!(
-                    "text_config.model_type is '{inner}', expected 'gemma3_text'"
+                    "text_config.model_type is '{}', expected 'gemma3_text'",
+                    crate::json::one_line(inner, 60)
                 )));
             }
         }

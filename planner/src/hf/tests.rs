@@ -315,6 +315,35 @@ fn bad_configs_say_what_is_wrong() {
     v["decoder_sparse_step"] = 0.into();
     let e = from_hf_config(&v.to_string(), "x").unwrap_err().to_string();
     assert!(e.contains("decoder_sparse_step' is 0"), "{e}");
+    // Hugging Face's sparse layers for a step above 1 are not Megatron's.
+    v["decoder_sparse_step"] = 5.into();
+    let e = from_hf_config(&v.to_string(), "x").unwrap_err().to_string();
+    assert!(e.contains("decoder_sparse_step' is 5"), "{e}");
+    v["decoder_sparse_step"] = 1.into();
+    v["mlp_only_layers"] = "all".into();
+    let e = from_hf_config(&v.to_string(), "x").unwrap_err().to_string();
+    assert!(e.contains("mlp_only_layers' is \"all\""), "{e}");
+    v["mlp_only_layers"] = serde_json::Value::Null;
+    // Numbers and flags are echoed cut too.
+    v["tie_word_embeddings"] = "x".repeat(100_000).into();
+    let e = from_hf_config(&v.to_string(), "x").unwrap_err().to_string();
+    assert!(
+        e.contains("tie_word_embeddings") && e.len() < 400,
+        "{}",
+        e.len()
+    );
+    v["tie_word_embeddings"] = false.into();
+    // Gemma 3's inner model type is echoed escaped and cut.
+    let g = serde_json::json!({
+        "model_type": "gemma3",
+        "text_config": {"model_type": format!("\u{1b}[31m{}", "y".repeat(100_000))}
+    });
+    let e = from_hf_config(&g.to_string(), "x").unwrap_err().to_string();
+    assert!(
+        e.contains("text_config.model_type") && e.len() < 400 && !e.contains('\u{1b}'),
+        "{}",
+        e.len()
+    );
     // A wrong-typed value is echoed cut to one line.
     v["decoder_sparse_step"] = format!("\u{1b}[31m{}", "9".repeat(100_000)).into();
     let e = from_hf_config(&v.to_string(), "x").unwrap_err().to_string();
