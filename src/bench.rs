@@ -332,6 +332,7 @@ fn plan_shapes(path: &str, plan_rank: usize) -> Result<Vec<Shape>> {
     let text = read_text(Path::new(path), "plan")?;
     let plan =
         sextant_planner::plan::PlanFile::from_json(&text).map_err(|e| anyhow!("'{path}': {e}"))?;
+    crate::check_plan_target(path, &plan)?;
     let opts = Options {
         plan_rank,
         full_size: true,

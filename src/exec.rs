@@ -224,6 +224,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
     let text = read_text(Path::new(&a.plan), "plan")?;
     let hash = program::plan_hash(text.as_bytes());
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
+    crate::check_plan_target(&a.plan, &plan)?;
     if a.dry_run {
         let opts = Options {
             full_size: true,
@@ -1003,6 +1004,7 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
     };
     let text = read_text(Path::new(&a.plan), "plan")?;
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
+    crate::check_plan_target(&a.plan, &plan)?;
     let (run, hash) = run_of_plan(&a.plan, &text, &run_path)?;
     let before = predicted_components(&run, &plan.hardware, plan.assumptions)?;
     let after = match &a.calibration {

@@ -422,7 +422,11 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         if !t.trim().eq_ignore_ascii_case("any")
             && framework(Target::parse(t)?) != framework(Target::parse(e)?)
         {
-            bail!("--target {t} and --emit {e} name different frameworks: the plans would be searched for one and written for the other; pass the same one, or --target any");
+            bail!(
+                "--target {} and --emit {} name different frameworks: the plans would be searched for one and written for the other; pass the same one, or --target any",
+                sextant_planner::json::one_line(t.trim(), 60),
+                sextant_planner::json::one_line(e.trim(), 60)
+            );
         }
     }
     let target_name = a
@@ -435,9 +439,19 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     } else {
         let t = Target::parse(&target_name)?;
         if sextant_exports::expressible_schedules(t).is_none() {
-            bail!("--target {target_name} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch (or torchrun/slurm, which launch Megatron-LM), or any");
+            bail!("--target {} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch (or torchrun/slurm, which launch Megatron-LM), or any", sextant_planner::json::one_line(target_name.trim(), 60));
         }
         Some(t)
+    };
+    // From here on the target is named as Sextant spells it (the user's spelling may
+    // hold anything `Target::parse` trims).
+    let target_name = match target {
+        Some(t) => TARGETS
+            .iter()
+            .find(|(_, x)| *x == t)
+            .map_or("megatron-lm", |(n, _)| *n)
+            .to_string(),
+        None => "any".to_string(),
     };
     // The default target (no --target, no --emit) cannot build every model: rank
     // for any framework then, and say why, rather than refuse to plan.
@@ -571,12 +585,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             .collect(),
     );
     // The canonical name (`--target Megatron_LM` is written `megatron-lm`).
-    plan.target = target.map(|t| {
-        TARGETS
-            .iter()
-            .find(|(_, x)| *x == t)
-            .map_or_else(|| target_name.clone(), |(n, _)| n.to_string())
-    });
+    plan.target = target.map(|_| target_name.clone());
     plan.rank_by = Some(rank_by);
     if let Some(summary) = plan.search.as_mut() {
         summary.space = Some(sextant_planner::plan::SpaceRecord::of(
@@ -755,24 +764,32 @@ fn write_report(
     io::write_new(Path::new(path), &html, force)
 }
 
-/// Reads a plan file and prices its plans again with this build's cost model
-/// (`PlanFile::rederive`), saying on stderr, one line per plan, where the file's
-/// own numbers differed.
-fn read_plan_rederived(path: &str) -> Result<PlanFile> {
-    let text = io::read_text(Path::new(path), "plan file")?;
-    let mut plan = PlanFile::from_json(&text).map_err(|e| anyhow::anyhow!("'{path}': {e}"))?;
-    // The framework the search was restricted to: one `plan --target` writes.
+/// A plan file's `target` names the framework the search was restricted to: one
+/// that `plan --target` writes, or none (any framework). Checked by every command
+/// that reads plans.
+pub(crate) fn check_plan_target(path: &str, plan: &PlanFile) -> Result<()> {
     if let Some(t) = &plan.target {
         let known = Target::parse(t)
             .ok()
             .filter(|&t| sextant_exports::expressible_schedules(t).is_some());
         if known.is_none() {
             bail!(
-                "'{path}': key 'target': '{}' is not a framework `plan --target` writes (megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch, torchrun, slurm); fix it or remove the key (a plan for any framework has none)",
+                "'{}': key 'target': '{}' is not a framework `plan --target` writes (megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch, torchrun, slurm); fix it or remove the key (a plan for any framework has none)",
+                sextant_planner::json::one_line(path, 120),
                 sextant_planner::json::one_line(t, 60)
             );
         }
     }
+    Ok(())
+}
+
+/// Reads a plan file and prices its plans again with this build's cost model
+/// (`PlanFile::rederive`), saying on stderr, one line per plan, where the file's
+/// own numbers differed.
+fn read_plan_rederived(path: &str) -> Result<PlanFile> {
+    let text = io::read_text(Path::new(path), "plan file")?;
+    let mut plan = PlanFile::from_json(&text).map_err(|e| anyhow::anyhow!("'{path}': {e}"))?;
+    check_plan_target(path, &plan)?;
     let notes = plan
         .rederive()
         .map_err(|e| anyhow::anyhow!("'{path}': {e}"))?;

@@ -100,13 +100,16 @@ fn workload(a: &RlPlanArgs) -> Result<RlWorkload> {
         None => None,
     };
     let Some(algorithm) = Algorithm::parse(&a.algorithm) else {
-        bail!("unknown --algorithm '{}' (grpo or ppo)", a.algorithm);
+        bail!(
+            "unknown --algorithm '{}' (grpo or ppo)",
+            sextant_planner::json::one_line(&a.algorithm, 60)
+        );
     };
     let precision = match Precision::parse(&a.precision) {
         Some(p @ (Precision::Bf16 | Precision::Fp16)) => p,
         _ => bail!(
             "--precision '{}': RL plans train in bf16 or fp16 (verl and RLinf state no FP8 actor setting)",
-            a.precision
+            sextant_planner::json::one_line(&a.precision, 60)
         ),
     };
     Ok(RlWorkload {
@@ -193,7 +196,10 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
     }
     if let Some(e) = &a.emit {
         if e != "verl" && e != "rlinf" {
-            bail!("--emit '{e}': the RL exports are verl and rlinf");
+            bail!(
+                "--emit '{}': the RL exports are verl and rlinf",
+                sextant_planner::json::one_line(e, 60)
+            );
         }
     }
     let s = search_of(&a)?;

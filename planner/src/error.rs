@@ -7,12 +7,12 @@ use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum InputError {
-    #[error("unknown model '{name}'{}", suggest(.suggestions))]
+    #[error("unknown model '{}'{}", crate::json::one_line(.name, 60), suggest(.suggestions))]
     UnknownModel {
         name: String,
         suggestions: Vec<String>,
     },
-    #[error("unknown hardware profile '{name}'{}", suggest(.suggestions))]
+    #[error("unknown hardware profile '{}'{}", crate::json::one_line(.name, 60), suggest(.suggestions))]
     UnknownProfile {
         name: String,
         suggestions: Vec<String>,

@@ -68,9 +68,17 @@ pub struct Capacity {
 /// top-k cannot bind).
 pub const MAX_CAPACITY_FACTOR: f64 = 64.0;
 
+/// Smallest capacity factor accepted: below it each expert keeps under 1% of its
+/// share of the tokens, and the step trains almost nothing (1e-320 was priced
+/// and exported as a 322-digit literal).
+pub const MIN_CAPACITY_FACTOR: f64 = 0.01;
+
 impl Capacity {
     pub fn validate(&self) -> Result<(), crate::config::WorkloadError> {
-        if !(self.factor.is_finite() && self.factor > 0.0 && self.factor <= MAX_CAPACITY_FACTOR) {
+        if !(self.factor.is_finite()
+            && self.factor >= MIN_CAPACITY_FACTOR
+            && self.factor <= MAX_CAPACITY_FACTOR)
+        {
             return Err(crate::config::WorkloadError::CapacityFactor(self.factor));
         }
         Ok(())

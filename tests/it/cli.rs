@@ -2546,6 +2546,8 @@ fn plan_file_targets_are_canonical_and_checked() {
     for args in [
         vec!["export", bad, "--to", "megatron-core"],
         vec!["report", bad, "-o", "/nonexistent-dir/r.html"],
+        vec!["exec", bad, "--dry-run"],
+        vec!["compare", bad, "/nonexistent-dir/run.json"],
     ] {
         crate::common::fails_with_one_line(&args, "key 'target'");
         let err = stderr(&sextant(&args));
@@ -2575,4 +2577,20 @@ fn huge_floats_are_echoed_short() {
             said,
         );
     }
+    // A vanishing capacity factor is refused, not priced and exported as a
+    // 322-digit literal.
+    crate::common::fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8x7b",
+            "--gpus",
+            "64",
+            "--ep",
+            "8",
+            "--moe-capacity-factor",
+            "1e-320",
+        ],
+        "capacity factor 1e-320 is out of range: use 0.01 up to 64",
+    );
 }

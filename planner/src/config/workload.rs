@@ -101,6 +101,6 @@ pub enum WorkloadError {
     GlobalBatch(u64),
     #[error("MoE imbalance {} is out of range: use 1.0 (balanced) up to 64", crate::hardware::ranges::show(*.0))]
     Imbalance(f64),
-    #[error("MoE capacity factor {} is out of range: use a value above 0 up to {max} (1.0 to 1.25 is usual), or leave it out for dropless routing", crate::hardware::ranges::show(*.0), max = crate::routing::MAX_CAPACITY_FACTOR)]
+    #[error("MoE capacity factor {} is out of range: use {min} up to {max} (1.0 to 1.25 is usual), or leave it out for dropless routing", crate::hardware::ranges::show(*.0), min = crate::routing::MIN_CAPACITY_FACTOR, max = crate::routing::MAX_CAPACITY_FACTOR)]
     CapacityFactor(f64),
 }

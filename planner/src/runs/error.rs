@@ -68,7 +68,7 @@ pub enum RowError {
     },
     #[error("value '{0}' is not a number")]
     ValueNotANumber(String),
-    #[error("value {} must be positive", crate::hardware::ranges::show(*.0))]
+    #[error("value {} must be a positive finite number", crate::hardware::ranges::show(*.0))]
     ValueNotPositive(f64),
 }
 
