@@ -221,6 +221,7 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
         side_by_side(
             r.best_colocated.as_ref(),
             r.best_disaggregated.as_ref(),
+            &s.placements,
             &hw.name,
             w.actor.moe.is_some()
         )
@@ -317,7 +318,26 @@ fn gib(b: f64) -> String {
 
 /// The best plan of each placement, one column each, with each iteration's band
 /// (the published RL runs' errors, on `profile` for a model of kind `moe`).
-pub fn side_by_side(c: Option<&RlPlan>, d: Option<&RlPlan>, profile: &str, moe: bool) -> String {
+/// The best plan of each placement, column by column; a placement the search
+/// left out (`--placement`) says so rather than "none fits".
+pub fn side_by_side(
+    c: Option<&RlPlan>,
+    d: Option<&RlPlan>,
+    searched: &[PlacementKind],
+    profile: &str,
+    moe: bool,
+) -> String {
+    let empty = |k: PlacementKind| {
+        if searched.contains(&k) {
+            "none fits"
+        } else {
+            "not searched (--placement)"
+        }
+    };
+    let (empty_c, empty_d) = (
+        empty(PlacementKind::Colocated),
+        empty(PlacementKind::Disaggregated),
+    );
     type Row = (&'static str, fn(&RlPlan) -> String);
     let rows: [Row; 14] = [
         ("GPUs train / rollout", |p| {
@@ -351,18 +371,30 @@ pub fn side_by_side(c: Option<&RlPlan>, d: Option<&RlPlan>, profile: &str, moe: 
         }),
         ("usable GiB", |p| gib(p.capacity_bytes)),
     ];
-    let cell =
-        |p: Option<&RlPlan>, f: fn(&RlPlan) -> String| p.map(f).unwrap_or("none fits".into());
+    let cell = |p: Option<&RlPlan>, f: fn(&RlPlan) -> String, none: &str| {
+        p.map(f).unwrap_or_else(|| none.to_string())
+    };
     let mut s = format!(
         "{:<27} {:<32} {}\n",
         "best of each placement", "colocated", "disaggregated"
     );
     for (name, f) in rows {
-        s += &format!("{:<27} {:<32} {}\n", name, cell(c, f), cell(d, f));
+        s += &format!(
+            "{:<27} {:<32} {}\n",
+            name,
+            cell(c, f, empty_c),
+            cell(d, f, empty_d)
+        );
         if name == "iteration (s)" {
-            let b =
-                |p: Option<&RlPlan>| p.map_or("none fits".into(), |p| band_cell(p, profile, moe));
-            s += &format!("{:<27} {:<32} {}\n", "iteration band (s)", b(c), b(d));
+            let b = |p: Option<&RlPlan>, none: &str| {
+                p.map_or_else(|| none.to_string(), |p| band_cell(p, profile, moe))
+            };
+            s += &format!(
+                "{:<27} {:<32} {}\n",
+                "iteration band (s)",
+                b(c, empty_c),
+                b(d, empty_d)
+            );
         }
     }
     s
