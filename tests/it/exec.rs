@@ -511,7 +511,26 @@ pub fn exec_refuses_bad_input_and_never_overwrites() {
 #[test]
 fn calibration_from_a_run_moves_the_prediction_toward_the_measurement() {
     let dir = TempDir::new("exec-calibrate");
-    let p = temp_plan_8b(&dir);
+    // Priced as one CUDA graph: the executed program's scaled-down layers would
+    // otherwise be priced as waiting for a Python host on the GPU (a few hundred
+    // kernels at 50 us), a term a CPU run has no counterpart of (its overlay drops
+    // it), which would make the uncalibrated GPU prediction the yardstick by chance.
+    let p = plan(
+        &dir,
+        "p.json",
+        &[
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--cuda-graphs",
+            "full_iteration",
+        ],
+    );
     let run = dir.path("p.json-run.json").to_string_lossy().into_owned();
     let overlay = dir.path("overlay.json").to_string_lossy().into_owned();
     // A run of 4 steps on 8 CPU processes is a noisy sample: under the whole

@@ -447,6 +447,15 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
             }
         }
     }
+    // The CPU backend runs each operation to completion from the thread that issues
+    // it, so its measured times already hold the issuing: no device waits for a
+    // host there, and the host terms (fitted for Python frameworks driving a GPU)
+    // would price it twice.
+    if o.backend == "cpu" {
+        p.efficiency.host_layer_kernel_us = 0.0;
+        p.efficiency.host_op_us = 0.0;
+        p.efficiency.host_kernel_us = 0.0;
+    }
     // A GPU overlay's numbers are in the profile's ranges, so this holds; it keeps
     // a plan made with the overlay one that `export` reads back. A CPU overlay's are
     // not physical for a GPU: only `compare` applies it, and writes no plan.

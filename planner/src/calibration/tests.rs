@@ -155,7 +155,15 @@ fn overlay_numbers_take_their_backends_ranges() {
     let e = apply(&h100, &o).unwrap_err().to_string();
     assert!(e.contains("gemm_bf16 = 5e-5 is out of range"), "{e}");
     o.backend = "cpu".into();
-    assert_eq!(apply(&h100, &o).unwrap().efficiency.gemm_bf16, 5e-5);
+    let cpu = apply(&h100, &o).unwrap();
+    assert_eq!(cpu.efficiency.gemm_bf16, 5e-5);
+    // A CPU run's op times hold their issuing: no host terms on top.
+    assert!(h100.efficiency.host_layer_kernel_us > 0.0 && h100.efficiency.host_op_us > 0.0);
+    let e = &cpu.efficiency;
+    assert_eq!(
+        (e.host_layer_kernel_us, e.host_op_us, e.host_kernel_us),
+        (0.0, 0.0, 0.0)
+    );
     for x in [f64::NAN, f64::INFINITY, 0.0, -1.0, 1e308] {
         o.gemm_bf16 = Some(x);
         let e = apply(&h100, &o).unwrap_err().to_string();
