@@ -3,6 +3,23 @@
 
 use super::*;
 
+/// The breakdown, the host's wait included, sums to the step.
+fn sums_to_the_step(e: &Estimate) {
+    let t = &e.time;
+    let parts = t.compute.total()
+        + t.recompute
+        + t.exposed_comm
+        + t.bubble
+        + t.optimizer
+        + t.overlap_slowdown
+        + t.host_wait;
+    assert!(
+        (parts - e.step_secs).abs() < 1e-6 * e.step_secs,
+        "{parts} vs {}",
+        e.step_secs
+    );
+}
+
 /// A mixture-of-experts layer whose forward blocks the host waits for the host
 /// when issuing it takes longer than running it: Qwen3-30B-A3B at micro-batch 1
 /// with 16 local experts is host-bound on an H100; a larger micro-batch, CUDA
@@ -24,20 +41,7 @@ fn host_wait_bounds_fine_grained_moe_layers() {
     let run = |k: &ParallelConfig, a: Assumptions, c: &Cluster| evaluate(&m, c, &w, k, a).unwrap();
     let eager = run(&k(1), Assumptions::default(), &c);
     assert!(eager.time.host_wait > 0.0, "{:?}", eager.time);
-    // The breakdown sums to the step.
-    let t = &eager.time;
-    let parts = t.compute.total()
-        + t.recompute
-        + t.exposed_comm
-        + t.bubble
-        + t.optimizer
-        + t.overlap_slowdown
-        + t.host_wait;
-    assert!(
-        (parts - eager.step_secs).abs() < 1e-6 * eager.step_secs,
-        "{parts} vs {}",
-        eager.step_secs
-    );
+    sums_to_the_step(&eager);
     // Four times the tokens per micro-batch: more GPU time to hide the host behind.
     let big = run(&k(4), Assumptions::default(), &c);
     assert!(
@@ -139,19 +143,7 @@ fn dense_host_wait_is_the_counted_kernels_at_the_host_rate() {
         per_layer_mb >= kernels * us * 1e-6,
         "{per_layer_mb} s per layer and micro-batch, below {kernels} kernels at {us} us"
     );
-    let t = &small.time;
-    let parts = t.compute.total()
-        + t.recompute
-        + t.exposed_comm
-        + t.bubble
-        + t.optimizer
-        + t.overlap_slowdown
-        + t.host_wait;
-    assert!(
-        (parts - small.step_secs).abs() < 1e-6 * small.step_secs,
-        "{parts} vs {}",
-        small.step_secs
-    );
+    sums_to_the_step(&small);
     // Eight times the tokens per micro-batch: the GPU outlasts the host.
     let big = run(&k(8), legacy, &c);
     assert!(big.time.host_wait < 0.25 * small.time.host_wait);
