@@ -233,6 +233,9 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("grad-reduce-in-bf16", "megatron/training/arguments.py _add_mixed_precision_args"),
     ("accumulate-allreduce-grads-in-fp32", "megatron/training/arguments.py _add_mixed_precision_args"),
     ("attention-backend", "megatron/core/transformer/transformer_config.py TransformerConfig; values in megatron/core/transformer/enums.py AttnBackend"),
+    ("cuda-graph-impl", "megatron/core/transformer/transformer_config.py TransformerConfig (none, local, transformer_engine, full_iteration)"),
+    ("cuda-graph-modules", "megatron/training/arguments.py (nargs '+', _parse_cuda_graph_modules_arg)"),
+    ("no-check-for-nan-in-loss-and-grad", "megatron/training/arguments.py (store_false, dest check_for_nan_in_loss_and_grad; validate_args requires it with --cuda-graph-impl full_iteration)"),
     ("cross-entropy-loss-fusion", "megatron/core/model_parallel_config.py ModelParallelConfig"),
     ("num-layers", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("mtp-num-layers", "megatron/core/transformer/transformer_config.py TransformerConfig"),
@@ -1300,8 +1303,9 @@ fn qwen2_exports_qkv_biases_only() {
 
 /// CUDA graphs the plan priced: the Megatron-LM export (and the launchers built on
 /// its arguments) and the Megatron-Bridge overrides pass Transformer Engine's
-/// per-layer graphs over the priced scopes; a full-iteration graph, and every other
-/// framework's export, is refused in one line; the plan file keeps the scopes.
+/// per-layer graphs over the priced scopes, and a dense model's full-iteration
+/// graph; an MoE model's full-iteration graph, and every other framework's export,
+/// is refused in one line; the plan file keeps the scopes.
 #[test]
 fn exports_carry_or_refuse_the_priced_cuda_graphs() {
     let opts = LaunchOptions::default();
@@ -1345,6 +1349,37 @@ fn exports_carry_or_refuse_the_priced_cuda_graphs() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("full-iteration"), "{e}");
+    // A dense model's whole-step graph is exported: Megatron-LM's full_iteration
+    // implementation with the NaN check off (validate_args asks for it), and
+    // Bridge's the way set_full_iteration_cuda_graph sets it.
+    let mut d = dense();
+    d.assumptions.cuda_graphs = p.assumptions.cuda_graphs;
+    let lm = export(&d, 1, Target::MegatronLm, &opts).unwrap();
+    assert!(
+        lm.contains("--cuda-graph-impl full_iteration")
+            && lm.contains("--no-check-for-nan-in-loss-and-grad")
+            && !lm.contains("--cuda-graph-modules"),
+        "{lm}"
+    );
+    let flags: Vec<&str> = lm
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .filter(|w| w.starts_with("--"))
+        .collect();
+    for word in flags {
+        assert!(
+            MEGATRON_FLAGS.iter().any(|(f, _)| *f == &word[2..]),
+            "flag {word} is not in the verified table"
+        );
+    }
+    let bridge = export(&d, 1, Target::MegatronBridge, &opts).unwrap();
+    assert!(
+        bridge.contains("\nmodel.cuda_graph_impl=full_iteration\n")
+            && bridge.contains("'model.cuda_graph_modules=[]'")
+            && bridge.contains("\nrerun_state_machine.check_for_nan_in_loss=false\n"),
+        "{bridge}"
+    );
     let e = export(&p, 1, Target::MegatronBridge, &opts)
         .unwrap_err()
         .to_string();

@@ -222,16 +222,22 @@ fn precision_args(
     );
     // CUDA graphs the plan priced: Transformer Engine's per-layer graphs over the
     // named scopes (`--cuda-graph-impl`, `--cuda-graph-modules`: arguments.py at
-    // d98e8a6). A full-iteration graph needs static MoE shapes (a HybridEP
-    // expert-rank capacity) that no plan sets.
+    // d98e8a6), or, for a dense model, one graph of the whole forward and
+    // backward (`--cuda-graph-impl full_iteration`, which validate_args accepts
+    // only with `--no-check-for-nan-in-loss-and-grad`). An MoE model's
+    // full-iteration graph needs static MoE shapes (a HybridEP expert-rank
+    // capacity) that no plan sets.
     let graphs = plan.assumptions.cuda_graphs;
     if graphs.full_iteration {
-        return Err(ExportError::Inexpressible {
-            target: Target::MegatronLm,
-            reason: "the plan prices a full-iteration CUDA graph, which needs a static expert-rank capacity this export does not set; re-plan with --cuda-graphs attn,moe_router,moe_preprocess or without it".into(),
-        });
-    }
-    if !graphs.is_none() {
+        if plan.model.moe.is_some() {
+            return Err(ExportError::Inexpressible {
+                target: Target::MegatronLm,
+                reason: "the plan prices a full-iteration CUDA graph of an MoE model, which needs a static expert-rank capacity this export does not set; re-plan with --cuda-graphs attn,moe_router,moe_preprocess or without it".into(),
+            });
+        }
+        arg(v, "cuda-graph-impl", "full_iteration");
+        flag(v, "no-check-for-nan-in-loss-and-grad");
+    } else if !graphs.is_none() {
         arg(v, "cuda-graph-impl", "transformer_engine");
         arg(v, "cuda-graph-modules", graphs.to_string());
     }

@@ -75,16 +75,23 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     // graph capture needs, which ConfigContainer keeps in step with
     // model.use_te_rng_tracker, training/config.py). Megatron-Core takes the
     // module names as strings (`cuda_graph_modules`, normalised in
-    // TransformerConfig.__post_init__, transformer_config.py at d98e8a6). A
-    // full-iteration graph needs static MoE shapes that no plan sets.
+    // TransformerConfig.__post_init__, transformer_config.py at d98e8a6). A dense
+    // model's full-iteration graph is set as `set_full_iteration_cuda_graph`
+    // (utils/cuda_graph.py) sets it, with the NaN check on the loss off, as the
+    // same overrides do; an MoE model's needs static shapes that no plan sets.
     let graphs = plan.assumptions.cuda_graphs;
     if graphs.full_iteration {
-        return Err(cannot(
-            t,
-            "a full-iteration CUDA graph, which needs a static expert-rank capacity this export does not set; re-plan with --cuda-graphs attn,moe_router,moe_preprocess or without it",
-        ));
-    }
-    if !graphs.is_none() {
+        if plan.model.moe.is_some() {
+            return Err(cannot(
+                t,
+                "a full-iteration CUDA graph of an MoE model, which needs a static expert-rank capacity this export does not set; re-plan with --cuda-graphs attn,moe_router,moe_preprocess or without it",
+            ));
+        }
+        put("model.cuda_graph_impl", "full_iteration".into());
+        put("model.cuda_graph_modules", "[]".into());
+        put("rng.te_rng_tracker", "true".into());
+        put("rerun_state_machine.check_for_nan_in_loss", "false".into());
+    } else if !graphs.is_none() {
         put("model.cuda_graph_impl", "transformer_engine".into());
         let modules: Vec<&str> = CudaGraphs::SCOPES
             .iter()
