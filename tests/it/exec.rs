@@ -285,11 +285,14 @@ fn cpu_backend_interleaved_schedule_with_uneven_layers() {
 
 /// Fault cases below are run by the reliability summary, which counts them.
 fn temp_plan_8b(dir: &TempDir) -> String {
-    plan(
-        dir,
-        "p.json",
-        &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2"],
-    )
+    temp_plan_8b_with(dir, &[])
+}
+
+/// The same plan with `extra` flags.
+fn temp_plan_8b_with(dir: &TempDir, extra: &[&str]) -> String {
+    let mut args = vec!["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2"];
+    args.extend_from_slice(extra);
+    plan(dir, "p.json", &args)
 }
 
 pub fn a_rank_killed_mid_step_ends_every_rank_within_the_timeout() {
@@ -515,22 +518,7 @@ fn calibration_from_a_run_moves_the_prediction_toward_the_measurement() {
     // otherwise be priced as waiting for a Python host on the GPU (a few hundred
     // kernels at 50 us), a term a CPU run has no counterpart of (its overlay drops
     // it), which would make the uncalibrated GPU prediction the yardstick by chance.
-    let p = plan(
-        &dir,
-        "p.json",
-        &[
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--cuda-graphs",
-            "full_iteration",
-        ],
-    );
+    let p = temp_plan_8b_with(&dir, &["--cuda-graphs", "full_iteration"]);
     let run = dir.path("p.json-run.json").to_string_lossy().into_owned();
     let overlay = dir.path("overlay.json").to_string_lossy().into_owned();
     // A run of 4 steps on 8 CPU processes is a noisy sample: under the whole

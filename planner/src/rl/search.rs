@@ -339,7 +339,8 @@ pub fn plan(
     w.check()?;
     let per_node = hw.node.gpus_per_node;
     // Each size once, whatever the lists repeat: a repeated value would be searched
-    // once per copy (a million copies, a million searches).
+    // once per copy (a million copies, a million searches). The training search
+    // makes its own space distinct (`SearchSpace::normalized`).
     let distinct = |v: &[u64]| {
         let mut v = v.to_vec();
         v.sort_unstable();
@@ -353,7 +354,6 @@ pub fn plan(
         .unwrap_or_else(|| divisors(per_node.min(hw.node.nvlink_domain)));
     let s = &RlSearch {
         train_gpus: s.train_gpus.as_deref().map(distinct),
-        space: s.space.normalized(),
         ..s.clone()
     };
     let mut tally = Tally::default();
