@@ -736,6 +736,22 @@ fn invalid_configurations_say_exactly_why() {
         ],
         "needs sequence parallelism",
     );
+    // Megatron asserts TP communication overlap only with sequence parallelism.
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "70b",
+            "--gpus",
+            "64",
+            "--tp",
+            "8",
+            "--sp",
+            "false",
+            "--tp-comm-overlap",
+        ],
+        "--tp-comm-overlap) needs sequence parallelism",
+    );
     // TP across nodes only when asked for.
     let o = sextant(&[
         "estimate",

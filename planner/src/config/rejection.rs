@@ -77,6 +77,9 @@ pub enum Rejection {
     MoeNeedsSp {
         tp: u64,
     },
+    TpCommNeedsSp {
+        tp: u64,
+    },
     Batch {
         gbs: u64,
         mbs: u64,
@@ -159,6 +162,7 @@ impl Rejection {
             Rejection::Zero { .. }
             | Rejection::GpuProduct { .. }
             | Rejection::SpWithoutTp
+            | Rejection::TpCommNeedsSp { .. }
             | Rejection::EpDenseModel
             | Rejection::RecomputeModules { .. } => RejectKind::Other,
         }
@@ -221,6 +225,7 @@ impl fmt::Display for Rejection {
             ),
             Rejection::EtpFfn { etp, ffn } => write!(f, "expert tensor parallel size {etp} does not divide expert FFN hidden size {ffn}"),
             Rejection::MoeNeedsSp { tp } => write!(f, "a mixture-of-experts model with tensor parallel size {tp} needs sequence parallelism (Megatron-Core's MoE layer refuses to train without it): use --sp"),
+            Rejection::TpCommNeedsSp { tp } => write!(f, "overlapping tensor-parallel communication with GEMMs (--tp-comm-overlap) needs sequence parallelism at tensor parallel size {tp} (Megatron-LM asserts it; Transformer Engine pipelines the all-gathers and reduce-scatters of sequence parallelism, not the all-reduce): use --sp or drop --tp-comm-overlap"),
             Rejection::Batch { gbs, mbs, dp } => write!(
                 f,
                 "global batch {gbs} is not divisible by micro-batch {mbs} x data parallel {dp} = {}",

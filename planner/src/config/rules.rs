@@ -108,6 +108,12 @@ impl ParallelConfig {
         if self.sp && self.tp == 1 {
             return Err(Rejection::SpWithoutTp);
         }
+        // megatron/training/arguments.py at d98e8a6, validate_args: "Tensor parallel
+        // communication/GEMM overlap can happen only when sequence parallelism is
+        // enabled".
+        if self.overlap.tp_comm && self.tp > 1 && !self.sp {
+            return Err(Rejection::TpCommNeedsSp { tp: self.tp });
+        }
         if !model.heads.is_multiple_of(self.tp) {
             return Err(Rejection::TpHeads {
                 tp: self.tp,

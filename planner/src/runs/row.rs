@@ -285,7 +285,10 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
     // NVLink domain (see the module notes).
     let ep_comm = flag(r, "ep_comm_overlap")?
         .unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
-    let tp_comm = flag(r, "tp_comm_overlap")?.unwrap_or(modern);
+    // Megatron-Core recipes overlap TP communication, which Megatron allows only
+    // with sequence parallelism.
+    let sp = get(r, "sp") == "true";
+    let tp_comm = flag(r, "tp_comm_overlap")?.unwrap_or(modern && sp);
     // The attention kernel: stated by the row or its stack, else the stack's era
     // (fused flash attention on the Megatron-Core stack, unfused softmax on 2021-22's).
     let (flash_attention, loss, framework) = kernels_for(r, modern)?;
@@ -308,7 +311,7 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
         ep,
         etp: 1,
         dp: req(r, "dp")?,
-        sp: get(r, "sp") == "true",
+        sp,
         mbs: num(r, "mbs")?.unwrap_or(1),
         zero,
         recompute,

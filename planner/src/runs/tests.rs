@@ -378,3 +378,24 @@ fn compiled_loss_only_for_torchtitan_rows() {
     let c = with(&[("cross_entropy", "compiled"), ("framework", "torchtitan")]).unwrap();
     assert_eq!(c.assumptions.loss, crate::cost::LossKernel::Compiled);
 }
+
+/// A modern-stack row (a sharded optimizer) without sequence parallelism does not
+/// get Transformer Engine's TP overlap by default: Megatron runs it only with
+/// sequence parallelism. With it, the overlap stays the default.
+#[test]
+fn tp_overlap_defaults_follow_sequence_parallelism() {
+    let dense = |sp: &str| {
+        RUNS.replace(
+            "qwen3-30b-a3b,48,2048,6144,32,4,151936,4096,128,8,768,0,1,1,1,1,8,false,64",
+            &format!("llama3-8b,32,4096,14336,32,8,128256,4096,,,,,2,1,1,1,1,{sp},32"),
+        )
+    };
+    for (sp, want) in [("false", false), ("true", true)] {
+        let c = parse_runs(&dense(sp)).unwrap().remove(0).unwrap();
+        assert_eq!(
+            (c.config.sp, c.config.overlap.tp_comm),
+            (sp == "true", want)
+        );
+        assert!(c.estimate().is_ok());
+    }
+}

@@ -49,6 +49,8 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
     let mut kept = Vec::new();
     let sps: Vec<bool> = match &space.sp {
         Some(v) => v.clone(),
+        // TP communication overlap runs only with sequence parallelism.
+        None if s.tp > 1 && space.overlap.tp_comm => vec![true],
         None if s.tp > 1 => vec![true, false],
         None => vec![false],
     };

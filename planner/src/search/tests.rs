@@ -234,3 +234,40 @@ fn schedules_are_searched_and_restrictable() {
         );
     }
 }
+
+/// Megatron overlaps TP communication with GEMMs only under sequence
+/// parallelism (validate_args asserts it): with `--tp-comm-overlap` the search
+/// never tries a TP > 1 plan without it, and such a configuration given whole is
+/// refused with the reason, not priced with an overlap that cannot run.
+#[test]
+fn tp_comm_overlap_is_searched_only_with_sequence_parallelism() {
+    let m = resolve("llama3-8b").unwrap().spec;
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
+    let w = Workload {
+        seq: 4096,
+        global_batch: 64,
+        precision: Precision::Bf16,
+        moe_imbalance: 1.0,
+        moe_capacity: None,
+    };
+    let mut space = SearchSpace {
+        tp: Some(vec![2, 4]),
+        ..SearchSpace::default()
+    };
+    space.overlap.tp_comm = true;
+    let r = search(&m, &c, &w, &space, 50);
+    assert!(!r.top.is_empty());
+    assert!(
+        r.top.iter().all(|p| p.config.sp),
+        "an SP-off plan with TP comm overlap"
+    );
+    // Not enumerated at all (so not counted among the rejected either).
+    assert_eq!(r.rejected.get(&RejectKind::Other), None, "{:?}", r.rejected);
+    let mut off = r.top[0].config.clone();
+    off.sp = false;
+    let e = off.check(&m, &c, &w).unwrap_err();
+    assert_eq!(e, crate::config::Rejection::TpCommNeedsSp { tp: off.tp });
+    assert!(e.to_string().contains("needs sequence parallelism"), "{e}");
+    off.overlap.tp_comm = false;
+    assert!(off.check(&m, &c, &w).is_ok());
+}
