@@ -388,13 +388,29 @@ fn sweeps() -> SweepData {
     let headers = rdr.headers().unwrap().clone();
     let col = |name: &str| headers.iter().position(|h| h == name).unwrap();
     let (c_sweep, c_axis, c_id) = (col("sweep"), col("axis"), col("id"));
-    let mut member: BTreeMap<String, (String, String)> = BTreeMap::new();
+    // A run can belong to several sweeps (one per axis it varies along):
+    // `sweep` and `axis` then list them, separated by `;`, in the same order.
+    let mut member: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for rec in rdr.records() {
         let rec = rec.unwrap();
-        member.insert(
-            rec[c_id].to_string(),
-            (rec[c_axis].to_string(), rec[c_sweep].to_string()),
+        let (axes, ids): (Vec<&str>, Vec<&str>) = (
+            rec[c_axis].split(';').collect(),
+            rec[c_sweep].split(';').collect(),
         );
+        assert_eq!(
+            axes.len(),
+            ids.len(),
+            "row {}: sweeps and axes differ in number",
+            &rec[c_id]
+        );
+        let previous = member.insert(
+            rec[c_id].to_string(),
+            axes.iter()
+                .zip(&ids)
+                .map(|(a, s)| (a.to_string(), s.to_string()))
+                .collect(),
+        );
+        assert!(previous.is_none(), "row id {} repeated", &rec[c_id]);
     }
     let mut sweeps: Sweeps = BTreeMap::new();
     let mut skipped = Vec::new();
@@ -409,7 +425,6 @@ fn sweeps() -> SweepData {
             (case.workload.global_batch * case.workload.seq) as f64 / case.cluster.gpus as f64;
         match case.estimate() {
             Ok(e) => {
-                let (axis, sweep) = member[&case.id].clone();
                 let reductions = grad_reductions(
                     case.moe,
                     &case.config,
@@ -431,27 +446,32 @@ fn sweeps() -> SweepData {
                         framework: case.assumptions.framework,
                     });
                 }
-                // The sweep axes that are axes of the validated region.
-                let on = match axis.as_str() {
-                    "vpp" => Some((AXES[0], reach.virtual_stages)),
-                    "zero3_dp" => Some((AXES[1], reach.zero3_dp)),
-                    "tp_nvlink" => Some((AXES[2], reach.tp_domains)),
-                    _ => None,
-                };
-                if let Some((a, value)) = on {
-                    points.push(SweepPoint {
-                        sweep: sweep.clone(),
-                        axis: a.to_string(),
-                        value,
-                        predicted_secs: e.step_secs,
-                        measured_secs: case.measured_step_secs(),
-                    });
+                for (axis, sweep) in &member[&case.id] {
+                    // The sweep axes that are axes of the validated region.
+                    let on = match axis.as_str() {
+                        "vpp" => Some((AXES[0], reach.virtual_stages)),
+                        "zero3_dp" => Some((AXES[1], reach.zero3_dp)),
+                        "tp_nvlink" => Some((AXES[2], reach.tp_domains)),
+                        _ => None,
+                    };
+                    if let Some((a, value)) = on {
+                        points.push(SweepPoint {
+                            sweep: sweep.clone(),
+                            axis: a.to_string(),
+                            value,
+                            predicted_secs: e.step_secs,
+                            measured_secs: case.measured_step_secs(),
+                        });
+                    }
+                    sweeps
+                        .entry((axis.clone(), sweep.clone()))
+                        .or_default()
+                        .push((
+                            case.id.clone(),
+                            tokens / case.measured_step_secs(),
+                            tokens / e.step_secs,
+                        ))
                 }
-                sweeps.entry((axis, sweep)).or_default().push((
-                    case.id.clone(),
-                    tokens / case.measured_step_secs(),
-                    tokens / e.step_secs,
-                ))
             }
             Err(r) => skipped.push(format!("{}: {r}", case.id)),
         }
@@ -485,7 +505,13 @@ fn published_sweeps_are_ordered() {
         "{:<10} {:<34} {:>3} {:>9} {:>9} {:>7}",
         "axis", "sweep", "n", "measured", "predicted", "diff"
     );
+    // Per source (the sweep id's first word names it): distinguishable pairs,
+    // rightly ordered pairs, sweeps with an asserted ratio, ratios within 10%.
+    let mut per_source: std::collections::BTreeMap<&str, [usize; 4]> = Default::default();
     for ((axis, sweep), rows) in &sweeps {
+        let source = sweep.split('-').next().unwrap_or_default();
+        let gap = RATIO_GAPS.iter().any(|g| g.0 == axis.as_str());
+        let src = per_source.entry(source).or_default();
         let t = per_axis.entry(axis.as_str()).or_default();
         t[4] += rows.len() * rows.len().saturating_sub(1) / 2;
         for (i, a) in rows.iter().enumerate() {
@@ -494,8 +520,10 @@ fn published_sweeps_are_ordered() {
                     continue;
                 }
                 t[0] += 1;
+                src[0] += 1;
                 if (a.1 > b.1) == (a.2 > b.2) {
                     t[1] += 1;
+                    src[1] += 1;
                 } else {
                     wrong.push(format!("{sweep}: {} vs {}", a.0, b.0));
                 }
@@ -512,6 +540,10 @@ fn published_sweeps_are_ordered() {
         let diff = (p - m) / m;
         t[2] += 1;
         t[3] += usize::from(diff.abs() <= 0.10);
+        if !gap {
+            src[2] += 1;
+            src[3] += usize::from(diff.abs() <= 0.10);
+        }
         println!(
             "{axis:<10} {sweep:<34} {:>3} {m:>9.3} {p:>9.3} {:>+6.1}%{}",
             rows.len(),
@@ -546,6 +578,12 @@ fn published_sweeps_are_ordered() {
             }
         );
     }
+    for (source, t) in &per_source {
+        println!(
+            "source {source:<8} ordered right: {:>3} of {:>3} pairs; best/worst within 10%: {:>3} of {:>3} sweeps",
+            t[1], t[0], t[3], t[2]
+        );
+    }
     println!("ordered pairs (measured apart by >=5%): {right} of {pairs}; best/worst within 10%: {ratio_ok} of {with_ratio} sweeps (axes with a known gap left out)");
     for w in &wrong {
         println!("ordered wrong: {w}");
@@ -558,25 +596,49 @@ fn published_sweeps_are_ordered() {
         let n = per_axis.get(axis).map_or(0, |t| t[4]);
         assert!(n >= 8, "axis {axis}: {n} measured pairs, fewer than 8");
     }
-    // A regression guard, not the bar (90% of pairs), which vTrain's
-    // Megatron-DeepSpeed layout sweeps broke when they were added: 269 of 304 pairs
-    // (88.5%; 129 of 131 before). 33 of the 35 wrong pairs are vTrain's, 26 of them a
-    // TP 8 layout of the 18.4B or 39.1B model measured faster than a TP 2-4 one the
-    // model prices faster; no mechanism in DeepSpeed's pipeline engine or
-    // Megatron-DeepSpeed explains the 39.1B TP 2 runs' excess (docs/trust.md).
-    assert!(
-        right as f64 >= 0.88 * pairs as f64,
-        "predicted order wrong on {} of {pairs} pairs: {wrong:?}",
-        pairs - right
-    );
-    // A regression guard at today's level, not the bar (every sweep within
-    // 10%), which is not met: see RATIO_GAPS and the sweeps marked "outside 10%".
-    assert!(
-        ratio_ok as f64 >= 0.85 * with_ratio as f64,
-        "best/worst ratio outside 10% on {} of {with_ratio} sweeps",
-        with_ratio - ratio_ok
-    );
+    // The bars (90% of the pairs ordered right, every sweep's best/worst
+    // ratio within 10%) are not met: 492 of 612 pairs (80.4%), 117 of 150 sweeps.
+    // What the test guards is each source's state today, so that no change of the
+    // model loses a pair or a ratio any source had (a source not listed fails: list
+    // it when its rows are added). Where the wrong pairs are (docs/trust.md): vTrain's
+    // Megatron-DeepSpeed runs (33 of 173 pairs; TP 8 measured faster than TP 2-4,
+    // no mechanism found) and Hagemann et al.'s layout and micro-batch runs (85 of
+    // 329; in their codebase TP and pipelines with few micro-batches cost far more
+    // than the model prices: 65B at TP 8 measured 1.6-1.9x TP 2, 13B at PP 2 and
+    // micro-batch 8 measured 1.65x micro-batch 1).
+    for (source, t) in &per_source {
+        let Some(&(_, min_right, min_ratio)) = SWEEP_GUARDS.iter().find(|g| g.0 == *source) else {
+            panic!("sweeps of source '{source}' have no guard in SWEEP_GUARDS: add today's counts ({} ordered right, {} ratios within 10%)", t[1], t[3]);
+        };
+        assert!(
+            t[1] >= min_right,
+            "source {source}: {} pairs ordered right, {min_right} before: {wrong:?}",
+            t[1]
+        );
+        assert!(
+            t[3] >= min_ratio,
+            "source {source}: {} best/worst ratios within 10%, {min_ratio} before",
+            t[3]
+        );
+    }
 }
+
+/// Per source of the sweeps (the sweep id's first word): the pairs ordered right
+/// and the best/worst ratios within 10% (axes in [`RATIO_GAPS`] left out) that the
+/// model reached when the guard was last raised.
+const SWEEP_GUARDS: &[(&str, usize, usize)] = &[
+    ("hag23", 244, 53),
+    ("kor22", 4, 5),
+    ("mpt", 7, 14),
+    ("tt2412", 1, 4),
+    ("ttasync", 2, 2),
+    ("ttperf", 2, 1),
+    ("ttwf", 0, 1),
+    ("uspb", 78, 0),
+    ("vtrain", 140, 12),
+    ("zb", 6, 13),
+    ("zb24", 8, 12),
+];
 
 /// Every row of the published data that states a measured peak memory (67 rows:
 /// torchtitan's benchmark tables and the Ultra-Scale Playbook's nanotron runs, all
