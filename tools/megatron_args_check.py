@@ -72,7 +72,10 @@ ARCH = [("a100", 8), ("h100", 9), ("h200", 9), ("h800", 9), ("b200", 10), ("gb20
 
 STUB_ROOTS = ("torch", "transformer_engine", "transformer_engine_torch", "triton")
 TORCH_VERSION = "2.8.0"
-TE_VERSION = "2.9.0"
+# Transformer Engine as Megatron-LM d98e8a6 pins it (pyproject.toml [tool.uv.sources]:
+# TransformerEngine rev 4329ff84, whose build_tools/VERSION.txt reads 2.17.1);
+# validate_args gates features on it (is_te_min_version).
+TE_VERSION = "2.17.1"
 TRITON_VERSION = "3.4.0"
 
 

@@ -56,6 +56,11 @@ cases=(
     "dsv3-2048-fp8|plan --model deepseek-v3 --gpus 2048 --gpu h800 --precision fp8 --top 10"
     "qwen30-16-dedup|estimate --model qwen3-30b-a3b --gpus 16 --tp 1 --pp 1 --ep 16 --dp 16 --global-batch 64 --moe-dispatcher dedup"
     "8b-16-sel-mods|estimate --model 8b --gpus 16 --tp 2 --pp 1 --dp 8 --global-batch 128 --recompute selective --recompute-modules core_attn,mlp,layernorm"
+    "8b-64-full-graph|estimate --model 8b --gpus 64 --tp 8 --pp 1 --dp 8 --global-batch 512 --seq 2048 --cuda-graphs full_iteration"
+    "dsv3-256-b200-graphs|estimate --model deepseek-v3 --gpus 256 --gpu b200 --tp 1 --pp 8 --ep 32 --global-batch 4096 --pp-layout Et*4|(t*4|)*14tmL --precision mxfp8 --recompute selective --recompute-modules mla_up_proj,mlp --bf16-moments --moe-dispatcher deepep --ep-comm-overlap --cuda-graphs attn,moe_router,moe_preprocess"
+    "qwen30-16-graphs|plan --model qwen3-30b-a3b --gpus 16 --cuda-graphs attn,moe_router --top 10"
+    "70b-64-tpo-sp|plan --model 70b --gpus 64 --tp-comm-overlap --recompute selective --top 10"
+    "gptoss-64-graphs-epo|estimate --model gpt-oss-120b --gpus 64 --tp 1 --pp 1 --ep 64 --dp 64 --global-batch 512 --ep-comm-overlap --cuda-graphs attn,moe_router --recompute selective"
 )
 
 for c in "${cases[@]}"; do

@@ -26,6 +26,42 @@ pub use mcore::megatron_core;
 
 pub const MEGATRON_VERSION: &str = "Megatron-LM main 2026-08 (core_v0.19); core_v0.13+ except --use-megatron-fsdp (core_v0.13: --use-custom-fsdp)";
 
+/// Whether a Megatron-LM argument list (`args`, one flag and its values per entry)
+/// graphs a weight-gradient GEMM that `--delay-wgrad-compute` defers while
+/// `--overlap-grad-reduce` is on: attention, or the router with shared experts
+/// not overlapped (validate_args, megatron/training/arguments.py at d98e8a6).
+/// Megatron then asks for Transformer Engine 2.12 and refuses attention biases.
+pub fn graphs_delayed_wgrad(args: &[String]) -> bool {
+    let has = |flag: &str| args.iter().any(|a| a.split(' ').next() == Some(flag));
+    let modules: Vec<&str> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--cuda-graph-modules "))
+        .map(|m| m.split(' ').collect())
+        .unwrap_or_default();
+    let router_with_shared = modules.contains(&"moe_router")
+        && has("--moe-shared-expert-intermediate-size")
+        && !has("--moe-shared-expert-overlap");
+    (modules.contains(&"attn") || router_with_shared)
+        && has("--delay-wgrad-compute")
+        && has("--overlap-grad-reduce")
+}
+
+/// The release floors the CUDA-graph flags of a Megatron-LM argument list need, or
+/// `None` without them. Megatron-LM names the modules `--cuda-graph-modules` and
+/// offers `--cuda-graph-impl full_iteration` since core_v0.18 (core_v0.15-0.17:
+/// `--cuda-graph-scope`, and `transformer_engine` or `local` as the only
+/// implementations; `TransformerConfig.cuda_graph_impl` at each tag).
+pub fn cuda_graph_floor(args: &[String]) -> Option<String> {
+    if !args.iter().any(|a| a.starts_with("--cuda-graph-impl ")) {
+        return None;
+    }
+    let mut note = "Needs Megatron-Core core_v0.18 or later for its CUDA-graph flags (core_v0.15-0.17 name the modules --cuda-graph-scope and have no full_iteration implementation).".to_string();
+    if graphs_delayed_wgrad(args) {
+        note.push_str(" Graphing a GEMM whose weight gradient --delay-wgrad-compute defers needs Transformer Engine 2.12 or later, which validate_args asserts.");
+    }
+    Some(note)
+}
+
 /// The release floor a plan needs when its TP exceeds the model's K/V heads:
 /// Megatron-Core computes one K/V head per rank there only since f7dfb99
 /// (core_v0.16.0; attention.py `num_query_groups < world_size`); before, it

@@ -264,6 +264,8 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("window-attn-skip-freq", "megatron/training/arguments.py _add_network_size_args (N: one full-attention layer after N-1 windowed ones)"),
     ("untie-embeddings-and-output-weights", "megatron/training/arguments.py _add_network_size_args"),
     ("disable-bias-linear", "megatron/core/transformer/transformer_config.py TransformerConfig.add_bias_linear (argparse_meta)"),
+    ("attention-dropout", "megatron/core/transformer/transformer_config.py TransformerConfig.attention_dropout (default 0.1)"),
+    ("hidden-dropout", "megatron/core/transformer/transformer_config.py TransformerConfig.hidden_dropout (default 0.1)"),
     ("num-experts", "megatron/training/arguments.py _add_moe_args"),
     ("moe-router-topk", "megatron/core/transformer/transformer_config.py TransformerConfig"),
     ("moe-ffn-hidden-size", "megatron/core/transformer/transformer_config.py TransformerConfig"),
@@ -1451,4 +1453,119 @@ fn megatron_exports_name_the_release_tp_above_the_kv_heads_needs() {
             assert_eq!(out.contains(note), wanted, "TP {tp}, {to}:\n{out}");
         }
     }
+}
+
+/// Dropout as the plan priced it: TransformerConfig defaults both dropouts to 0.1,
+/// which a Llama-style model (priced without masks) does not train with.
+#[test]
+fn megatron_exports_state_the_priced_dropout() {
+    let opts = LaunchOptions::default();
+    let lm = export(&dense(), 1, Target::MegatronLm, &opts).unwrap();
+    assert!(
+        lm.contains("--attention-dropout 0.0") && lm.contains("--hidden-dropout 0.0"),
+        "{lm}"
+    );
+    let core = export(&dense(), 1, Target::MegatronCore, &opts).unwrap();
+    assert!(
+        core.contains("attention_dropout=0.0,") && core.contains("hidden_dropout=0.0,"),
+        "{core}"
+    );
+    let mut gpt3 = dense();
+    gpt3.model.dropout = true;
+    let lm = export(&gpt3, 1, Target::MegatronLm, &opts).unwrap();
+    assert!(lm.contains("--attention-dropout 0.1"), "{lm}");
+}
+
+/// The CUDA-graph flags' release floor is said in the header, and a plan Megatron
+/// refuses (attention graphed while the expert-parallel overlap defers weight
+/// gradients, on a model with biases: validate_args at d98e8a6) is refused in one
+/// line instead of exported.
+#[test]
+fn megatron_lm_cuda_graphs_say_their_floor_and_refuse_what_megatron_refuses() {
+    let dir = TempDir::new("graph-floor");
+    let dsv3 = saved(
+        &dir,
+        "dsv3.json",
+        &[
+            "estimate",
+            "--model",
+            "deepseek-v3",
+            "--gpus",
+            "256",
+            "--gpu",
+            "b200",
+            "--tp",
+            "1",
+            "--pp",
+            "8",
+            "--ep",
+            "32",
+            "--global-batch",
+            "4096",
+            "--pp-layout",
+            "Et*4|(t*4|)*14tmL",
+            "--precision",
+            "mxfp8",
+            "--recompute",
+            "selective",
+            "--recompute-modules",
+            "mla_up_proj,mlp",
+            "--bf16-moments",
+            "--moe-dispatcher",
+            "deepep",
+            "--ep-comm-overlap",
+            "--cuda-graphs",
+            "attn,moe_router,moe_preprocess",
+        ],
+    );
+    let out = dir.path("dsv3.txt");
+    let o = sextant(&[
+        "export",
+        dsv3.to_str().unwrap(),
+        "--to",
+        "megatron-lm",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let header: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+    assert!(
+        header
+            .iter()
+            .any(|l| l.contains("core_v0.18 or later")
+                && l.contains("Transformer Engine 2.12 or later")),
+        "{header:?}"
+    );
+    assert!(text.contains("--delay-wgrad-compute"), "{text}");
+    let goss = saved(
+        &dir,
+        "goss.json",
+        &[
+            "estimate",
+            "--model",
+            "gpt-oss-120b",
+            "--gpus",
+            "64",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--ep",
+            "64",
+            "--dp",
+            "64",
+            "--global-batch",
+            "512",
+            "--ep-comm-overlap",
+            "--cuda-graphs",
+            "attn,moe_router",
+            "--recompute",
+            "selective",
+        ],
+    );
+    fails_with_one_line(
+        &["export", goss.to_str().unwrap(), "--to", "megatron-lm"],
+        "refuses for a model with linear or QKV biases",
+    );
 }

@@ -10,9 +10,9 @@ use sextant_planner::model::MlpKind;
 use sextant_planner::plan::PlanFile;
 
 use super::{
-    check_rank_order, cuda_device_max_connections, fp8_recipe, kv_heads_below_tp,
-    megatron_schedule, model_refusal, moe_layer_pattern, moe_token_fields, pipeline_layout,
-    MaxConnections, Value, MEGATRON_VERSION,
+    check_rank_order, cuda_device_max_connections, cuda_graph_floor, fp8_recipe,
+    graphs_delayed_wgrad, kv_heads_below_tp, megatron_schedule, model_refusal, moe_layer_pattern,
+    moe_token_fields, pipeline_layout, MaxConnections, Value, MEGATRON_VERSION,
 };
 use crate::quote;
 use crate::{ExportError, Target};
@@ -41,6 +41,11 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<Vec<String>, ExportError> {
     training_args(&mut v, cfg)?;
     precision_args(&mut v, plan, cfg)?;
     model_args(&mut v, plan, cfg)?;
+    let bias =
+        !v.iter().any(|a| a == "--disable-bias-linear") || v.iter().any(|a| a == "--add-qkv-bias");
+    if bias && graphs_delayed_wgrad(&v) {
+        return Err(cannot_lm("the plan graphs attention (or the router beside unoverlapped shared experts) while the expert-parallel overlap defers weight gradients (--delay-wgrad-compute), which Megatron-LM refuses for a model with linear or QKV biases (validate_args); re-plan without --ep-comm-overlap or without those --cuda-graphs scopes"));
+    }
     Ok(v)
 }
 
@@ -329,6 +334,12 @@ fn model_args(
     if m.mtp_layers > 0 {
         arg(v, "mtp-num-layers", m.mtp_layers);
     }
+    // Dropout as the plan priced it (masks and their traffic only with dropout):
+    // TransformerConfig's attention_dropout and hidden_dropout default to 0.1,
+    // which a Llama-style model does not train with.
+    let p = if m.dropout { "0.1" } else { "0.0" };
+    arg(v, "attention-dropout", p);
+    arg(v, "hidden-dropout", p);
     if !m.bias {
         flag(v, "disable-bias-linear");
         if m.qkv_bias {
@@ -403,6 +414,9 @@ pub fn megatron_lm(plan: &PlanFile, index: usize) -> Result<String, ExportError>
     );
     let _ = writeln!(s, "# Flags as in {MEGATRON_VERSION}.");
     if let Some(note) = kv_heads_below_tp(plan, index) {
+        let _ = writeln!(s, "# {note}");
+    }
+    if let Some(note) = cuda_graph_floor(&a) {
         let _ = writeln!(s, "# {note}");
     }
     let _ = writeln!(s, "# Normalization, position embedding, tokenizer and data flags come from your model's recipe.");

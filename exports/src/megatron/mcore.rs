@@ -146,6 +146,9 @@ fn config_fields(
     let py_bool = |b: bool| if b { "True" } else { "False" };
     let _ = writeln!(s, "config = {config_class}(");
     let _ = writeln!(s, "    num_layers={},\n    hidden_size={},\n    ffn_hidden_size={},\n    num_attention_heads={},", m.layers, m.hidden, m.ffn_hidden, m.heads);
+    // Dropout as priced; TransformerConfig defaults both to 0.1.
+    let p = if m.dropout { "0.1" } else { "0.0" };
+    let _ = writeln!(s, "    attention_dropout={p},\n    hidden_dropout={p},");
     if let Some(mla) = &m.mla {
         let q = if mla.q_lora_rank > 0 {
             mla.q_lora_rank.to_string()
