@@ -413,6 +413,15 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             "--recompute-modules applies to selective recomputation: add selective to --recompute"
         );
     }
+    if inp.assumptions.cuda_graphs.per_layer()
+        && !recomputes.is_empty()
+        && recomputes.iter().all(|&r| r == Recompute::Full)
+    {
+        bail!(
+            "{}",
+            sextant_planner::config::Rejection::GraphsWithFullRecompute
+        );
+    }
     if let (Some(t), Some(e)) = (&a.target, &a.emit) {
         // torchrun and slurm launch Megatron-LM.
         let framework = |x: Target| match x {

@@ -60,6 +60,7 @@ cases=(
     "dsv3-256-b200-graphs|estimate --model deepseek-v3 --gpus 256 --gpu b200 --tp 1 --pp 8 --ep 32 --global-batch 4096 --pp-layout Et*4|(t*4|)*14tmL --precision mxfp8 --recompute selective --recompute-modules mla_up_proj,mlp --bf16-moments --moe-dispatcher deepep --ep-comm-overlap --cuda-graphs attn,moe_router,moe_preprocess"
     "qwen30-16-graphs|plan --model qwen3-30b-a3b --gpus 16 --cuda-graphs attn,moe_router --top 10"
     "70b-64-tpo-sp|plan --model 70b --gpus 64 --tp-comm-overlap --recompute selective --top 10"
+    "70b-64-graphs|plan --model 70b --gpus 64 --cuda-graphs attn --top 10"
     "gptoss-64-graphs-epo|estimate --model gpt-oss-120b --gpus 64 --tp 1 --pp 1 --ep 64 --dp 64 --global-batch 512 --ep-comm-overlap --cuda-graphs attn,moe_router --recompute selective"
 )
 

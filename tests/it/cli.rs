@@ -752,6 +752,37 @@ fn invalid_configurations_say_exactly_why() {
         ],
         "--tp-comm-overlap) needs sequence parallelism",
     );
+    // Megatron-Core runs per-layer CUDA graphs only without full recomputation.
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--recompute",
+            "full",
+            "--cuda-graphs",
+            "attn",
+        ],
+        "cannot be combined with full recomputation",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--recompute",
+            "full",
+            "--cuda-graphs",
+            "attn",
+        ],
+        "cannot be combined with full recomputation",
+    );
     // TP across nodes only when asked for.
     let o = sextant(&[
         "estimate",

@@ -80,6 +80,7 @@ pub enum Rejection {
     TpCommNeedsSp {
         tp: u64,
     },
+    GraphsWithFullRecompute,
     Batch {
         gbs: u64,
         mbs: u64,
@@ -163,6 +164,7 @@ impl Rejection {
             | Rejection::GpuProduct { .. }
             | Rejection::SpWithoutTp
             | Rejection::TpCommNeedsSp { .. }
+            | Rejection::GraphsWithFullRecompute
             | Rejection::EpDenseModel
             | Rejection::RecomputeModules { .. } => RejectKind::Other,
         }
@@ -226,6 +228,7 @@ impl fmt::Display for Rejection {
             Rejection::EtpFfn { etp, ffn } => write!(f, "expert tensor parallel size {etp} does not divide expert FFN hidden size {ffn}"),
             Rejection::MoeNeedsSp { tp } => write!(f, "a mixture-of-experts model with tensor parallel size {tp} needs sequence parallelism (Megatron-Core's MoE layer refuses to train without it): use --sp"),
             Rejection::TpCommNeedsSp { tp } => write!(f, "overlapping tensor-parallel communication with GEMMs (--tp-comm-overlap) needs sequence parallelism at tensor parallel size {tp} (Megatron-LM asserts it; Transformer Engine pipelines the all-gathers and reduce-scatters of sequence parallelism, not the all-reduce): use --sp or drop --tp-comm-overlap"),
+            Rejection::GraphsWithFullRecompute => write!(f, "per-layer CUDA graphs (--cuda-graphs attn, moe_router, moe_preprocess) cannot be combined with full recomputation (Megatron-Core asserts \"full recompute is only supported with full iteration CUDA graph\"): use --recompute selective or none, or --cuda-graphs full_iteration"),
             Rejection::Batch { gbs, mbs, dp } => write!(
                 f,
                 "global batch {gbs} is not divisible by micro-batch {mbs} x data parallel {dp} = {}",

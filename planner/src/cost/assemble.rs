@@ -29,6 +29,9 @@ pub fn evaluate(
     a: Assumptions,
 ) -> Result<Estimate, Rejection> {
     cfg.check(model, cluster, w)?;
+    if a.cuda_graphs.per_layer() && cfg.recompute == crate::config::Recompute::Full {
+        return Err(Rejection::GraphsWithFullRecompute);
+    }
     let hw = &cluster.profile;
     let c = Ctx::new(model, hw, w, cfg, a);
     let m = cfg.micro_batches(w);

@@ -58,6 +58,13 @@ impl CudaGraphs {
         *self == CudaGraphs::default()
     }
 
+    /// Per-layer graphs (any scope but `full_iteration`), which Megatron-Core runs
+    /// only without full recomputation ("full recompute is only supported with full
+    /// iteration CUDA graph", TransformerConfig.__post_init__ at d98e8a6).
+    pub fn per_layer(&self) -> bool {
+        !self.full_iteration && !self.is_none()
+    }
+
     /// Parses Megatron's scope list, separated by spaces, commas or `+`; `none` or
     /// an empty string is no graphs.
     pub fn parse(text: &str) -> Result<CudaGraphs, CudaGraphsError> {

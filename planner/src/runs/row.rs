@@ -287,7 +287,7 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
         .unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
     // Megatron-Core recipes overlap TP communication, which Megatron allows only
     // with sequence parallelism.
-    let sp = get(r, "sp") == "true";
+    let sp = flag(r, "sp")?.unwrap_or(false);
     let tp_comm = flag(r, "tp_comm_overlap")?.unwrap_or(modern && sp);
     // The attention kernel: stated by the row or its stack, else the stack's era
     // (fused flash attention on the Megatron-Core stack, unfused softmax on 2021-22's).

@@ -398,4 +398,9 @@ fn tp_overlap_defaults_follow_sequence_parallelism() {
         );
         assert!(c.estimate().is_ok());
     }
+    // Anything but true, false or blank is refused, not read as false.
+    for bad in ["TRUE", "yes", "1"] {
+        let e = parse_runs(&dense(bad)).unwrap().remove(0).unwrap_err();
+        assert!(e.reason.contains("expected true or false"), "{bad}: {}", e.reason);
+    }
 }

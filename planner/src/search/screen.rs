@@ -78,9 +78,12 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
             .filter(move |z| plain_ok || *z != Zero::None)
             .take(if unsharded { 1 } else { usize::MAX })
     };
+    // Megatron-Core runs per-layer CUDA graphs only without full recomputation.
+    let graphed = space.assumptions.cuda_graphs.per_layer();
     let recomputes: Vec<(Recompute, RecomputeModules)> = space
         .recompute
         .iter()
+        .filter(|&&r| !(graphed && r == Recompute::Full))
         .flat_map(|&r| match r {
             Recompute::Selective => module_sets.iter().map(|&m| (r, m)).collect::<Vec<_>>(),
             _ => vec![(r, RecomputeModules::DEFAULT)],

@@ -271,3 +271,36 @@ fn tp_comm_overlap_is_searched_only_with_sequence_parallelism() {
     off.overlap.tp_comm = false;
     assert!(off.check(&m, &c, &w).is_ok());
 }
+
+/// Megatron-Core runs per-layer CUDA graphs only without full recomputation:
+/// the search does not try it, and such a configuration given whole is refused.
+/// A full-iteration graph may recompute whole layers.
+#[test]
+fn per_layer_cuda_graphs_are_never_searched_with_full_recomputation() {
+    use crate::config::{Recompute, Rejection};
+    use crate::cost::CudaGraphs;
+    let m = resolve("llama3-8b").unwrap().spec;
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
+    let w = Workload {
+        seq: 4096,
+        global_batch: 64,
+        precision: Precision::Bf16,
+        moe_imbalance: 1.0,
+        moe_capacity: None,
+    };
+    let mut space = SearchSpace {
+        recompute: vec![Recompute::Full, Recompute::None],
+        ..SearchSpace::default()
+    };
+    space.assumptions.cuda_graphs = CudaGraphs::parse("attn").unwrap();
+    let r = search(&m, &c, &w, &space, 50);
+    assert!(!r.top.is_empty());
+    assert!(r.top.iter().all(|p| p.config.recompute != Recompute::Full));
+    assert_eq!(r.rejected.get(&RejectKind::Other), None, "{:?}", r.rejected);
+    let mut full = r.top[0].config.clone();
+    full.recompute = Recompute::Full;
+    let e = crate::cost::estimate_with(&m, &c, &w, &full, space.assumptions).unwrap_err();
+    assert_eq!(e, Rejection::GraphsWithFullRecompute);
+    space.assumptions.cuda_graphs = CudaGraphs::parse("full_iteration").unwrap();
+    assert!(crate::cost::estimate_with(&m, &c, &w, &full, space.assumptions).is_ok());
+}
