@@ -1109,6 +1109,23 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         moe_dispatcher: inp.moe_dispatcher,
         schedule: inp.schedule_for(vpp)?,
     };
+    // A configuration given whole: an expert-parallel overlap Megatron would not
+    // run here is refused, not printed as on and silently dropped.
+    if cfg.overlap.ep_comm
+        && cfg.schedule != sextant_planner::schedule::Schedule::DualPipe
+        && cfg.ep_overlap(&inp.workload).is_none()
+    {
+        let why = if cfg.ep < 2 {
+            "it needs expert parallelism (--ep 2 or more on an MoE model)"
+        } else if cfg.recompute == Recompute::Full
+            || cfg.recomputes(sextant_planner::config::RecomputeModules::MOE)
+        {
+            "Megatron refuses it with full recomputation or the moe recompute module"
+        } else {
+            "with a pipeline Megatron runs it only under the interleaved schedule (--vpp 2 or more)"
+        };
+        bail!("--ep-comm-overlap cannot apply to this configuration: {why}; drop the flag or change the configuration");
+    }
     if let Some(mix) = &a.mix {
         return estimate_mixed(&inp, &cfg, mix, a.common.json);
     }

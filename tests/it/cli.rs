@@ -216,7 +216,7 @@ fn tied_plans_name_the_safer_one() {
     assert!(
         note.contains("rank within 5% of the first")
             && note.contains("where the first needs 75.6 of the 75.6 a plan may use")
-            && note.contains("where the first gives one (VPP"),
+            && note.contains("where the first gives one (PP 4 x VPP 10 = 40 virtual stages against PP 4 x VPP 20 = 80"),
         "{note}"
     );
     let o = sextant(&["plan", "--model", "70b", "--gpus", "128", "--top", "1"]);
@@ -751,6 +751,33 @@ fn invalid_configurations_say_exactly_why() {
             "--tp-comm-overlap",
         ],
         "--tp-comm-overlap) needs sequence parallelism",
+    );
+    // An expert-parallel overlap Megatron would not run is refused, not printed as on.
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "qwen3-30b-a3b",
+            "--gpus",
+            "16",
+            "--ep",
+            "8",
+            "--pp",
+            "2",
+            "--ep-comm-overlap",
+        ],
+        "only under the interleaved schedule",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--ep-comm-overlap",
+        ],
+        "it needs expert parallelism",
     );
     // Megatron-Core runs per-layer CUDA graphs only without full recomputation.
     fails_with_one_line(
@@ -1384,9 +1411,9 @@ fn moe_routing_defaults_capacity_and_exports() {
         "not asked for:\n{out}"
     );
     // EP all-to-all overlap reaches the arguments where Megatron allows it
-    // (interleaved pipeline), and only there.
+    // (interleaved pipeline); elsewhere `estimate` refuses it.
     for (vpp, expect) in [("2", true), ("1", false)] {
-        let o = sextant(&[
+        let args = [
             "estimate",
             "--model",
             "mixtral-8x7b",
@@ -1404,7 +1431,12 @@ fn moe_routing_defaults_capacity_and_exports() {
             "--out",
             plan.to_str().unwrap(),
             "--force",
-        ]);
+        ];
+        if !expect {
+            fails_with_one_line(&args, "only under the interleaved schedule");
+            continue;
+        }
+        let o = sextant(&args);
         assert!(o.status.success(), "{}", stderr(&o));
         let o = sextant(&["export", plan.to_str().unwrap(), "--to", "megatron-lm"]);
         let out = stdout(&o);

@@ -401,6 +401,10 @@ fn tp_overlap_defaults_follow_sequence_parallelism() {
     // Anything but true, false or blank is refused, not read as false.
     for bad in ["TRUE", "yes", "1"] {
         let e = parse_runs(&dense(bad)).unwrap().remove(0).unwrap_err();
-        assert!(e.reason.contains("expected true or false"), "{bad}: {}", e.reason);
+        assert!(
+            e.reason.contains("expected true or false"),
+            "{bad}: {}",
+            e.reason
+        );
     }
 }
