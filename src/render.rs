@@ -507,7 +507,9 @@ const LEGEND: &str = concat!(
     "    2 optimizer+gradients sharded (Megatron-FSDP optim_grads), 3 parameters too (Megatron-FSDP\n",
     "    optim_grads_params, FSDP FULL_SHARD); RC recomputation none/sel(ective)/full;\n",
     "    mem: peak per GPU (weights, gradients, optimizer, activations, buffers, reserve) / usable HBM;\n",
-    "    bubble: pipeline idle share of the step; comm: communication not hidden behind compute\n",
+    "    bubble: pipeline idle share of the step; comm: communication not hidden behind compute;\n",
+    "    MFU: model FLOPs (attention over the whole s x s score matrix, the SC'21 convention;\n",
+    "    Megatron-LM's own log halves it for the causal mask) per second against the dense peak\n",
 );
 
 /// The axes a plan leaves the validated runs on, with by how much.

@@ -179,12 +179,16 @@ pub fn tie_notes(
     if first.config.vpp > 1 && depth(first) <= 1.0 {
         if let Some((i, c)) = tied.iter().find(|(_, c)| depth(c) >= 2.0) {
             why.push(format!(
-                "plan {} ({:+.1}%) gives each virtual stage {:.0} layers where the first gives one (VPP {} against {}: fewer pipeline messages and launches)",
+                "plan {} ({:+.1}%) gives each virtual stage {:.0} layers where the first gives one (PP {} x VPP {} = {} virtual stages against PP {} x VPP {} = {}: fewer pipeline messages and launches)",
                 i + 1,
                 behind(c),
                 depth(c),
+                c.config.pp,
                 c.config.vpp,
-                first.config.vpp
+                c.config.pp * c.config.vpp,
+                first.config.pp,
+                first.config.vpp,
+                first.config.pp * first.config.vpp
             ));
         }
     }
