@@ -685,6 +685,9 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         inp.model.moe.is_some(),
         &inp.cluster.profile,
     ));
+    notes.extend(sextant_planner::notes::framework_notes(
+        inp.assumptions.framework,
+    ));
     if let Some(first) = res.top.first() {
         notes.extend(sextant_planner::notes::small_layer_notes(
             inp.model.moe.is_some(),
@@ -1184,6 +1187,9 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         &est,
         &inp.assumptions,
         &inp.cluster.profile,
+    ));
+    notes.extend(sextant_planner::notes::framework_notes(
+        inp.assumptions.framework,
     ));
     text.push_str(&render::notes(&notes));
     emit(&a.common, &plan, text)

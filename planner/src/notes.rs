@@ -334,3 +334,53 @@ mod tests {
         assert!(small_layer_notes(false, &e, &core, &hw).is_empty());
     }
 }
+
+/// A note on a plan trained with `framework` when the published runs of that
+/// framework all took longer than the model priced them (torchtitan: every one of
+/// its runs), or when none validates it: the point estimate (step time,
+/// tokens/s, MFU) is not corrected for that, only the band's upper end carries it,
+/// so plans of different frameworks compare fairly only by that end.
+pub fn framework_notes(framework: crate::cost::Framework) -> Vec<String> {
+    if framework.is_megatron_core() {
+        return Vec::new();
+    }
+    let mut errors: Vec<f64> = crate::uncertainty::validation()
+        .samples
+        .iter()
+        .filter(|s| s.framework == framework)
+        .map(|s| s.rel_error)
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    let name = framework.name();
+    match errors.as_slice() {
+        [] => vec![format!(
+            "no published {name} run validates these numbers: its band borrows every framework's errors, and step time, tokens/s and MFU are the model's point estimate; compare it with another framework's plans by the upper end"
+        )],
+        [fast @ .., slow] if errors.len() >= 3 && *slow < 0.0 => vec![format!(
+            "every one of the {} published {name} runs took longer than the model priced it ({:.0}% to {:.0}% fast, median {:.0}%): step time, tokens/s and MFU here are not corrected for that, only the band's upper end (which ranks by default) carries it; compare with another framework's plans by that end",
+            errors.len(),
+            -100.0 * slow,
+            -100.0 * fast.first().copied().unwrap_or(*slow),
+            -100.0 * errors[errors.len() / 2]
+        )],
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod framework_tests {
+    use super::framework_notes;
+    use crate::cost::Framework;
+
+    #[test]
+    fn framework_notes_say_when_the_point_is_not_corrected() {
+        assert!(framework_notes(Framework::MegatronCore).is_empty());
+        let tt = framework_notes(Framework::Torchtitan).join(" ");
+        assert!(
+            tt.contains("published torchtitan runs took longer") && tt.contains("% to "),
+            "{tt}"
+        );
+        let st = framework_notes(Framework::ScaleTorch).join(" ");
+        assert!(st.contains("no published scaletorch run"), "{st}");
+    }
+}
