@@ -181,7 +181,16 @@ pub fn simulate(e: &Estimate, cfg: &ParallelConfig) -> Option<Estimate> {
     }
     let ratio = e.step_secs / new_step;
     let mut s = e.clone();
-    s.time.bubble = (tl.makespan - m as f64 * t_max - p2p_exposed).max(0.0);
+    // The simulated pipeline's time beyond the compute is the schedule's idle and
+    // the transfers on its critical path. The schedule's own idle is at least the
+    // closed form's bubble (the lower bound it is built on); the transfers get what
+    // is left, up to the closed form's exposed share, so that the breakdown sums
+    // to the simulated step even where deep interleaving puts more transfers than
+    // idle on the path (one layer per virtual stage printed a 0% bubble).
+    let beyond = (tl.makespan - m as f64 * t_max).max(0.0);
+    let p2p_on_path = p2p_exposed.min(beyond - e.time.bubble.min(beyond));
+    s.time.bubble = beyond - p2p_on_path;
+    s.time.exposed_comm += p2p_on_path - p2p_exposed;
     s.step_secs = new_step;
     s.tokens_per_sec_per_gpu *= ratio;
     s.mfu *= ratio;
