@@ -290,12 +290,6 @@ impl Common {
         {
             bail!("--moe-imbalance and --moe-capacity-factor describe expert routing, but '{}' is a dense model; drop them", model.name);
         }
-        if self.cuda_graphs.full_iteration
-            && model.moe.is_some()
-            && !(self.moe_pad_to_capacity && self.moe_capacity_factor.is_some())
-        {
-            bail!("--cuda-graphs full_iteration captures fixed shapes, which a dropless MoE layer does not have: also give --moe-capacity-factor with --moe-pad-to-capacity, or graph the per-layer scopes (attn,moe_router,moe_preprocess)");
-        }
         if self.moe_pad_to_capacity && self.moe_capacity_factor.is_none() {
             bail!("--moe-pad-to-capacity pads to a capacity: also give --moe-capacity-factor (for example 1.25)");
         }
@@ -315,6 +309,9 @@ impl Common {
                     factor,
                     pad: self.moe_pad_to_capacity,
                 });
+        self.cuda_graphs
+            .check_for(&model, Dispatcher::from(self.moe_dispatcher), moe_capacity)
+            .map_err(|e| anyhow::anyhow!("--cuda-graphs: {e}"))?;
         let workload = Workload {
             seq: self.seq,
             global_batch: self.global_batch,

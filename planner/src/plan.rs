@@ -129,6 +129,19 @@ impl PlanFile {
             rp.config
                 .check(&p.model, &cluster, &p.workload)
                 .map_err(|r| InputError::Workload(format!("plan {}: {r}", rp.rank)))?;
+            p.assumptions
+                .cuda_graphs
+                .check_for(&p.model, rp.config.moe_dispatcher, p.workload.moe_capacity)
+                .map_err(|e| InputError::Workload(format!("plan {}: {e}", rp.rank)))?;
+            if p.assumptions.cuda_graphs.per_layer()
+                && rp.config.recompute == crate::config::Recompute::Full
+            {
+                return Err(InputError::Workload(format!(
+                    "plan {}: {}",
+                    rp.rank,
+                    crate::config::Rejection::GraphsWithFullRecompute
+                )));
+            }
             if rp.config.gpus() != p.gpus {
                 return Err(InputError::Workload(format!(
                     "plan {} uses tp x pp x cp x dp = {} GPUs but the file is for {}",

@@ -779,6 +779,34 @@ fn invalid_configurations_say_exactly_why() {
         ],
         "it needs expert parallelism",
     );
+    // Megatron-Core's rules for graph scopes: router scopes on MoE models only, the
+    // preprocess only with the router.
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--cuda-graphs",
+            "moe_router",
+        ],
+        "llama3-8b is dense",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "qwen3-30b-a3b",
+            "--gpus",
+            "16",
+            "--ep",
+            "8",
+            "--cuda-graphs",
+            "moe_preprocess",
+        ],
+        "runs only with moe_router",
+    );
     // Megatron-Core runs per-layer CUDA graphs only without full recomputation.
     fails_with_one_line(
         &[

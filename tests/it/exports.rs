@@ -1312,6 +1312,8 @@ fn qwen2_exports_qkv_biases_only() {
 fn exports_carry_or_refuse_the_priced_cuda_graphs() {
     let opts = LaunchOptions::default();
     let mut p = moe();
+    // Megatron-Core graphs layers only without full recomputation.
+    p.plans[0].config.recompute = Recompute::Selective;
     p.assumptions.cuda_graphs =
         sextant_planner::cost::CudaGraphs::parse("attn moe_router moe_preprocess").unwrap();
     let text = export(&p, 1, Target::MegatronLm, &opts).unwrap();
@@ -1567,5 +1569,44 @@ fn megatron_lm_cuda_graphs_say_their_floor_and_refuse_what_megatron_refuses() {
     fails_with_one_line(
         &["export", goss.to_str().unwrap(), "--to", "megatron-lm"],
         "refuses for a model with linear or QKV biases",
+    );
+}
+
+/// A plan file's CUDA-graph scopes are checked when read: a scope the format does
+/// not know, full_iteration beside per-layer scopes, router scopes on a dense model
+/// and per-layer graphs with full recomputation are each one line, not an export
+/// Megatron refuses at start-up.
+#[test]
+fn plan_files_with_contradictory_cuda_graphs_are_refused() {
+    let mut p = dense();
+    p.plans[0].config.recompute = Recompute::Selective;
+    p.assumptions.cuda_graphs = sextant_planner::cost::CudaGraphs::parse("attn").unwrap();
+    let good = p.to_json();
+    assert!(PlanFile::from_json(&good).is_ok());
+    let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+    let cases = [
+        (
+            serde_json::json!({"attn": true, "evil": true}),
+            "unknown field `evil`",
+        ),
+        (
+            serde_json::json!({"attn": true, "full_iteration": true}),
+            "give it alone",
+        ),
+        (serde_json::json!({"moe_router": true}), "is dense"),
+    ];
+    for (graphs, needle) in cases {
+        v["assumptions"]["cuda_graphs"] = graphs;
+        let e = PlanFile::from_json(&v.to_string()).unwrap_err().to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{e}");
+    }
+    let mut full = p.clone();
+    full.plans[0].config.recompute = Recompute::Full;
+    let e = PlanFile::from_json(&full.to_json())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cannot be combined with full recomputation"),
+        "{e}"
     );
 }

@@ -99,6 +99,41 @@ impl CudaGraphs {
     }
 }
 
+impl CudaGraphs {
+    /// Megatron-Core's rules for these scopes on `model` with `dispatcher` and the
+    /// capacity `capacity` (TransformerConfig.__post_init__ at d98e8a6): the whole
+    /// step as one graph alone; router scopes only on an MoE model; the preprocess
+    /// only with the router, and not where the all-to-all dispatcher copies token
+    /// counts to the host (a capacity factor); a dropless MoE model's whole step
+    /// not at all (its shapes change from step to step).
+    pub fn check_for(
+        &self,
+        model: &crate::model::ModelSpec,
+        dispatcher: crate::config::Dispatcher,
+        capacity: Option<crate::routing::Capacity>,
+    ) -> Result<(), String> {
+        if self.full_iteration && (self.attn || self.moe_router || self.moe_preprocess) {
+            return Err(CudaGraphsError::FullIterationNotAlone.to_string());
+        }
+        if (self.moe_router || self.moe_preprocess) && model.moe.is_none() {
+            return Err(format!("CUDA graph scopes moe_router and moe_preprocess are for mixture-of-experts layers, and {} is dense: graph attn or full_iteration", model.name));
+        }
+        if self.moe_preprocess && !self.moe_router {
+            return Err("CUDA graph scope moe_preprocess runs only with moe_router (Megatron-Core asserts it): give attn,moe_router,moe_preprocess or drop moe_preprocess".into());
+        }
+        if self.moe_preprocess
+            && dispatcher == crate::config::Dispatcher::AllToAll
+            && capacity.is_some()
+        {
+            return Err("CUDA graph scope moe_preprocess cannot be captured with the all-to-all dispatcher and a capacity factor (its preprocess copies token counts to the host; Megatron-Core asserts it): drop moe_preprocess or the capacity factor".into());
+        }
+        if self.full_iteration && model.moe.is_some() && !capacity.is_some_and(|c| c.pad) {
+            return Err("CUDA graph scope full_iteration captures fixed shapes, which a dropless MoE layer does not have: also give a capacity factor with padding to capacity (--moe-capacity-factor, --moe-pad-to-capacity), or graph the per-layer scopes (attn,moe_router,moe_preprocess)".into());
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Display for CudaGraphs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let on = [

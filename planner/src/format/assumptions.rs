@@ -75,8 +75,10 @@ impl Framework {
     }
 }
 
-/// Megatron-Core's CUDA-graph scopes the run captures; each false when absent.
+/// Megatron-Core's CUDA-graph scopes the run captures; each false when absent. A
+/// scope this layer does not know is refused, not dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CudaGraphs {
     #[serde(default)]
     pub attn: bool,
