@@ -284,6 +284,14 @@ fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), CsvError> {
         .iter()
         .map(str::to_string)
         .collect();
+    // A repeated column would silently take its last cell.
+    let mut seen = std::collections::HashSet::with_capacity(headers.len());
+    if let Some(dup) = headers.iter().find(|h| !seen.insert(h.as_str())) {
+        return Err(CsvError::Header(format!(
+            "column '{}' appears twice; keep one",
+            crate::json::one_line(dup, 60)
+        )));
+    }
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         if i == MAX_ROWS {

@@ -408,3 +408,13 @@ fn tp_overlap_defaults_follow_sequence_parallelism() {
         );
     }
 }
+
+/// A column given twice is refused: the parser would keep its last cell silently.
+#[test]
+fn a_repeated_column_is_refused() {
+    let text =
+        RUNS.replacen("note\n", "note,sp\n", 1)
+            .replacen("iter_s,10,\n", "iter_s,10,,true\n", 1);
+    let e = parse_runs(&text).unwrap_err().to_string();
+    assert!(e.contains("column 'sp' appears twice"), "{e}");
+}
