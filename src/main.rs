@@ -696,6 +696,13 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             &inp.cluster.profile,
         ));
     }
+    if let Some(first) = res.top.first() {
+        notes.extend(sextant_planner::notes::memory_edge_notes(
+            first.estimate.memory.total,
+            inp.cluster.profile.capacity_bytes(),
+            inp.model.moe.is_some(),
+        ));
+    }
     notes.extend(sextant_planner::notes::tie_notes(
         &res.top,
         |c| match (rank_by, &c.estimate.band) {

@@ -384,3 +384,46 @@ mod framework_tests {
         assert!(st.contains("no published scaletorch run"), "{st}");
     }
 }
+
+/// A note when a plan needs 95% or more of the memory a plan may use (`cap_bytes`,
+/// HBM less the headroom): no published Megatron-Core run states its peak memory,
+/// so the memory model is checked only against torchtitan's and nanotron's peaks
+/// (docs/trust.md), and dropless MoE routing moves activation memory from step to
+/// step. `--mem-headroom` asks for a margin.
+pub fn memory_edge_notes(total_bytes: f64, cap_bytes: f64, moe: bool) -> Vec<String> {
+    if cap_bytes.is_nan() || cap_bytes <= 0.0 || total_bytes < 0.95 * cap_bytes {
+        return Vec::new();
+    }
+    let gib = crate::hardware::GIB;
+    vec![format!(
+        "the first plan needs {:.1} of the {:.1} GiB a plan may use: the memory model has been checked against measured peaks of torchtitan and nanotron runs only (docs/trust.md){}; for a margin, re-plan with --mem-headroom 0.15",
+        total_bytes / gib,
+        cap_bytes / gib,
+        if moe {
+            ", and dropless routing moves activation memory from step to step"
+        } else {
+            ""
+        }
+    )]
+}
+
+#[cfg(test)]
+mod memory_edge_tests {
+    use super::memory_edge_notes;
+
+    #[test]
+    fn memory_edge_notes_only_at_the_edge() {
+        let gib = crate::hardware::GIB;
+        assert!(memory_edge_notes(70.0 * gib, 75.6 * gib, false).is_empty());
+        let n = memory_edge_notes(75.4 * gib, 75.6 * gib, true).join(" ");
+        assert!(
+            n.contains("75.4 of the 75.6 GiB")
+                && n.contains("dropless")
+                && n.contains("--mem-headroom"),
+            "{n}"
+        );
+        assert!(!memory_edge_notes(75.4 * gib, 75.6 * gib, false)
+            .join(" ")
+            .contains("dropless"));
+    }
+}
