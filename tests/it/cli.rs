@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::common::{data, fails_with_one_line, saved, sextant, stderr, stdout, TempDir};
+use crate::common::{data, fails_with_one_line, saved, sextant, stderr, stdout, words, TempDir};
 
 use sextant_planner::plan::PlanFile;
 use sextant_planner::schedule::Schedule;
@@ -736,108 +736,43 @@ fn invalid_configurations_say_exactly_why() {
         ],
         "needs sequence parallelism",
     );
-    // Megatron asserts TP communication overlap only with sequence parallelism.
-    fails_with_one_line(
-        &[
-            "estimate",
-            "--model",
-            "70b",
-            "--gpus",
-            "64",
-            "--tp",
-            "8",
-            "--sp",
-            "false",
-            "--tp-comm-overlap",
-        ],
-        "--tp-comm-overlap) needs sequence parallelism",
-    );
-    // An expert-parallel overlap Megatron would not run is refused, not printed as on.
-    fails_with_one_line(
-        &[
-            "estimate",
-            "--model",
-            "qwen3-30b-a3b",
-            "--gpus",
-            "16",
-            "--ep",
-            "8",
-            "--pp",
-            "2",
-            "--ep-comm-overlap",
-        ],
-        "only under the interleaved schedule",
-    );
-    fails_with_one_line(
-        &[
-            "estimate",
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--ep-comm-overlap",
-        ],
-        "it needs expert parallelism",
-    );
-    // Megatron-Core's rules for graph scopes: router scopes on MoE models only, the
-    // preprocess only with the router.
-    fails_with_one_line(
-        &[
-            "estimate",
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--cuda-graphs",
-            "moe_router",
-        ],
-        "llama3-8b is dense",
-    );
-    fails_with_one_line(
-        &[
-            "estimate",
-            "--model",
-            "qwen3-30b-a3b",
-            "--gpus",
-            "16",
-            "--ep",
-            "8",
-            "--cuda-graphs",
-            "moe_preprocess",
-        ],
-        "runs only with moe_router",
-    );
-    // Megatron-Core runs per-layer CUDA graphs only without full recomputation.
-    fails_with_one_line(
-        &[
-            "estimate",
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--tp",
-            "2",
-            "--recompute",
-            "full",
-            "--cuda-graphs",
-            "attn",
-        ],
-        "cannot be combined with full recomputation",
-    );
-    fails_with_one_line(
-        &[
-            "plan",
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--recompute",
-            "full",
-            "--cuda-graphs",
-            "attn",
-        ],
-        "cannot be combined with full recomputation",
-    );
+    // Megatron's own assertions, each refused in one line instead of priced: TP
+    // communication overlap only with sequence parallelism; the expert-parallel
+    // overlap only where Megatron runs it; the CUDA-graph scopes' rules (router
+    // scopes on MoE models, the preprocess with the router, per-layer graphs
+    // without full recomputation).
+    for (line, needle) in [
+        (
+            "estimate --model 70b --gpus 64 --tp 8 --sp false --tp-comm-overlap",
+            "--tp-comm-overlap) needs sequence parallelism",
+        ),
+        (
+            "estimate --model qwen3-30b-a3b --gpus 16 --ep 8 --pp 2 --ep-comm-overlap",
+            "only under the interleaved schedule",
+        ),
+        (
+            "estimate --model 8b --gpus 8 --ep-comm-overlap",
+            "it needs expert parallelism",
+        ),
+        (
+            "estimate --model 8b --gpus 8 --cuda-graphs moe_router",
+            "llama3-8b is dense",
+        ),
+        (
+            "estimate --model qwen3-30b-a3b --gpus 16 --ep 8 --cuda-graphs moe_preprocess",
+            "runs only with moe_router",
+        ),
+        (
+            "estimate --model 8b --gpus 8 --tp 2 --recompute full --cuda-graphs attn",
+            "cannot be combined with full recomputation",
+        ),
+        (
+            "plan --model 8b --gpus 8 --recompute full --cuda-graphs attn",
+            "cannot be combined with full recomputation",
+        ),
+    ] {
+        fails_with_one_line(&words(line), needle);
+    }
     // TP across nodes only when asked for.
     let o = sextant(&[
         "estimate",

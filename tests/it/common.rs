@@ -115,3 +115,8 @@ pub fn chromium() -> Option<PathBuf> {
     .map(PathBuf::from)
     .find(|p| p.exists())
 }
+
+/// A command line split at whitespace (for arguments without spaces).
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}

@@ -2,7 +2,7 @@
 //! flags checked against the verified argument table, and plans that a framework
 //! cannot express.
 
-use crate::common::{fails_with_one_line, saved, sextant, stderr, TempDir};
+use crate::common::{fails_with_one_line, saved, sextant, stderr, words, TempDir};
 use std::path::PathBuf;
 
 use sextant_exports::{export, LaunchOptions, Target, TARGETS};
@@ -1488,37 +1488,7 @@ fn megatron_lm_cuda_graphs_say_their_floor_and_refuse_what_megatron_refuses() {
     let dsv3 = saved(
         &dir,
         "dsv3.json",
-        &[
-            "estimate",
-            "--model",
-            "deepseek-v3",
-            "--gpus",
-            "256",
-            "--gpu",
-            "b200",
-            "--tp",
-            "1",
-            "--pp",
-            "8",
-            "--ep",
-            "32",
-            "--global-batch",
-            "4096",
-            "--pp-layout",
-            "Et*4|(t*4|)*14tmL",
-            "--precision",
-            "mxfp8",
-            "--recompute",
-            "selective",
-            "--recompute-modules",
-            "mla_up_proj,mlp",
-            "--bf16-moments",
-            "--moe-dispatcher",
-            "deepep",
-            "--ep-comm-overlap",
-            "--cuda-graphs",
-            "attn,moe_router,moe_preprocess",
-        ],
+        &words("estimate --model deepseek-v3 --gpus 256 --gpu b200 --tp 1 --pp 8 --ep 32 --global-batch 4096 --pp-layout Et*4|(t*4|)*14tmL --precision mxfp8 --recompute selective --recompute-modules mla_up_proj,mlp --bf16-moments --moe-dispatcher deepep --ep-comm-overlap --cuda-graphs attn,moe_router,moe_preprocess"),
     );
     let out = dir.path("dsv3.txt");
     let o = sextant(&[
@@ -1543,28 +1513,7 @@ fn megatron_lm_cuda_graphs_say_their_floor_and_refuse_what_megatron_refuses() {
     let goss = saved(
         &dir,
         "goss.json",
-        &[
-            "estimate",
-            "--model",
-            "gpt-oss-120b",
-            "--gpus",
-            "64",
-            "--tp",
-            "1",
-            "--pp",
-            "1",
-            "--ep",
-            "64",
-            "--dp",
-            "64",
-            "--global-batch",
-            "512",
-            "--ep-comm-overlap",
-            "--cuda-graphs",
-            "attn,moe_router",
-            "--recompute",
-            "selective",
-        ],
+        &words("estimate --model gpt-oss-120b --gpus 64 --tp 1 --pp 1 --ep 64 --dp 64 --global-batch 512 --ep-comm-overlap --cuda-graphs attn,moe_router --recompute selective"),
     );
     fails_with_one_line(
         &["export", goss.to_str().unwrap(), "--to", "megatron-lm"],

@@ -19,8 +19,8 @@ fn run(model: &str, gpus: u64, gbs: u64) -> (ModelSpec, Cluster, Workload, Searc
     (m, c, w, r)
 }
 
-#[test]
-fn progress_counts_every_shape_and_leader() {
+/// Llama 3 8B on 16 H100s, sequence 4096, global batch 64.
+fn llama8b_on_16() -> (ModelSpec, Cluster, Workload) {
     let m = resolve("llama3-8b").unwrap().spec;
     let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
     let w = Workload {
@@ -30,6 +30,12 @@ fn progress_counts_every_shape_and_leader() {
         moe_imbalance: 1.0,
         moe_capacity: None,
     };
+    (m, c, w)
+}
+
+#[test]
+fn progress_counts_every_shape_and_leader() {
+    let (m, c, w) = llama8b_on_16();
     let space = SearchSpace::default();
     let p = Progress::default();
     let r = search_with_progress(&m, &c, &w, &space, 5, &p);
@@ -80,15 +86,7 @@ fn zero_stages_are_one_plan_when_nothing_shards() {
 /// in a plan file's space cost what one does, and no plan is ranked twice.
 #[test]
 fn repeated_values_are_searched_once() {
-    let m = resolve("llama3-8b").unwrap().spec;
-    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
-    let w = Workload {
-        seq: 4096,
-        global_batch: 64,
-        precision: Precision::Bf16,
-        moe_imbalance: 1.0,
-        moe_capacity: None,
-    };
+    let (m, c, w) = llama8b_on_16();
     let once = SearchSpace {
         mbs: vec![1],
         tp: Some(vec![1, 2]),
@@ -241,15 +239,7 @@ fn schedules_are_searched_and_restrictable() {
 /// refused with the reason, not priced with an overlap that cannot run.
 #[test]
 fn tp_comm_overlap_is_searched_only_with_sequence_parallelism() {
-    let m = resolve("llama3-8b").unwrap().spec;
-    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
-    let w = Workload {
-        seq: 4096,
-        global_batch: 64,
-        precision: Precision::Bf16,
-        moe_imbalance: 1.0,
-        moe_capacity: None,
-    };
+    let (m, c, w) = llama8b_on_16();
     let mut space = SearchSpace {
         tp: Some(vec![2, 4]),
         ..SearchSpace::default()
@@ -279,15 +269,7 @@ fn tp_comm_overlap_is_searched_only_with_sequence_parallelism() {
 fn per_layer_cuda_graphs_are_never_searched_with_full_recomputation() {
     use crate::config::{Recompute, Rejection};
     use crate::cost::CudaGraphs;
-    let m = resolve("llama3-8b").unwrap().spec;
-    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 16).unwrap();
-    let w = Workload {
-        seq: 4096,
-        global_batch: 64,
-        precision: Precision::Bf16,
-        moe_imbalance: 1.0,
-        moe_capacity: None,
-    };
+    let (m, c, w) = llama8b_on_16();
     let mut space = SearchSpace {
         recompute: vec![Recompute::Full, Recompute::None],
         ..SearchSpace::default()
