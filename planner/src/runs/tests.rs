@@ -174,10 +174,15 @@ fn nemotron_row() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-/// The Nemotron row with `extra` columns added, parsed.
+/// The Nemotron row with `extra` columns set (replacing the row's own), parsed.
 fn nemotron_with(extra: &[(&'static str, &'static str)]) -> Result<RunCase, Unrepresentable> {
     let mut row = nemotron_row();
-    row.extend_from_slice(extra);
+    for &(k, v) in extra {
+        match row.iter_mut().find(|(name, _)| *name == k) {
+            Some(cell) => cell.1 = v,
+            None => row.push((k, v)),
+        }
+    }
     parse_runs(&csv(&row)).unwrap().remove(0)
 }
 
