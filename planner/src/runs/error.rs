@@ -120,6 +120,8 @@ pub enum RunsError {
     MissingColumn(&'static str),
     #[error("stack file: {0}")]
     StackCsv(CsvError),
+    #[error("CSV column '{column}' is not one a runs CSV has{hint} (its columns: docs/reference.md); a column it does not read would be ignored")]
+    UnknownColumn { column: String, hint: String },
     #[error("stack file has no 'id' column")]
     StackNoId,
     #[error("stack file column '{0}' is not one of id, source, {columns}", columns = STACK_COLUMNS.join(", "))]

@@ -268,6 +268,94 @@ pub const STACK_COLUMNS: [&str; 12] = [
     "cuda_graphs",
 ];
 
+/// Every column a runs CSV may have: the published_runs.csv schema, the shape,
+/// memory and network columns that override a preset or a profile, the stack
+/// columns, and the sweeps file's `sweep`, `axis` and `note`. Anything else would
+/// be read by nothing, so a misspelt column is refused rather than ignored.
+pub const RUN_COLUMNS: [&str; 56] = [
+    "id",
+    "source",
+    "note",
+    "sweep",
+    "axis",
+    "gpu",
+    "gpus_per_node",
+    "gpus",
+    "model",
+    "layers",
+    "hidden",
+    "ffn_hidden",
+    "heads",
+    "kv_heads",
+    "vocab",
+    "seq",
+    "moe_experts",
+    "moe_topk",
+    "moe_ffn_hidden",
+    "moe_shared_experts",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "sp",
+    "dp",
+    "mbs",
+    "gbs",
+    "recompute",
+    "zero",
+    "precision",
+    "metric",
+    "value",
+    "attention",
+    "tp_comm_overlap",
+    "cross_entropy",
+    "measured_mem_gib",
+    "mem_kind",
+    "mem_stage",
+    "hbm_gib",
+    "gated",
+    "activation",
+    "bias",
+    "tied_embeddings",
+    "norm",
+    "dropout",
+    "framework",
+    "optimizer_moments",
+    "nic_gbytes_per_s",
+    "recompute_modules",
+    "dispatcher",
+    "ep_comm_overlap",
+    "pp_layout",
+    "mtp_layers",
+    "cuda_graphs",
+];
+
+/// The known column nearest to `name` (at most two edits away), for the error line.
+fn nearest_column(name: &str) -> Option<&'static str> {
+    let name: Vec<char> = name.chars().take(64).collect();
+    let distance = |b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut prev: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in name.iter().enumerate() {
+            let mut cur = vec![i + 1; b.len() + 1];
+            for (j, cb) in b.iter().enumerate() {
+                cur[j + 1] = (prev[j] + usize::from(ca != cb))
+                    .min(prev[j + 1] + 1)
+                    .min(cur[j] + 1);
+            }
+            prev = cur;
+        }
+        prev[b.len()]
+    };
+    RUN_COLUMNS
+        .iter()
+        .map(|&c| (distance(c), c))
+        .filter(|&(d, _)| d <= 2)
+        .min()
+        .map(|(_, c)| c)
+}
+
 /// Most rows a runs or stack CSV may hold: the published runs are 39, and
 /// `validate` estimates every row and compares each with all the others (2,000
 /// rows took 4 s on a 2-core machine, 10,000 rows 35 s: time grows faster than the
@@ -322,6 +410,14 @@ pub fn parse_runs_with(
     stack: Option<&str>,
 ) -> Result<Vec<Result<RunCase, Unrepresentable>>, RunsError> {
     let (headers, mut rows) = read_rows(csv_text).map_err(RunsError::Csv)?;
+    if let Some(bad) = headers.iter().find(|h| !RUN_COLUMNS.contains(&h.as_str())) {
+        return Err(RunsError::UnknownColumn {
+            column: crate::json::one_line(bad, 60),
+            hint: nearest_column(bad)
+                .map(|c| format!("; did you mean '{c}'?"))
+                .unwrap_or_default(),
+        });
+    }
     for needed in [
         "id",
         "gpu",
@@ -351,7 +447,7 @@ pub fn parse_runs_with(
         if let Some(bad) = sh.iter().find(|h| {
             !(h.as_str() == "id" || h.as_str() == "source" || STACK_COLUMNS.contains(&h.as_str()))
         }) {
-            return Err(RunsError::StackColumn(bad.clone()));
+            return Err(RunsError::StackColumn(crate::json::one_line(bad, 60)));
         }
         for srow in &srows {
             let id = get(srow, "id");

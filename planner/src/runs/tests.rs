@@ -423,3 +423,24 @@ fn a_repeated_column_is_refused() {
     let e = parse_runs(&text).unwrap_err().to_string();
     assert!(e.contains("column 'sp' appears twice"), "{e}");
 }
+
+/// A column no part of the parser reads is refused, with the nearest known name,
+/// escaped: a misspelt stack column would otherwise be dropped silently.
+#[test]
+fn an_unknown_column_is_refused_with_the_nearest_name() {
+    let text = RUNS
+        .replacen("note\n", "note,tp_comm_overlp\n", 1)
+        .replacen("iter_s,10,\n", "iter_s,10,,true\n", 1);
+    let e = parse_runs(&text).unwrap_err().to_string();
+    assert!(
+        e.contains("'tp_comm_overlp'") && e.contains("did you mean 'tp_comm_overlap'"),
+        "{e}"
+    );
+    let hostile = RUNS.replacen("note\n", "note,\u{1b}[2Jx\n", 1).replacen(
+        "iter_s,10,\n",
+        "iter_s,10,,1\n",
+        1,
+    );
+    let e = parse_runs(&hostile).unwrap_err().to_string();
+    assert!(!e.contains('\u{1b}') && !e.contains("did you mean"), "{e}");
+}
