@@ -191,6 +191,11 @@ pub fn simulate(e: &Estimate, cfg: &ParallelConfig) -> Option<Estimate> {
     let p2p_on_path = p2p_exposed.min(beyond - e.time.bubble.min(beyond));
     s.time.bubble = beyond - p2p_on_path;
     s.time.exposed_comm += p2p_on_path - p2p_exposed;
+    // The communication table says the same of the pipeline's transfers.
+    if let Some(t) = s.comm.iter_mut().find(|t| t.kind == CommKind::Pp) {
+        t.exposed_secs = p2p_on_path;
+        t.overlapped_secs = (t.total_secs - p2p_on_path).max(0.0);
+    }
     s.step_secs = new_step;
     s.tokens_per_sec_per_gpu *= ratio;
     s.mfu *= ratio;

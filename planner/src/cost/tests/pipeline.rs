@@ -190,3 +190,38 @@ fn schedules_change_bubble_and_memory() {
         );
     }
 }
+
+/// Deep interleaving puts more transfers than idle on the simulated path: the
+/// simulated step's time beyond compute keeps at least the closed-form bubble as
+/// the schedule's idle, and the communication table's exposed times add up to the
+/// breakdown's exposed communication.
+#[test]
+fn simulated_bubble_and_transfers_add_up_at_deep_interleaving() {
+    let m = gpt("g", "test", 80, 8192, 64);
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
+    for vpp in [1u64, 5, 20] {
+        let mut k = cfg(4, 4, 1, 4);
+        (k.vpp, k.sp, k.zero) = (vpp, true, Zero::DistOpt);
+        k.schedule = Schedule::default_for(vpp);
+        let e = estimate(&m, &c, &wl(4096, 32), &k).unwrap_or_else(|r| panic!("vpp {vpp}: {r}"));
+        let s = simulate(&e, &k).unwrap();
+        let mean = s
+            .stages
+            .iter()
+            .map(|st| st.secs_per_micro_batch)
+            .sum::<f64>()
+            / 4.0;
+        assert!(
+            s.time.bubble >= 0.99 * 3.0 / vpp as f64 * mean,
+            "vpp {vpp}: bubble {} below (p-1)t/v = {}",
+            s.time.bubble,
+            3.0 / vpp as f64 * mean
+        );
+        let table: f64 = s.comm.iter().map(|t| t.exposed_secs).sum();
+        assert!(
+            (table - s.time.exposed_comm).abs() <= 1e-6 * s.step_secs,
+            "vpp {vpp}: table {table} against breakdown {}",
+            s.time.exposed_comm
+        );
+    }
+}
