@@ -356,11 +356,12 @@ pub fn framework_notes(framework: crate::cost::Framework) -> Vec<String> {
         [] => vec![format!(
             "no published {name} run validates these numbers: its band borrows every framework's errors, and step time, tokens/s and MFU are the model's point estimate; compare it with another framework's plans by the upper end"
         )],
-        [fast @ .., slow] if errors.len() >= 3 && *slow < 0.0 => vec![format!(
+        // Sorted errors: the first is the most optimistic, the last the closest.
+        [most, .., closest] if errors.len() >= 3 && *closest < 0.0 => vec![format!(
             "every one of the {} published {name} runs took longer than the model priced it ({:.0}% to {:.0}% fast, median {:.0}%): step time, tokens/s and MFU here are not corrected for that, only the band's upper end (which ranks by default) carries it; compare with another framework's plans by that end",
             errors.len(),
-            -100.0 * slow,
-            -100.0 * fast.first().copied().unwrap_or(*slow),
+            -100.0 * closest,
+            -100.0 * most,
             -100.0 * errors[errors.len() / 2]
         )],
         _ => Vec::new(),

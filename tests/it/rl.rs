@@ -512,15 +512,9 @@ fn rl_plan_bad_input_is_one_line() {
 /// A placement left out by `--placement` reads "not searched", not "none fits".
 #[test]
 fn rl_plan_names_the_placement_it_did_not_search() {
-    let o = crate::common::sextant(&[
-        "rl-plan",
-        "--model",
-        "8b",
-        "--gpus",
-        "16",
-        "--placement",
-        "disaggregated",
-    ]);
+    let o = crate::common::sextant(&crate::common::words(
+        "rl-plan --model 8b --gpus 16 --placement disaggregated",
+    ));
     assert!(o.status.success(), "{}", crate::common::stderr(&o));
     let out = crate::common::stdout(&o);
     let line = out
