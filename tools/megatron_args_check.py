@@ -24,9 +24,26 @@ For each file, in a forked child so that no state leaks between files, the check
      (core_transformer_config_from_args), whose __post_init__ checks the model
      and parallel sizes, the pipeline layout, recomputation, MoE and FP8 settings.
 
+With --core, each FILE `NAME.txt` has beside it `NAME.core.py`, what `sextant
+export PLAN --to megatron-core` writes for the same plan, and the checker also
+
+  5. runs that Python file (its `initialize_model_parallel` call recorded, not
+     run: there is no process group), so TransformerConfig's __post_init__
+     checks the Megatron-Core export too;
+  6. compares the TransformerConfig it built with the one of step 4, field by
+     field over the fields that define the model and what the plan priced
+     (COMPARED below, after __post_init__ derived its defaults), and the
+     parallel sizes the Core file passes to initialize_model_parallel with the
+     Megatron-LM arguments': the two exports of one plan must build the same
+     model on the same grid. Where the Core export refused the plan
+     (`NAME.core.refused` instead of `NAME.core.py`: CUDA graphs, which a
+     Megatron-Core training loop captures itself), the file passes on its
+     Megatron-LM check and the refusal is printed.
+
 It prints, per file, `OK` or the first exception Megatron raised (type and
-message on one line, and the stage it came from), then a count, and exits 1 if
-any failed (2 if Megatron cannot be imported).
+message on one line, and the stage it came from) or the fields the two exports
+disagree on, then a count, and exits 1 if any failed (2 if Megatron cannot be
+imported).
 
 torch, Transformer Engine and Triton are not needed: a stub of each is put in
 sys.modules before Megatron is imported (see `install_stubs`; Apex, flash-attn and
@@ -66,6 +83,50 @@ SUPPLIED = [
 # Variables the export may direct in `# Environment:` lines; each check starts
 # with them removed, as a clean launch would.
 DIRECTED_ENV = ("CUDA_DEVICE_MAX_CONNECTIONS",)
+
+# TransformerConfig fields the Megatron-LM and Megatron-Core exports of one plan
+# must agree on (--core): the model's shape and kernels, the parallel layout and
+# what the plan priced (recomputation, precision, loss, graphs, overlaps).
+COMPARED = (
+    # model
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+    "num_query_groups", "kv_channels", "gated_linear_unit", "activation_func",
+    "bias_activation_fusion", "add_bias_linear", "add_qkv_bias", "normalization",
+    "attention_dropout", "hidden_dropout", "window_size", "window_attn_skip_freq",
+    "softmax_type", "glu_linear_offset", "activation_func_clamp_value",
+    "mtp_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+    "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+    # mixture of experts
+    "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_grouped_gemm",
+    "moe_router_enable_expert_bias", "moe_router_score_function",
+    "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
+    "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+    # parallel layout
+    "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size", "context_parallel_size",
+    "expert_model_parallel_size", "expert_tensor_parallel_size",
+    "sequence_parallel", "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage", "pipeline_model_parallel_layout",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "pipeline_dtype",
+    # what the plan priced
+    "recompute_granularity", "recompute_method", "recompute_num_layers",
+    "recompute_modules", "bf16", "fp16", "fp8", "fp8_recipe",
+    "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "attention_backend",
+    "cuda_graph_impl", "cuda_graph_modules", "tp_comm_overlap",
+    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+)
+
+# initialize_model_parallel keywords and the Megatron-LM argument each must equal.
+GRID = (
+    ("tensor_model_parallel_size", "tensor_model_parallel_size"),
+    ("pipeline_model_parallel_size", "pipeline_model_parallel_size"),
+    ("virtual_pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size"),
+    ("context_parallel_size", "context_parallel_size"),
+    ("expert_model_parallel_size", "expert_model_parallel_size"),
+    ("expert_tensor_parallel_size", "expert_tensor_parallel_size"),
+)
 
 # GPU compute capability (major) per Sextant hardware profile name prefix.
 ARCH = [("a100", 8), ("h100", 9), ("h200", 9), ("h800", 9), ("b200", 10), ("gb200", 10), ("mi300", 9)]
@@ -238,6 +299,15 @@ def _fill(m):
         m.get_world_size = lambda *a, **k: int(os.environ.get("WORLD_SIZE", "1"))
     elif name == "transformer_engine":
         m.__version__ = TE_VERSION
+    elif name == "transformer_engine.pytorch.optimizers":
+        # OptimizerConfig reads FusedAdam's signature for the precision-aware
+        # optimizer's keywords, which Transformer Engine 2.17 has.
+        class FusedAdam:
+            def __init__(self, params, lr=1e-3, master_weight_dtype=None, exp_avg_dtype=None,
+                         exp_avg_sq_dtype=None, use_decoupled_grad=False, **kwargs):
+                pass
+
+        m.FusedAdam = FusedAdam
     elif name == "triton":
         m.__version__ = TRITON_VERSION
 
@@ -296,7 +366,61 @@ def import_megatron(megatron_dir):
     return arguments
 
 
-def check_one(arguments, path, world_override):
+def core_path(path):
+    """The Megatron-Core export beside a Megatron-LM export (NAME.txt -> NAME.core.py)."""
+    base = path[:-4] if path.endswith(".txt") else path
+    return base + ".core.py"
+
+
+def show(value):
+    """A field's value as the comparison prints it: functions by name."""
+    if callable(value) and hasattr(value, "__name__"):
+        return value.__name__
+    return repr(value)
+
+
+def run_core(path):
+    """Runs a Megatron-Core export; returns its TransformerConfig and the keywords
+    of its initialize_model_parallel call."""
+    from megatron.core import parallel_state
+
+    if not os.path.isfile(path):
+        raise ValueError(f"no Megatron-Core export {path}")
+    with open(path, encoding="utf-8") as f:
+        source = f.read(1 << 20)
+    grid = {}
+    parallel_state.initialize_model_parallel = lambda **kw: grid.update(kw)
+    scope = {"__name__": "sextant_core_export"}
+    exec(compile(source, path, "exec"), scope)  # noqa: S102  (the file under test)
+    if "config" not in scope:
+        raise ValueError("the Megatron-Core export defines no `config`")
+    return scope["config"], grid
+
+
+def compare(lm_config, lm_args, core_config, grid):
+    """The fields the two exports of one plan disagree on, as one line, or None."""
+    diffs = []
+    for name in COMPARED:
+        # TransformerConfig reads pipeline_dtype only with a pipeline.
+        if name == "pipeline_dtype" and getattr(lm_config, "pipeline_model_parallel_size", 1) == 1:
+            continue
+        a = getattr(lm_config, name, None)
+        b = getattr(core_config, name, None)
+        if show(a) != show(b):
+            diffs.append(f"{name}: megatron-lm {show(a)}, megatron-core {show(b)}")
+    dense = getattr(lm_config, "num_moe_experts", None) is None
+    for key, arg in GRID:
+        # A dense model's expert sizes are Megatron's defaults on both sides.
+        if dense and key.startswith("expert_"):
+            continue
+        a = getattr(lm_args, arg, None)
+        b = grid.get(key)
+        if show(a) != show(b):
+            diffs.append(f"initialize_model_parallel {key}: megatron-lm {show(a)}, megatron-core {show(b)}")
+    return "; ".join(diffs) if diffs else None
+
+
+def check_one(arguments, path, world_override, core=False):
     """Runs in the forked child; returns (stage, error) or None."""
     words, env, gpus, profile = read_export(path)
     world = world_override or gpus
@@ -324,7 +448,18 @@ def check_one(arguments, path, world_override):
         stage = "validate_args"
         arguments.validate_args(args)
         stage = "TransformerConfig"
-        arguments.core_transformer_config_from_args(args)
+        lm_config = arguments.core_transformer_config_from_args(args)
+        if core:
+            refused = core_path(path)[: -len(".py")] + ".refused"
+            if not os.path.exists(core_path(path)) and os.path.isfile(refused):
+                with open(refused, encoding="utf-8") as f:
+                    return "refused", " ".join(f.read(4096).split())
+            stage = "megatron-core export"
+            core_config, grid = run_core(core_path(path))
+            stage = "megatron-core against megatron-lm"
+            diff = compare(lm_config, args, core_config, grid)
+            if diff:
+                return stage, diff
     except BaseException as e:  # noqa: BLE001  (everything Megatron raises is the answer)
         if os.environ.get("SEXTANT_CHECK_TRACE"):
             traceback.print_exc()
@@ -332,7 +467,7 @@ def check_one(arguments, path, world_override):
     return None
 
 
-def run_forked(arguments, path, world_override):
+def run_forked(arguments, path, world_override, core=False):
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -343,8 +478,13 @@ def run_forked(arguments, path, world_override):
             os.dup2(null, 1)
             os.dup2(null, 2)
         try:
-            result = check_one(arguments, path, world_override)
-            msg = "OK" if result is None else f"FAIL [{result[0]}] {result[1]}"
+            result = check_one(arguments, path, world_override, core)
+            if result is None:
+                msg = "OK"
+            elif result[0] == "refused":
+                msg = f"OK (the megatron-core export refused the plan: {result[1]})"
+            else:
+                msg = f"FAIL [{result[0]}] {result[1]}"
         except BaseException as e:  # noqa: BLE001
             msg = f"FAIL [read] {type(e).__name__}: {e}"
         sys.stdout.flush()
@@ -375,6 +515,7 @@ def main():
     p.add_argument("files", nargs="+", help="files written by sextant export --to megatron-lm")
     p.add_argument("--world-size", type=int, default=None, help="override the header's GPU count")
     p.add_argument("--quiet", action="store_true", help="print only failures and the count")
+    p.add_argument("--core", action="store_true", help="also run each FILE's Megatron-Core export (NAME.txt -> NAME.core.py) and compare the two TransformerConfigs")
     a = p.parse_args()
     if not os.path.isfile(os.path.join(a.megatron_dir, "megatron", "training", "arguments.py")):
         print(f"error: {a.megatron_dir} has no megatron/training/arguments.py; give a Megatron-LM checkout", file=sys.stderr)
@@ -398,10 +539,11 @@ def main():
     os.close(saved)
     failed = 0
     for path in a.files:
-        msg = run_forked(arguments, path, a.world_size)
-        if msg != "OK":
+        msg = run_forked(arguments, path, a.world_size, a.core)
+        ok = msg.startswith("OK")
+        if not ok:
             failed += 1
-        if msg != "OK" or not a.quiet:
+        if not ok or not a.quiet:
             print(f"{path}: {msg}", flush=True)
     print(f"{len(a.files)} checked, {len(a.files) - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)

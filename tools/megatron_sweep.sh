@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Exports every plan of a fixed set of searches and estimates to Megatron-LM
-# arguments, then checks them all with tools/megatron_args_check.py.
+# arguments and to Megatron-Core Python, then checks them all with
+# tools/megatron_args_check.py --core (Megatron-LM's validation of the arguments,
+# and the two exports of each plan building the same TransformerConfig).
 #
 #   tools/megatron_sweep.sh SEXTANT_BINARY MEGATRON_LM_DIR OUT_DIR [PYTHON]
 #
 # OUT_DIR must not exist. Plans go to OUT_DIR/<case>.json, exports to
-# OUT_DIR/<case>-<K>.txt, refusals to OUT_DIR/<case>-<K>.refused. PYTHON (default
+# OUT_DIR/<case>-<K>.txt and OUT_DIR/<case>-<K>.core.py, refusals to
+# OUT_DIR/<case>-<K>.refused and OUT_DIR/<case>-<K>.core.refused. PYTHON (default
 # python3) needs numpy and packaging; Megatron-LM main needs Python 3.12.
 set -euo pipefail
 if [ $# -lt 3 ]; then
@@ -73,6 +76,12 @@ for c in "${cases[@]}"; do
     fi
     n=$("$python" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["plans"]))' "$out/$name.json")
     for k in $(seq 1 "$n"); do
+        if ! "$sextant" export "$out/$name.json" --plan "$k" --to megatron-core \
+            -o "$out/$name-$k.core.py" 2>"$out/$name-$k.core.refused"; then
+            echo "$name plan $k refused by megatron-core: $(cat "$out/$name-$k.core.refused")"
+        else
+            rm -f "$out/$name-$k.core.refused"
+        fi
         if ! "$sextant" export "$out/$name.json" --plan "$k" --to megatron-lm \
             -o "$out/$name-$k.txt" 2>"$out/$name-$k.refused"; then
             echo "$name plan $k refused: $(cat "$out/$name-$k.refused")"
@@ -82,4 +91,4 @@ for c in "${cases[@]}"; do
     done
 done
 
-exec "$python" "$here/megatron_args_check.py" "$megatron" "$out"/*.txt
+exec "$python" "$here/megatron_args_check.py" --core "$megatron" "$out"/*.txt

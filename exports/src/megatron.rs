@@ -220,6 +220,41 @@ pub fn model_refusal(m: &sextant_planner::model::ModelSpec) -> Option<String> {
     ))
 }
 
+/// TransformerConfig.normalization (Megatron-LM `--normalization`), whose default
+/// is LayerNorm.
+pub(crate) fn norm_name(n: sextant_planner::model::Norm) -> &'static str {
+    match n {
+        sextant_planner::model::Norm::LayerNorm => "LayerNorm",
+        sextant_planner::model::Norm::RmsNorm => "RMSNorm",
+    }
+}
+
+/// A sliding-window model's `window_size` left edge (a window of W tokens is
+/// W - 1 before the current one, none after) and `window_attn_skip_freq` (every
+/// N-th layer full attention; `None` when every layer slides), as
+/// TransformerConfig states them and Megatron-LM's `--window-size` /
+/// `--window-attn-skip-freq` set them (arguments.py _add_network_size_args);
+/// `Ok(None)` without a sliding window. A pattern that is no one-full-layer-in-N
+/// cannot be stated.
+pub(crate) fn sliding_window(
+    m: &sextant_planner::model::ModelSpec,
+) -> Result<Option<(u64, Option<u64>)>, Reason> {
+    let Some(sw) = &m.sliding_window else {
+        return Ok(None);
+    };
+    let full = m.layers.saturating_sub(sw.layers);
+    if full > 0 && !m.layers.is_multiple_of(full) {
+        return Err(Reason(format!(
+            "{} uses a sliding window on {} of {} layers, which is no one-full-layer-in-N pattern Megatron can state (--window-attn-skip-freq, window_attn_skip_freq)",
+            m.name, sw.layers, m.layers
+        )));
+    }
+    Ok(Some((
+        sw.window.saturating_sub(1),
+        m.layers.checked_div(full),
+    )))
+}
+
 /// `moe_layer_freq` as a per-layer list (1: MoE, 0: dense) when not every layer
 /// is MoE (TransformerConfig.moe_layer_freq); `None` when every layer is.
 fn moe_layer_pattern(m: &sextant_planner::model::ModelSpec) -> Option<Vec<&'static str>> {

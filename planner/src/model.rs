@@ -256,14 +256,22 @@ impl ModelSpec {
         }
     }
 
+    /// The normalisation layers the model has: the stated one, or, absent,
+    /// LayerNorm when the linear layers carry biases and RMSNorm otherwise.
+    pub fn norm_kind(&self) -> Norm {
+        match self.norm {
+            Some(n) => n,
+            None if self.bias => Norm::LayerNorm,
+            None => Norm::RmsNorm,
+        }
+    }
+
     /// Parameters of one normalisation layer.
     fn norm_params(&self) -> u128 {
         let h = u128::from(self.hidden);
-        match self.norm {
-            Some(Norm::LayerNorm) => 2 * h,
-            Some(Norm::RmsNorm) => h,
-            None if self.bias => 2 * h,
-            None => h,
+        match self.norm_kind() {
+            Norm::LayerNorm => 2 * h,
+            Norm::RmsNorm => h,
         }
     }
 

@@ -260,6 +260,7 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("activation-func-clamp-value", "megatron/training/arguments.py _add_network_size_args (clamp of linear_fc1's output, with quick_gelu)"),
     ("glu-linear-offset", "megatron/training/arguments.py _add_network_size_args (activation(x[0]) * (x[1] + offset))"),
     ("softmax-type", "megatron/training/arguments.py _add_network_size_args (vanilla, off-by-one, learnable)"),
+    ("normalization", "megatron/training/arguments.py _add_network_size_args (generated from TransformerConfig.normalization: LayerNorm, the default, or RMSNorm)"),
     ("window-size", "megatron/training/arguments.py _add_network_size_args (tuple_type: left,right)"),
     ("window-attn-skip-freq", "megatron/training/arguments.py _add_network_size_args (N: one full-attention layer after N-1 windowed ones)"),
     ("untie-embeddings-and-output-weights", "megatron/training/arguments.py _add_network_size_args"),
@@ -513,12 +514,20 @@ fn megatron_lm_exports_pass_megatron_own_validation() {
             export(p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap(),
         )
         .unwrap();
+        // --core: the Megatron-Core export of the same plan builds the same
+        // TransformerConfig.
+        std::fs::write(
+            dir.path(&format!("variant-{i}.core.py")),
+            export(p, 1, Target::MegatronCore, &LaunchOptions::default()).unwrap(),
+        )
+        .unwrap();
         files.push(path);
     }
     let checker = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/megatron_args_check.py");
     let run = |files: &[PathBuf]| {
         std::process::Command::new(&python)
             .arg(&checker)
+            .arg("--core")
             .arg(&megatron)
             .args(files)
             .output()
@@ -536,6 +545,11 @@ fn megatron_lm_exports_pass_megatron_own_validation() {
     let bad = dir.path("broken.txt");
     let text = export(&dense(), 1, Target::MegatronLm, &LaunchOptions::default()).unwrap();
     std::fs::write(&bad, text.replace("--num-layers 80", "--num-layers 81")).unwrap();
+    std::fs::write(
+        dir.path("broken.core.py"),
+        export(&dense(), 1, Target::MegatronCore, &LaunchOptions::default()).unwrap(),
+    )
+    .unwrap();
     let o = run(&[bad]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -544,6 +558,136 @@ fn megatron_lm_exports_pass_megatron_own_validation() {
             && out.contains("1 checked, 0 passed, 1 failed"),
         "{out}"
     );
+    // A Core export that builds another model than the Megatron-LM one (the
+    // default GeLU MLP instead of SwiGLU) fails the comparison, naming the field.
+    let lm = dir.path("other-model.txt");
+    std::fs::write(&lm, &text).unwrap();
+    let core = export(&dense(), 1, Target::MegatronCore, &LaunchOptions::default()).unwrap();
+    assert!(core.contains("gated_linear_unit=True"), "{core}");
+    std::fs::write(
+        dir.path("other-model.core.py"),
+        core.replace("gated_linear_unit=True", "gated_linear_unit=False"),
+    )
+    .unwrap();
+    let o = run(&[lm]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !o.status.success()
+            && out.contains("FAIL [megatron-core against megatron-lm] gated_linear_unit: megatron-lm True, megatron-core False"),
+        "{out}"
+    );
+}
+
+/// The Megatron-Core export builds the model the plan priced, the one the
+/// Megatron-LM export's flags build: every model flag of the Megatron-LM export
+/// has its TransformerConfig field in the Core export (TransformerConfig's
+/// defaults are a GeLU MLP with biases, LayerNorm, hidden / heads channels per
+/// head and full attention; `tools/megatron_args_check.py --core` compares the two
+/// configurations Megatron itself builds).
+#[test]
+fn megatron_core_export_builds_the_priced_model() {
+    let field = |flag: &str, value: &str| -> Vec<String> {
+        match flag {
+            "--kv-channels" => vec![format!("kv_channels={value},")],
+            "--swiglu" => vec![
+                "gated_linear_unit=True,".into(),
+                "activation_func=F.silu,".into(),
+            ],
+            "--quick-geglu" => vec![
+                "gated_linear_unit=True,".into(),
+                "activation_func=quick_gelu,".into(),
+            ],
+            "--activation-func-clamp-value" => {
+                vec![format!("activation_func_clamp_value={value}")]
+            }
+            "--glu-linear-offset" => vec![format!("glu_linear_offset={value}")],
+            "--disable-bias-linear" => vec!["add_bias_linear=False,".into()],
+            "--add-qkv-bias" => vec!["add_qkv_bias=True,".into()],
+            "--normalization" => vec![format!("normalization=\"{value}\",")],
+            "--window-size" => vec![format!("window_size=({}),", value.replace(',', ", "))],
+            "--window-attn-skip-freq" => vec![format!("window_attn_skip_freq={value},")],
+            "--softmax-type" => vec![format!("softmax_type=\"{value}\",")],
+            "--attention-backend" => vec![format!("attention_backend=AttnBackend.{value},")],
+            "--num-query-groups" => vec![format!("num_query_groups={value},")],
+            _ => vec![],
+        }
+    };
+    let mut variants = megatron_variants();
+    variants.push(plan(
+        "gpt3-175b",
+        64,
+        2048,
+        64,
+        Precision::Bf16,
+        cfg(8, 8, 1, 1, 1),
+    ));
+    // Biases on the QKV projection only (Qwen2).
+    let mut qkv = variants[4].clone();
+    qkv.model.qkv_bias = true;
+    variants.push(qkv);
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &variants {
+        let lm = export(p, 1, Target::MegatronLm, &LaunchOptions::default()).unwrap();
+        let core = export(p, 1, Target::MegatronCore, &LaunchOptions::default()).unwrap();
+        for line in lm.lines().filter(|l| l.starts_with("--")) {
+            let line = line.trim_end_matches(" \\").trim();
+            let (flag, value) = line.split_once(' ').unwrap_or((line, ""));
+            for f in field(flag, value) {
+                assert!(
+                    core.contains(&f),
+                    "{}: the Megatron-LM export says {line}, the Core export lacks {f}:\n{core}",
+                    p.model.name
+                );
+                seen.insert(flag.to_string());
+            }
+        }
+        // And nothing the Megatron-LM export does not say.
+        for (field, flag) in [
+            ("gated_linear_unit=True", "--swiglu"),
+            ("add_bias_linear=False", "--disable-bias-linear"),
+            ("window_size=", "--window-size"),
+            ("softmax_type=", "--softmax-type"),
+        ] {
+            if core.contains(field) {
+                assert!(
+                    lm.contains(flag) || (flag == "--swiglu" && lm.contains("--quick-geglu")),
+                    "{}: the Core export says {field}, the Megatron-LM export has no {flag}",
+                    p.model.name
+                );
+            }
+        }
+    }
+    // The variants cover every model flag mapped above.
+    for flag in [
+        "--kv-channels",
+        "--swiglu",
+        "--quick-geglu",
+        "--activation-func-clamp-value",
+        "--glu-linear-offset",
+        "--disable-bias-linear",
+        "--add-qkv-bias",
+        "--normalization",
+        "--window-size",
+        "--window-attn-skip-freq",
+        "--softmax-type",
+        "--attention-backend",
+        "--num-query-groups",
+    ] {
+        assert!(seen.contains(flag), "no variant exports {flag}");
+    }
+    // Qwen3-30B-A3B's 32 heads of 128 are 4096 wide on a 2048 hidden size: the
+    // default (hidden / heads = 64) would build another attention.
+    let qwen = &variants[5];
+    assert_eq!(qwen.model.name, "qwen3-30b-a3b");
+    let core = export(qwen, 1, Target::MegatronCore, &LaunchOptions::default()).unwrap();
+    for f in [
+        "kv_channels=128,",
+        "normalization=\"RMSNorm\",",
+        "import torch.nn.functional as F",
+        "share_embeddings_and_output_weights=False",
+    ] {
+        assert!(core.contains(f), "{f}: {core}");
+    }
 }
 
 #[test]

@@ -12,7 +12,8 @@ use sextant_planner::plan::PlanFile;
 use super::{
     check_rank_order, cuda_device_max_connections, cuda_graph_floor, fp8_recipe,
     graphs_delayed_wgrad, kv_heads_below_tp, megatron_schedule, model_refusal, moe_layer_pattern,
-    moe_token_fields, pipeline_layout, MaxConnections, Value, MEGATRON_VERSION,
+    moe_token_fields, norm_name, pipeline_layout, sliding_window, MaxConnections, Value,
+    MEGATRON_VERSION,
 };
 use crate::quote;
 use crate::{ExportError, Target};
@@ -300,24 +301,11 @@ fn model_args(
     if let Some(why) = model_refusal(m) {
         return Err(cannot_lm(why));
     }
-    // Sliding-window attention: --window-size (left, right) counts the tokens
-    // before the current one (a window of W tokens is W - 1, 0), and
-    // --window-attn-skip-freq N makes every N-th layer full attention
-    // (arguments.py _add_network_size_args).
-    if let Some(sw) = &m.sliding_window {
-        let full = m.layers.saturating_sub(sw.layers);
-        if full > 0 && !m.layers.is_multiple_of(full) {
-            return Err(cannot_lm(format!(
-                "{} uses a sliding window on {} of {} layers, which is no one-full-layer-in-N pattern --window-attn-skip-freq can state",
-                m.name, sw.layers, m.layers
-            )));
-        }
-        arg(
-            v,
-            "window-size",
-            format!("{},0", sw.window.saturating_sub(1)),
-        );
-        if let Some(n) = m.layers.checked_div(full) {
+    // Megatron's default is LayerNorm; the plan priced the model's own norm.
+    arg(v, "normalization", norm_name(m.norm_kind()));
+    if let Some((left, skip)) = sliding_window(m).map_err(|r| r.at(Target::MegatronLm))? {
+        arg(v, "window-size", format!("{left},0"));
+        if let Some(n) = skip {
             arg(v, "window-attn-skip-freq", n);
         }
     }
@@ -419,7 +407,7 @@ pub fn megatron_lm(plan: &PlanFile, index: usize) -> Result<String, ExportError>
     if let Some(note) = cuda_graph_floor(&a) {
         let _ = writeln!(s, "# {note}");
     }
-    let _ = writeln!(s, "# Normalization, position embedding, tokenizer and data flags come from your model's recipe.");
+    let _ = writeln!(s, "# Position embedding (rotary base), QK normalisation, tokenizer and data flags come from your model's recipe.");
     match cuda_device_max_connections(plan, index) {
         Some(MaxConnections::One) => {
             let _ = writeln!(s, "# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (validate_args asserts it with tensor or context parallelism before Blackwell).");

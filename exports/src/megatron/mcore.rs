@@ -6,14 +6,16 @@ use std::fmt::Write;
 use sextant_planner::config::{
     Layout, ParallelConfig, Precision, Recompute, RecomputeModules, Zero,
 };
+use sextant_planner::model::MlpKind;
 use sextant_planner::plan::PlanFile;
 
 use super::{
-    check_rank_order, fp8_recipe, kv_heads_below_tp, loss_fields, megatron_schedule,
-    moe_layer_pattern, moe_token_fields, pipeline_layout, MEGATRON_VERSION,
+    check_rank_order, fp8_recipe, kv_heads_below_tp, loss_fields, megatron_schedule, model_refusal,
+    moe_layer_pattern, moe_token_fields, norm_name, pipeline_layout, sliding_window,
+    MEGATRON_VERSION,
 };
 use crate::quote;
-use crate::{ExportError, Target};
+use crate::{ExportError, Reason, Target};
 
 /// Megatron-Core: `initialize_model_parallel` (megatron/core/parallel_state.py),
 /// `TransformerConfig` (megatron/core/transformer/transformer_config.py, with the
@@ -55,8 +57,18 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
         s,
         "from megatron.core.distributed import DistributedDataParallelConfig"
     );
-    if !plan.assumptions.flash_attention {
-        let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
+    let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
+    match (m.mlp, m.glu_clamp) {
+        (MlpKind::Gated, Some(_)) => {
+            let _ = writeln!(
+                s,
+                "from megatron.core.fusions.fused_bias_geglu import quick_gelu"
+            );
+        }
+        (MlpKind::Gated, None) => {
+            let _ = writeln!(s, "import torch.nn.functional as F");
+        }
+        (MlpKind::Plain, _) => {}
     }
     if cfg.bf16_moments {
         let _ = writeln!(s, "from megatron.core.optimizer import OptimizerConfig");
@@ -125,6 +137,11 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     }
     let _ = writeln!(
         s,
+        "# Build the model with GPTModel(config=config, ..., share_embeddings_and_output_weights={}); position embedding (rotary base), QK normalisation, vocabulary and tokenizer come from your model's recipe.",
+        py_bool(m.tied_embeddings)
+    );
+    let _ = writeln!(
+        s,
         "# micro-batch {} x {} accumulation steps = global batch {} at sequence length {}",
         cfg.mbs,
         w.global_batch / (cfg.mbs * cfg.dp),
@@ -164,6 +181,7 @@ fn config_fields(
     if m.kv_heads != m.heads && m.mla.is_none() {
         let _ = writeln!(s, "    num_query_groups={},", m.kv_heads);
     }
+    model_kind_fields(s, m)?;
     let _ = writeln!(s, "    tensor_model_parallel_size={},", cfg.tp);
     let _ = writeln!(s, "    pipeline_model_parallel_size={},", cfg.pp);
     if cfg.vpp > 1 {
@@ -233,6 +251,64 @@ fn config_fields(
     Ok(())
 }
 
+/// The fields that make the model the one priced, where TransformerConfig's
+/// defaults (a GeLU MLP with biases, LayerNorm, hidden / heads channels per head,
+/// full attention, vanilla softmax) would build another; the same model the
+/// Megatron-LM export's flags build (`core_transformer_config_from_args`:
+/// `--swiglu` sets F.silu with the gated unit and bias-activation fusion,
+/// `--quick-geglu` quick_gelu with the gated unit).
+fn model_kind_fields(
+    s: &mut String,
+    m: &sextant_planner::model::ModelSpec,
+) -> Result<(), ExportError> {
+    let t = Target::MegatronCore;
+    if let Some(why) = model_refusal(m) {
+        return Err(Reason(why).at(t));
+    }
+    if m.head_dim * m.heads != m.hidden && m.mla.is_none() {
+        let _ = writeln!(s, "    kv_channels={},", m.head_dim);
+    }
+    match (m.mlp, m.glu_clamp) {
+        (MlpKind::Gated, Some(limit)) => {
+            let _ = writeln!(
+                s,
+                "    gated_linear_unit=True,\n    activation_func=quick_gelu,\n    activation_func_clamp_value={limit:?},\n    glu_linear_offset=1.0,\n    bias_activation_fusion=True,"
+            );
+        }
+        (MlpKind::Gated, None) => {
+            let _ = writeln!(
+                s,
+                "    gated_linear_unit=True,\n    activation_func=F.silu,\n    bias_activation_fusion=True,"
+            );
+        }
+        // Megatron-LM fuses the bias with GeLU (--bias-gelu-fusion) where there is
+        // a bias to fuse.
+        (MlpKind::Plain, _) => {
+            if m.bias {
+                let _ = writeln!(s, "    bias_activation_fusion=True,");
+            }
+        }
+    }
+    if !m.bias {
+        let _ = writeln!(s, "    add_bias_linear=False,");
+    }
+    // Megatron-LM keeps the QKV bias in step with the linear biases (validate_args).
+    if m.bias || m.qkv_bias {
+        let _ = writeln!(s, "    add_qkv_bias=True,");
+    }
+    let _ = writeln!(s, "    normalization=\"{}\",", norm_name(m.norm_kind()));
+    if let Some((left, skip)) = sliding_window(m).map_err(|r| r.at(t))? {
+        let _ = writeln!(s, "    window_size=({left}, 0),");
+        if let Some(n) = skip {
+            let _ = writeln!(s, "    window_attn_skip_freq={n},");
+        }
+    }
+    if m.attention_sinks {
+        let _ = writeln!(s, "    softmax_type=\"learnable\",");
+    }
+    Ok(())
+}
+
 /// The `TransformerConfig` call's attention backend, layout, recomputation and
 /// precision fields, and its end.
 fn training_fields(
@@ -243,11 +319,15 @@ fn training_fields(
     let t = Target::MegatronCore;
     let w = &plan.workload;
     let py_bool = |b: bool| if b { "True" } else { "False" };
-    // TransformerConfig.attention_backend (enums.py AttnBackend); the default, auto,
-    // lets Transformer Engine pick a fused kernel.
-    if !plan.assumptions.flash_attention {
-        let _ = writeln!(s, "    attention_backend=AttnBackend.unfused,");
-    }
+    // TransformerConfig.attention_backend (enums.py AttnBackend), the kernel the
+    // plan priced, as the Megatron-LM export's --attention-backend states it (the
+    // default, auto, lets Transformer Engine pick).
+    let backend = if plan.assumptions.flash_attention {
+        "flash"
+    } else {
+        "unfused"
+    };
+    let _ = writeln!(s, "    attention_backend=AttnBackend.{backend},");
     match &cfg.layout {
         Layout::Even => {}
         Layout::AccountEmbeddingLoss => {
