@@ -1333,8 +1333,21 @@ fn main() -> ExitCode {
                 };
             }
             // One line: clap's first line, the arguments it lists under it (a
-            // missing required argument), and its suggestion when it has one.
-            let text = e.to_string();
+            // missing required argument), and its suggestion when it has one. A
+            // value clap quotes is shown escaped first, so that a newline in it
+            // does not cut the line (or a terminal escape act).
+            let mut text = e.to_string();
+            for arg in std::env::args().skip(1) {
+                if arg.chars().any(char::is_control) {
+                    let shown = sextant_planner::json::one_line(&arg, 200);
+                    // clap drops terminal escape sequences from what it quotes.
+                    for quoted in [arg.clone(), without_csi(&arg)] {
+                        if !quoted.is_empty() {
+                            text = text.replace(&format!("'{quoted}'"), &format!("'{shown}'"));
+                        }
+                    }
+                }
+            }
             let mut lines = text.lines();
             let first = lines
                 .next()
@@ -1371,4 +1384,24 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `arg` without its terminal control sequences (ESC `[` ... final byte), as clap
+/// shows a value in its errors.
+fn without_csi(arg: &str) -> String {
+    let mut out = String::new();
+    let mut chars = arg.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for f in chars.by_ref() {
+                if ('@'..='~').contains(&f) {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -64,7 +64,8 @@ pub fn assumptions(inp: &Inputs) -> String {
         loss_name(inp),
         onoff(inp.overlap.grad_reduce),
         if scaletorch { "n/a (no sharding)" } else { onoff(inp.overlap.param_gather) },
-        onoff(inp.overlap.tp_comm),
+        // Only a TP group has TP communication to overlap.
+        if inp.overlap.tp_comm { "on (TP > 1)" } else { "off" },
         if m.moe.is_some() {
             let cap = w.moe_capacity.map(|c| format!("capacity factor {}{}", c.factor, if c.pad { " padded" } else { "" })).unwrap_or_else(|| "dropless".into());
             format!(", ep-comm {}, MoE imbalance {:.2}, {cap}, CUDA graphs {}", onoff(inp.overlap.ep_comm), w.moe_imbalance, inp.assumptions.cuda_graphs)

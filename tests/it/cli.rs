@@ -180,6 +180,42 @@ fn an_impossible_interleaving_is_named() {
 
 /// A run id from the user's CSV stays one table cell: escaped, and in Markdown a
 /// `|` escaped.
+/// A control character in a value clap refuses (a newline, a carriage return, a
+/// terminal escape) is shown escaped inside the one error line, not printed raw:
+/// a raw newline cut the line after the quote.
+#[test]
+fn control_characters_in_refused_values_stay_on_one_line() {
+    use crate::common::fails_with_one_line;
+    fails_with_one_line(&["plan", "--model", "70b", "--gpus", "8\nx"], "'8\\nx'");
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "70b",
+            "--gpus",
+            "8",
+            "--precision",
+            "bf\r\n16",
+        ],
+        "'bf\\r\\n16'",
+    );
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "70b",
+            "--gpus",
+            "8",
+            "--precision",
+            "\u{1b}[31mbf16",
+        ],
+        "'\\u{1b}[31mbf16'",
+    );
+    fails_with_one_line(&["plan", "--mo\ndel", "70b"], "'--mo\\ndel'");
+    // The tool's own refusals already escape what they quote.
+    fails_with_one_line(&["plan", "--model", "70b\nx", "--gpus", "8"], "'70b\\nx'");
+}
+
 #[test]
 fn validate_tables_escape_the_csv_ids() {
     let dir = crate::common::TempDir::new("csv-ids");
