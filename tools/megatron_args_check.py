@@ -93,7 +93,7 @@ COMPARED = (
     "num_query_groups", "kv_channels", "gated_linear_unit", "activation_func",
     "bias_activation_fusion", "add_bias_linear", "add_qkv_bias", "normalization",
     "attention_dropout", "hidden_dropout", "window_size", "window_attn_skip_freq",
-    "softmax_type", "glu_linear_offset", "activation_func_clamp_value",
+    "softmax_type", "glu_linear_offset", "activation_func_clamp_value", "qk_layernorm",
     "mtp_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
     "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
     # mixture of experts

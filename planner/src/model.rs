@@ -161,6 +161,13 @@ pub struct ModelSpec {
     /// --softmax-type learnable). Priced as plain attention.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub attention_sinks: bool,
+    /// An RMSNorm over each head's query and key before the rotary embedding
+    /// (Qwen3, Gemma 3, GLM-4.5 with `use_qk_norm`; Megatron --qk-layernorm,
+    /// TransformerConfig.qk_layernorm). Priced as plain attention: two small
+    /// element-wise passes per layer. OLMo 2's norm over the whole query and key
+    /// projections is not this one and is not represented.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
     /// YaRN's attention factor, multiplied into the rotary embedding's cosine and
     /// sine (Hugging Face `rope_scaling` with `rope_type: yarn`: `attention_factor`,
     /// or `0.1 ln(factor) + 1` scaled by `mscale / mscale_all_dim`; Megatron's

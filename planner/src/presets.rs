@@ -49,6 +49,7 @@ fn dense(
         sandwich_norms: false,
         glu_clamp: None,
         attention_sinks: false,
+        qk_norm: false,
         yarn_attention_factor: None,
         mtp_layers: 0,
     }
@@ -240,6 +241,8 @@ fn qwen3_30b_a3b() -> ModelSpec {
         MlpKind::Gated,
     );
     m.head_dim = 128;
+    // q_norm and k_norm over each head (Qwen3Attention).
+    m.qk_norm = true;
     m.moe = Some(Moe {
         experts: 128,
         top_k: 8,
@@ -265,6 +268,8 @@ fn qwen3_235b_a22b() -> ModelSpec {
         MlpKind::Gated,
     );
     m.head_dim = 128;
+    // q_norm and k_norm over each head (Qwen3Attention).
+    m.qk_norm = true;
     m.moe = Some(Moe {
         experts: 128,
         top_k: 8,

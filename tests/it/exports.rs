@@ -260,6 +260,7 @@ const MEGATRON_FLAGS: &[(&str, &str)] = &[
     ("activation-func-clamp-value", "megatron/training/arguments.py _add_network_size_args (clamp of linear_fc1's output, with quick_gelu)"),
     ("glu-linear-offset", "megatron/training/arguments.py _add_network_size_args (activation(x[0]) * (x[1] + offset))"),
     ("softmax-type", "megatron/training/arguments.py _add_network_size_args (vanilla, off-by-one, learnable)"),
+    ("qk-layernorm", "megatron/training/arguments.py _add_network_size_args (generated from TransformerConfig.qk_layernorm: the model's normalization over each head's query and key)"),
     ("normalization", "megatron/training/arguments.py _add_network_size_args (generated from TransformerConfig.normalization: LayerNorm, the default, or RMSNorm)"),
     ("window-size", "megatron/training/arguments.py _add_network_size_args (tuple_type: left,right)"),
     ("window-attn-skip-freq", "megatron/training/arguments.py _add_network_size_args (N: one full-attention layer after N-1 windowed ones)"),
@@ -609,6 +610,7 @@ fn megatron_core_export_builds_the_priced_model() {
             "--softmax-type" => vec![format!("softmax_type=\"{value}\",")],
             "--attention-backend" => vec![format!("attention_backend=AttnBackend.{value},")],
             "--num-query-groups" => vec![format!("num_query_groups={value},")],
+            "--qk-layernorm" => vec!["qk_layernorm=True,".into()],
             _ => vec![],
         }
     };
@@ -647,6 +649,7 @@ fn megatron_core_export_builds_the_priced_model() {
             ("add_bias_linear=False", "--disable-bias-linear"),
             ("window_size=", "--window-size"),
             ("softmax_type=", "--softmax-type"),
+            ("qk_layernorm=True", "--qk-layernorm"),
         ] {
             if core.contains(field) {
                 assert!(
@@ -672,6 +675,7 @@ fn megatron_core_export_builds_the_priced_model() {
         "--softmax-type",
         "--attention-backend",
         "--num-query-groups",
+        "--qk-layernorm",
     ] {
         assert!(seen.contains(flag), "no variant exports {flag}");
     }
@@ -682,6 +686,7 @@ fn megatron_core_export_builds_the_priced_model() {
     let core = export(qwen, 1, Target::MegatronCore, &LaunchOptions::default()).unwrap();
     for f in [
         "kv_channels=128,",
+        "qk_layernorm=True,",
         "normalization=\"RMSNorm\",",
         "import torch.nn.functional as F",
         "share_embeddings_and_output_weights=False",

@@ -298,6 +298,9 @@ fn model_args(
     if m.attention_sinks {
         arg(v, "softmax-type", "learnable");
     }
+    if m.qk_norm {
+        flag(v, "qk-layernorm");
+    }
     if let Some(why) = model_refusal(m) {
         return Err(cannot_lm(why));
     }
@@ -407,7 +410,7 @@ pub fn megatron_lm(plan: &PlanFile, index: usize) -> Result<String, ExportError>
     if let Some(note) = cuda_graph_floor(&a) {
         let _ = writeln!(s, "# {note}");
     }
-    let _ = writeln!(s, "# Position embedding (rotary base), QK normalisation, tokenizer and data flags come from your model's recipe.");
+    let _ = writeln!(s, "# Position embedding (rotary base and scaling), tokenizer and data flags come from your model's recipe.");
     match cuda_device_max_connections(plan, index) {
         Some(MaxConnections::One) => {
             let _ = writeln!(s, "# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (validate_args asserts it with tensor or context parallelism before Blackwell).");

@@ -137,7 +137,7 @@ pub fn megatron_core(plan: &PlanFile, index: usize) -> Result<String, ExportErro
     }
     let _ = writeln!(
         s,
-        "# Build the model with GPTModel(config=config, ..., share_embeddings_and_output_weights={}); position embedding (rotary base), QK normalisation, vocabulary and tokenizer come from your model's recipe.",
+        "# Build the model with GPTModel(config=config, ..., share_embeddings_and_output_weights={}); position embedding (rotary base and scaling), vocabulary and tokenizer come from your model's recipe.",
         py_bool(m.tied_embeddings)
     );
     let _ = writeln!(
@@ -305,6 +305,9 @@ fn model_kind_fields(
     }
     if m.attention_sinks {
         let _ = writeln!(s, "    softmax_type=\"learnable\",");
+    }
+    if m.qk_norm {
+        let _ = writeln!(s, "    qk_layernorm=True,");
     }
     Ok(())
 }

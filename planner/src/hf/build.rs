@@ -119,6 +119,13 @@ pub(super) fn build(c: &Cfg, display: String) -> Result<ModelSpec, InputError> {
             None
         },
         attention_sinks: mt == "gpt_oss",
+        // q_norm and k_norm over each head's dimension: Qwen3Attention and
+        // Gemma3Attention always, Glm4MoeAttention where use_qk_norm says so.
+        qk_norm: match mt {
+            "qwen3" | "qwen3_moe" | "gemma3_text" => true,
+            "glm4_moe" => c.flag("use_qk_norm", false)?,
+            _ => false,
+        },
         yarn_attention_factor: yarn_attention_factor(c)?,
         // DeepSeek-V3, GLM-4.5 and MiMo state their multi-token-prediction layers.
         mtp_layers: c.opt("num_nextn_predict_layers")?.unwrap_or(0),

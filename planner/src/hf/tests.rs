@@ -40,6 +40,18 @@ fn each_family_imports_with_published_shapes() {
 
     let q3 = load("qwen3-8b.json");
     assert_eq!(q3.head_dim, 128);
+    // Per-head query and key norms: Qwen3 and Gemma 3 always, GLM-4.5 as stated.
+    assert!(q3.qk_norm);
+    assert!(load("qwen3-30b-a3b.json").qk_norm);
+    assert!(load("gemma-3-27b.json").qk_norm);
+    assert!(!load("glm-4.5-air.json").qk_norm);
+    assert!(!load("llama-3.1-8b.json").qk_norm && !load("olmo-2-1124-7b.json").qk_norm);
+    assert!(
+        crate::presets::resolve("qwen3-235b-a22b")
+            .unwrap()
+            .spec
+            .qk_norm
+    );
     assert!((q3.params().total as f64 / 1e9 - 8.19).abs() < 0.02);
 
     let qm = load("qwen3-30b-a3b.json");

@@ -178,6 +178,7 @@ fn shape_model(
         sandwich_norms: false,
         glu_clamp: None,
         attention_sinks: false,
+        qk_norm: false,
         yarn_attention_factor: None,
         mtp_layers: 0,
     })

@@ -54,6 +54,7 @@ fn model() -> impl Strategy<Value = ModelSpec> {
                 sandwich_norms: false,
                 glu_clamp: None,
                 attention_sinks: false,
+                qk_norm: false,
                 yarn_attention_factor: None,
                 mtp_layers: 0,
             }
