@@ -81,6 +81,9 @@ pub enum Rejection {
         tp: u64,
     },
     GraphsWithFullRecompute,
+    CpNeedsFusedAttention {
+        cp: u64,
+    },
     Batch {
         gbs: u64,
         mbs: u64,
@@ -165,6 +168,7 @@ impl Rejection {
             | Rejection::SpWithoutTp
             | Rejection::TpCommNeedsSp { .. }
             | Rejection::GraphsWithFullRecompute
+            | Rejection::CpNeedsFusedAttention { .. }
             | Rejection::EpDenseModel
             | Rejection::RecomputeModules { .. } => RejectKind::Other,
         }
@@ -229,6 +233,7 @@ impl fmt::Display for Rejection {
             Rejection::MoeNeedsSp { tp } => write!(f, "a mixture-of-experts model with tensor parallel size {tp} needs sequence parallelism (Megatron-Core's MoE layer refuses to train without it): use --sp"),
             Rejection::TpCommNeedsSp { tp } => write!(f, "overlapping tensor-parallel communication with GEMMs (--tp-comm-overlap) needs sequence parallelism at tensor parallel size {tp} (Megatron-LM asserts it; Transformer Engine pipelines the all-gathers and reduce-scatters of sequence parallelism, not the all-reduce): use --sp or drop --tp-comm-overlap"),
             Rejection::GraphsWithFullRecompute => write!(f, "per-layer CUDA graphs (--cuda-graphs attn, moe_router, moe_preprocess) cannot be combined with full recomputation (Megatron-Core asserts \"full recompute is only supported with full iteration CUDA graph\"): use --recompute selective or none, or --cuda-graphs full_iteration"),
+            Rejection::CpNeedsFusedAttention { cp } => write!(f, "context parallelism (cp {cp}) needs a fused attention kernel: Transformer Engine turns its unfused attention off under context parallelism (\"Disabling UnfusedDotProductAttention as it does not support context parallelism\", attention/dot_product_attention/utils.py), which leaves no backend: drop --no-flash-attention or use --cp 1"),
             Rejection::Batch { gbs, mbs, dp } => write!(
                 f,
                 "global batch {gbs} is not divisible by micro-batch {mbs} x data parallel {dp} = {}",

@@ -32,6 +32,9 @@ pub fn evaluate(
     if a.cuda_graphs.per_layer() && cfg.recompute == crate::config::Recompute::Full {
         return Err(Rejection::GraphsWithFullRecompute);
     }
+    if !a.flash_attention && cfg.cp > 1 {
+        return Err(Rejection::CpNeedsFusedAttention { cp: cfg.cp });
+    }
     let hw = &cluster.profile;
     let c = Ctx::new(model, hw, w, cfg, a);
     let m = cfg.micro_batches(w);

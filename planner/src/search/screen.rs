@@ -54,6 +54,11 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
         None if s.tp > 1 => vec![true, false],
         None => vec![false],
     };
+    // Context parallelism needs a fused attention kernel (Transformer Engine turns
+    // its unfused attention off under CP; evaluate refuses the pair).
+    if s.cp > 1 && !space.assumptions.flash_attention {
+        return (0, 0, BTreeMap::new(), Vec::new());
+    }
     let layout = Layout::balanced(model.layers, s.pp, s.vpp);
     if space.even_layers && layout != Layout::Even {
         return (0, 0, BTreeMap::new(), Vec::new());

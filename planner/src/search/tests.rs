@@ -286,3 +286,24 @@ fn per_layer_cuda_graphs_are_never_searched_with_full_recomputation() {
     space.assumptions.cuda_graphs = CudaGraphs::parse("full_iteration").unwrap();
     assert!(crate::cost::estimate_with(&m, &c, &w, &full, space.assumptions).is_ok());
 }
+
+/// Context parallelism runs only on a fused attention kernel (Transformer Engine
+/// disables its unfused attention under CP): without flash attention the search
+/// does not try it, and such a configuration given whole is refused.
+#[test]
+fn context_parallelism_is_never_searched_without_fused_attention() {
+    use crate::config::Rejection;
+    let (m, c, w) = llama8b_on_16();
+    let mut space = SearchSpace::default();
+    space.assumptions.flash_attention = false;
+    let r = search(&m, &c, &w, &space, 50);
+    assert!(!r.top.is_empty());
+    assert!(r.top.iter().all(|p| p.config.cp == 1));
+    assert_eq!(r.rejected.get(&RejectKind::Other), None, "{:?}", r.rejected);
+    let mut cp = r.top[0].config.clone();
+    (cp.cp, cp.dp) = (2, cp.dp / 2);
+    let e = crate::cost::estimate_with(&m, &c, &w, &cp, space.assumptions).unwrap_err();
+    assert_eq!(e, Rejection::CpNeedsFusedAttention { cp: 2 });
+    space.assumptions.flash_attention = true;
+    assert!(crate::cost::estimate_with(&m, &c, &w, &cp, space.assumptions).is_ok());
+}
