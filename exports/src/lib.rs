@@ -154,8 +154,66 @@ pub fn model_refusal(model: &sextant_planner::model::ModelSpec, target: Target) 
     }
 }
 
+/// The framework whose costs a target's export must have been priced with;
+/// `None` for the rank map and Sextant's own executor, which take any plan.
+fn target_framework(target: Target) -> Option<sextant_planner::cost::Framework> {
+    use sextant_planner::cost::Framework;
+    match target {
+        Target::MegatronLm
+        | Target::MegatronCore
+        | Target::MegatronBridge
+        | Target::Nemo
+        | Target::Verl
+        | Target::Rlinf
+        | Target::Torchrun
+        | Target::Slurm => Some(Framework::MegatronCore),
+        Target::Torchtitan => Some(Framework::Torchtitan),
+        Target::ScaleTorch => Some(Framework::ScaleTorch),
+        Target::TorchrunExec | Target::SlurmExec | Target::RankMap | Target::RankMapJson => None,
+    }
+}
+
+fn framework_name(f: sextant_planner::cost::Framework) -> &'static str {
+    use sextant_planner::cost::Framework;
+    match f {
+        Framework::MegatronCore => "Megatron-Core",
+        Framework::Nanotron => "nanotron",
+        Framework::Torchtitan => "torchtitan",
+        Framework::ScaleTorch => "ScaleTorch",
+    }
+}
+
 /// Renders plan number `rank` (1-based, as printed) of `plan` for `target`.
+///
+/// A plan is priced with one framework's memory layout, recomputation and
+/// pipeline (`Assumptions::framework`); another framework would run a different
+/// step, so a plan the target could express but that was priced for another
+/// framework is refused too, after the target's own reasons (which say what to
+/// change in the plan).
 pub fn export(
+    plan: &PlanFile,
+    rank: usize,
+    target: Target,
+    opts: &LaunchOptions,
+) -> Result<String, ExportError> {
+    let text = render(plan, rank, target, opts)?;
+    if let Some(priced) = target_framework(target) {
+        let f = plan.assumptions.framework;
+        if f != priced {
+            return Err(ExportError::Inexpressible {
+                target,
+                reason: format!(
+                    "the plan was priced for {} (its memory layout, recomputation and pipeline), not for {}; plan again with --target {target}",
+                    framework_name(f),
+                    framework_name(priced),
+                ),
+            });
+        }
+    }
+    Ok(text)
+}
+
+fn render(
     plan: &PlanFile,
     rank: usize,
     target: Target,

@@ -13,7 +13,7 @@ mod nemo;
 mod rl;
 mod torchtitan;
 
-use sextant_planner::config::{Layout, ParallelConfig, Recompute, RecomputeModules};
+use sextant_planner::config::{Layout, ParallelConfig, Recompute};
 use sextant_planner::plan::PlanFile;
 
 use crate::megatron::pipeline_layout;
@@ -53,10 +53,23 @@ fn cannot(target: Target, reason: impl Into<String>) -> ExportError {
     }
 }
 
+///
+/// Every field is stated, those the plan does not use as `null`: these exports
+/// are overlays on a recipe or a framework's defaults, and a recipe that
+/// recomputes (NeMo's and Megatron-Bridge's Qwen3 and DeepSeek-V3 recipes, RLinf's
+/// Qwen3 example: full, uniform, one layer) would otherwise keep its method and
+/// layer count under a selective or no-recomputation plan, which Megatron-Core
+/// refuses or runs as full recomputation. Selective recomputation names its
+/// modules even when they are Megatron's default.
 fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
+    let null = || "null".to_string();
     match cfg.recompute {
-        Recompute::None => vec![],
-        Recompute::Selective if cfg.recompute_modules != RecomputeModules::DEFAULT => {
+        Recompute::None => vec![
+            ("recompute_granularity", null()),
+            ("recompute_method", null()),
+            ("recompute_num_layers", null()),
+        ],
+        Recompute::Selective => {
             // No spaces: one Hydra override must stay one shell word.
             let names: Vec<String> = cfg
                 .recompute_modules
@@ -66,16 +79,43 @@ fn recompute_fields(cfg: &ParallelConfig) -> Vec<(&'static str, String)> {
                 .collect();
             vec![
                 ("recompute_granularity", "selective".into()),
+                ("recompute_method", null()),
+                ("recompute_num_layers", null()),
                 ("recompute_modules", format!("[{}]", names.join(","))),
             ]
         }
-        Recompute::Selective => vec![("recompute_granularity", "selective".into())],
         Recompute::Full => vec![
             ("recompute_granularity", "full".into()),
             ("recompute_method", "uniform".into()),
             ("recompute_num_layers", "1".into()),
         ],
     }
+}
+
+/// [`layout_fields`] for an overlay on a recipe: every stage-layout field, those
+/// the plan does not use cleared (`null`, or `false` for the two flags).
+fn overlay_layout_fields(
+    plan: &PlanFile,
+    cfg: &ParallelConfig,
+) -> Result<Vec<(&'static str, String)>, Reason> {
+    let set = layout_fields(plan, cfg)?;
+    let all = [
+        ("pipeline_model_parallel_layout", "null"),
+        ("num_layers_in_first_pipeline_stage", "null"),
+        ("num_layers_in_last_pipeline_stage", "null"),
+        ("account_for_embedding_in_pipeline_split", "false"),
+        ("account_for_loss_in_pipeline_split", "false"),
+    ];
+    Ok(all
+        .iter()
+        .map(|&(k, cleared)| {
+            let v = set
+                .iter()
+                .find(|(s, _)| *s == k)
+                .map_or_else(|| cleared.to_string(), |(_, v)| v.clone());
+            (k, v)
+        })
+        .collect())
 }
 
 /// Megatron-Core TransformerConfig fields that state the stage layout

@@ -16,10 +16,12 @@
 //! - `pipeline_parallel_engine` `1f1b` or `afab` (all forward, all backward: GPipe),
 //!   no virtual stages;
 //! - `gradient_checkpointing`, which checkpoints whole decoder layers (full
-//!   recomputation) or nothing;
+//!   recomputation) or nothing, and only without a pipeline;
 //! - BF16 on GPUs that support it (trainer/dist_setup.py `get_dtype`), an
 //!   unfused `F.cross_entropy`, and flash attention through SDPA unless the
-//!   environment sets `FLASH_ATTEN=0` (scaletorch/env.py).
+//!   environment sets `FLASH_ATTEN=0` (scaletorch/env.py); ring attention under
+//!   context parallelism only where `CONTEXT_PARALLEL=1` is set before the model
+//!   is built.
 
 use sextant_planner::config::{Precision, Recompute, Zero};
 use sextant_planner::cost::{LossKernel, RankOrder};
@@ -86,6 +88,11 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<(Vec<String>, Env), ExportE
                     .into(),
             )),
         };
+    // Its pipeline engines run the layers as they are; gradient_checkpointing
+    // reaches only the step without a pipeline (tools/train.py:301-327 at c4c08ac).
+    if cfg.recompute == Recompute::Full && cfg.pp > 1 {
+        return Err(cannot("full recomputation with pipeline parallelism: ScaleTorch's pipeline engines (1f1b, afab) run without checkpointing, which only its step without a pipeline applies (tools/train.py:301-327); re-plan with --recompute none or --pp 1".into()));
+    }
     if w.precision != Precision::Bf16 {
         return Err(cannot(format!(
             "{} precision: ScaleTorch trains in BF16",
@@ -129,5 +136,13 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<(Vec<String>, Env), ExportE
     } else {
         "0"
     };
-    Ok((v, vec![("FLASH_ATTEN".to_string(), flash.to_string())]))
+    // The attention reads CONTEXT_PARALLEL when the model is built
+    // (models/llama.py:117-122), before the trainer sets it for the CP group
+    // (parallel/context_parallel/context_parallel.py:72): without it each rank
+    // would attend within its own chunk, not ring attention.
+    let mut env = vec![("FLASH_ATTEN".to_string(), flash.to_string())];
+    if cfg.cp > 1 {
+        env.push(("CONTEXT_PARALLEL".to_string(), "1".to_string()));
+    }
+    Ok((v, env))
 }

@@ -322,8 +322,12 @@ fn variant_for(base: &PlanFile, target: Target) -> PlanFile {
     match target {
         Target::Verl | Target::Rlinf => p.assumptions.loss = LossKernel::Unfused,
         // FSDP: torchtitan runs TP and PP only beside it.
-        Target::Torchtitan => p.plans[0].config.zero = Zero::Zero3,
+        Target::Torchtitan => {
+            p.plans[0].config.zero = Zero::Zero3;
+            p.assumptions.framework = sextant_planner::cost::Framework::Torchtitan;
+        }
         Target::ScaleTorch => {
+            p.assumptions.framework = sextant_planner::cost::Framework::ScaleTorch;
             p.assumptions.loss = LossKernel::Unfused;
             p.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;
             p.rank_order = p.assumptions.rank_order.order().to_string();

@@ -79,12 +79,13 @@ fn dense() -> PlanFile {
     plan("llama3-70b", 64, 8192, 128, Precision::Bf16, c)
 }
 
-/// Mixtral 8x7B on 32 H100s: TP2 PP2 EP4, FP8, full recomputation, BF16 grads.
+/// Mixtral 8x7B on 32 H100s: TP2 PP2 EP4, FP8, full recomputation (BF16
+/// gradient reduction, which Megatron-Bridge's presets cannot state, is its own
+/// case in `exports_launch_what_the_plan_priced_or_refuse`).
 fn moe() -> PlanFile {
     let mut c = cfg(2, 2, 1, 1, 8);
     c.ep = 4;
     c.recompute = Recompute::Full;
-    c.bf16_grads = true;
     c.mbs = 2;
     plan("mixtral-8x7b", 32, 4096, 256, Precision::Fp8, c)
 }
@@ -99,19 +100,44 @@ fn rl_ready(p: &PlanFile) -> PlanFile {
     })
 }
 
-/// The dense plan as ScaleTorch runs it: its rank grid, plain data parallelism,
-/// no sequence parallelism or virtual stages, whole-layer recomputation, the
-/// unfused loss.
+/// The dense plan as ScaleTorch runs it, priced with its memory layout: its rank
+/// grid, plain data parallelism, no sequence parallelism or virtual stages, no
+/// recomputation (its pipeline engines do not checkpoint), the unfused loss.
 fn scaletorch_ready(p: &PlanFile) -> PlanFile {
-    unfused_bf16(p, sextant_planner::cost::RankOrder::ScaleTorch, |cfg| {
+    let mut p = unfused_bf16(p, sextant_planner::cost::RankOrder::ScaleTorch, |cfg| {
         cfg.zero = Zero::None;
         cfg.sp = false;
         cfg.overlap.tp_comm = false;
         cfg.vpp = 1;
         cfg.layout = Layout::Even;
-        cfg.recompute = Recompute::Full;
+        cfg.recompute = Recompute::None;
         cfg.schedule = Schedule::OneFOneB;
-    })
+    });
+    p.assumptions.framework = sextant_planner::cost::Framework::ScaleTorch;
+    reprice(&p)
+}
+
+/// The plans as torchtitan runs them, priced with its memory layout: FSDP
+/// (ZeRO-3), no async TP, torchtitan's eager loss.
+fn torchtitan_ready(p: &PlanFile) -> PlanFile {
+    let mut p = p.clone();
+    p.plans[0].config.zero = Zero::Zero3;
+    // Async TP needs the model compiled, which torchtitan plans do not price.
+    p.plans[0].config.overlap.tp_comm = false;
+    p.assumptions.framework = sextant_planner::cost::Framework::Torchtitan;
+    p.assumptions.loss = LossKernel::Native;
+    reprice(&p)
+}
+
+/// Plan `p`'s first configuration priced again under its own assumptions.
+fn reprice(p: &PlanFile) -> PlanFile {
+    priced(
+        &p.model.name,
+        p.gpus,
+        p.workload.clone(),
+        p.plans[0].config.clone(),
+        p.assumptions,
+    )
 }
 
 /// Plan `p`'s first configuration, edited, priced again in BF16 with the unfused
@@ -183,6 +209,7 @@ fn golden_exports_for_every_target() {
             let p = match target {
                 Target::Verl | Target::Rlinf => rl_ready(&p),
                 Target::ScaleTorch if label == "dense" => scaletorch_ready(&p),
+                Target::Torchtitan => torchtitan_ready(&p),
                 _ => p.clone(),
             };
             let text = match export(&p, 1, *target, &opts) {
@@ -1127,7 +1154,7 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
             [
                 Has(&["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]),
                 Has(&["overlap_moe_expert_parallel_comm=True,\n    delay_wgrad_compute=True,"]),
-                Has(&["comm_overlap.overlap_moe_expert_parallel_comm=true\n", "comm_overlap.delay_wgrad_compute=true\n"]),
+                Has(&["overlap_moe_expert_parallel_comm:true,delay_wgrad_compute:true}"]),
                 Refused("--ep-comm-overlap"),
                 Refused("--ep-comm-overlap"),
                 Refused("--ep-comm-overlap"),
@@ -1139,7 +1166,7 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
             [
                 Has(&["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]),
                 Has(&["exp_avg_dtype=torch.bfloat16,"]),
-                Has(&["optimizer.use_precision_aware_optimizer=true\noptimizer.exp_avg_dtype=bf16\noptimizer.exp_avg_sq_dtype=bf16\n"]),
+                Has(&["optimizer.use_precision_aware_optimizer=true\n", "optimizer.exp_avg_dtype=bf16\noptimizer.exp_avg_sq_dtype=bf16\n"]),
                 Has(&["import torch\n", "recipe.optim.config.exp_avg_dtype = torch.bfloat16\n"]),
                 Refused("--bf16-moments"),
                 Refused("--bf16-moments"),
@@ -1151,8 +1178,10 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
             [
                 Has(&["--grad-reduce-in-bf16"]),
                 Has(&["grad_reduce_in_fp32=False,"]),
-                Has(&["ddp.grad_reduce_in_fp32=false\n"]),
-                Has(&["recipe.trainer.strategy.ddp.grad_reduce_in_fp32 = False\n"]),
+                // Bridge's precision presets set the DDP field from their own.
+                Refused("--bf16-grads"),
+                // NeMo's plugin does the same at connect: stated on the plugin too.
+                Has(&["recipe.trainer.strategy.ddp.grad_reduce_in_fp32 = False\n", "recipe.trainer.plugins.grad_reduce_in_fp32 = False\n"]),
                 Has(&["        grad_reduce_in_fp32: false\n"]),
                 Refused("--bf16-grads"),
             ],
@@ -1166,7 +1195,7 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
             [
                 Has(&["--tp-comm-overlap"]),
                 Has(&["tp_comm_overlap=True,"]),
-                Has(&["comm_overlap.tp_comm_overlap=true\n"]),
+                Has(&["CommOverlapConfig,tp_comm_overlap:true,"]),
                 Has(&["recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True))\n"]),
                 Refused("--tp-comm-overlap"),
                 Refused("--tp-comm-overlap"),
@@ -1557,7 +1586,23 @@ fn torchtitan_pipeline_stages_are_the_plans() {
         let mut c = cfg(2, pp, vpp, 1, 8 / pp);
         c.zero = Zero::Zero3;
         c.schedule = schedule;
-        let p = plan("llama3-8b", 16, 4096, 64, Precision::Bf16, c);
+        let p = priced(
+            "llama3-8b",
+            16,
+            Workload {
+                seq: 4096,
+                global_batch: 64,
+                precision: Precision::Bf16,
+                moe_imbalance: 1.0,
+                moe_capacity: None,
+            },
+            c,
+            Assumptions {
+                framework: sextant_planner::cost::Framework::Torchtitan,
+                loss: LossKernel::Native,
+                ..Assumptions::default()
+            },
+        );
         let toml = export(&p, 1, Target::Torchtitan, &LaunchOptions::default()).unwrap();
         let value = |key: &str| -> u64 {
             toml.lines()
@@ -1705,6 +1750,205 @@ fn plan_files_with_contradictory_cuda_graphs_are_refused() {
         .to_string();
     assert!(
         e.contains("cannot be combined with full recomputation"),
+        "{e}"
+    );
+}
+
+/// The exports that overlay a recipe (Megatron-Bridge's overrides, NeMo's
+/// attribute sets, RLinf's and verl's TransformerConfig entries) state every
+/// recomputation and stage-layout field, clearing what the plan does not use: a
+/// Qwen3 or DeepSeek-V3 recipe's full, uniform, one-layer recomputation or its
+/// own pipeline layout would otherwise stay under a selective plan, which
+/// Megatron-Core refuses, or under one without recomputation, which would run
+/// recomputing (outside review of the exports).
+#[test]
+fn overlay_exports_clear_what_a_recipe_may_have_set() {
+    let opts = LaunchOptions::default();
+    let mut c = cfg(2, 2, 1, 1, 4);
+    c.ep = 4;
+    c.recompute = Recompute::Selective;
+    c.layout = Layout::FirstLast {
+        first: 23,
+        last: 25,
+    };
+    let p = plan("qwen3-30b-a3b", 16, 4096, 64, Precision::Bf16, c.clone());
+    let bridge = export(&p, 1, Target::MegatronBridge, &opts).unwrap();
+    for line in [
+        "model.recompute_granularity=selective\n",
+        "model.recompute_method=null\n",
+        "model.recompute_num_layers=null\n",
+        "'model.recompute_modules=[\"core_attn\"]'\n",
+        "model.pipeline_model_parallel_layout=null\n",
+        "model.num_layers_in_first_pipeline_stage=23\n",
+        "model.num_layers_in_last_pipeline_stage=25\n",
+        "model.account_for_embedding_in_pipeline_split=false\n",
+        "model.account_for_loss_in_pipeline_split=false\n",
+    ] {
+        assert!(bridge.contains(line), "{line}: {bridge}");
+    }
+    let nemo_plan = {
+        let mut c = c.clone();
+        c.layout = Layout::Even;
+        c.recompute = Recompute::None;
+        plan("qwen3-30b-a3b", 16, 4096, 64, Precision::Bf16, c)
+    };
+    let nemo = export(&nemo_plan, 1, Target::Nemo, &opts).unwrap();
+    for line in [
+        "recipe.model.config.recompute_granularity = None\n",
+        "recipe.model.config.recompute_method = None\n",
+        "recipe.model.config.recompute_num_layers = None\n",
+    ] {
+        assert!(nemo.contains(line), "{line}: {nemo}");
+    }
+    let mut rl = rl_ready(&p);
+    rl.plans[0].config.recompute = Recompute::Selective;
+    let rlinf = export(&rl, 1, Target::Rlinf, &opts).unwrap();
+    for line in [
+        "recompute_method: null\n",
+        "recompute_num_layers: null\n",
+        // TransformerConfig's names: RLinf copies actor.model keys as named.
+        "num_layers_in_first_pipeline_stage: 23\n",
+        "num_layers_in_last_pipeline_stage: 25\n",
+    ] {
+        assert!(rlinf.contains(line), "{line}: {rlinf}");
+    }
+    assert!(!rlinf.contains("decoder_first"), "{rlinf}");
+}
+
+/// Megatron-Bridge: the communication-overlap section is stated whole as a
+/// _target_ added with ++ (a recipe may leave it None, where a dotted override
+/// fails); Megatron-FSDP asks for its checkpoint format; the optimizer's
+/// distributed-optimizer switch follows the plan's (the config validator turns it
+/// back on from either side); FP8 with norm or expert-activation recomputation
+/// takes the current-scaling preset, as the Megatron-LM export's tensorwise recipe.
+#[test]
+fn megatron_bridge_states_what_its_validator_would_otherwise_change() {
+    let opts = LaunchOptions::default();
+    let bridge = export(&dense(), 1, Target::MegatronBridge, &opts).unwrap();
+    assert!(
+        bridge.contains("'++comm_overlap={_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:true,tp_comm_overlap_cfg:null,overlap_grad_reduce:true,overlap_param_gather:true}'\n"),
+        "{bridge}"
+    );
+    assert!(!bridge.contains("\ncomm_overlap."), "{bridge}");
+    let moe_bridge = export(&moe(), 1, Target::MegatronBridge, &opts).unwrap();
+    assert!(
+        moe_bridge.contains(",overlap_moe_expert_parallel_comm:false,delay_wgrad_compute:false}"),
+        "{moe_bridge}"
+    );
+    let mut c = cfg(2, 1, 1, 1, 32);
+    c.zero = Zero::Zero3;
+    let fsdp = plan("llama3-8b", 64, 4096, 64, Precision::Bf16, c);
+    let text = export(&fsdp, 1, Target::MegatronBridge, &opts).unwrap();
+    assert!(
+        text.contains("checkpoint.ckpt_format=fsdp_dtensor\n"),
+        "{text}"
+    );
+    let mut c = cfg(2, 1, 1, 1, 32);
+    c.zero = Zero::None;
+    let plain = plan("llama3-8b", 64, 4096, 64, Precision::Bf16, c);
+    let text = export(&plain, 1, Target::MegatronBridge, &opts).unwrap();
+    for line in [
+        "ddp.use_distributed_optimizer=false\n",
+        "optimizer.use_distributed_optimizer=false\n",
+        "ddp.overlap_param_gather=false\n",
+        "overlap_param_gather:false}",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    let mut c = cfg(2, 1, 1, 1, 32);
+    c.recompute = Recompute::Selective;
+    c.recompute_modules = sextant_planner::config::RecomputeModules::LAYERNORM;
+    let fp8 = plan("llama3-8b", 64, 4096, 64, Precision::Fp8, c);
+    let text = export(&fp8, 1, Target::MegatronBridge, &opts).unwrap();
+    assert!(
+        text.contains("mixed_precision=bf16_with_fp8_current_scaling_mixed\n"),
+        "{text}"
+    );
+    assert!(export(&fp8, 1, Target::MegatronLm, &opts)
+        .unwrap()
+        .contains("--fp8-recipe tensorwise"));
+    let nemo = export(&fp8, 1, Target::Nemo, &opts).unwrap();
+    assert!(
+        nemo.contains("recipe.trainer.plugins = bf16_with_fp8_current_scaling_mixed()\n"),
+        "{nemo}"
+    );
+}
+
+/// A plan is exported only to a framework it was priced for: a torchtitan plan
+/// (FSDP2's memory, op-level recomputation) is not a Megatron-LM plan and the
+/// other way round; the target's own reasons come first. torchtitan's batch is
+/// the plan's micro-batch without a pipeline (it accumulates global / (local x
+/// DP)), its ZeRO-3 reshards after forward even beside a pipeline, and its model
+/// is named.
+#[test]
+fn exports_go_only_to_the_framework_the_plan_was_priced_for() {
+    let dir = TempDir::new("framework-mismatch");
+    let titan = saved(
+        &dir,
+        "titan.json",
+        &words("plan --model llama3-8b --gpus 16 --target torchtitan --pp 1"),
+    );
+    let t = titan.to_str().unwrap();
+    fails_with_one_line(
+        &["export", t, "--to", "megatron-lm"],
+        "the plan was priced for torchtitan (its memory layout, recomputation and pipeline), not for Megatron-Core; plan again with --target megatron-lm",
+    );
+    let toml = crate::common::stdout(&sextant(&["export", t, "--to", "torchtitan"]));
+    let plan = PlanFile::from_json(&std::fs::read_to_string(&titan).unwrap()).unwrap();
+    let c = &plan.plans[0].config;
+    assert_eq!(c.pp, 1);
+    assert!(
+        toml.contains(&format!("local_batch_size = {}\n", c.mbs))
+            && toml.contains(&format!(
+                "global_batch_size = {}\n",
+                plan.workload.global_batch
+            )),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("[model]\nname = \"llama3\"\nflavor = \"8B\"\n"),
+        "{toml}"
+    );
+    let mega = saved(
+        &dir,
+        "mega.json",
+        &words(
+            "estimate --model llama3-8b --gpus 16 --tp 2 --pp 2 --dp 4 --global-batch 64 --zero 3",
+        ),
+    );
+    fails_with_one_line(
+        &["export", mega.to_str().unwrap(), "--to", "torchtitan"],
+        "the plan was priced for Megatron-Core (its memory layout, recomputation and pipeline), not for torchtitan; plan again with --target torchtitan",
+    );
+    let p = torchtitan_ready(&plan_with_pipeline());
+    let toml = export(&p, 1, Target::Torchtitan, &LaunchOptions::default()).unwrap();
+    assert!(
+        toml.contains("fsdp_reshard_after_forward = \"always\"\n"),
+        "{toml}"
+    );
+}
+
+fn plan_with_pipeline() -> PlanFile {
+    let mut c = cfg(2, 2, 1, 1, 4);
+    c.zero = Zero::Zero3;
+    plan("llama3-8b", 16, 4096, 64, Precision::Bf16, c)
+}
+
+/// ScaleTorch: its attention runs ring attention only where CONTEXT_PARALLEL=1 is
+/// set before the model is built, and its pipeline engines do not checkpoint.
+#[test]
+fn scaletorch_launch_sets_context_parallel_and_refuses_pipelined_recomputation() {
+    let p = scaletorch_ready(&dense());
+    assert!(p.plans[0].config.cp > 1);
+    let text = export(&p, 1, Target::ScaleTorch, &LaunchOptions::default()).unwrap();
+    assert!(text.contains("\nexport CONTEXT_PARALLEL=1\n"), "{text}");
+    let mut full = p.clone();
+    full.plans[0].config.recompute = Recompute::Full;
+    let e = export(&full, 1, Target::ScaleTorch, &LaunchOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("full recomputation with pipeline parallelism") && !e.contains('\n'),
         "{e}"
     );
 }

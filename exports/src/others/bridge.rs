@@ -10,7 +10,7 @@ use crate::megatron::moe_token_fields;
 use crate::quote;
 use crate::{ExportError, Target};
 
-use super::{cannot, layout_fields, mtp_value, recompute_fields, vpp_value};
+use super::{cannot, mtp_value, overlay_layout_fields, recompute_fields, vpp_value};
 
 /// Megatron-Bridge: Hydra-style overrides for `scripts/training/run_recipe.py`
 /// (parsed by src/megatron/bridge/training/utils/omegaconf_utils.py) on a
@@ -37,13 +37,6 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
         for (key, value) in moe_token_fields(plan, cfg) {
             put(&format!("model.{key}"), value.yaml());
         }
-        if cfg.megatron_ep_overlap(w) {
-            put(
-                "comm_overlap.overlap_moe_expert_parallel_comm",
-                "true".into(),
-            );
-            put("comm_overlap.delay_wgrad_compute", "true".into());
-        }
     }
     // TransformerConfig.attention_backend is an enum that the override parser
     // (src/megatron/bridge/training/utils/omegaconf_utils.py) leaves a string; a
@@ -55,7 +48,11 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
             "{_target_:megatron.core.transformer.enums.AttnBackend.unfused,_call_:false}".into(),
         );
     }
-    for (k, v) in layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
+    // Every layout field, those the plan does not use cleared: a recipe may set
+    // its own (Megatron-Core refuses a layout string beside stage counts), and a
+    // stated layout keeps the recipe runner from rebuilding one for the new
+    // pipeline size (scripts/training/recipe_runner.py sync_model_pipeline_layout).
+    for (k, v) in overlay_layout_fields(plan, cfg).map_err(|r| cannot(t, r))? {
         put(&format!("model.{k}"), v);
     }
     put("model.mtp_num_layers", mtp_value(plan));
@@ -122,12 +119,22 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     put("model.seq_length", w.seq.to_string());
     // megatron/core/distributed/distributed_data_parallel_config.py; the config
     // validator keeps ddp.* and optimizer.use_distributed_optimizer in sync.
+    // optimizer.use_distributed_optimizer too: the validator turns the
+    // distributed optimizer back on where either side asks for it
+    // (training/config.py _validate_and_sync_distributed_optimizer_settings).
     match cfg.zero {
-        Zero::None => put("ddp.use_distributed_optimizer", "false".into()),
-        Zero::DistOpt => put("ddp.use_distributed_optimizer", "true".into()),
+        Zero::None | Zero::DistOpt => {
+            let on = (cfg.zero == Zero::DistOpt).to_string();
+            put("ddp.use_distributed_optimizer", on.clone());
+            put("optimizer.use_distributed_optimizer", on);
+        }
         Zero::Zero2 | Zero::Zero3 => {
             put("ddp.use_megatron_fsdp", "true".into());
             put("dist.use_megatron_fsdp", "true".into());
+            // The config validator asserts it for Megatron-FSDP with checkpoints
+            // (training/config.py, "Megatron-FSDP requires the fsdp_dtensor
+            // checkpointing format").
+            put("checkpoint.ckpt_format", "fsdp_dtensor".into());
             put(
                 "ddp.data_parallel_sharding_strategy",
                 if cfg.zero == Zero::Zero2 {
@@ -143,32 +150,66 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
         "ddp.overlap_grad_reduce",
         cfg.overlap.grad_reduce.to_string(),
     );
-    put(
-        "ddp.overlap_param_gather",
-        cfg.overlap.param_gather.to_string(),
-    );
-    put("ddp.grad_reduce_in_fp32", (!cfg.bf16_grads).to_string());
+    let param_gather = cfg.overlap.param_gather && cfg.zero != Zero::None;
+    put("ddp.overlap_param_gather", param_gather.to_string());
+    // The precision preset below sets ddp.grad_reduce_in_fp32 from its own field
+    // (training/mixed_precision.py: every BF16 preset reduces in FP32), and a
+    // preset named by string takes no field override.
+    if cfg.bf16_grads {
+        return Err(cannot(t, "Megatron-Bridge's mixed-precision presets reduce gradients in FP32 (grad_reduce_in_fp32=True overrides ddp.grad_reduce_in_fp32); re-plan without --bf16-grads"));
+    }
+    put("ddp.grad_reduce_in_fp32", "true".into());
     // Megatron-Core OptimizerConfig (megatron/core/optimizer/optimizer_config.py);
     // the override parser turns dtype names into torch dtypes (str_to_dtype in
     // src/megatron/bridge/utils/activation_map.py).
-    if cfg.bf16_moments {
-        put("optimizer.use_precision_aware_optimizer", "true".into());
-        put("optimizer.exp_avg_dtype", "bf16".into());
-        put("optimizer.exp_avg_sq_dtype", "bf16".into());
-    }
+    // Stated either way: a recipe may keep its own (Megatron-Bridge's DeepSeek-V3
+    // recipes run BF16 moments and main gradients), and OptimizerConfig asserts
+    // FP32 everywhere without the precision-aware optimizer.
+    let moments = if cfg.bf16_moments { "bf16" } else { "fp32" };
+    put(
+        "optimizer.use_precision_aware_optimizer",
+        cfg.bf16_moments.to_string(),
+    );
+    put("optimizer.main_grads_dtype", "fp32".into());
+    put("optimizer.main_params_dtype", "fp32".into());
+    put("optimizer.exp_avg_dtype", moments.into());
+    put("optimizer.exp_avg_sq_dtype", moments.into());
     // Precision presets: src/megatron/bridge/training/mixed_precision.py.
+    // FP8: the scaling recipe the Megatron-LM export states (delayed, or current
+    // scaling where recomputing norms or the experts' activation needs it); the
+    // current-scaling preset also keeps the first and last layer in BF16.
     let preset = match w.precision {
         Precision::Bf16 => "bf16_mixed",
         Precision::Fp16 => "fp16_mixed",
+        Precision::Fp8 if crate::megatron::fp8_recipe(cfg) == "tensorwise" => {
+            "bf16_with_fp8_current_scaling_mixed"
+        }
         Precision::Fp8 => "bf16_with_fp8_delayed_scaling_mixed",
         Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
     };
     put("mixed_precision", preset.into());
-    // comm_overlap: CommOverlapConfig in src/megatron/bridge/training/comm_overlap.py.
-    put(
-        "comm_overlap.tp_comm_overlap",
-        (cfg.overlap.tp_comm && cfg.tp > 1).to_string(),
+    // comm_overlap: CommOverlapConfig (src/megatron/bridge/training/comm_overlap.py),
+    // which recipes leave None or set with their own overlaps (its setup turns
+    // data-parallel overlap back on over the ddp fields). Stated whole, as a
+    // _target_ the override parser instantiates (omegaconf_utils.py
+    // _apply_overrides), added with ++ so that it also replaces a None: a bare
+    // comm_overlap.tp_comm_overlap=... cannot override a None section. The
+    // recipe's userbuffers layout (tp_comm_overlap_cfg) is dropped for
+    // Transformer Engine's default, which the cost model does not distinguish.
+    let tp_overlap = cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp;
+    let mut overlap = format!(
+        "{{_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:{tp_overlap},tp_comm_overlap_cfg:null,overlap_grad_reduce:{},overlap_param_gather:{param_gather}",
+        cfg.overlap.grad_reduce
     );
+    if plan.model.moe.is_some() {
+        let ep = cfg.megatron_ep_overlap(w);
+        let _ = write!(
+            overlap,
+            ",overlap_moe_expert_parallel_comm:{ep},delay_wgrad_compute:{ep}"
+        );
+    }
+    overlap.push('}');
+    put("++comm_overlap", overlap);
     if cfg.layout != Layout::Even && cfg.vpp > 1 && matches!(cfg.layout, Layout::FirstLast { .. }) {
         return Err(cannot(
             t,

@@ -48,12 +48,7 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let _ = writeln!(
         s,
         "from nemo.collections.llm.recipes.precision.mixed_precision import {}",
-        match w.precision {
-            Precision::Bf16 => "bf16_mixed",
-            Precision::Fp16 => "fp16_mixed",
-            Precision::Fp8 => "bf16_with_fp8_mixed",
-            Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
-        }
+        precision_preset(cfg, w.precision)
     );
     let st = "recipe.trainer.strategy";
     let _ = writeln!(s, "{st}.tensor_model_parallel_size = {}", cfg.tp);
@@ -117,14 +112,33 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let _ = writeln!(
         s,
         "recipe.trainer.plugins = {}()",
-        match w.precision {
-            Precision::Bf16 => "bf16_mixed",
-            Precision::Fp16 => "fp16_mixed",
-            Precision::Fp8 => "bf16_with_fp8_mixed",
-            Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
-        }
+        precision_preset(cfg, w.precision)
+    );
+    // The plugin sets the DDP config's gradient reduction from its own field at
+    // connect (nemo/lightning/pytorch/strategies/megatron_strategy.py), over the
+    // ddp value above; every BF16 preset reduces in FP32.
+    let _ = writeln!(
+        s,
+        "recipe.trainer.plugins.grad_reduce_in_fp32 = {}",
+        py(!cfg.bf16_grads)
     );
     Ok(s)
+}
+
+/// The precision plugin (nemo/collections/llm/recipes/precision/mixed_precision.py):
+/// FP8 with the scaling recipe the Megatron-LM export states (delayed, or current
+/// scaling where recomputing norms or the experts' activation needs it; the
+/// current-scaling preset keeps the first and last layer in BF16).
+fn precision_preset(cfg: &ParallelConfig, p: Precision) -> &'static str {
+    match p {
+        Precision::Bf16 => "bf16_mixed",
+        Precision::Fp16 => "fp16_mixed",
+        Precision::Fp8 if crate::megatron::fp8_recipe(cfg) == "tensorwise" => {
+            "bf16_with_fp8_current_scaling_mixed"
+        }
+        Precision::Fp8 => "bf16_with_fp8_mixed",
+        Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
+    }
 }
 
 /// The model config's fields: recomputation, MTP, the loss kernel, the attention
@@ -132,7 +146,9 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
 fn model_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig) -> Result<(), ExportError> {
     let py = |b: bool| if b { "True" } else { "False" };
     for (k, v) in recompute_fields(cfg) {
-        let v = if k == "recompute_granularity" || k == "recompute_method" {
+        let v = if v == "null" {
+            "None".to_string()
+        } else if k == "recompute_granularity" || k == "recompute_method" {
             format!("\"{v}\"")
         } else {
             v

@@ -266,8 +266,8 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     match &cfg.layout {
         Layout::Even => {}
         Layout::FirstLast { first, last } => {
-            kv(&mut s, "decoder_first_pipeline_num_layers", first.to_string());
-            kv(&mut s, "decoder_last_pipeline_num_layers", last.to_string());
+            kv(&mut s, "num_layers_in_first_pipeline_stage", first.to_string());
+            kv(&mut s, "num_layers_in_last_pipeline_stage", last.to_string());
         }
         _ => return Err(cannot(t, format!("RLinf states uneven pipelines only as first/last stage layer counts; this plan uses {}", describe_layout(plan, cfg)))),
     }

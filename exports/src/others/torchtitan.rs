@@ -34,7 +34,9 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
         Zero::None => (cfg.dp, 1, None),
         Zero::DistOpt => return Err(cannot(t, "torchtitan has no optimizer-only sharding (ZeRO-1 / distributed optimizer); re-plan with --zero 0,2,3")),
         Zero::Zero2 => (1, cfg.dp, Some("never")),
-        Zero::Zero3 => (1, cfg.dp, None),
+        // torchtitan's default reshards after forward except under a pipeline
+        // (llama3/infra/parallelize.py), where ZeRO-3 would run as ZeRO-2.
+        Zero::Zero3 => (1, cfg.dp, Some("always")),
     };
     // Schedule names: torch/distributed/pipelining/schedules.py (get_schedule_class).
     let schedule = match cfg.schedule {
@@ -118,7 +120,16 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
         let _ = writeln!(s, "expert_tensor_parallel_degree = {}", cfg.etp);
     }
     let _ = writeln!(s, "\n[training]");
-    let _ = writeln!(s, "local_batch_size = {}", w.global_batch / cfg.dp);
+    // torchtitan accumulates global / (local x data-parallel degree) batches per
+    // step (train.py:196-215 at v0.2.2); a pipeline splits its local batch into
+    // micro-batches of pipeline_parallel_microbatch_size itself. Without a
+    // pipeline the local batch is what one forward holds: the plan's micro-batch.
+    let local = if cfg.pp > 1 {
+        w.global_batch / cfg.dp
+    } else {
+        cfg.mbs
+    };
+    let _ = writeln!(s, "local_batch_size = {local}");
     let _ = writeln!(s, "global_batch_size = {}", w.global_batch);
     let _ = writeln!(s, "seq_len = {}", w.seq);
     let _ = writeln!(s, "\n[activation_checkpoint]");
@@ -139,6 +150,21 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     if plan.assumptions.loss == LossKernel::Compiled {
         let _ = writeln!(s, "\n[compile]\nenable = true\ncomponents = [\"loss\"]");
     }
+    // [model]: the train spec and flavor of the plan's model (torchtitan's default
+    // is llama3's debugmodel), and the FP8 converters.
+    let _ = writeln!(s, "\n[model]");
+    match torchtitan_flavor(&plan.model.name) {
+        Some((name, flavor)) => {
+            let _ = writeln!(s, "name = \"{name}\"\nflavor = \"{flavor}\"");
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "# name and flavor: torchtitan's train spec for {} (v0.2.2 names llama3 8B/70B/405B, qwen3, deepseek_v3 and gpt_oss flavors); its default is llama3's debugmodel",
+                quote::comment(&plan.model.name)
+            );
+        }
+    }
     match w.precision {
         Precision::Bf16 => {}
         Precision::Fp16 => {
@@ -148,11 +174,27 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
             ))
         }
         Precision::Fp8 => {
-            let _ = writeln!(s, "\n[model]\nconverters = [\"quantize.linear.float8\"]");
+            let _ = writeln!(s, "converters = [\"quantize.linear.float8\"]");
         }
         Precision::Mxfp8 => {
-            let _ = writeln!(s, "\n[model]\nconverters = [\"quantize.linear.mx\"]\n\n[quantize.linear.mx]\nrecipe_name = \"mxfp8_cublas\"");
+            let _ = writeln!(s, "converters = [\"quantize.linear.mx\"]\n\n[quantize.linear.mx]\nrecipe_name = \"mxfp8_cublas\"");
         }
     }
     Ok(s)
+}
+
+/// torchtitan's train spec and flavor for a Sextant preset of the same shape
+/// (torchtitan/models/*/__init__.py at v0.2.2: `llama3` 8B, 70B, 405B; `qwen3`
+/// 30B-A3B, 235B-A22B; `deepseek_v3` 671B; `gpt_oss` 120b).
+fn torchtitan_flavor(model: &str) -> Option<(&'static str, &'static str)> {
+    Some(match model {
+        "llama3-8b" => ("llama3", "8B"),
+        "llama3-70b" => ("llama3", "70B"),
+        "llama3.1-405b" => ("llama3", "405B"),
+        "qwen3-30b-a3b" => ("qwen3", "30B-A3B"),
+        "qwen3-235b-a22b" => ("qwen3", "235B-A22B"),
+        "deepseek-v3" => ("deepseek_v3", "671B"),
+        "gpt-oss-120b" => ("gpt_oss", "120b"),
+        _ => return None,
+    })
 }
