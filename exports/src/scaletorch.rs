@@ -136,6 +136,12 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<(Vec<String>, Env), ExportE
     } else {
         "0"
     };
+    // Under context parallelism its attention is its ring attention, which builds
+    // each block's score and probability matrices in full (context_parallel.py
+    // ring attention at c4c08ac) whatever FLASH_ATTEN says: unfused attention.
+    if cfg.cp > 1 && plan.assumptions.flash_attention {
+        return Err(cannot("context parallelism priced with flash attention: ScaleTorch's ring attention computes each block's full score matrices (parallel/context_parallel/context_parallel.py), unfused; re-plan with --no-flash-attention or --cp 1".into()));
+    }
     // The attention reads CONTEXT_PARALLEL when the model is built
     // (models/llama.py:117-122), before the trainer sets it for the CP group
     // (parallel/context_parallel/context_parallel.py:72): without it each rank

@@ -102,7 +102,8 @@ fn rl_ready(p: &PlanFile) -> PlanFile {
 
 /// The dense plan as ScaleTorch runs it, priced with its memory layout: its rank
 /// grid, plain data parallelism, no sequence parallelism or virtual stages, no
-/// recomputation (its pipeline engines do not checkpoint), the unfused loss.
+/// recomputation (its pipeline engines do not checkpoint), the unfused loss and
+/// the unfused ring attention of its context parallelism.
 fn scaletorch_ready(p: &PlanFile) -> PlanFile {
     let mut p = unfused_bf16(p, sextant_planner::cost::RankOrder::ScaleTorch, |cfg| {
         cfg.zero = Zero::None;
@@ -114,6 +115,8 @@ fn scaletorch_ready(p: &PlanFile) -> PlanFile {
         cfg.schedule = Schedule::OneFOneB;
     });
     p.assumptions.framework = sextant_planner::cost::Framework::ScaleTorch;
+    // Its ring attention under CP is unfused.
+    p.assumptions.flash_attention = false;
     reprice(&p)
 }
 
@@ -1178,8 +1181,8 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
             [
                 Has(&["--grad-reduce-in-bf16"]),
                 Has(&["grad_reduce_in_fp32=False,"]),
-                // Bridge's precision presets set the DDP field from their own.
-                Refused("--bf16-grads"),
+                // Bridge's precision config sets the DDP field from its own.
+                Has(&["ddp.grad_reduce_in_fp32=false\n", ",grad_reduce_in_fp32:false,"]),
                 // NeMo's plugin does the same at connect: stated on the plugin too.
                 Has(&["recipe.trainer.strategy.ddp.grad_reduce_in_fp32 = False\n", "recipe.trainer.plugins.grad_reduce_in_fp32 = False\n"]),
                 Has(&["        grad_reduce_in_fp32: false\n"]),
@@ -1196,7 +1199,7 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
                 Has(&["--tp-comm-overlap"]),
                 Has(&["tp_comm_overlap=True,"]),
                 Has(&["CommOverlapConfig,tp_comm_overlap:true,"]),
-                Has(&["recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True))\n"]),
+                Has(&["recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True, overlap_grad_reduce=True, overlap_param_gather=True))\n"]),
                 Refused("--tp-comm-overlap"),
                 Refused("--tp-comm-overlap"),
             ],
@@ -1570,9 +1573,14 @@ fn exports_carry_or_refuse_the_priced_cuda_graphs() {
     assert!(!export(&moe(), 1, Target::MegatronLm, &opts)
         .unwrap()
         .contains("cuda-graph"));
-    assert!(!export(&moe(), 1, Target::MegatronBridge, &opts)
-        .unwrap()
-        .contains("cuda_graph"));
+    // Bridge clears a recipe's own graphs: none, and no deprecated scope.
+    let bridge = export(&moe(), 1, Target::MegatronBridge, &opts).unwrap();
+    assert!(
+        bridge.contains("\nmodel.cuda_graph_impl=none\n")
+            && bridge.contains("\nmodel.cuda_graph_scope=null\n")
+            && !bridge.contains("cuda_graph_modules"),
+        "{bridge}"
+    );
 }
 
 /// torchtitan derives its stage count from `pipeline_parallel_layers_per_stage`
@@ -1800,6 +1808,22 @@ fn overlay_exports_clear_what_a_recipe_may_have_set() {
     ] {
         assert!(nemo.contains(line), "{line}: {nemo}");
     }
+    assert!(
+        nemo.contains("recipe.trainer.strategy.num_layers_in_first_pipeline_stage = None\n")
+            && nemo
+                .contains("recipe.trainer.strategy.account_for_loss_in_pipeline_split = False\n"),
+        "{nemo}"
+    );
+    // NeMo's strategy takes first and last stage counts (megatron_strategy.py:123).
+    let nemo = export(&p, 1, Target::Nemo, &opts).unwrap();
+    for line in [
+        "recipe.trainer.strategy.num_layers_in_first_pipeline_stage = 23\n",
+        "recipe.trainer.strategy.num_layers_in_last_pipeline_stage = 25\n",
+        "recipe.model.config.recompute_method = None\n",
+        "recipe.model.config.recompute_modules = [\"core_attn\"]\n",
+    ] {
+        assert!(nemo.contains(line), "{line}: {nemo}");
+    }
     let mut rl = rl_ready(&p);
     rl.plans[0].config.recompute = Recompute::Selective;
     let rlinf = export(&rl, 1, Target::Rlinf, &opts).unwrap();
@@ -1825,15 +1849,17 @@ fn overlay_exports_clear_what_a_recipe_may_have_set() {
 fn megatron_bridge_states_what_its_validator_would_otherwise_change() {
     let opts = LaunchOptions::default();
     let bridge = export(&dense(), 1, Target::MegatronBridge, &opts).unwrap();
+    // Every CommOverlapConfig field: a ++ dict merges into a recipe's section.
     assert!(
-        bridge.contains("'++comm_overlap={_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:true,tp_comm_overlap_cfg:null,overlap_grad_reduce:true,overlap_param_gather:true}'\n"),
+        bridge.contains("'++comm_overlap={_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:true,tp_comm_overlap_cfg:null,tp_comm_bootstrap_backend:nccl,overlap_p2p_comm:null,batch_p2p_comm:null,overlap_grad_reduce:true,overlap_param_gather:true,overlap_param_gather_with_optimizer_step:false,align_param_gather:null,bucket_size:null,defer_embedding_wgrad_compute:false,wgrad_deferral_limit:null,data_parallel_size:null,overlap_moe_expert_parallel_comm:false,delay_wgrad_compute:false}'\n"),
         "{bridge}"
     );
     assert!(!bridge.contains("\ncomm_overlap."), "{bridge}");
-    let moe_bridge = export(&moe(), 1, Target::MegatronBridge, &opts).unwrap();
+    // The mixed-precision config whole, BF16 weights (no FP8 parameter gather).
     assert!(
-        moe_bridge.contains(",overlap_moe_expert_parallel_comm:false,delay_wgrad_compute:false}"),
-        "{moe_bridge}"
+        bridge.contains("'++mixed_precision={_target_:megatron.bridge.training.mixed_precision.MixedPrecisionConfig,fp32:false,fp16:false,bf16:true,params_dtype:{_target_:torch.bfloat16,_call_:false},")
+            && bridge.contains(",grad_reduce_in_fp32:true,fp8:null,"),
+        "{bridge}"
     );
     let mut c = cfg(2, 1, 1, 1, 32);
     c.zero = Zero::Zero3;
@@ -1851,7 +1877,7 @@ fn megatron_bridge_states_what_its_validator_would_otherwise_change() {
         "ddp.use_distributed_optimizer=false\n",
         "optimizer.use_distributed_optimizer=false\n",
         "ddp.overlap_param_gather=false\n",
-        "overlap_param_gather:false}",
+        "overlap_param_gather:false,",
     ] {
         assert!(text.contains(line), "{line}: {text}");
     }
@@ -1861,7 +1887,8 @@ fn megatron_bridge_states_what_its_validator_would_otherwise_change() {
     let fp8 = plan("llama3-8b", 64, 4096, 64, Precision::Fp8, c);
     let text = export(&fp8, 1, Target::MegatronBridge, &opts).unwrap();
     assert!(
-        text.contains("mixed_precision=bf16_with_fp8_current_scaling_mixed\n"),
+        text.contains(",fp8:hybrid,fp8_recipe:tensorwise,first_last_layers_bf16:false,")
+            && text.contains(",fp8_param:false,fp8_param_gather:false,"),
         "{text}"
     );
     assert!(export(&fp8, 1, Target::MegatronLm, &opts)
@@ -1869,7 +1896,8 @@ fn megatron_bridge_states_what_its_validator_would_otherwise_change() {
         .contains("--fp8-recipe tensorwise"));
     let nemo = export(&fp8, 1, Target::Nemo, &opts).unwrap();
     assert!(
-        nemo.contains("recipe.trainer.plugins = bf16_with_fp8_current_scaling_mixed()\n"),
+        nemo.contains("recipe.trainer.plugins = bf16_with_fp8_current_scaling_mixed()\n")
+            && nemo.contains("recipe.trainer.plugins.fp8_param_gather = False\nrecipe.trainer.plugins.first_last_layers_bf16 = False\n"),
         "{nemo}"
     );
 }
@@ -1935,13 +1963,21 @@ fn plan_with_pipeline() -> PlanFile {
 }
 
 /// ScaleTorch: its attention runs ring attention only where CONTEXT_PARALLEL=1 is
-/// set before the model is built, and its pipeline engines do not checkpoint.
+/// set before the model is built, that ring attention is unfused (a plan priced
+/// with flash attention under CP is refused), and its pipeline engines do not
+/// checkpoint.
 #[test]
 fn scaletorch_launch_sets_context_parallel_and_refuses_pipelined_recomputation() {
     let p = scaletorch_ready(&dense());
     assert!(p.plans[0].config.cp > 1);
     let text = export(&p, 1, Target::ScaleTorch, &LaunchOptions::default()).unwrap();
     assert!(text.contains("\nexport CONTEXT_PARALLEL=1\n"), "{text}");
+    let mut flash = p.clone();
+    flash.assumptions.flash_attention = true;
+    let e = export(&flash, 1, Target::ScaleTorch, &LaunchOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ring attention") && !e.contains('\n'), "{e}");
     let mut full = p.clone();
     full.plans[0].config.recompute = Recompute::Full;
     let e = export(&full, 1, Target::ScaleTorch, &LaunchOptions::default())

@@ -77,7 +77,15 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     // (utils/cuda_graph.py) sets it, with the NaN check on the loss off, as the
     // same overrides do; an MoE model's needs static shapes that no plan sets.
     let graphs = plan.assumptions.cuda_graphs;
-    if graphs.full_iteration {
+    // The deprecated scope field a recipe may set (DeepSeek-V3's "full", B200
+    // Llama's ["full_iteration"]) cannot stand beside the modules
+    // (TransformerConfig.__post_init__); Bridge's set_cuda_graph_modules clears it.
+    put("model.cuda_graph_scope", "null".into());
+    if graphs.is_none() {
+        // A recipe's own graphs (Bridge's B200 Llama recipes capture the whole
+        // iteration) are not what the plan priced.
+        put("model.cuda_graph_impl", "none".into());
+    } else if graphs.full_iteration {
         if plan.model.moe.is_some() {
             return Err(cannot(
                 t,
@@ -152,13 +160,9 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     );
     let param_gather = cfg.overlap.param_gather && cfg.zero != Zero::None;
     put("ddp.overlap_param_gather", param_gather.to_string());
-    // The precision preset below sets ddp.grad_reduce_in_fp32 from its own field
-    // (training/mixed_precision.py: every BF16 preset reduces in FP32), and a
-    // preset named by string takes no field override.
-    if cfg.bf16_grads {
-        return Err(cannot(t, "Megatron-Bridge's mixed-precision presets reduce gradients in FP32 (grad_reduce_in_fp32=True overrides ddp.grad_reduce_in_fp32); re-plan without --bf16-grads"));
-    }
-    put("ddp.grad_reduce_in_fp32", "true".into());
+    // The mixed-precision config below sets it again from its own field
+    // (training/mixed_precision.py update_config_with_precision_overrides).
+    put("ddp.grad_reduce_in_fp32", (!cfg.bf16_grads).to_string());
     // Megatron-Core OptimizerConfig (megatron/core/optimizer/optimizer_config.py);
     // the override parser turns dtype names into torch dtypes (str_to_dtype in
     // src/megatron/bridge/utils/activation_map.py).
@@ -175,19 +179,7 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     put("optimizer.exp_avg_dtype", moments.into());
     put("optimizer.exp_avg_sq_dtype", moments.into());
     // Precision presets: src/megatron/bridge/training/mixed_precision.py.
-    // FP8: the scaling recipe the Megatron-LM export states (delayed, or current
-    // scaling where recomputing norms or the experts' activation needs it); the
-    // current-scaling preset also keeps the first and last layer in BF16.
-    let preset = match w.precision {
-        Precision::Bf16 => "bf16_mixed",
-        Precision::Fp16 => "fp16_mixed",
-        Precision::Fp8 if crate::megatron::fp8_recipe(cfg) == "tensorwise" => {
-            "bf16_with_fp8_current_scaling_mixed"
-        }
-        Precision::Fp8 => "bf16_with_fp8_delayed_scaling_mixed",
-        Precision::Mxfp8 => "bf16_with_mxfp8_mixed",
-    };
-    put("mixed_precision", preset.into());
+    put("++mixed_precision", mixed_precision(cfg, w.precision));
     // comm_overlap: CommOverlapConfig (src/megatron/bridge/training/comm_overlap.py),
     // which recipes leave None or set with their own overlaps (its setup turns
     // data-parallel overlap back on over the ddp fields). Stated whole, as a
@@ -197,18 +189,20 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     // recipe's userbuffers layout (tp_comm_overlap_cfg) is dropped for
     // Transformer Engine's default, which the cost model does not distinguish.
     let tp_overlap = cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp;
-    let mut overlap = format!(
-        "{{_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:{tp_overlap},tp_comm_overlap_cfg:null,overlap_grad_reduce:{},overlap_param_gather:{param_gather}",
+    let ep = plan.model.moe.is_some() && cfg.megatron_ep_overlap(w);
+    // Every field (a ++ dict merges into a recipe's section, whose own
+    // overlap_param_gather_with_optimizer_step or deferred embedding gradients
+    // would stay): the plan's overlaps, Megatron-LM's defaults (the Megatron-LM
+    // export's) for what it does not price, null where the config's setup picks.
+    let p2p = if cfg.pp > 1 && !cfg.overlap.p2p {
+        "false"
+    } else {
+        "null"
+    };
+    let overlap = format!(
+        "{{_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:{tp_overlap},tp_comm_overlap_cfg:null,tp_comm_bootstrap_backend:nccl,overlap_p2p_comm:{p2p},batch_p2p_comm:null,overlap_grad_reduce:{},overlap_param_gather:{param_gather},overlap_param_gather_with_optimizer_step:false,align_param_gather:null,bucket_size:null,defer_embedding_wgrad_compute:false,wgrad_deferral_limit:null,data_parallel_size:null,overlap_moe_expert_parallel_comm:{ep},delay_wgrad_compute:{ep}}}",
         cfg.overlap.grad_reduce
     );
-    if plan.model.moe.is_some() {
-        let ep = cfg.megatron_ep_overlap(w);
-        let _ = write!(
-            overlap,
-            ",overlap_moe_expert_parallel_comm:{ep},delay_wgrad_compute:{ep}"
-        );
-    }
-    overlap.push('}');
     put("++comm_overlap", overlap);
     if cfg.layout != Layout::Even && cfg.vpp > 1 && matches!(cfg.layout, Layout::FirstLast { .. }) {
         return Err(cannot(
@@ -235,4 +229,32 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
         let _ = writeln!(s, "{word}");
     }
     Ok(s)
+}
+
+/// Megatron-Bridge's `MixedPrecisionConfig` (training/mixed_precision.py) with every
+/// field, as a `_target_` the override parser instantiates (a `++` dict merges into
+/// a recipe's config, whose other fields would stay; it replaces a preset named by
+/// string). The plan's precision as the Megatron-LM export states it: BF16 (or
+/// FP16) parameters with FP32 gradient reduction unless BF16 gradients were priced,
+/// FP8 with the scaling recipe of [`crate::megatron::fp8_recipe`] or MXFP8, the
+/// weights kept and gathered in BF16 (the presets gather FP8 parameters and, with
+/// current scaling, run the first and last layer in BF16: not what was priced), and
+/// the remaining fields at the dataclass's defaults (Megatron-LM's).
+fn mixed_precision(cfg: &sextant_planner::config::ParallelConfig, p: Precision) -> String {
+    let dtype = if p == Precision::Fp16 {
+        "{_target_:torch.float16,_call_:false}"
+    } else {
+        "{_target_:torch.bfloat16,_call_:false}"
+    };
+    let (fp8, recipe) = match p {
+        Precision::Bf16 | Precision::Fp16 => ("null", "tensorwise"),
+        Precision::Fp8 => ("hybrid", crate::megatron::fp8_recipe(cfg)),
+        Precision::Mxfp8 => ("e4m3", "mxfp8"),
+    };
+    format!(
+        "{{_target_:megatron.bridge.training.mixed_precision.MixedPrecisionConfig,fp32:false,fp16:{},bf16:{},params_dtype:{dtype},pipeline_dtype:{dtype},autocast_dtype:null,autocast_enabled:false,grad_reduce_in_fp32:{},fp8:{fp8},fp8_recipe:{recipe},first_last_layers_bf16:false,fp8_margin:0,fp8_amax_history_len:1,fp8_amax_compute_algo:most_recent,fp8_wgrad:true,fp8_dot_product_attention:false,fp8_multi_head_attention:false,fp8_param:false,fp8_param_gather:false,fp4:null,fp4_recipe:nvfp4,fp4_param:false,fp4_param_gather:false,loss_scale:null,initial_loss_scale:4294967296,min_loss_scale:1.0,loss_scale_window:1000,hysteresis:2,num_layers_at_start_in_bf16:0,num_layers_at_end_in_bf16:0,reuse_grad_buf_for_mxfp8_param_ag:false}}",
+        p == Precision::Fp16,
+        p != Precision::Fp16,
+        !cfg.bf16_grads
+    )
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use sextant_planner::config::{Layout, ParallelConfig, Precision, Zero};
+use sextant_planner::config::{Dispatcher, Layout, ParallelConfig, Precision, Zero};
 use sextant_planner::plan::PlanFile;
 
 use crate::megatron::moe_token_fields;
@@ -35,15 +35,24 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         quote::comment(&plan.model.name),
         plan.gpus
     );
-    if cfg.bf16_moments {
-        let _ = writeln!(s, "import torch");
-    }
+    // The optimizer's dtypes are stated either way (below).
+    let _ = writeln!(s, "import torch");
     if !plan.assumptions.flash_attention {
         let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
     }
     let tp_overlap = cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp;
     if tp_overlap {
         let _ = writeln!(s, "import nemo_run as run\nfrom nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback");
+    }
+    // A recipe's DeepEP callback (DeepSeek-V3's) switches the dispatcher to
+    // DeepEP on Ampere and Hopper whatever the model config says
+    // (nemo/lightning/pytorch/callbacks/deepep.py).
+    let drop_deepep = plan.model.moe.is_some() && cfg.moe_dispatcher != Dispatcher::Deduplicated;
+    if drop_deepep {
+        let _ = writeln!(
+            s,
+            "from nemo.lightning.pytorch.callbacks.deepep import DeepEPCallback"
+        );
     }
     let _ = writeln!(
         s,
@@ -68,13 +77,31 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         let _ = writeln!(s, "{st}.expert_model_parallel_size = {}", cfg.ep);
         let _ = writeln!(s, "{st}.expert_tensor_parallel_size = {}", cfg.etp);
     }
-    match &cfg.layout {
-        Layout::Even => {}
-        Layout::AccountEmbeddingLoss => {
-            let _ = writeln!(s, "{st}.account_for_embedding_in_pipeline_split = True\n{st}.account_for_loss_in_pipeline_split = True");
-        }
-        _ => return Err(cannot(t, format!("NeMo 2.0's strategy states uneven pipelines only by counting embedding and loss as layers; this plan uses {}", describe_layout(plan, cfg)))),
-    }
+    // The strategy's stage-layout fields (megatron_strategy.py:123-126, passed on
+    // in its ParallelismConfig), every one stated: a recipe may set its own.
+    let (first, last, account) = match &cfg.layout {
+        Layout::Even => (None, None, false),
+        Layout::AccountEmbeddingLoss => (None, None, true),
+        Layout::FirstLast { first, last } if cfg.vpp == 1 => (Some(*first), Some(*last), false),
+        _ => return Err(cannot(t, format!("NeMo 2.0's strategy states uneven pipelines by first and last stage layer counts (without virtual stages) or by counting embedding and loss as layers; this plan uses {}", describe_layout(plan, cfg)))),
+    };
+    let opt = |n: Option<u64>| n.map_or_else(|| "None".to_string(), |n| n.to_string());
+    let _ = writeln!(
+        s,
+        "{st}.num_layers_in_first_pipeline_stage = {}",
+        opt(first)
+    );
+    let _ = writeln!(s, "{st}.num_layers_in_last_pipeline_stage = {}", opt(last));
+    let _ = writeln!(
+        s,
+        "{st}.account_for_embedding_in_pipeline_split = {}",
+        py(account)
+    );
+    let _ = writeln!(
+        s,
+        "{st}.account_for_loss_in_pipeline_split = {}",
+        py(account)
+    );
     match cfg.zero {
         Zero::None | Zero::DistOpt => {
             let _ = writeln!(s, "recipe.optim.config.use_distributed_optimizer = {}", py(cfg.zero == Zero::DistOpt));
@@ -93,9 +120,15 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     );
     let _ = writeln!(s, "{st}.ddp.grad_reduce_in_fp32 = {}", py(!cfg.bf16_grads));
     // recipe.optim.config is Megatron-Core's OptimizerConfig (recipes/optim/adam.py).
-    if cfg.bf16_moments {
-        let _ = writeln!(s, "recipe.optim.config.use_precision_aware_optimizer = True\nrecipe.optim.config.exp_avg_dtype = torch.bfloat16\nrecipe.optim.config.exp_avg_sq_dtype = torch.bfloat16");
-    }
+    // Stated either way: a recipe may keep its own (NeMo's DeepSeek-V3 recipe
+    // runs BF16 moments and main gradients), and OptimizerConfig asserts FP32
+    // everywhere without the precision-aware optimizer.
+    let moments = if cfg.bf16_moments {
+        "bfloat16"
+    } else {
+        "float32"
+    };
+    let _ = writeln!(s, "recipe.optim.config.use_precision_aware_optimizer = {}\nrecipe.optim.config.main_grads_dtype = torch.float32\nrecipe.optim.config.main_params_dtype = torch.float32\nrecipe.optim.config.exp_avg_dtype = torch.{moments}\nrecipe.optim.config.exp_avg_sq_dtype = torch.{moments}", py(cfg.bf16_moments));
     let _ = writeln!(s, "recipe.data.micro_batch_size = {}", cfg.mbs);
     let _ = writeln!(s, "recipe.data.global_batch_size = {}", w.global_batch);
     let _ = writeln!(s, "recipe.data.seq_length = {}", w.seq);
@@ -104,8 +137,11 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     // TP overlap is switched on by a callback that also initialises Transformer
     // Engine's userbuffers (nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py);
     // the config field alone would be reset. Performance recipes may add one already.
+    // The callback's setup turns data-parallel overlap on with more than one
+    // data-parallel rank (megatron_comm_overlap.py) unless told the plan's.
+    let param_gather = cfg.overlap.param_gather && cfg.zero == Zero::DistOpt;
     if tp_overlap {
-        let _ = writeln!(s, "recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True))");
+        let _ = writeln!(s, "recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True, overlap_grad_reduce={}, overlap_param_gather={}))", py(cfg.overlap.grad_reduce), py(param_gather));
     } else if cfg.tp > 1 {
         let _ = writeln!(s, "# This plan prices TP communication without overlap: remove a MegatronCommOverlapCallback with tp_comm_overlap=True if the recipe adds one.");
     }
@@ -122,6 +158,15 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         "recipe.trainer.plugins.grad_reduce_in_fp32 = {}",
         py(!cfg.bf16_grads)
     );
+    // The FP8 presets gather FP8 parameters and (current scaling) keep the first
+    // and last layer in BF16; the plan priced BF16 weights and FP8 GEMMs in every
+    // layer, as the Megatron-LM export runs them.
+    if matches!(w.precision, Precision::Fp8 | Precision::Mxfp8) {
+        let _ = writeln!(s, "recipe.trainer.plugins.fp8_param_gather = False\nrecipe.trainer.plugins.first_last_layers_bf16 = False");
+    }
+    if drop_deepep {
+        let _ = writeln!(s, "recipe.trainer.callbacks = [c for c in (recipe.trainer.callbacks or []) if getattr(c, \"__fn_or_cls__\", None) is not DeepEPCallback]");
+    }
     Ok(s)
 }
 

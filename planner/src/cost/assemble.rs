@@ -32,7 +32,7 @@ pub fn evaluate(
     if a.cuda_graphs.per_layer() && cfg.recompute == crate::config::Recompute::Full {
         return Err(Rejection::GraphsWithFullRecompute);
     }
-    if !a.flash_attention && cfg.cp > 1 {
+    if !a.flash_attention && cfg.cp > 1 && a.framework != super::Framework::ScaleTorch {
         return Err(Rejection::CpNeedsFusedAttention { cp: cfg.cp });
     }
     let hw = &cluster.profile;

@@ -55,8 +55,12 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
         None => vec![false],
     };
     // Context parallelism needs a fused attention kernel (Transformer Engine turns
-    // its unfused attention off under CP; evaluate refuses the pair).
-    if s.cp > 1 && !space.assumptions.flash_attention {
+    // its unfused attention off under CP; evaluate refuses the pair), except in
+    // ScaleTorch, whose ring attention is unfused.
+    if s.cp > 1
+        && !space.assumptions.flash_attention
+        && space.assumptions.framework != crate::cost::Framework::ScaleTorch
+    {
         return (0, 0, BTreeMap::new(), Vec::new());
     }
     let layout = Layout::balanced(model.layers, s.pp, s.vpp);
