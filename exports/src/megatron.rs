@@ -220,6 +220,15 @@ pub fn model_refusal(m: &sextant_planner::model::ModelSpec) -> Option<String> {
     ))
 }
 
+/// The gradient-bucket size, in parameters, Megatron-LM's DDP takes when none is
+/// given: max(40M, 1M x the data-parallel group with context parallelism)
+/// (megatron/training/training.py and core/distributed/distributed_data_parallel.py
+/// at d98e8a6). Frameworks that pick their own (Megatron-Bridge's and NeMo's
+/// communication-overlap setups: 128 Mi) are given this one.
+pub(crate) fn ddp_bucket_size(cfg: &ParallelConfig) -> u64 {
+    40_000_000u64.max(1_000_000 * cfg.dp * cfg.cp)
+}
+
 /// TransformerConfig.normalization (Megatron-LM `--normalization`), whose default
 /// is LayerNorm.
 pub(crate) fn norm_name(n: sextant_planner::model::Norm) -> &'static str {

@@ -1199,7 +1199,7 @@ fn exports_launch_what_the_plan_priced_or_refuse() {
                 Has(&["--tp-comm-overlap"]),
                 Has(&["tp_comm_overlap=True,"]),
                 Has(&["CommOverlapConfig,tp_comm_overlap:true,"]),
-                Has(&["recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True, overlap_grad_reduce=True, overlap_param_gather=True))\n"]),
+                Has(&["recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True, overlap_grad_reduce=True, overlap_param_gather=True, bucket_size=40000000))\n"]),
                 Refused("--tp-comm-overlap"),
                 Refused("--tp-comm-overlap"),
             ],
@@ -1851,7 +1851,7 @@ fn megatron_bridge_states_what_its_validator_would_otherwise_change() {
     let bridge = export(&dense(), 1, Target::MegatronBridge, &opts).unwrap();
     // Every CommOverlapConfig field: a ++ dict merges into a recipe's section.
     assert!(
-        bridge.contains("'++comm_overlap={_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:true,tp_comm_overlap_cfg:null,tp_comm_bootstrap_backend:nccl,overlap_p2p_comm:null,batch_p2p_comm:null,overlap_grad_reduce:true,overlap_param_gather:true,overlap_param_gather_with_optimizer_step:false,align_param_gather:null,bucket_size:null,defer_embedding_wgrad_compute:false,wgrad_deferral_limit:null,data_parallel_size:null,overlap_moe_expert_parallel_comm:false,delay_wgrad_compute:false}'\n"),
+        bridge.contains("'++comm_overlap={_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:true,tp_comm_overlap_cfg:null,tp_comm_bootstrap_backend:nccl,overlap_p2p_comm:null,batch_p2p_comm:null,overlap_grad_reduce:true,overlap_param_gather:true,overlap_param_gather_with_optimizer_step:false,align_param_gather:null,bucket_size:40000000,defer_embedding_wgrad_compute:false,wgrad_deferral_limit:null,data_parallel_size:null,overlap_moe_expert_parallel_comm:false,delay_wgrad_compute:false}'\n"),
         "{bridge}"
     );
     assert!(!bridge.contains("\ncomm_overlap."), "{bridge}");
@@ -1897,9 +1897,36 @@ fn megatron_bridge_states_what_its_validator_would_otherwise_change() {
     let nemo = export(&fp8, 1, Target::Nemo, &opts).unwrap();
     assert!(
         nemo.contains("recipe.trainer.plugins = bf16_with_fp8_current_scaling_mixed()\n")
-            && nemo.contains("recipe.trainer.plugins.fp8_param_gather = False\nrecipe.trainer.plugins.first_last_layers_bf16 = False\n"),
+            && nemo.contains("recipe.trainer.plugins.fp8_recipe = \"tensorwise\"\n")
+            && nemo.contains("recipe.trainer.plugins.fp8_amax_history_len = 1\n")
+            && nemo.contains("recipe.trainer.plugins.fp8_param_gather = False\n")
+            && nemo.contains("recipe.trainer.plugins.first_last_layers_bf16 = False\n"),
         "{nemo}"
     );
+    // NeMo: a recipe's own overlap and DeepEP callbacks give way to the plan's
+    // (a second TP-overlap callback would initialise userbuffers twice; the
+    // callbacks turn data-parallel overlap on and pick 128 Mi buckets), the
+    // strategy's layout string is cleared, and DeepSeek's shared-expert overlap
+    // (NeMo's default) is off as priced.
+    let mut c = cfg(2, 2, 1, 1, 4);
+    c.ep = 4;
+    c.overlap.grad_reduce = false;
+    let moe_nemo = export(
+        &plan("qwen3-30b-a3b", 16, 4096, 64, Precision::Bf16, c),
+        1,
+        Target::Nemo,
+        &opts,
+    )
+    .unwrap();
+    for line in [
+        "recipe.trainer.callbacks = [c for c in (recipe.trainer.callbacks or []) if getattr(c, \"__fn_or_cls__\", None) is not MegatronCommOverlapCallback]\n",
+        "recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=False, overlap_grad_reduce=False, overlap_param_gather=True, bucket_size=40000000))\n",
+        "is not DeepEPCallback]\n",
+        "recipe.trainer.strategy.pipeline_model_parallel_layout = None\n",
+        "recipe.model.config.moe_shared_expert_overlap = False\n",
+    ] {
+        assert!(moe_nemo.contains(line), "{line}: {moe_nemo}");
+    }
 }
 
 /// A plan is exported only to a framework it was priced for: a torchtitan plan
@@ -1978,6 +2005,15 @@ fn scaletorch_launch_sets_context_parallel_and_refuses_pipelined_recomputation()
         .unwrap_err()
         .to_string();
     assert!(e.contains("ring attention") && !e.contains('\n'), "{e}");
+    // Its ring attention keeps q, k, v, the output and the log-sum-exp and
+    // recomputes the scores in the backward: no score matrices held, as with flash.
+    let mut flash = p.clone();
+    flash.assumptions.flash_attention = true;
+    let (ring, fl) = (
+        p.plans[0].estimate.memory.activations,
+        reprice(&flash).plans[0].estimate.memory.activations,
+    );
+    assert!((ring - fl).abs() <= 1e-9 * fl, "{ring} vs {fl}");
     let mut full = p.clone();
     full.plans[0].config.recompute = Recompute::Full;
     let e = export(&full, 1, Target::ScaleTorch, &LaunchOptions::default())

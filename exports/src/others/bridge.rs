@@ -199,8 +199,10 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     } else {
         "null"
     };
+    // Buckets of Megatron-LM's size (its setup would pick 128 Mi parameters).
+    let bucket = crate::megatron::ddp_bucket_size(cfg);
     let overlap = format!(
-        "{{_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:{tp_overlap},tp_comm_overlap_cfg:null,tp_comm_bootstrap_backend:nccl,overlap_p2p_comm:{p2p},batch_p2p_comm:null,overlap_grad_reduce:{},overlap_param_gather:{param_gather},overlap_param_gather_with_optimizer_step:false,align_param_gather:null,bucket_size:null,defer_embedding_wgrad_compute:false,wgrad_deferral_limit:null,data_parallel_size:null,overlap_moe_expert_parallel_comm:{ep},delay_wgrad_compute:{ep}}}",
+        "{{_target_:megatron.bridge.training.comm_overlap.CommOverlapConfig,tp_comm_overlap:{tp_overlap},tp_comm_overlap_cfg:null,tp_comm_bootstrap_backend:nccl,overlap_p2p_comm:{p2p},batch_p2p_comm:null,overlap_grad_reduce:{},overlap_param_gather:{param_gather},overlap_param_gather_with_optimizer_step:false,align_param_gather:null,bucket_size:{bucket},defer_embedding_wgrad_compute:false,wgrad_deferral_limit:null,data_parallel_size:null,overlap_moe_expert_parallel_comm:{ep},delay_wgrad_compute:{ep}}}",
         cfg.overlap.grad_reduce
     );
     put("++comm_overlap", overlap);

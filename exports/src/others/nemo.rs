@@ -41,9 +41,7 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
     }
     let tp_overlap = cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp;
-    if tp_overlap {
-        let _ = writeln!(s, "import nemo_run as run\nfrom nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback");
-    }
+    let _ = writeln!(s, "import nemo_run as run\nfrom nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback");
     // A recipe's DeepEP callback (DeepSeek-V3's) switches the dispatcher to
     // DeepEP on Ampere and Hopper whatever the model config says
     // (nemo/lightning/pytorch/callbacks/deepep.py).
@@ -86,6 +84,10 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         _ => return Err(cannot(t, format!("NeMo 2.0's strategy states uneven pipelines by first and last stage layer counts (without virtual stages) or by counting embedding and loss as layers; this plan uses {}", describe_layout(plan, cfg)))),
     };
     let opt = |n: Option<u64>| n.map_or_else(|| "None".to_string(), |n| n.to_string());
+    // The strategy's layout string too (megatron_strategy.py:133; NeMo's
+    // DeepSeek-V3 performance script sets one), which Megatron-Core refuses
+    // beside stage counts and which would otherwise replace an even split.
+    let _ = writeln!(s, "{st}.pipeline_model_parallel_layout = None");
     let _ = writeln!(
         s,
         "{st}.num_layers_in_first_pipeline_stage = {}",
@@ -137,14 +139,23 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     // TP overlap is switched on by a callback that also initialises Transformer
     // Engine's userbuffers (nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py);
     // the config field alone would be reset. Performance recipes may add one already.
-    // The callback's setup turns data-parallel overlap on with more than one
-    // data-parallel rank (megatron_comm_overlap.py) unless told the plan's.
+    // Overlaps are set by a callback, whose setup turns data-parallel overlap on
+    // with more than one data-parallel rank and picks 128 Mi-parameter buckets
+    // (megatron_comm_overlap.py) unless told the plan's; TP overlap through it
+    // also initialises Transformer Engine's userbuffers, which a second callback
+    // would initialise again ("UB communicators are already initialized"). A
+    // recipe's own callback (DeepSeek-V3's, every performance recipe's) is
+    // replaced by one with the plan's settings.
     let param_gather = cfg.overlap.param_gather && cfg.zero == Zero::DistOpt;
-    if tp_overlap {
-        let _ = writeln!(s, "recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True, overlap_grad_reduce={}, overlap_param_gather={}))", py(cfg.overlap.grad_reduce), py(param_gather));
-    } else if cfg.tp > 1 {
-        let _ = writeln!(s, "# This plan prices TP communication without overlap: remove a MegatronCommOverlapCallback with tp_comm_overlap=True if the recipe adds one.");
-    }
+    let _ = writeln!(s, "recipe.trainer.callbacks = [c for c in (recipe.trainer.callbacks or []) if getattr(c, \"__fn_or_cls__\", None) is not MegatronCommOverlapCallback]");
+    let _ = writeln!(
+        s,
+        "recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, tp_comm_overlap={}, overlap_grad_reduce={}, overlap_param_gather={}, bucket_size={}))",
+        py(tp_overlap),
+        py(cfg.overlap.grad_reduce),
+        py(param_gather),
+        crate::megatron::ddp_bucket_size(cfg)
+    );
     let _ = writeln!(
         s,
         "recipe.trainer.plugins = {}()",
@@ -158,11 +169,19 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         "recipe.trainer.plugins.grad_reduce_in_fp32 = {}",
         py(!cfg.bf16_grads)
     );
-    // The FP8 presets gather FP8 parameters and (current scaling) keep the first
-    // and last layer in BF16; the plan priced BF16 weights and FP8 GEMMs in every
-    // layer, as the Megatron-LM export runs them.
-    if matches!(w.precision, Precision::Fp8 | Precision::Mxfp8) {
-        let _ = writeln!(s, "recipe.trainer.plugins.fp8_param_gather = False\nrecipe.trainer.plugins.first_last_layers_bf16 = False");
+    // The FP8 presets gather FP8 parameters, keep the first and last layer in BF16
+    // (current scaling), a 1024-step amax history (delayed) or the hybrid format
+    // and the gradient buffer's reuse (MXFP8); the plan priced what the Megatron-LM
+    // export runs: BF16 weights, FP8 GEMMs in every layer, Megatron-Core's scaling
+    // defaults.
+    let fp8 = match w.precision {
+        Precision::Fp8 => Some(("hybrid", crate::megatron::fp8_recipe(cfg))),
+        Precision::Mxfp8 => Some(("e4m3", "mxfp8")),
+        Precision::Bf16 | Precision::Fp16 => None,
+    };
+    if let Some((format, recipe)) = fp8 {
+        let pl = "recipe.trainer.plugins";
+        let _ = writeln!(s, "{pl}.fp8 = \"{format}\"\n{pl}.fp8_recipe = \"{recipe}\"\n{pl}.fp8_margin = 0\n{pl}.fp8_amax_history_len = 1\n{pl}.fp8_amax_compute_algo = \"most_recent\"\n{pl}.fp8_param_gather = False\n{pl}.first_last_layers_bf16 = False\n{pl}.num_layers_at_start_in_bf16 = 0\n{pl}.num_layers_at_end_in_bf16 = 0\n{pl}.reuse_grad_buf_for_mxfp8_param_ag = False");
     }
     if drop_deepep {
         let _ = writeln!(s, "recipe.trainer.callbacks = [c for c in (recipe.trainer.callbacks or []) if getattr(c, \"__fn_or_cls__\", None) is not DeepEPCallback]");
@@ -234,6 +253,12 @@ fn model_fields(s: &mut String, plan: &PlanFile, cfg: &ParallelConfig) -> Result
             (key, value)
         };
         let _ = writeln!(s, "recipe.model.config.{key} = {}", value.python());
+    }
+    // NeMo's DeepSeek config overlaps the shared experts by default (its DeepEP
+    // callback turned that off); Megatron-Core's default, which the Megatron-LM
+    // export keeps and the cost model prices, does not.
+    if plan.model.moe.is_some() {
+        let _ = writeln!(s, "recipe.model.config.moe_shared_expert_overlap = False");
     }
     Ok(())
 }

@@ -159,7 +159,11 @@ fn per_token_activations(
     }
     // Softmax statistics (flash) or the score matrices (unfused: softmax output 2,
     // dropout mask 1, dropout output 2 bytes per score), which "core_attn" drops.
-    let scores = if flash || dropped(RecomputeModules::CORE_ATTN) {
+    // ScaleTorch's ring attention (its context parallelism, unfused) keeps only
+    // q, k, v, the output and the log-sum-exp and recomputes the scores in the
+    // backward (parallel/context_parallel/context_parallel.py RingAttentionFunc).
+    let ring = cfg.cp > 1 && a.framework == crate::cost::Framework::ScaleTorch;
+    let scores = if flash || ring || dropped(RecomputeModules::CORE_ATTN) {
         4.0 * model.heads as f64 / t
     } else {
         let kv_len = w.seq as f64 / cfg.cp as f64;
