@@ -130,18 +130,14 @@ impl Default for LaunchOptions {
 /// Megatron-Core family (and the launchers that run Megatron-LM) only 1F1B and
 /// interleaved 1F1B, torchtitan those and GPipe. `plan --emit` searches only these.
 pub fn expressible_schedules(target: Target) -> Option<&'static [Schedule]> {
-    match target {
-        Target::MegatronLm
-        | Target::MegatronCore
-        | Target::MegatronBridge
-        | Target::Nemo
-        | Target::Verl
-        | Target::Rlinf
-        | Target::Torchrun
-        | Target::Slurm => Some(&[Schedule::OneFOneB, Schedule::Interleaved]),
-        Target::Torchtitan => Some(&[Schedule::OneFOneB, Schedule::Interleaved, Schedule::Gpipe]),
-        Target::ScaleTorch => Some(scaletorch::SCHEDULES),
-        Target::TorchrunExec | Target::SlurmExec | Target::RankMap | Target::RankMapJson => None,
+    use sextant_planner::cost::Framework;
+    match target_framework(target)? {
+        Framework::MegatronCore => Some(&[Schedule::OneFOneB, Schedule::Interleaved]),
+        Framework::Torchtitan => {
+            Some(&[Schedule::OneFOneB, Schedule::Interleaved, Schedule::Gpipe])
+        }
+        Framework::ScaleTorch => Some(scaletorch::SCHEDULES),
+        Framework::Nanotron => None,
     }
 }
 
@@ -154,8 +150,10 @@ pub fn model_refusal(model: &sextant_planner::model::ModelSpec, target: Target) 
     }
 }
 
-/// The framework whose costs a target's export must have been priced with;
-/// `None` for the rank map and Sextant's own executor, which take any plan.
+/// The framework a target runs, whose costs its export must have been priced
+/// with: the Megatron-Core family (and the launchers that run Megatron-LM),
+/// torchtitan or ScaleTorch; `None` for the rank map and Sextant's own executor,
+/// which take any plan.
 fn target_framework(target: Target) -> Option<sextant_planner::cost::Framework> {
     use sextant_planner::cost::Framework;
     match target {

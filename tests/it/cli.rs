@@ -186,31 +186,15 @@ fn an_impossible_interleaving_is_named() {
 #[test]
 fn control_characters_in_refused_values_stay_on_one_line() {
     use crate::common::fails_with_one_line;
+    // plan --model 70b --gpus 8 and one more option; the values are not words.
+    let plan = |extra: &[&str], needle: &str| {
+        let mut args = vec!["plan", "--model", "70b", "--gpus", "8"];
+        args.extend_from_slice(extra);
+        fails_with_one_line(&args, needle);
+    };
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "8\nx"], "'8\\nx'");
-    fails_with_one_line(
-        &[
-            "plan",
-            "--model",
-            "70b",
-            "--gpus",
-            "8",
-            "--precision",
-            "bf\r\n16",
-        ],
-        "'bf\\r\\n16'",
-    );
-    fails_with_one_line(
-        &[
-            "plan",
-            "--model",
-            "70b",
-            "--gpus",
-            "8",
-            "--precision",
-            "\u{1b}[31mbf16",
-        ],
-        "'\\u{1b}[31mbf16'",
-    );
+    plan(&["--precision", "bf\r\n16"], "'bf\\r\\n16'");
+    plan(&["--precision", "\u{1b}[31mbf16"], "'\\u{1b}[31mbf16'");
     fails_with_one_line(&["plan", "--mo\ndel", "70b"], "'--mo\\ndel'");
     // The tool's own refusals already escape what they quote.
     fails_with_one_line(&["plan", "--model", "70b\nx", "--gpus", "8"], "'70b\\nx'");
