@@ -125,10 +125,9 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     // a validator requires model.seq_length to match it.
     put("dataset.seq_length", w.seq.to_string());
     put("model.seq_length", w.seq.to_string());
-    // megatron/core/distributed/distributed_data_parallel_config.py; the config
-    // validator keeps ddp.* and optimizer.use_distributed_optimizer in sync.
-    // optimizer.use_distributed_optimizer too: the validator turns the
-    // distributed optimizer back on where either side asks for it
+    // megatron/core/distributed/distributed_data_parallel_config.py, and
+    // optimizer.use_distributed_optimizer beside it: the config validator turns
+    // the distributed optimizer back on where either side asks for it
     // (training/config.py _validate_and_sync_distributed_optimizer_settings).
     match cfg.zero {
         Zero::None | Zero::DistOpt => {
@@ -178,7 +177,7 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     put("optimizer.main_params_dtype", "fp32".into());
     put("optimizer.exp_avg_dtype", moments.into());
     put("optimizer.exp_avg_sq_dtype", moments.into());
-    // Precision presets: src/megatron/bridge/training/mixed_precision.py.
+    // Precision: the whole MixedPrecisionConfig ([`mixed_precision`]), not a preset.
     put("++mixed_precision", mixed_precision(cfg, w.precision));
     // comm_overlap: CommOverlapConfig (src/megatron/bridge/training/comm_overlap.py),
     // which recipes leave None or set with their own overlaps (its setup turns
