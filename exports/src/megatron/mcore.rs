@@ -390,7 +390,7 @@ fn training_fields(
     let _ = writeln!(
         s,
         "    tp_comm_overlap={},",
-        py_bool(cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp)
+        py_bool(cfg.megatron_tp_overlap())
     );
     let _ = writeln!(s, ")\n");
     Ok(())

@@ -187,7 +187,7 @@ pub fn megatron_bridge(plan: &PlanFile, index: usize) -> Result<String, ExportEr
     // comm_overlap.tp_comm_overlap=... cannot override a None section. The
     // recipe's userbuffers layout (tp_comm_overlap_cfg) is dropped for
     // Transformer Engine's default, which the cost model does not distinguish.
-    let tp_overlap = cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp;
+    let tp_overlap = cfg.megatron_tp_overlap();
     let ep = plan.model.moe.is_some() && cfg.megatron_ep_overlap(w);
     // Every field (a ++ dict merges into a recipe's section, whose own
     // overlap_param_gather_with_optimizer_step or deferred embedding gradients

@@ -40,7 +40,7 @@ pub fn nemo(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     if !plan.assumptions.flash_attention {
         let _ = writeln!(s, "from megatron.core.transformer.enums import AttnBackend");
     }
-    let tp_overlap = cfg.overlap.tp_comm && cfg.tp > 1 && cfg.sp;
+    let tp_overlap = cfg.megatron_tp_overlap();
     let _ = writeln!(s, "import nemo_run as run\nfrom nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback");
     // A recipe's DeepEP callback (DeepSeek-V3's) switches the dispatcher to
     // DeepEP on Ampere and Hopper whatever the model config says

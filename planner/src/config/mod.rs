@@ -272,4 +272,11 @@ impl ParallelConfig {
     pub fn megatron_ep_overlap(&self, w: &Workload) -> bool {
         self.overlap.ep_comm && self.schedule != Schedule::DualPipe && self.ep_overlap(w).is_some()
     }
+
+    /// Whether Megatron overlaps this plan's TP communication with its GEMMs: asked
+    /// for, with a TP group to overlap, and with sequence parallelism (which
+    /// Megatron asserts for it, `Rejection::TpCommNeedsSp`).
+    pub fn megatron_tp_overlap(&self) -> bool {
+        self.overlap.tp_comm && self.tp > 1 && self.sp
+    }
 }
