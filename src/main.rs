@@ -1334,42 +1334,37 @@ fn main() -> ExitCode {
             }
             // One line: clap's first line, the arguments it lists under it (a
             // missing required argument), and its suggestion when it has one. A
-            // value clap quotes is shown escaped first, so that a newline in it
-            // does not cut the line (or a terminal escape act).
-            let mut text = e.to_string();
-            for arg in std::env::args().skip(1) {
-                if arg.chars().any(char::is_control) {
-                    let shown = sextant_planner::json::one_line(&arg, 200);
-                    // clap drops terminal escape sequences from what it quotes.
-                    for quoted in [arg.clone(), without_csi(&arg)] {
-                        if !quoted.is_empty() {
-                            text = text.replace(&format!("'{quoted}'"), &format!("'{shown}'"));
-                        }
-                    }
-                }
-            }
-            let mut lines = text.lines();
-            let first = lines
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ")
-                .trim_end_matches(':');
-            let listed: Vec<&str> = lines
-                .take_while(|l| l.starts_with("  "))
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
+            // value holding control characters is shown escaped: clap quotes it
+            // raw (a newline would cut the line, a terminal escape act) or with
+            // some sequences dropped, where it cannot be found; then the values
+            // are named escaped after clap's kind of error instead.
+            let text = e.to_string();
+            let hostile: Vec<String> = std::env::args_os()
+                .skip(1)
+                .map(|a| a.to_string_lossy().into_owned())
+                .filter(|a| a.chars().any(char::is_control))
                 .collect();
-            let first = if listed.is_empty() {
-                first.to_string()
+            let message = if hostile.iter().all(|a| text.contains(a.as_str())) {
+                let mut text = text.clone();
+                for a in &hostile {
+                    text = text.replace(a.as_str(), &sextant_planner::json::one_line(a, 200));
+                }
+                clap_line(&text)
             } else {
-                format!("{first}: {}", listed.join(", "))
+                let shown: Vec<String> = hostile
+                    .iter()
+                    .map(|a| format!("'{}'", sextant_planner::json::one_line(a, 200)))
+                    .collect();
+                format!(
+                    "{} (arguments holding control characters: {})",
+                    e.kind().as_str().unwrap_or("invalid arguments"),
+                    shown.join(", ")
+                )
             };
-            let tip = text
-                .lines()
-                .find(|l| l.trim_start().starts_with("tip:"))
-                .map(|t| format!(" ({})", t.trim()))
-                .unwrap_or_default();
-            eprintln!("error: {first}{tip}; see 'sextant --help'");
+            // Whatever clap echoed (a megabyte value, a character the checks
+            // missed): one bounded line of printable text.
+            let message = sextant_planner::json::one_line(&message, 600);
+            eprintln!("error: {message}; see 'sextant --help'");
             return ExitCode::from(2);
         }
     };
@@ -1386,22 +1381,29 @@ fn main() -> ExitCode {
     }
 }
 
-/// `arg` without its terminal control sequences (ESC `[` ... final byte), as clap
-/// shows a value in its errors.
-fn without_csi(arg: &str) -> String {
-    let mut out = String::new();
-    let mut chars = arg.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' && chars.peek() == Some(&'[') {
-            chars.next();
-            for f in chars.by_ref() {
-                if ('@'..='~').contains(&f) {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+/// clap's error text as one line: its first line, the arguments it lists under
+/// it (a missing required argument), and its suggestion when it has one.
+fn clap_line(text: &str) -> String {
+    let mut lines = text.lines();
+    let first = lines
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ")
+        .trim_end_matches(':');
+    let listed: Vec<&str> = lines
+        .take_while(|l| l.starts_with("  "))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let first = if listed.is_empty() {
+        first.to_string()
+    } else {
+        format!("{first}: {}", listed.join(", "))
+    };
+    let tip = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("tip:"))
+        .map(|t| format!(" ({})", t.trim()))
+        .unwrap_or_default();
+    format!("{first}{tip}")
 }

@@ -196,6 +196,38 @@ fn control_characters_in_refused_values_stay_on_one_line() {
     plan(&["--precision", "bf\r\n16"], "'bf\\r\\n16'");
     plan(&["--precision", "\u{1b}[31mbf16"], "'\\u{1b}[31mbf16'");
     fails_with_one_line(&["plan", "--mo\ndel", "70b"], "'--mo\\ndel'");
+    // A value clap quotes altered (it drops some escape sequences) or not at all
+    // is named escaped; a BEL and CR never reach the terminal raw.
+    plan(&["\u{7}\rx"], "'\\u{7}\\rx'");
+    plan(
+        &["--precision", "bf\u{1b}]0;pwn\u{7}"],
+        "'bf\\u{1b}]0;pwn\\u{7}'",
+    );
+    // A value that is not UTF-8 with another argument wrong: no panic.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_sextant"))
+            .args(["plan", "--model"])
+            .arg(std::ffi::OsStr::from_bytes(b"\xff\xfe"))
+            .args(["--gpus", "8", "--bogus"])
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert!(
+            o.status.code() == Some(2)
+                && err.trim_end().lines().count() == 1
+                && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+    // A 100 kB value (one argument can hold no more than 128 kB) is cut, not echoed whole.
+    let huge = "7".repeat(100_000);
+    let o = sextant(&["plan", "--model", "70b", "--gpus", &huge]);
+    assert!(
+        !o.status.success() && stderr(&o).len() < 1000,
+        "{}",
+        stderr(&o).len()
+    );
     // The tool's own refusals already escape what they quote.
     fails_with_one_line(&["plan", "--model", "70b\nx", "--gpus", "8"], "'70b\\nx'");
 }
