@@ -288,12 +288,19 @@ fn header(w: &RlWorkload, hw: &HardwareProfile, gpus: u64) -> String {
 
 fn layout(p: &RlPlan) -> String {
     let c = &p.train.config;
-    let mut s = format!("TP{} PP{} DP{}", c.tp, c.pp, c.dp);
+    let mut s = format!("TP{} PP{}", c.tp, c.pp);
+    if c.vpp > 1 {
+        s += &format!(" VPP{}", c.vpp);
+    }
+    s += &format!(" DP{}", c.dp);
     if c.cp > 1 {
         s += &format!(" CP{}", c.cp);
     }
     if c.ep > 1 {
         s += &format!(" EP{}", c.ep);
+    }
+    if c.etp > 1 {
+        s += &format!(" ETP{}", c.etp);
     }
     s += &format!(" mbs{} {}", c.mbs, c.recompute_label());
     s
@@ -374,41 +381,40 @@ pub fn side_by_side(
     let cell = |p: Option<&RlPlan>, f: fn(&RlPlan) -> String, none: &str| {
         p.map(f).unwrap_or_else(|| none.to_string())
     };
-    let mut s = format!(
-        "{:<27} {:<32} {}\n",
-        "best of each placement", "colocated", "disaggregated"
-    );
+    let mut lines: Vec<(&str, String, String)> = vec![(
+        "best of each placement",
+        "colocated".into(),
+        "disaggregated".into(),
+    )];
     for (name, f) in rows {
-        s += &format!(
-            "{:<27} {:<32} {}\n",
-            name,
-            cell(c, f, empty_c),
-            cell(d, f, empty_d)
-        );
+        lines.push((name, cell(c, f, empty_c), cell(d, f, empty_d)));
         if name == "iteration (s)" {
             let b = |p: Option<&RlPlan>, none: &str| {
                 p.map_or_else(|| none.to_string(), |p| band_cell(p, profile, moe))
             };
-            s += &format!(
-                "{:<27} {:<32} {}\n",
-                "iteration band (s)",
-                b(c, empty_c),
-                b(d, empty_d)
-            );
+            lines.push(("iteration band (s)", b(c, empty_c), b(d, empty_d)));
         }
     }
-    s
+    // The first column is as wide as its widest cell, so a long training layout
+    // never runs into the second.
+    let width = lines.iter().map(|l| l.1.len()).max().unwrap_or(0).max(32);
+    lines
+        .iter()
+        .map(|(name, a, b)| format!("{name:<27} {a:<width$} {b}\n"))
+        .collect()
 }
 
 /// The ranked plans, one line each.
 pub fn ranked(plans: &[RlPlan]) -> String {
     let mut s = format!(
-        "{:<2} {:<13} {:>9} {:<40} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {}\n",
+        "{:<2} {:<13} {:>9} {:<46} {:>4} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {}\n",
         "#",
         "placement",
         "trn/roll",
         "training layout",
         "rTP",
+        "rmem",
+        "poff",
         "iter(s)",
         "rollout",
         "reshard",
@@ -419,12 +425,18 @@ pub fn ranked(plans: &[RlPlan]) -> String {
     for (i, p) in plans.iter().enumerate() {
         let m: Vec<String> = p.memory.iter().map(|m| gib(m.bytes)).collect();
         s += &format!(
-            "{:<2} {:<13} {:>9} {:<40} {:>4} {:>8.1} {:>8.1} {:>8.2} {:>8.1} {:>8.1} {}\n",
+            "{:<2} {:<13} {:>9} {:<46} {:>4} {:>5.2} {:>4} {:>8.1} {:>8.1} {:>8.2} {:>8.1} {:>8.1} {}\n",
             i + 1,
             p.placement.kind.name(),
             format!("{}/{}", p.placement.train_gpus, p.placement.rollout_gpus),
             layout(p),
             p.rollout.layout.tp,
+            p.memory_fraction,
+            if p.placement.kind == PlacementKind::Colocated && p.offload_params {
+                "y"
+            } else {
+                "n"
+            },
             p.times.iteration,
             p.times.rollout,
             p.times.reshard + p.times.offload,
@@ -433,5 +445,5 @@ pub fn ranked(plans: &[RlPlan]) -> String {
             m.join("/")
         );
     }
-    s + "  reshard: weight transfer into the engines, plus (colocated) training state to host memory and back\n"
+    s + "  rTP: rollout engine TP; rmem: engine memory fraction (vLLM gpu_memory_utilization); poff: training parameters offloaded to host during rollout\n  reshard: weight transfer into the engines, plus (colocated) training state to host memory and back\n"
 }
