@@ -302,6 +302,21 @@ fn rl_plan_shows_both_placements_for_the_bar_workloads() {
         assert!(point < low && low < high, "{point} vs {band:?}");
         assert!(out.contains("read the point as optimistic"), "{out}");
         assert!(out.lines().any(|l| l.starts_with("1  ")), "ranked plans");
+        // Two ranked plans never show the same configuration (the cells before the
+        // times): what tells them apart is printed, not only its consequences.
+        let ranked: Vec<String> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("#  placement"))
+            .skip(1)
+            .take_while(|l| l.chars().next().is_some_and(|c| c.is_ascii_digit()))
+            .map(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells[1..cells.len() - 6].join(" ")
+            })
+            .collect();
+        assert!(ranked.len() >= 2, "{out}");
+        let distinct: BTreeSet<&String> = ranked.iter().collect();
+        assert_eq!(distinct.len(), ranked.len(), "{out}");
     }
 }
 
