@@ -48,6 +48,9 @@ pub(super) fn screen_shape(inputs: &Inputs, module_sets: &[RecomputeModules], s:
     let mut rejected: BTreeMap<RejectKind, u64> = BTreeMap::new();
     let mut kept = Vec::new();
     let sps: Vec<bool> = match &space.sp {
+        // Sequence parallelism splits over TP: at TP 1 there is none to ask for
+        // (Megatron turns the flag off), whatever the space's list says.
+        Some(_) if s.tp == 1 => vec![false],
         Some(v) => v.clone(),
         // TP communication overlap runs only with sequence parallelism.
         None if s.tp > 1 && space.overlap.tp_comm => vec![true],
