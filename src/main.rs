@@ -386,6 +386,18 @@ fn torchtitan_space(mut s: SearchSpace) -> Result<SearchSpace> {
     Ok(s)
 }
 
+/// What RLinf's Megatron backend loads (exports/src/others/rl.rs states it): its
+/// checkpoint converter writes no virtual-pipeline chunks and splits the layers
+/// evenly over the stages (`RlFramework::restrict`, the same rule for `rl-plan`).
+fn rlinf_space(s: SearchSpace) -> Result<SearchSpace> {
+    if let Some(v) = &s.vpp {
+        if !v.contains(&1) {
+            bail!("--target rlinf has no virtual pipeline stages (its checkpoint converter writes none): include 1 in --vpp");
+        }
+    }
+    Ok(sextant_planner::rl::RlFramework::Rlinf.restrict(s))
+}
+
 fn cmd_plan(a: PlanArgs) -> Result<()> {
     let mut outputs = a.common.outputs();
     if let Some(r) = &a.report {
@@ -501,6 +513,12 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
         inp.assumptions.framework = sextant_planner::cost::Framework::ScaleTorch;
     }
+    if matches!(target, Some(Target::Verl | Target::Rlinf)) {
+        // Priced as they run: both compute log-probabilities with Megatron-Core's
+        // unfused vocab-parallel cross-entropy, whatever --loss says
+        // (exports/src/others/rl.rs).
+        inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
+    }
     let rank_by = RankBy::from(a.rank_by);
     let space = SearchSpace {
         tp: a.tp,
@@ -531,6 +549,9 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     let space = match target {
         Some(Target::ScaleTorch) => scaletorch_space(space)?,
         Some(Target::Torchtitan) => torchtitan_space(space)?,
+        Some(Target::Rlinf) => rlinf_space(space)?,
+        // verl's Megatron bridge turns sequence parallelism on wherever TP > 1.
+        Some(Target::Verl) => sextant_planner::rl::RlFramework::Verl.restrict(space),
         _ => space,
     };
     let start = Instant::now();

@@ -8,7 +8,7 @@ use sextant_exports::rl::{rlinf, verl, RlExport};
 use sextant_planner::config::Precision;
 use sextant_planner::hardware::{HardwareProfile, GIB};
 use sextant_planner::rl::search::{PlacementKind, RlSearch};
-use sextant_planner::rl::{plan, Algorithm, Lengths, RlPlan, RlWorkload};
+use sextant_planner::rl::{plan, Algorithm, Lengths, RlFramework, RlPlan, RlWorkload};
 
 use crate::args::{load_model, load_profile};
 
@@ -194,17 +194,30 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
             a.gpus
         );
     }
-    if let Some(e) = &a.emit {
-        if e != "verl" && e != "rlinf" {
-            bail!(
+    // --emit names the framework: the search keeps what it runs and prices its
+    // mechanics (RlFramework).
+    let framework = match &a.emit {
+        Some(e) => Some(RlFramework::parse(e).ok_or_else(|| {
+            anyhow::anyhow!(
                 "--emit '{}': the RL exports are verl and rlinf",
                 sextant_planner::json::one_line(e, 60)
-            );
-        }
-    }
-    let s = search_of(&a)?;
+            )
+        })?),
+        None => None,
+    };
+    let s = RlSearch {
+        framework,
+        ..search_of(&a)?
+    };
     let r = plan(&w, &hw, a.gpus, &s)?;
     print!("{}", header(&w, &hw, a.gpus));
+    match framework {
+        Some(f) => println!(
+            "searched for {}: only what it runs, with its reference and offload mechanics (docs/rl.md)",
+            f.label()
+        ),
+        None => println!("searched for no framework in particular: --emit verl or rlinf plans for one (docs/rl.md)"),
+    }
     let rejected: u64 = r.rejected.values().sum();
     println!(
         "searched {} configurations ({} rejected{})",
@@ -221,7 +234,7 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
         side_by_side(
             r.best_colocated.as_ref(),
             r.best_disaggregated.as_ref(),
-            &s.placements,
+            &r.placements,
             &hw.name,
             w.actor.moe.is_some()
         )
@@ -248,10 +261,9 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
             workload: &w,
             hardware: &hw,
         };
-        let text = if target == "verl" {
-            verl(&x)
-        } else {
-            rlinf(&x)
+        let text = match RlFramework::parse(target) {
+            Some(RlFramework::Verl) => verl(&x),
+            _ => rlinf(&x),
         }?;
         println!();
         print!("{text}");
@@ -338,7 +350,7 @@ pub fn side_by_side(
         if searched.contains(&k) {
             "none fits"
         } else {
-            "not searched (--placement)"
+            "not searched (--placement, --emit)"
         }
     };
     let (empty_c, empty_d) = (

@@ -28,12 +28,14 @@ CANDIDATES = {
     "verl": [
         "verl/trainer/config/_generated_ppo_megatron_trainer.yaml",
         "verl/experimental/one_step_off_policy/config/one_step_off_ppo_megatron_trainer.yaml",
+        "verl/trainer/config/ppo_megatron_trainer.yaml",
     ],
     "rlinf": [
         "examples/reasoning/config/math/qwen2.5-1.5b-grpo-megatron-pipeline.yaml",
         "examples/reasoning/config/math/qwen2.5-1.5b-ppo-megatron.yaml",
         "examples/reasoning/config/math/qwen3-30b-grpo-megatron.yaml",
         "examples/reasoning/config/math/qwen2.5-7b-grpo-megatron.yaml",
+        "examples/reasoning/config/math/moonlight-16b-grpo-megatron.yaml",
     ],
 }
 

@@ -184,6 +184,13 @@ pub struct ModelSpec {
     /// [`ParamCounts::total`], which counts the main model as model cards do.
     #[serde(default)]
     pub mtp_layers: u64,
+    /// The architecture's Hugging Face `model_type` (`llama`, `qwen3_moe`,
+    /// `deepseek_v3`, ...): a preset's own config.json, or the config.json given.
+    /// Nothing is priced from it; exports that must name the architecture (RLinf's
+    /// `rollout.model.model_type`, which picks its weight converters) read it.
+    /// `None` for a model given only by its shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_model_type: Option<String>,
 }
 
 fn model_schema() -> u32 {

@@ -52,7 +52,25 @@ fn dense(
         qk_norm: false,
         yarn_attention_factor: None,
         mtp_layers: 0,
+        hf_model_type: preset_model_type(name).map(String::from),
     }
+}
+
+/// The Hugging Face `model_type` of each preset's config.json (its source); the
+/// SC'21 GPT shapes are Megatron-LM's own and have none.
+fn preset_model_type(name: &str) -> Option<&'static str> {
+    let families: [(&str, &str); 6] = [
+        ("llama", "llama"),
+        ("mixtral-", "mixtral"),
+        ("deepseek-v3", "deepseek_v3"),
+        ("qwen3-", "qwen3_moe"),
+        ("gpt-oss-", "gpt_oss"),
+        ("nemotron4-", "nemotron"),
+    ];
+    families
+        .iter()
+        .find(|(prefix, _)| name.starts_with(prefix))
+        .map(|&(_, t)| t)
 }
 
 /// GPT-style model as in Megatron-LM's papers: GeLU 4h MLP, biases, dropout,
@@ -596,6 +614,16 @@ mod tests {
         for p in PRESETS {
             let s = (p.spec)();
             assert_eq!(s.name, p.name);
+            // The architecture is named wherever a config.json is the source.
+            assert_eq!(
+                s.hf_model_type.is_some(),
+                s.source.contains("config.json") || s.name.starts_with("nemotron4"),
+                "{}",
+                p.name
+            );
+            if s.name.starts_with("qwen3-") {
+                assert!(s.moe.is_some(), "{}: qwen3_moe needs experts", p.name);
+            }
             assert!(!s.source.is_empty(), "{} has no source", p.name);
             s.validate().unwrap();
         }

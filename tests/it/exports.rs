@@ -813,11 +813,16 @@ fn inexpressible_plans_fail_with_the_reason() {
     };
     // torchtitan has no ZeRO-1.
     assert!(err(&dense(), Target::Torchtitan).contains("optimizer-only sharding"));
-    // RLinf states uneven pipelines only as first/last counts.
+    // RLinf's converter writes no virtual-pipeline chunks and splits the layers
+    // evenly.
     let mut c = cfg(8, 8, 2, 1, 1);
     c.layout = Layout::AccountEmbeddingLoss;
+    let p = plan("llama3.1-405b", 64, 4096, 64, Precision::Bf16, c.clone());
+    assert!(err(&rl_ready(&p), Target::Rlinf).contains("virtual-pipeline"));
+    c.vpp = 1;
+    c.schedule = Schedule::OneFOneB;
     let p = plan("llama3.1-405b", 64, 4096, 64, Precision::Bf16, c);
-    assert!(err(&rl_ready(&p), Target::Rlinf).contains("first/last"));
+    assert!(err(&rl_ready(&p), Target::Rlinf).contains("evenly"));
     // verl has no confirmed FP8 setting.
     assert!(err(&moe(), Target::Verl).contains("FP8"));
     // A plan with MTP layers where the framework names no MTP setting.
@@ -1826,13 +1831,20 @@ fn overlay_exports_clear_what_a_recipe_may_have_set() {
     }
     let mut rl = rl_ready(&p);
     rl.plans[0].config.recompute = Recompute::Selective;
+    // RLinf's converter and resharding split the layers evenly: the first/last
+    // layout is refused, an even one states the recomputation fields whole.
+    let refused = export(&rl, 1, Target::Rlinf, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("evenly"), "{refused}");
+    rl.plans[0].config.layout = Layout::Even;
+    rl.plans[0].config.vpp = 1;
     let rlinf = export(&rl, 1, Target::Rlinf, &opts).unwrap();
     for line in [
         "recompute_method: null\n",
         "recompute_num_layers: null\n",
-        // TransformerConfig's names: RLinf copies actor.model keys as named.
-        "num_layers_in_first_pipeline_stage: 23\n",
-        "num_layers_in_last_pipeline_stage: 25\n",
+        "bf16: true\n",
+        "fp16: false\n",
     ] {
         assert!(rlinf.contains(line), "{line}: {rlinf}");
     }

@@ -363,40 +363,59 @@ fn flatten(y: &Yaml, prefix: &str, out: &mut Vec<String>) {
 }
 
 /// Every key of the verl and RLinf exports is in docs/rl.md's table with a
-/// file:line, for colocated, disaggregated, PPO and MoE plans.
+/// file:line, for colocated, disaggregated (verl), PPO, reward-model (verl),
+/// reference-free, MTP (verl) and MoE plans.
 #[test]
 fn rl_exports_keys_are_all_in_the_key_table() {
     let table = key_table();
-    let variants: [&[&str]; 4] = [
-        &[],
-        &["--placement", "disaggregated"],
-        &["--algorithm", "ppo", "--critic", "8b", "--reward", "8b"],
-        &["--tp", "2", "--pp", "2"],
+    let qwen3 = format!("{}/tests/data/hf/qwen3-8b.json", env!("CARGO_MANIFEST_DIR"));
+    let cases: Vec<(&str, &str, &str, Vec<&str>)> = vec![
+        ("verl", "8b", "64", vec![]),
+        ("verl", "8b", "64", vec!["--placement", "disaggregated"]),
+        (
+            "verl",
+            "8b",
+            "64",
+            vec!["--algorithm", "ppo", "--critic", "8b", "--reward", "8b"],
+        ),
+        ("verl", "8b", "64", vec!["--tp", "2", "--pp", "2"]),
+        ("verl", "qwen3-30b-a3b", "128", vec![]),
+        (
+            "verl",
+            "qwen3-30b-a3b",
+            "128",
+            vec!["--placement", "disaggregated"],
+        ),
+        ("verl", "deepseek-v3", "256", vec!["--rollout-tp", "32"]),
+        ("rlinf", &qwen3, "64", vec![]),
+        ("rlinf", &qwen3, "64", vec!["--no-reference"]),
+        (
+            "rlinf",
+            &qwen3,
+            "64",
+            vec!["--algorithm", "ppo", "--critic", &qwen3],
+        ),
+        ("rlinf", &qwen3, "64", vec!["--tp", "2", "--pp", "2"]),
+        ("rlinf", "qwen3-30b-a3b", "128", vec![]),
     ];
     let mut seen = 0;
-    for (fw, marker) in [("verl", "# verl"), ("rlinf", "# RLinf")] {
-        for (model, gpus) in [("8b", "64"), ("qwen3-30b-a3b", "128")] {
-            for extra in variants {
-                if model != "8b" && !extra.is_empty() && extra[0] == "--algorithm" {
-                    continue;
-                }
-                let mut a = bar_args(model, gpus);
-                a.extend(extra.iter().map(|s| s.to_string()));
-                a.extend(["--emit".to_string(), fw.to_string()]);
-                let out = run(&a);
-                let yaml = &out[out.find(marker).unwrap()..];
-                let docs = YamlLoader::load_from_str(yaml).expect("the export parses as YAML");
-                let mut keys = Vec::new();
-                flatten(&docs[0], "", &mut keys);
-                assert!(keys.len() > 20, "{yaml}");
-                for k in keys {
-                    assert!(
-                        table.contains(&(fw.to_string(), k.clone())),
-                        "{fw} key {k} is not in docs/rl.md's key table"
-                    );
-                    seen += 1;
-                }
-            }
+    for (fw, model, gpus, extra) in cases {
+        let marker = if fw == "verl" { "# verl" } else { "# RLinf" };
+        let mut a = bar_args(model, gpus);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.extend(["--emit".to_string(), fw.to_string()]);
+        let out = run(&a);
+        let yaml = &out[out.find(marker).unwrap()..];
+        let docs = YamlLoader::load_from_str(yaml).expect("the export parses as YAML");
+        let mut keys = Vec::new();
+        flatten(&docs[0], "", &mut keys);
+        assert!(keys.len() > 20, "{yaml}");
+        for k in keys {
+            assert!(
+                table.contains(&(fw.to_string(), k.clone())),
+                "{fw} key {k} is not in docs/rl.md's key table ({model} {extra:?})"
+            );
+            seen += 1;
         }
     }
     assert!(seen > 300);
@@ -537,7 +556,128 @@ fn rl_plan_names_the_placement_it_did_not_search() {
         .find(|l| l.starts_with("GPUs train / rollout"))
         .unwrap_or_default();
     assert!(
-        line.contains("not searched (--placement)") && !line.contains("none fits"),
+        line.contains("not searched (--placement") && !line.contains("none fits"),
         "{out}"
     );
+}
+
+/// The exported YAML of an `rl-plan --emit` run (from its header comment on).
+fn emitted(model: &str, gpus: &str, extra: &[&str], fw: &str) -> String {
+    let mut a = bar_args(model, gpus);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.extend(["--emit".to_string(), fw.to_string()]);
+    let out = run(&a);
+    let marker = if fw == "verl" { "# verl" } else { "# RLinf" };
+    out[out.find(marker).expect("the configuration")..].to_string()
+}
+
+/// verl: a Hydra config over verl's own (separate pools: what its one-step-off
+/// config sets, restated), the checkpoint paths demanded, token-budget
+/// micro-batches, the engine's limits consistent, MTP trained where priced, the
+/// reward model on the priced Megatron path, the critic offloaded.
+#[test]
+fn rl_verl_export_starts_and_runs_what_was_priced() {
+    let y = emitted("qwen3-30b-a3b", "128", &[], "verl");
+    for line in [
+        "defaults:\n  - ppo_megatron_trainer\n  - _self_\n",
+        "    path: ???",
+        "  hybrid_engine: true\n",
+        "    use_dynamic_bsz: true\n",
+        "    log_prob_use_dynamic_bsz: true\n",
+        // prompt 2048 + response 16384
+        "    max_model_len: 18432\n",
+    ] {
+        assert!(y.contains(line), "{line:?}: {y}");
+    }
+    let num = |key: &str| -> u64 {
+        let l = y.lines().find(|l| l.trim_start().starts_with(key)).unwrap();
+        l.split(':').nth(1).unwrap().trim().parse().unwrap()
+    };
+    assert!(num("max_num_batched_tokens:") >= num("max_num_seqs:"));
+    // Per rank of the CP group: the frameworks multiply it by CP.
+    assert!(num("ppo_max_token_len_per_gpu:") * num("context_parallel_size:") >= 18432);
+    let d = emitted(
+        "qwen3-30b-a3b",
+        "128",
+        &["--placement", "disaggregated"],
+        "verl",
+    );
+    for line in [
+        "hydra:\n  searchpath:\n    - file://verl/trainer/config\n",
+        "  hybrid_engine: false\n",
+        "    calculate_log_probs: true\n",
+        "    bypass_mode: true\n",
+        "verl.experimental.one_step_off_policy.main_ppo",
+    ] {
+        assert!(d.contains(line), "{line:?}: {d}");
+    }
+    let ppo = emitted(
+        "8b",
+        "64",
+        &["--algorithm", "ppo", "--critic", "8b", "--reward", "8b"],
+        "verl",
+    );
+    for line in [
+        "  use_reward_loop: false\n",
+        "critic:\n",
+        "  megatron:\n    param_offload: true\n    grad_offload: true\n    optimizer_offload: true\n",
+    ] {
+        assert!(ppo.contains(line), "{line:?}: {ppo}");
+    }
+    let ds = emitted("deepseek-v3", "256", &["--rollout-tp", "32"], "verl");
+    assert!(
+        ds.contains("    mtp:\n      enable: true\n      enable_train: true\n"),
+        "{ds}"
+    );
+}
+
+/// RLinf: a Hydra overlay of the architecture's reasoning example, an explicit
+/// GPU range (a part of a node is not `all`), its architecture named, the
+/// reference run only with a KL coefficient, and what it cannot run refused in
+/// one line.
+#[test]
+fn rl_rlinf_export_overlays_its_example_and_refuses_what_it_cannot_run() {
+    let y = emitted("qwen3-30b-a3b", "128", &[], "rlinf");
+    for line in [
+        "defaults:\n  - qwen3-30b-grpo-megatron\n  - _self_\n",
+        "    actor,rollout,reward: 0-127\n",
+        "    model_type: qwen3_moe\n",
+        "  enable_dynamic_batch_size: true\n",
+        "  kl_beta: 0.001",
+        "    virtual_pipeline_model_parallel_size: null\n",
+    ] {
+        assert!(y.contains(line), "{line:?}: {y}");
+    }
+    let tp = |key: &str, y: &str| -> u64 {
+        let l = y.lines().find(|l| l.trim_start().starts_with(key)).unwrap();
+        l.split(':').nth(1).unwrap().trim().parse().unwrap()
+    };
+    assert_eq!(
+        tp("tensor_model_parallel_size:", &y) % tp("tensor_parallel_size:", &y),
+        0
+    );
+    let qwen3 = format!("{}/tests/data/hf/qwen3-8b.json", env!("CARGO_MANIFEST_DIR"));
+    let small = emitted(&qwen3, "4", &["--no-reference"], "rlinf");
+    for line in [
+        "    actor,rollout,reward: 0-3\n",
+        "  kl_beta: 0.0\n",
+        "model_type: qwen3\n",
+    ] {
+        assert!(small.contains(line), "{line:?}: {small}");
+    }
+    for (extra, needle) in [
+        (vec!["--model", "8b"], "a llama model"),
+        (vec!["--reward", "qwen3-30b-a3b"], "learned reward model"),
+        (vec!["--epochs", "2"], "no epoch loop"),
+        (vec!["--placement", "disaggregated"], "third GPU pool"),
+    ] {
+        let mut a: Vec<String> = vec!["rl-plan".into(), "--gpus".into(), "128".into()];
+        if extra[0] != "--model" {
+            a.extend(["--model".into(), "qwen3-30b-a3b".into()]);
+        }
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.extend(["--emit".into(), "rlinf".into()]);
+        let v: Vec<&str> = a.iter().map(String::as_str).collect();
+        crate::common::fails_with_one_line(&v, needle);
+    }
 }

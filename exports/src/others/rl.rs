@@ -241,6 +241,17 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     let kv = |s: &mut String, k: &str, v: String| {
         let _ = writeln!(s, "    {k}: {v}");
     };
+    // RLinf converts the Hugging Face checkpoint into even pipeline stages and
+    // writes no virtual-pipeline chunks (convert_middle_file_to_mg.py:102-103
+    // raises for its `vpp` schedule; rlinf/config.py:1604-1608 asserts
+    // num_layers % PP), and its resharding assumes equal stages
+    // (rlinf/utils/resharding/mcore_weight_reshard.py:186).
+    if cfg.vpp > 1 {
+        return Err(cannot(t, format!("RLinf's checkpoint converter writes no virtual-pipeline chunks (VPP {}); re-plan with --target rlinf (VPP 1)", cfg.vpp)));
+    }
+    if cfg.layout != Layout::Even || !plan.model.layers.is_multiple_of(cfg.pp) {
+        return Err(cannot(t, format!("RLinf splits the {} layers evenly over the pipeline stages only; this plan uses {}; re-plan with --target rlinf", plan.model.layers, describe_layout(plan, cfg))));
+    }
     kv(&mut s, "tensor_model_parallel_size", cfg.tp.to_string());
     kv(&mut s, "pipeline_model_parallel_size", cfg.pp.to_string());
     kv(
@@ -262,14 +273,6 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         for (k, v) in moe_token_fields(plan, cfg) {
             kv(&mut s, k, v.yaml());
         }
-    }
-    match &cfg.layout {
-        Layout::Even => {}
-        Layout::FirstLast { first, last } => {
-            kv(&mut s, "num_layers_in_first_pipeline_stage", first.to_string());
-            kv(&mut s, "num_layers_in_last_pipeline_stage", last.to_string());
-        }
-        _ => return Err(cannot(t, format!("RLinf states uneven pipelines only as first/last stage layer counts; this plan uses {}", describe_layout(plan, cfg)))),
     }
     for (k, v) in recompute_fields(cfg) {
         kv(&mut s, k, v);
@@ -296,6 +299,15 @@ pub fn rlinf(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
         ));
     }
     let _ = writeln!(s, "  optim:");
+    // Megatron's optimizer takes its precision from these, which RLinf fills from
+    // the model's only where unset (rlinf/config.py:823-830): an example's fp16
+    // would otherwise stand beside BF16 parameters.
+    let _ = writeln!(
+        s,
+        "    bf16: {}\n    fp16: {}",
+        w.precision != Precision::Fp16,
+        w.precision == Precision::Fp16
+    );
     let _ = writeln!(
         s,
         "    use_distributed_optimizer: {}",

@@ -129,6 +129,7 @@ pub(super) fn build(c: &Cfg, display: String) -> Result<ModelSpec, InputError> {
         yarn_attention_factor: yarn_attention_factor(c)?,
         // DeepSeek-V3, GLM-4.5 and MiMo state their multi-token-prediction layers.
         mtp_layers: c.opt("num_nextn_predict_layers")?.unwrap_or(0),
+        hf_model_type: Some(mt.to_string()),
     };
     spec.validate()?;
     Ok(spec)

@@ -3,6 +3,13 @@
 
 use crate::hardware::HardwareProfile;
 
+/// verl commit whose code and configuration the verl mechanics and keys were read
+/// from (2026-01-29).
+pub const VERL_COMMIT: &str = "b178a3cd56f58b2d502255daba591e92833930a7";
+/// RLinf commit whose code and configuration the RLinf mechanics and keys were read
+/// from (2026-08-22).
+pub const RLINF_COMMIT: &str = "a3816b596478dcd8a5c69a6ec1468c9519f77b5b";
+
 /// Bytes per element of the rollout engine's weights and KV cache (BF16, verl's
 /// `rollout.dtype` default and RLinf's `rollout.model.precision` in its examples).
 pub const ROLLOUT_BYTES: f64 = 2.0;

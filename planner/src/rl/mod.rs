@@ -60,6 +60,107 @@ impl Algorithm {
     }
 }
 
+/// The RL framework a plan is searched and priced for, where its mechanics differ
+/// (`None` in [`RlSearch::framework`]: neither's, as NeMo RL's published runs are
+/// priced). Each difference is named where it is priced ([`search::evaluate`],
+/// [`search::plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RlFramework {
+    Verl,
+    Rlinf,
+}
+
+impl RlFramework {
+    /// The training layouts the framework's Megatron backend can load and run:
+    /// RLinf converts a Hugging Face checkpoint with even pipeline stages only and
+    /// writes no virtual-pipeline chunks (its converter's `vpp` schedule raises,
+    /// rlinf/utils/ckpt_convertor/megatron_convertor/convert_middle_file_to_mg.py:102-103 at
+    /// [`constants::RLINF_COMMIT`]; `num_layers % PP` is asserted,
+    /// rlinf/config.py:1604-1608); verl's Megatron bridge turns sequence parallelism
+    /// on wherever TP > 1 (its default `vanilla_mbridge` path: mbridge
+    /// mbridge/core/llm_bridge.py:78 at 10cb17f, `"sequence_parallel": tp_size > 1`),
+    /// so a plan without it would not run as priced.
+    pub fn restrict(self, mut space: crate::search::SearchSpace) -> crate::search::SearchSpace {
+        match self {
+            RlFramework::Rlinf => {
+                space.vpp = Some(vec![1]);
+                space.even_layers = true;
+            }
+            RlFramework::Verl => space.sp = Some(vec![true]),
+        }
+        space
+    }
+
+    /// RLinf's name for the actor's architecture (`rollout.model.model_type`),
+    /// which picks its checkpoint converter and weight resharding: the reasoning
+    /// path reshards only these (`get_pp_reshard_fn`,
+    /// rlinf/utils/resharding/utils.py:60-73), keyed by the Hugging Face
+    /// `model_type` ([`ModelSpec::hf_model_type`]).
+    pub fn rlinf_model_type(model: &ModelSpec) -> Option<&'static str> {
+        match model.hf_model_type.as_deref()? {
+            "qwen2" => Some("qwen2.5"),
+            "qwen3" => Some("qwen3"),
+            "qwen3_moe" => Some("qwen3_moe"),
+            "deepseek_v3" => Some("deepseek_v3"),
+            _ => None,
+        }
+    }
+
+    /// What the framework cannot run at all, whatever the layout.
+    pub fn check(self, w: &RlWorkload) -> Result<(), RlError> {
+        let refuse = |reason: String| {
+            Err(RlError::Framework {
+                framework: self.label(),
+                reason,
+            })
+        };
+        match self {
+            RlFramework::Rlinf => {
+                if w.reward.is_some() {
+                    // reward_worker.py:68-69 raises NotImplementedError.
+                    return refuse("its reasoning reward worker has no learned reward model (rlinf/workers/reward/reward_worker.py:68-69); drop --reward".into());
+                }
+                if w.epochs > 1 {
+                    return refuse(format!("it steps once per mini-batch with no epoch loop (rlinf/workers/megatron_worker.py:158); --epochs {} cannot be run", w.epochs));
+                }
+                for (role, m) in [("actor", Some(&w.actor)), ("critic", w.critic.as_ref())] {
+                    if let Some(m) = m {
+                        if Self::rlinf_model_type(m).is_none() {
+                            return refuse(format!("its Megatron path converts and reshards Qwen2.5, Qwen3, Qwen3-MoE and DeepSeek-V3 checkpoints only (rlinf/utils/resharding/utils.py:60-73); the {role} {} is {}", m.name, m.hf_model_type.as_deref().map_or("of no named architecture (give its Hugging Face config.json)".to_string(), |t| format!("a {t} model"))));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            RlFramework::Verl => Ok(()),
+        }
+    }
+
+    /// The framework as its project spells it.
+    pub fn label(self) -> &'static str {
+        match self {
+            RlFramework::Verl => "verl",
+            RlFramework::Rlinf => "RLinf",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RlFramework> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "verl" => Some(RlFramework::Verl),
+            "rlinf" => Some(RlFramework::Rlinf),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RlFramework::Verl => "verl",
+            RlFramework::Rlinf => "rlinf",
+        }
+    }
+}
+
 /// Token lengths of one iteration. The mean sets the work; the longest response
 /// sets how long a synchronous rollout runs after the batch has drained.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -183,6 +284,11 @@ pub enum RlError {
     NoSplit { gpus: u64, per_node: u64 },
     #[error("no RL plan fits: {reason}")]
     NothingFits { reason: String },
+    #[error("{framework}: {reason}")]
+    Framework {
+        framework: &'static str,
+        reason: String,
+    },
 }
 
 /// Why one RL configuration was not kept: data, counted by the search.

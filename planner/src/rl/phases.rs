@@ -9,7 +9,7 @@
 //! log-probability micro-batch's logits (BF16 logits, an FP32 copy and the FP32
 //! log-softmax, `vocab / tp` wide) and the reserve.
 
-use super::{Reject, RlWorkload};
+use super::{Reject, RlFramework, RlWorkload};
 use crate::banded::estimate_with;
 use crate::config::{Layout, Overlap, ParallelConfig, Recompute, RecomputeModules, Workload, Zero};
 use crate::cost::{Assumptions, Estimate, LossKernel};
@@ -87,6 +87,38 @@ pub struct TrainSide {
     pub logprob_mbs: u64,
     /// Peak bytes per GPU of a forward pass (model state resident, logits).
     pub forward_bytes: f64,
+    /// Tokens of one training micro-batch per data-parallel rank: the frameworks
+    /// form micro-batches by a token budget (verl `ppo_max_token_len_per_gpu`,
+    /// RLinf `max_tokens_per_mbs`), which must admit the longest sequence. The time
+    /// is priced at the mean; the memory at this budget ([`token_budget`]).
+    pub train_tokens: u64,
+    /// Tokens of one log-probability micro-batch (the same rule).
+    pub logprob_tokens: u64,
+    /// Peak bytes per GPU of a training micro-batch at `train_tokens`.
+    pub train_bytes: f64,
+    /// Bytes per GPU of the critic's weights and optimizer state (PPO), which leave
+    /// HBM between its own passes (offloaded in either placement).
+    pub critic_state_bytes: f64,
+    /// Bytes per GPU of the reward model's weights (a learned reward), likewise.
+    pub reward_weight_bytes: f64,
+}
+
+/// The tokens of a micro-batch of `mbs` sequences. verl and RLinf, as exported,
+/// form micro-batches by a token budget (verl `use_dynamic_bsz` with
+/// `ppo_max_token_len_per_gpu`, RLinf `enable_dynamic_batch_size` with
+/// `max_tokens_per_mbs`): what `mbs` mean sequences give, raised to the longest
+/// sequence (a budget below it could not hold that sequence at all), in whole
+/// 64-token blocks. Without a framework (a published run's stated configuration)
+/// the micro-batch is `mbs` mean sequences, as priced before budgets.
+pub fn token_budget(w: &RlWorkload, mbs: u64, framework: Option<RlFramework>) -> u64 {
+    let mean = w.lengths.sequence_mean().div_ceil(64) * 64;
+    match framework {
+        Some(_) => {
+            let longest = w.lengths.prompt_max + w.lengths.response_max;
+            (mbs * mean).max(longest.div_ceil(64) * 64)
+        }
+        None => mbs * mean,
+    }
 }
 
 impl TrainSide {
@@ -123,12 +155,29 @@ pub fn train_side(
     w: &RlWorkload,
     cluster: &Cluster,
     cfg: &ParallelConfig,
+    framework: Option<RlFramework>,
 ) -> Result<TrainSide, Reject> {
     let tw = train_workload(w);
     let e = estimate_with(&w.actor, cluster, &tw, cfg, assumptions()).map_err(Reject::Training)?;
     let steps = (w.mini_batches * w.epochs) as f64;
     let batches = w.mini_batches as f64;
     let fwd = forward_of(&e) * batches;
+    // The memory of a micro-batch at the token budget: the same layout with each
+    // sequence as long as the budget's share (the mean-length workload's memory is
+    // what a micro-batch of mean sequences needs, not the longest one's).
+    let train_tokens = token_budget(w, cfg.mbs, framework);
+    let train_bytes = if train_tokens > cfg.mbs * tw.seq {
+        let peak = Workload {
+            seq: train_tokens.div_ceil(cfg.mbs).div_ceil(64) * 64,
+            ..tw
+        };
+        estimate_with(&w.actor, cluster, &peak, cfg, assumptions())
+            .map_err(Reject::Training)?
+            .memory
+            .total
+    } else {
+        e.memory.total
+    };
     let mut side = TrainSide {
         config: cfg.clone(),
         actor_train_secs: e.step_secs * steps,
@@ -139,38 +188,56 @@ pub fn train_side(
         reward_secs: 0.0,
         logprob_mbs: 1,
         forward_bytes: 0.0,
+        train_tokens,
+        logprob_tokens: 0,
+        train_bytes,
+        critic_state_bytes: 0.0,
+        reward_weight_bytes: 0.0,
         estimate: e,
     };
     if let Some(critic) = &w.critic {
         let c = other(critic, "critic", cluster, &tw, cfg)?;
         side.critic_train_secs = c.step_secs * steps;
         side.values_secs = forward_of(&c) * batches;
+        side.critic_state_bytes = c.memory.weights + c.memory.optimizer;
     }
     if let Some(reward) = &w.reward {
         let r = other(reward, "reward model", cluster, &tw, cfg)?;
         side.reward_secs = forward_of(&r) * batches;
+        side.reward_weight_bytes = r.memory.weights;
     }
     let capacity = cluster.profile.capacity_bytes();
     let m = &side.estimate.memory;
-    let state = m.weights + m.gradients + m.optimizer + m.reserve;
+    // verl's reference policy is a second model in the actor's process; its
+    // weights count beside the log-probability pass (search::evaluate).
+    let reference = if framework == Some(RlFramework::Verl) && w.reference {
+        m.weights
+    } else {
+        0.0
+    };
+    let state = m.weights + m.gradients + m.optimizer + m.reserve + reference;
     let per_rank = (w.sequences() / (cfg.dp * cfg.cp).max(1)).max(1);
-    let logits_per_seq = (w.lengths.sequence_mean() / cfg.cp) as f64
-        * (w.actor.vocab / cfg.tp) as f64
-        * (2.0 + 4.0 + 4.0);
+    // Logits of a micro-batch at its token budget (the longest sequence at least).
+    let logits = |b: u64| {
+        (token_budget(w, b, framework) / cfg.cp) as f64
+            * (w.actor.vocab / cfg.tp) as f64
+            * (2.0 + 4.0 + 4.0)
+    };
     let fit = LOGPROB_MBS
         .iter()
         .copied()
         .filter(|&b| b <= per_rank)
-        .find(|&b| state + b as f64 * logits_per_seq <= capacity);
+        .find(|&b| state + logits(b) <= capacity);
     match fit {
         Some(b) => {
             side.logprob_mbs = b;
-            side.forward_bytes = state + b as f64 * logits_per_seq;
+            side.logprob_tokens = token_budget(w, b, framework);
+            side.forward_bytes = state + logits(b);
             Ok(side)
         }
         None => Err(Reject::Memory {
             phase: "log-prob forward",
-            needed_gib: (state + logits_per_seq) / GIB,
+            needed_gib: (state + logits(1)) / GIB,
             capacity_gib: capacity / GIB,
         }),
     }
@@ -209,7 +276,7 @@ mod tests {
     fn rl_forward_passes_cost_less_than_training() {
         let w = grpo("8b");
         let cluster = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
-        let s = train_side(&w, &cluster, &fixed_config(2, 1, 1, 1, 32)).unwrap();
+        let s = train_side(&w, &cluster, &fixed_config(2, 1, 1, 1, 32), None).unwrap();
         assert!(s.old_logprob_secs > 0.0);
         assert!(s.old_logprob_secs < s.actor_train_secs / 2.0);
         assert_eq!(s.reference_secs, s.old_logprob_secs);
@@ -221,10 +288,10 @@ mod tests {
         let mut w = grpo("8b");
         let cluster = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
         let cfg = fixed_config(2, 1, 1, 1, 32);
-        let g = train_side(&w, &cluster, &cfg).unwrap();
+        let g = train_side(&w, &cluster, &cfg, None).unwrap();
         w.algorithm = Algorithm::Ppo;
         w.critic = Some(w.actor.clone());
-        let p = train_side(&w, &cluster, &cfg).unwrap();
+        let p = train_side(&w, &cluster, &cfg, None).unwrap();
         assert!(p.train_secs() > 1.9 * g.train_secs());
         assert!(p.values_secs > 0.0);
     }

@@ -12,8 +12,8 @@ use super::constants::MAX_MEMORY_FRACTION;
 use super::phases::{assumptions, train_side, train_workload, TrainSide};
 use super::reshard;
 use super::rollout::{rollout_cost, RolloutCost, RolloutLayout};
-use super::{Reject, RlError, RlWorkload};
-use crate::config::{divisors, ParallelConfig, Recompute, Zero};
+use super::{Reject, RlError, RlFramework, RlWorkload};
+use crate::config::{divisors, ParallelConfig, Recompute, Workload, Zero};
 use crate::hardware::{Cluster, HardwareProfile, GIB};
 use crate::schedule::Schedule;
 use crate::search::{search, SearchSpace};
@@ -106,6 +106,8 @@ pub struct RlSearch {
     /// Training layouts kept from each training search.
     pub layouts: usize,
     pub top: usize,
+    /// The framework the plans are for (its mechanics priced, its limits kept).
+    pub framework: Option<RlFramework>,
 }
 
 impl Default for RlSearch {
@@ -117,6 +119,7 @@ impl Default for RlSearch {
             space: default_space(),
             layouts: 3,
             top: 10,
+            framework: None,
         }
     }
 }
@@ -142,6 +145,8 @@ pub struct RlResult {
     pub best_colocated: Option<RlPlan>,
     pub best_disaggregated: Option<RlPlan>,
     pub evaluated: u64,
+    /// The placements searched (the request's, less what the framework cannot run).
+    pub placements: Vec<PlacementKind>,
     pub rejected: BTreeMap<&'static str, u64>,
     /// An example reason per rejection kind.
     pub reasons: BTreeMap<&'static str, String>,
@@ -151,6 +156,29 @@ pub struct RlResult {
 /// the run states it (vLLM's `gpu_memory_utilization`, SGLang's `mem_fraction_static`);
 /// `None` derives it: what the resident training state leaves, at most
 /// [`MAX_MEMORY_FRACTION`].
+///
+/// Where the frameworks differ (`framework`):
+/// - verl keeps the reference policy as a second Megatron model in the actor's
+///   process whose parameters are offloaded only with the actor's
+///   (`ref.megatron.param_offload` follows `actor.megatron.param_offload`,
+///   verl/trainer/config/ref/megatron_ref.yaml:27 at [`VERL`]): resident in every
+///   phase unless the parameters are offloaded, and then moved in and out once an
+///   iteration. It frees the actor's gradient buffer only on the parameter-offload
+///   path (`offload_megatron_model_to_cpu`, verl/utils/megatron_utils.py:432-435,
+///   called only under `_is_offload_param`, verl/workers/megatron_workers.py:595),
+///   so without it the FP32 gradients stay beside the engine. Its separate-pool
+///   trainer takes the old log-probabilities from the engine
+///   (`rollout_correction.bypass_mode`,
+///   verl/experimental/one_step_off_policy/ray_trainer.py:545-552): no actor pass.
+/// - RLinf keeps the reference weights in host memory and swaps them into the
+///   actor's model for the reference pass (`cpu_weight_swap`,
+///   rlinf/workers/megatron_worker.py:1243 at [`RLINF`]): the actor's weights out
+///   to host, the reference's in, the actor's back, once an iteration colocated.
+/// - Otherwise (no framework) the reference is priced as a forward pass only.
+///
+/// [`VERL`]: crate::rl::constants::VERL_COMMIT
+/// [`RLINF`]: crate::rl::constants::RLINF_COMMIT
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     w: &RlWorkload,
     hw: &HardwareProfile,
@@ -159,13 +187,21 @@ pub fn evaluate(
     rollout_tp: u64,
     offload_params: bool,
     memory_fraction: Option<f64>,
+    framework: Option<RlFramework>,
 ) -> Result<RlPlan, Reject> {
     let capacity = hw.capacity_bytes();
     let m = &side.estimate.memory;
     let colocated = placement.kind == PlacementKind::Colocated;
+    let verl = framework == Some(RlFramework::Verl);
+    // verl's reference weights, when they stay in HBM (every phase).
+    let reference_resident = if verl && w.reference && !(colocated && offload_params) {
+        m.weights
+    } else {
+        0.0
+    };
     // Colocated, the engine gets what the resident training state leaves.
     let resident = if colocated && !offload_params {
-        m.weights
+        m.weights + reference_resident + if verl { m.gradients } else { 0.0 }
     } else {
         0.0
     };
@@ -180,10 +216,20 @@ pub fn evaluate(
     let cfg = &side.config;
     let (reshard, offload) = if colocated {
         // The gradient buffer is freed, not copied; the engine's weights go out
-        // when it sleeps and come back when it wakes (reshard.rs).
-        let mut moved = m.optimizer + rollout.weight_bytes_per_gpu;
+        // when it sleeps and come back when it wakes (reshard.rs). The critic's
+        // and the reward model's state leave HBM while the engines generate.
+        let mut moved = m.optimizer
+            + rollout.weight_bytes_per_gpu
+            + side.critic_state_bytes
+            + side.reward_weight_bytes;
         if offload_params {
             moved += m.weights;
+            if verl && w.reference {
+                moved += m.weights;
+            }
+        }
+        if framework == Some(RlFramework::Rlinf) && w.reference {
+            moved += 3.0 * m.weights;
         }
         (
             reshard::colocated_secs(&w.actor, hw, cfg, rollout_tp),
@@ -198,9 +244,22 @@ pub fn evaluate(
             placement.rollout_gpus,
             rollout_tp,
         );
-        (secs, 0.0)
+        // The critic's and the reward model's state leave HBM between their own
+        // passes here too (the exports offload them), so that the actor's passes
+        // have the pool's memory.
+        let others = side.critic_state_bytes + side.reward_weight_bytes;
+        let offload = if others > 0.0 {
+            reshard::offload_secs(hw, others)
+        } else {
+            0.0
+        };
+        (secs, offload)
     };
-    let forward = side.forward_secs();
+    let forward = if verl && !colocated {
+        side.forward_secs() - side.old_logprob_secs
+    } else {
+        side.forward_secs()
+    };
     let training = side.train_secs();
     let iteration = if colocated {
         rollout.secs + reshard + offload + forward + training
@@ -217,11 +276,12 @@ pub fn evaluate(
         },
         PhaseMemory {
             phase: "forward",
+            // verl's reference weights are in the pass's own peak (phases::train_side).
             bytes: side.forward_bytes,
         },
         PhaseMemory {
             phase: "training",
-            bytes: m.total,
+            bytes: side.train_bytes + reference_resident,
         },
     ];
     for p in &memory {
@@ -281,6 +341,7 @@ fn layouts(
     hw: &HardwareProfile,
     gpus: u64,
     s: &RlSearch,
+    space: &SearchSpace,
     tally: &mut Tally,
 ) -> Vec<TrainSide> {
     let cluster = match Cluster::new(hw.clone(), gpus) {
@@ -291,21 +352,78 @@ fn layouts(
         }
     };
     let tw = train_workload(w);
-    let found = search(&w.actor, &cluster, &tw, &s.space, s.layouts);
-    let mut out = Vec::new();
-    for c in found.top {
-        match train_side(w, &cluster, &c.config) {
-            Ok(side) => out.push(side),
-            Err(r) => tally.reject(&r),
+    // The fastest layouts at the mean sequence, then, if too few hold a
+    // micro-batch at its framework's token budget, the fastest one-sequence micro-batches
+    // that hold the longest sequence (for those the budget is that sequence, so
+    // the search's own memory check is the budget's).
+    let found = search(&w.actor, &cluster, &tw, space, 4 * s.layouts);
+    let mut valid = found.valid;
+    let mut out: Vec<TrainSide> = Vec::new();
+    let keep = |configs: Vec<ParallelConfig>, out: &mut Vec<TrainSide>, tally: &mut Tally| {
+        for c in configs {
+            if out.len() >= s.layouts {
+                break;
+            }
+            if out.iter().any(|o| o.config == c) {
+                continue;
+            }
+            match train_side(w, &cluster, &c, s.framework) {
+                Ok(side) => out.push(side),
+                Err(r) => tally.reject(&r),
+            }
         }
+    };
+    keep(
+        found.top.into_iter().map(|c| c.config).collect(),
+        &mut out,
+        tally,
+    );
+    if out.len() < s.layouts && s.framework.is_some() {
+        let longest = (w.lengths.prompt_max + w.lengths.response_max).div_ceil(64) * 64;
+        let tail = Workload {
+            seq: longest,
+            ..tw.clone()
+        };
+        let one = SearchSpace {
+            mbs: vec![1],
+            ..space.clone()
+        };
+        let found = search(&w.actor, &cluster, &tail, &one, s.layouts);
+        valid += found.valid;
+        keep(
+            found.top.into_iter().map(|c| c.config).collect(),
+            &mut out,
+            tally,
+        );
     }
-    if out.is_empty() && found.valid == 0 {
+    if out.is_empty() && valid == 0 {
         tally.note(
             "training layout",
             format!("no training layout of {} fits on {gpus} GPUs", w.actor.name),
         );
     }
     out
+}
+
+/// The training space for rollout engines of TP `rollout_tp`: RLinf reshards the
+/// actor's TP shards into the engine's and needs the engine's TP to divide the
+/// actor's (`ReshardConfig.__post_init__`,
+/// rlinf/utils/resharding/reshard_config.py:77-82), so its training TPs are the
+/// multiples of the engine's; other frameworks gather whole weights and take any.
+fn space_for(s: &RlSearch, rollout_tp: u64, per_node: u64) -> SearchSpace {
+    let mut space = s.space.clone();
+    if s.framework == Some(RlFramework::Rlinf) {
+        let tps: Vec<u64> = match &space.tp {
+            Some(v) => v.clone(),
+            None => divisors(per_node),
+        };
+        space.tp = Some(
+            tps.into_iter()
+                .filter(|t| t.is_multiple_of(rollout_tp))
+                .collect(),
+        );
+    }
+    space
 }
 
 #[derive(Default)]
@@ -352,15 +470,32 @@ pub fn plan(
         .as_deref()
         .map(distinct)
         .unwrap_or_else(|| divisors(per_node.min(hw.node.nvlink_domain)));
-    let s = &RlSearch {
+    let mut s = RlSearch {
         train_gpus: s.train_gpus.as_deref().map(distinct),
         ..s.clone()
     };
+    if let Some(f) = s.framework {
+        f.check(w)?;
+        s.space = f.restrict(s.space);
+    }
+    // RLinf's disaggregated mode computes log-probabilities on a third, separate
+    // inference pool (rlinf/utils/placement.py:254-271, examples/reasoning/main_grpo.py)
+    // that the two-pool placement does not price: colocated only.
+    if s.framework == Some(RlFramework::Rlinf) {
+        if !s.placements.contains(&PlacementKind::Colocated) {
+            return Err(RlError::Framework {
+                framework: RlFramework::Rlinf.label(),
+                reason: "its disaggregated mode runs the log-probability passes on a third GPU pool (inference) that Sextant does not price; plan with --placement colocated".into(),
+            });
+        }
+        s.placements = vec![PlacementKind::Colocated];
+    }
+    let s = &s;
     let mut tally = Tally::default();
     let mut plans = Vec::new();
     let mut try_one = |tally: &mut Tally, p: Placement, side: &TrainSide, tp: u64, off: bool| {
         tally.evaluated += 1;
-        match evaluate(w, hw, p, side, tp, off, None) {
+        match evaluate(w, hw, p, side, tp, off, None, s.framework) {
             Ok(plan) => plans.push(plan),
             Err(r) => tally.reject(&r),
         }
@@ -371,10 +506,27 @@ pub fn plan(
             train_gpus: gpus,
             rollout_gpus: gpus,
         };
-        for side in layouts(w, hw, gpus, s, &mut tally) {
-            for &tp in tps.iter().filter(|&&tp| gpus.is_multiple_of(tp)) {
-                for off in [false, true] {
-                    try_one(&mut tally, p, &side, tp, off);
+        let engine_tps: Vec<u64> = tps
+            .iter()
+            .copied()
+            .filter(|&tp| gpus.is_multiple_of(tp))
+            .collect();
+        // RLinf: one training search per engine TP, over the training TPs it can
+        // reshard from ([`space_for`]); otherwise one search for every engine.
+        let groups: Vec<(SearchSpace, Vec<u64>)> = if s.framework == Some(RlFramework::Rlinf) {
+            engine_tps
+                .iter()
+                .map(|&tp| (space_for(s, tp, per_node), vec![tp]))
+                .collect()
+        } else {
+            vec![(s.space.clone(), engine_tps)]
+        };
+        for (space, engine_tps) in groups {
+            for side in layouts(w, hw, gpus, s, &space, &mut tally) {
+                for &tp in &engine_tps {
+                    for off in [false, true] {
+                        try_one(&mut tally, p, &side, tp, off);
+                    }
                 }
             }
         }
@@ -393,7 +545,7 @@ pub fn plan(
                 train_gpus: t,
                 rollout_gpus: gpus - t,
             };
-            for side in layouts(w, hw, t, s, &mut tally) {
+            for side in layouts(w, hw, t, s, &s.space, &mut tally) {
                 for &tp in tps.iter().filter(|&&tp| (gpus - t).is_multiple_of(tp)) {
                     try_one(&mut tally, p, &side, tp, false);
                 }
@@ -419,6 +571,7 @@ pub fn plan(
         best_colocated,
         best_disaggregated,
         evaluated: tally.evaluated,
+        placements: s.placements.clone(),
         rejected: tally.rejected,
         reasons: tally.reasons,
     })
@@ -445,7 +598,7 @@ pub fn evaluate_stated(
     let nothing = |r: Reject| RlError::NothingFits {
         reason: r.to_string(),
     };
-    let side = train_side(w, &cluster, train).map_err(nothing)?;
+    let side = train_side(w, &cluster, train, None).map_err(nothing)?;
     let placement = Placement {
         kind: if colocated {
             PlacementKind::Colocated
@@ -455,9 +608,19 @@ pub fn evaluate_stated(
         train_gpus,
         rollout_gpus: rollout_gpus.min(gpus),
     };
-    evaluate(w, hw, placement, &side, rollout_tp, false, memory_fraction)
-        .or_else(|_| evaluate(w, hw, placement, &side, rollout_tp, true, memory_fraction))
-        .map_err(nothing)
+    let price = |off: bool| {
+        evaluate(
+            w,
+            hw,
+            placement,
+            &side,
+            rollout_tp,
+            off,
+            memory_fraction,
+            None,
+        )
+    };
+    price(false).or_else(|_| price(true)).map_err(nothing)
 }
 
 #[cfg(test)]
@@ -478,7 +641,7 @@ mod tests {
     use crate::config::Precision;
     use crate::hardware::builtin_profile;
     use crate::presets::resolve;
-    use crate::rl::{Algorithm, Lengths};
+    use crate::rl::{phases, Algorithm, Lengths};
 
     fn workload() -> RlWorkload {
         RlWorkload {
@@ -509,6 +672,151 @@ mod tests {
         s.space.recompute = vec![Recompute::Full];
         s.layouts = 1;
         s
+    }
+
+    fn qwen(w: &mut RlWorkload) {
+        // RLinf names the architecture by its Hugging Face model_type.
+        w.actor.hf_model_type = Some("qwen3".into());
+    }
+
+    /// RLinf plans are colocated, without virtual stages, with even stages and an
+    /// engine TP dividing the actor's; the reference's weight swap is priced.
+    #[test]
+    fn rl_rlinf_plans_only_what_it_runs() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let mut w = workload();
+        qwen(&mut w);
+        let mut s = RlSearch {
+            framework: Some(RlFramework::Rlinf),
+            ..RlSearch::default()
+        };
+        s.layouts = 2;
+        let r = plan(&w, &hw, 32, &s).unwrap();
+        assert_eq!(r.placements, vec![PlacementKind::Colocated]);
+        assert!(r.best_disaggregated.is_none());
+        assert!(!r.plans.is_empty());
+        for p in &r.plans {
+            let c = &p.train.config;
+            assert_eq!(c.vpp, 1);
+            assert_eq!(c.layout, crate::config::Layout::Even);
+            assert_eq!(w.actor.layers % c.pp, 0);
+            assert_eq!(c.tp % p.rollout.layout.tp, 0, "{c:?}");
+        }
+        // The same plan priced for no framework moves less through host memory:
+        // RLinf swaps the actor's weights out and the reference's in and back.
+        let p = &r.plans[0];
+        let bare = evaluate(
+            &w,
+            &hw,
+            p.placement,
+            &p.train,
+            p.rollout.layout.tp,
+            p.offload_params,
+            Some(p.memory_fraction),
+            None,
+        )
+        .unwrap();
+        let swap = reshard::offload_secs(&hw, 3.0 * p.train.estimate.memory.weights);
+        assert!(
+            (p.times.offload - bare.times.offload - swap).abs() < 1e-9 * p.times.offload.max(1.0)
+        );
+        // Only colocated, only what it converts: one clear refusal each.
+        s.placements = vec![PlacementKind::Disaggregated];
+        assert!(matches!(
+            plan(&w, &hw, 32, &s),
+            Err(RlError::Framework { .. })
+        ));
+        s.placements = vec![PlacementKind::Colocated];
+        let mut llama = workload();
+        llama.actor.hf_model_type = Some("llama".into());
+        let e = plan(&llama, &hw, 32, &s).unwrap_err().to_string();
+        assert!(e.contains("a llama model"), "{e}");
+        let mut two = w.clone();
+        two.epochs = 2;
+        assert!(plan(&two, &hw, 32, &s).is_err());
+        let mut rm = w.clone();
+        rm.reward = Some(w.actor.clone());
+        assert!(plan(&rm, &hw, 32, &s)
+            .unwrap_err()
+            .to_string()
+            .contains("reward"));
+    }
+
+    /// verl keeps the reference's weights and, without the parameter offload, the
+    /// FP32 gradients beside the engine; its separate pools run no old
+    /// log-probability pass.
+    #[test]
+    fn rl_verl_prices_what_stays_in_hbm() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let w = workload();
+        let s = RlSearch {
+            framework: Some(RlFramework::Verl),
+            ..small_search()
+        };
+        let r = plan(&w, &hw, 32, &s).unwrap();
+        let c = r.best_colocated.unwrap();
+        let m = &c.train.estimate.memory;
+        let price = |off: bool, f: Option<RlFramework>, p: &RlPlan| {
+            evaluate(
+                &w,
+                &hw,
+                p.placement,
+                &p.train,
+                p.rollout.layout.tp,
+                off,
+                None,
+                f,
+            )
+            .unwrap()
+        };
+        let (bare, verl) = (
+            price(false, None, &c),
+            price(false, Some(RlFramework::Verl), &c),
+        );
+        let rollout = |p: &RlPlan| p.memory[0].bytes;
+        let training = |p: &RlPlan| p.memory[2].bytes;
+        // The engine gets what stays less: the reference's weights and the gradients.
+        let resident = (bare.memory_fraction - verl.memory_fraction) * hw.hbm_bytes();
+        assert!(verl.memory_fraction < 0.9 && (resident - m.weights - m.gradients).abs() < 1.0);
+        assert!((training(&verl) - training(&bare) - m.weights).abs() < 1.0);
+        // With the parameters offloaded the reference goes too: nothing stays, and
+        // its weights move in and out.
+        let (bare, verl) = (
+            price(true, None, &c),
+            price(true, Some(RlFramework::Verl), &c),
+        );
+        assert_eq!(rollout(&verl), rollout(&bare));
+        assert!(verl.times.offload > bare.times.offload);
+        let d = r.best_disaggregated.unwrap();
+        let (bare, verl) = (
+            price(false, None, &d),
+            price(false, Some(RlFramework::Verl), &d),
+        );
+        assert!((bare.times.forward - verl.times.forward - d.train.old_logprob_secs).abs() < 1e-9);
+    }
+
+    /// A micro-batch's token budget holds the longest sequence, and the
+    /// frameworks' training memory is checked at it.
+    #[test]
+    fn rl_token_budget_holds_the_longest_sequence() {
+        let w = workload();
+        assert_eq!(phases::token_budget(&w, 1, None), 1536);
+        assert_eq!(phases::token_budget(&w, 1, Some(RlFramework::Verl)), 5120);
+        assert_eq!(phases::token_budget(&w, 4, Some(RlFramework::Verl)), 6144);
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let cluster = Cluster::new(hw, 32).unwrap();
+        let cfg = phases::fixed_config(2, 1, 1, 1, 16);
+        let bare = train_side(&w, &cluster, &cfg, None).unwrap();
+        let verl = train_side(&w, &cluster, &cfg, Some(RlFramework::Verl)).unwrap();
+        assert_eq!(bare.train_bytes, bare.estimate.memory.total);
+        assert!(verl.train_bytes > bare.train_bytes);
+        assert_eq!(verl.train_tokens, 5120);
+        assert!(verl.logprob_tokens >= 5120);
+        assert_eq!(
+            verl.logprob_tokens,
+            phases::token_budget(&w, verl.logprob_mbs, Some(RlFramework::Verl))
+        );
+        assert_eq!(verl.actor_train_secs, bare.actor_train_secs);
     }
 
     #[test]

@@ -181,6 +181,7 @@ fn shape_model(
         qk_norm: false,
         yarn_attention_factor: None,
         mtp_layers: 0,
+        hf_model_type: None,
     })
 }
 

@@ -57,6 +57,7 @@ fn model() -> impl Strategy<Value = ModelSpec> {
                 qk_norm: false,
                 yarn_attention_factor: None,
                 mtp_layers: 0,
+                hf_model_type: None,
             }
         })
 }
