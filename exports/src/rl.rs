@@ -197,6 +197,14 @@ pub fn verl(x: &RlExport) -> Result<String, ExportError> {
         s,
         "# then give the checkpoint paths marked ??? (Hydra will not start without them) and your data files."
     );
+    if p.rollout.layout.tp > per_node {
+        // verl/workers/rollout/vllm_rollout/vllm_async_server.py:717-721.
+        let _ = writeln!(
+            s,
+            "# The engines' TP {} spans nodes: verl asserts vLLM >= 0.11.1 for that.",
+            p.rollout.layout.tp
+        );
+    }
     if !colocated {
         // What one_step_off_ppo_megatron_trainer.yaml sets over ppo_megatron_trainer
         // (Hydra takes a search path from the primary config only, so it is
