@@ -384,7 +384,7 @@ pub fn side_by_side(
         ("tokens/s/GPU", |p| {
             format!("{:.0}", p.tokens_per_sec_per_gpu)
         }),
-        ("memory GiB roll/fwd/train", |p| {
+        ("memory GiB roll/fwd/train(/critic)", |p| {
             let m: Vec<String> = p.memory.iter().map(|m| gib(m.bytes)).collect();
             m.join(" / ")
         }),
@@ -432,7 +432,7 @@ pub fn ranked(plans: &[RlPlan]) -> String {
         "reshard",
         "fwd",
         "train",
-        "mem GiB roll/fwd/train"
+        "mem GiB roll/fwd/train(/critic)"
     );
     for (i, p) in plans.iter().enumerate() {
         let m: Vec<String> = p.memory.iter().map(|m| gib(m.bytes)).collect();

@@ -281,7 +281,11 @@ pub fn verl(x: &RlExport) -> Result<String, ExportError> {
             per_gpu(p.train.train_tokens),
             per_gpu(p.train.logprob_tokens)
         );
-        let _ = writeln!(s, "  model:\n    path: ???");
+        let _ = writeln!(
+            s,
+            "  model:\n    path: ???  # {}",
+            quote::comment(w.critic.as_ref().map_or("", |m| m.name.as_str()))
+        );
         // The critic trains on the actor's layout, its state offloaded between its
         // own passes (in either placement), as priced.
         let _ = writeln!(s, "  megatron:");
@@ -295,16 +299,28 @@ pub fn verl(x: &RlExport) -> Result<String, ExportError> {
     if w.reward.is_some() {
         // The Megatron forward on the actor's layout that was priced, not verl's
         // default reward loop (a vLLM server, reward_model.use_reward_loop).
+        // Its forward runs on the actor's groups, so it states the actor's layout
+        // and the log-probability pass's token budget (per CP rank, which the
+        // reward worker multiplies by its own CP: reward_model.py:143-156).
         let _ = writeln!(
             s,
             "reward_model:\n  enable: true\n  use_reward_loop: false\n  strategy: megatron\n  micro_batch_size_per_gpu: {}",
             p.train.logprob_mbs
         );
-        let _ = writeln!(s, "  model:\n    path: ???");
         let _ = writeln!(
             s,
-            "  megatron:\n    param_offload: true\n    tensor_model_parallel_size: {}\n    pipeline_model_parallel_size: {}",
-            cfg.tp, cfg.pp
+            "  use_dynamic_bsz: true\n  forward_max_token_len_per_gpu: {}",
+            per_gpu(p.train.logprob_tokens)
+        );
+        let _ = writeln!(
+            s,
+            "  model:\n    path: ???  # {}",
+            quote::comment(w.reward.as_ref().map_or("", |m| m.name.as_str()))
+        );
+        let _ = writeln!(
+            s,
+            "  megatron:\n    param_offload: true\n    tensor_model_parallel_size: {}\n    pipeline_model_parallel_size: {}\n    context_parallel_size: {}",
+            cfg.tp, cfg.pp, cfg.cp
         );
     }
     let adv = match w.algorithm {
@@ -393,6 +409,9 @@ pub fn rlinf(x: &RlExport) -> Result<String, ExportError> {
     )?;
     let model_section = reindented_section(&lines, "  model:", 4, 4);
     let optim_section = reindented_section(&lines, "  optim:", 4, 4);
+    // The actor's checkpoint is converted by Megatron-Bridge from the Hugging Face
+    // files (megatron_model_manager.py:211-217; as the moonlight example does),
+    // not by RLinf's converter, whose entry the example names for its own model.
     insert_after(
         &mut lines,
         "actor:",
@@ -400,6 +419,8 @@ pub fn rlinf(x: &RlExport) -> Result<String, ExportError> {
             "  offload_optimizer: true".to_string(),
             format!("  offload_weight: {}", p.offload_params),
             "  offload_grad: true".to_string(),
+            "  megatron:".to_string(),
+            "    mbridge: true".to_string(),
         ],
         t,
     )?;
@@ -464,6 +485,23 @@ pub fn rlinf(x: &RlExport) -> Result<String, ExportError> {
         let _ = writeln!(
             s,
             "critic:\n  use_critic_model: true\n  training_backend: megatron\n  offload_optimizer: true\n  offload_weight: true\n  offload_grad: true"
+        );
+        // The critic (a value head, which Megatron-Bridge's path does not build)
+        // goes through RLinf's converter: its entry for the critic's shape.
+        let entry = w
+            .critic
+            .as_ref()
+            .and_then(RlFramework::rlinf_converter_entry)
+            .ok_or_else(|| {
+                cannot(
+                    t,
+                    "RLinf's checkpoint converter has no entry for the critic's shape",
+                )
+            })?;
+        let _ = writeln!(
+            s,
+            "  megatron:\n    ckpt_convertor:\n      model: {}",
+            quote::double_quoted(entry)
         );
         let _ = writeln!(s, "  model:");
         for l in &model_section {

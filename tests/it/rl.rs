@@ -561,6 +561,13 @@ fn rl_plan_names_the_placement_it_did_not_search() {
     );
 }
 
+/// Every one of `lines` is in `y`.
+fn has_lines(y: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(y.contains(line), "{line:?}: {y}");
+    }
+}
+
 /// The exported YAML of an `rl-plan --emit` run (from its header comment on).
 fn emitted(model: &str, gpus: &str, extra: &[&str], fw: &str) -> String {
     let mut a = bar_args(model, gpus);
@@ -578,17 +585,18 @@ fn emitted(model: &str, gpus: &str, extra: &[&str], fw: &str) -> String {
 #[test]
 fn rl_verl_export_starts_and_runs_what_was_priced() {
     let y = emitted("qwen3-30b-a3b", "128", &[], "verl");
-    for line in [
-        "defaults:\n  - ppo_megatron_trainer\n  - _self_\n",
-        "    path: ???",
-        "  hybrid_engine: true\n",
-        "    use_dynamic_bsz: true\n",
-        "    log_prob_use_dynamic_bsz: true\n",
-        // prompt 2048 + response 16384
-        "    max_model_len: 18432\n",
-    ] {
-        assert!(y.contains(line), "{line:?}: {y}");
-    }
+    has_lines(
+        &y,
+        &[
+            "defaults:\n  - ppo_megatron_trainer\n  - _self_\n",
+            "    path: ???",
+            "  hybrid_engine: true\n",
+            "    use_dynamic_bsz: true\n",
+            "    log_prob_use_dynamic_bsz: true\n",
+            // prompt 2048 + response 16384
+            "    max_model_len: 18432\n",
+        ],
+    );
     let num = |key: &str| -> u64 {
         let l = y.lines().find(|l| l.trim_start().starts_with(key)).unwrap();
         l.split(':').nth(1).unwrap().trim().parse().unwrap()
@@ -602,28 +610,31 @@ fn rl_verl_export_starts_and_runs_what_was_priced() {
         &["--placement", "disaggregated"],
         "verl",
     );
-    for line in [
-        "hydra:\n  searchpath:\n    - file://verl/trainer/config\n",
-        "  hybrid_engine: false\n",
-        "    calculate_log_probs: true\n",
-        "    bypass_mode: true\n",
-        "verl.experimental.one_step_off_policy.main_ppo",
-    ] {
-        assert!(d.contains(line), "{line:?}: {d}");
-    }
+    has_lines(
+        &d,
+        &[
+            "hydra:\n  searchpath:\n    - file://verl/trainer/config\n",
+            "  hybrid_engine: false\n",
+            "    calculate_log_probs: true\n",
+            "    bypass_mode: true\n",
+            "verl.experimental.one_step_off_policy.main_ppo",
+        ],
+    );
     let ppo = emitted(
         "8b",
         "64",
         &["--algorithm", "ppo", "--critic", "8b", "--reward", "8b"],
         "verl",
     );
-    for line in [
-        "  use_reward_loop: false\n",
-        "critic:\n",
-        "  megatron:\n    param_offload: true\n    grad_offload: true\n    optimizer_offload: true\n",
-    ] {
-        assert!(ppo.contains(line), "{line:?}: {ppo}");
-    }
+    has_lines(
+        &ppo,
+        &[
+            "  use_reward_loop: false\n",
+            "  forward_max_token_len_per_gpu: ",
+            "critic:\n",
+            "  megatron:\n    param_offload: true\n    grad_offload: true\n    optimizer_offload: true\n",
+        ],
+    );
     let ds = emitted("deepseek-v3", "256", &["--rollout-tp", "32"], "verl");
     assert!(
         ds.contains("    mtp:\n      enable: true\n      enable_train: true\n"),
@@ -638,16 +649,17 @@ fn rl_verl_export_starts_and_runs_what_was_priced() {
 #[test]
 fn rl_rlinf_export_overlays_its_example_and_refuses_what_it_cannot_run() {
     let y = emitted("qwen3-30b-a3b", "128", &[], "rlinf");
-    for line in [
-        "defaults:\n  - qwen3-30b-grpo-megatron\n  - _self_\n",
-        "    actor,rollout,reward: 0-127\n",
-        "    model_type: qwen3_moe\n",
-        "  enable_dynamic_batch_size: true\n",
-        "  kl_beta: 0.001",
-        "    virtual_pipeline_model_parallel_size: null\n",
-    ] {
-        assert!(y.contains(line), "{line:?}: {y}");
-    }
+    has_lines(
+        &y,
+        &[
+            "defaults:\n  - qwen3-30b-grpo-megatron\n  - _self_\n",
+            "    actor,rollout,reward: 0-127\n",
+            "    model_type: qwen3_moe\n",
+            "  enable_dynamic_batch_size: true\n",
+            "  kl_beta: 0.001",
+            "    virtual_pipeline_model_parallel_size: null\n",
+        ],
+    );
     let tp = |key: &str, y: &str| -> u64 {
         let l = y.lines().find(|l| l.trim_start().starts_with(key)).unwrap();
         l.split(':').nth(1).unwrap().trim().parse().unwrap()
@@ -658,18 +670,27 @@ fn rl_rlinf_export_overlays_its_example_and_refuses_what_it_cannot_run() {
     );
     let qwen3 = format!("{}/tests/data/hf/qwen3-8b.json", env!("CARGO_MANIFEST_DIR"));
     let small = emitted(&qwen3, "4", &["--no-reference"], "rlinf");
-    for line in [
-        "    actor,rollout,reward: 0-3\n",
-        "  kl_beta: 0.0\n",
-        "model_type: qwen3\n",
-    ] {
-        assert!(small.contains(line), "{line:?}: {small}");
-    }
+    has_lines(
+        &small,
+        &[
+            "    actor,rollout,reward: 0-3\n",
+            "  kl_beta: 0.0\n",
+            "model_type: qwen3\n",
+        ],
+    );
     for (extra, needle) in [
         (vec!["--model", "8b"], "a llama model"),
         (vec!["--reward", "qwen3-30b-a3b"], "learned reward model"),
         (vec!["--epochs", "2"], "no epoch loop"),
         (vec!["--placement", "disaggregated"], "third GPU pool"),
+        (
+            vec!["--algorithm", "ppo", "--critic", "qwen3-30b-a3b"],
+            "mixture-of-experts critic",
+        ),
+        (
+            vec!["--algorithm", "ppo", "--critic", "8b"],
+            "from the actor's checkpoint",
+        ),
     ] {
         let mut a: Vec<String> = vec!["rl-plan".into(), "--gpus".into(), "128".into()];
         if extra[0] != "--model" {

@@ -107,6 +107,47 @@ impl RlFramework {
         }
     }
 
+    /// The entry of RLinf's checkpoint converter that holds `model`'s shape
+    /// (`explict_model` in
+    /// rlinf/utils/ckpt_convertor/megatron_convertor/default_args.yaml at
+    /// [`constants::RLINF_COMMIT`]: its type, layers, heads, KV heads and experts),
+    /// which a model converted without Megatron-Bridge (the PPO critic, whose value
+    /// head Megatron-Bridge's path does not build) must name.
+    pub fn rlinf_converter_entry(model: &ModelSpec) -> Option<&'static str> {
+        // (entry, converter type, layers, heads, KV heads, routed experts, tied
+        // embeddings where the entry sets them: otherwise the checkpoint's own)
+        type Entry = (&'static str, &'static str, u64, u64, u64, u64, Option<bool>);
+        const ENTRIES: [Entry; 14] = [
+            ("DeepSeek-V3", "deepseek_v3", 61, 128, 128, 256, None),
+            ("Qwen2.5-1.5B", "qwen2", 28, 12, 2, 0, Some(true)),
+            ("Qwen2.5-3B", "qwen2", 36, 16, 2, 0, Some(true)),
+            ("Qwen2.5-7B", "qwen2", 28, 28, 4, 0, None),
+            ("qwen_2.5_14b", "qwen2", 48, 40, 8, 0, Some(false)),
+            ("Qwen2.5-32B", "qwen2", 64, 40, 8, 0, None),
+            ("Qwen3-30B-A3B", "qwen3_moe", 48, 32, 4, 128, None),
+            ("Qwen3-0.6B", "qwen3", 28, 16, 8, 0, Some(false)),
+            ("Qwen3-4B", "qwen3", 36, 32, 8, 0, Some(true)),
+            ("Qwen3-8B", "qwen3", 36, 32, 8, 0, Some(false)),
+            ("Qwen3-14B", "qwen3", 40, 40, 8, 0, Some(false)),
+            ("DeepSeek-R1-Distill-Qwen-1.5B", "qwen2", 28, 12, 2, 0, None),
+            ("DeepSeek-R1-Distill-Qwen-7B", "qwen2", 28, 28, 4, 0, None),
+            ("DeepSeek-R1-Distill-Qwen-32B", "qwen2", 64, 40, 8, 0, None),
+        ];
+        let t = model.hf_model_type.as_deref()?;
+        let experts = model.moe.as_ref().map_or(0, |m| m.experts);
+        ENTRIES
+            .iter()
+            .find(|e| {
+                e.1 == t
+                    && e.2 == model.layers
+                    && e.3 == model.heads
+                    && e.4 == model.kv_heads
+                    && e.5 == experts
+                    && e.6.is_none_or(|tied| tied == model.tied_embeddings)
+            })
+            .map(|e| e.0)
+    }
+
     /// What the framework cannot run at all, whatever the layout.
     pub fn check(self, w: &RlWorkload) -> Result<(), RlError> {
         let refuse = |reason: String| {
@@ -124,6 +165,28 @@ impl RlFramework {
                 if w.epochs > 1 {
                     return refuse(format!("it steps once per mini-batch with no epoch loop (rlinf/workers/megatron_worker.py:158); --epochs {} cannot be run", w.epochs));
                 }
+                if let Some(c) = &w.critic {
+                    // Its critic is built from the rollout's checkpoint: the actor's
+                    // shape (rlinf/config.py:1559-1561).
+                    if c.layers != w.actor.layers
+                        || c.hidden != w.actor.hidden
+                        || c.heads != w.actor.heads
+                        || c.moe.is_some() != w.actor.moe.is_some()
+                    {
+                        return refuse(format!("it builds the critic from the actor's checkpoint (rlinf/config.py:1559-1561), not {}; give --critic with the actor's name", c.name));
+                    }
+                    if c.moe.is_some() {
+                        // Its only PPO example converts a dense critic; the
+                        // converter's expert-parallel settings for one are not
+                        // stated there (qwen2.5-1.5b-ppo-megatron.yaml:370-380).
+                        return refuse(format!("its PPO critic goes through a converter configured for dense models only; a mixture-of-experts critic ({}) is not exported", c.name));
+                    }
+                    if Self::rlinf_model_type(c).is_some()
+                        && Self::rlinf_converter_entry(c).is_none()
+                    {
+                        return refuse(format!("its critic is converted by its own checkpoint converter, which has no entry for {}'s shape (rlinf/utils/ckpt_convertor/megatron_convertor/default_args.yaml)", c.name));
+                    }
+                }
                 for (role, m) in [("actor", Some(&w.actor)), ("critic", w.critic.as_ref())] {
                     if let Some(m) = m {
                         if Self::rlinf_model_type(m).is_none() {
@@ -133,7 +196,12 @@ impl RlFramework {
                 }
                 Ok(())
             }
-            RlFramework::Verl => Ok(()),
+            RlFramework::Verl => {
+                if !w.prompts.is_multiple_of(w.mini_batches) {
+                    return refuse(format!("it counts mini-batches in prompts: {} prompts do not split into {} mini-batches (--mini-batches)", w.prompts, w.mini_batches));
+                }
+                Ok(())
+            }
         }
     }
 

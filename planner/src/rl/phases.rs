@@ -99,6 +99,8 @@ pub struct TrainSide {
     /// Bytes per GPU of the critic's weights and optimizer state (PPO), which leave
     /// HBM between its own passes (offloaded in either placement).
     pub critic_state_bytes: f64,
+    /// Peak bytes per GPU of the critic's own training step (PPO).
+    pub critic_train_bytes: f64,
     /// Bytes per GPU of the reward model's weights (a learned reward), likewise.
     pub reward_weight_bytes: f64,
 }
@@ -192,6 +194,7 @@ pub fn train_side(
         logprob_tokens: 0,
         train_bytes,
         critic_state_bytes: 0.0,
+        critic_train_bytes: 0.0,
         reward_weight_bytes: 0.0,
         estimate: e,
     };
@@ -200,6 +203,7 @@ pub fn train_side(
         side.critic_train_secs = c.step_secs * steps;
         side.values_secs = forward_of(&c) * batches;
         side.critic_state_bytes = c.memory.weights + c.memory.optimizer;
+        side.critic_train_bytes = c.memory.total;
     }
     if let Some(reward) = &w.reward {
         let r = other(reward, "reward model", cluster, &tw, cfg)?;
@@ -218,11 +222,17 @@ pub fn train_side(
     let state = m.weights + m.gradients + m.optimizer + m.reserve + reference;
     let per_rank = (w.sequences() / (cfg.dp * cfg.cp).max(1)).max(1);
     // Logits of a micro-batch at its token budget (the longest sequence at least).
-    let logits = |b: u64| {
-        (token_budget(w, b, framework) / cfg.cp) as f64
-            * (w.actor.vocab / cfg.tp) as f64
-            * (2.0 + 4.0 + 4.0)
+    // RLinf's forward-only passes split by the training budget too
+    // (`max_tokens_per_mbs`, rlinf/workers/megatron_worker.py:450-458).
+    let budget = |b: u64| {
+        if framework == Some(RlFramework::Rlinf) {
+            train_tokens
+        } else {
+            token_budget(w, b, framework)
+        }
     };
+    let logits =
+        |b: u64| (budget(b) / cfg.cp) as f64 * (w.actor.vocab / cfg.tp) as f64 * (2.0 + 4.0 + 4.0);
     let fit = LOGPROB_MBS
         .iter()
         .copied()
@@ -231,7 +241,7 @@ pub fn train_side(
     match fit {
         Some(b) => {
             side.logprob_mbs = b;
-            side.logprob_tokens = token_budget(w, b, framework);
+            side.logprob_tokens = budget(b);
             side.forward_bytes = state + logits(b);
             Ok(side)
         }

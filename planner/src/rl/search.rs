@@ -293,6 +293,23 @@ pub fn evaluate(
             bytes: side.train_bytes + reference_resident,
         },
     ];
+    let mut memory = memory;
+    if w.critic.is_some() {
+        // The critic trains beside what the actor keeps in HBM between its own
+        // passes: colocated, its weights unless offloaded (verl: and the gradients
+        // it frees only with them); in a training pool of its own, all its state.
+        let actor = if colocated && offload_params {
+            0.0
+        } else if colocated {
+            m.weights + if verl { m.gradients } else { 0.0 }
+        } else {
+            m.weights + m.gradients + m.optimizer
+        };
+        memory.push(PhaseMemory {
+            phase: "critic training",
+            bytes: side.critic_train_bytes + actor + reference_resident,
+        });
+    }
     for p in &memory {
         if p.bytes > capacity * (1.0 + 1e-9) {
             return Err(Reject::Memory {
@@ -836,6 +853,24 @@ mod tests {
             phases::token_budget(&w, verl.logprob_mbs, Some(RlFramework::Verl))
         );
         assert_eq!(verl.actor_train_secs, bare.actor_train_secs);
+    }
+
+    /// PPO's critic trains beside what the actor keeps in HBM: a phase of its own.
+    #[test]
+    fn rl_critic_training_is_a_memory_phase() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let mut w = workload();
+        w.algorithm = Algorithm::Ppo;
+        w.critic = Some(w.actor.clone());
+        let r = plan(&w, &hw, 32, &small_search()).unwrap();
+        for p in &r.plans {
+            let c = p
+                .memory
+                .iter()
+                .find(|m| m.phase == "critic training")
+                .unwrap();
+            assert!(c.bytes >= p.train.critic_train_bytes && c.bytes <= p.capacity_bytes);
+        }
     }
 
     #[test]
