@@ -384,8 +384,20 @@ pub fn side_by_side(
         ("tokens/s/GPU", |p| {
             format!("{:.0}", p.tokens_per_sec_per_gpu)
         }),
-        ("memory GiB roll/fwd/train(/critic)", |p| {
-            let m: Vec<String> = p.memory.iter().map(|m| gib(m.bytes)).collect();
+        ("memory GiB roll/fwd/train", |p| {
+            // Phases past the three named say their own name (PPO's critic).
+            let m: Vec<String> = p
+                .memory
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    if i < 3 {
+                        gib(m.bytes)
+                    } else {
+                        format!("{} {}", m.phase, gib(m.bytes))
+                    }
+                })
+                .collect();
             m.join(" / ")
         }),
         ("usable GiB", |p| gib(p.capacity_bytes)),
@@ -409,7 +421,7 @@ pub fn side_by_side(
     }
     // The first column is as wide as its widest cell, so a long training layout
     // never runs into the second.
-    let width = lines.iter().map(|l| l.1.len()).max().unwrap_or(0).max(32);
+    let width = (lines.iter().map(|l| l.1.len()).max().unwrap_or(0) + 1).max(32);
     lines
         .iter()
         .map(|(name, a, b)| format!("{name:<27} {a:<width$} {b}\n"))
