@@ -238,7 +238,9 @@ pub fn evaluate(
             }
         }
         if framework == Some(RlFramework::Rlinf) && w.reference {
-            moved += 3.0 * m.weights;
+            // Three copies (the actor's weights out, the reference's in, the
+            // actor's back); `offload_secs` counts each byte out and back, two.
+            moved += 1.5 * m.weights;
         }
         (
             reshard::colocated_secs(&w.actor, hw, cfg, rollout_tp),
@@ -742,7 +744,9 @@ mod tests {
             None,
         )
         .unwrap();
-        let swap = reshard::offload_secs(&hw, 3.0 * p.train.estimate.memory.weights);
+        // Three copies of the weights over the host link.
+        let swap = 3.0 * p.train.estimate.memory.weights
+            / (crate::rl::constants::host_link_gbytes_per_s(&hw) * 1e9);
         assert!(
             (p.times.offload - bare.times.offload - swap).abs() < 1e-9 * p.times.offload.max(1.0)
         );
