@@ -140,15 +140,9 @@ pub fn verl(x: &RlExport) -> Result<String, ExportError> {
     let per_node = x.hardware.node.gpus_per_node;
     let cfg = &p.train.config;
     let per_gpu = |tokens: u64| per_gpu_tokens(tokens, cfg.cp);
-    if !w.prompts.is_multiple_of(w.mini_batches) {
-        return Err(cannot(
-            t,
-            format!(
-                "verl counts mini-batches in prompts: {} prompts do not split into {} mini-batches",
-                w.prompts, w.mini_batches
-            ),
-        ));
-    }
+    sextant_planner::rl::RlFramework::Verl
+        .check(w)
+        .map_err(|e| cannot(t, e.to_string()))?;
     let mut lines = actor_block(x, t)?;
     let megatron_section = reindented_section(&lines, "    megatron:", 6, 4);
     insert_after(

@@ -120,3 +120,10 @@ pub fn chromium() -> Option<PathBuf> {
 pub fn words(line: &str) -> Vec<&str> {
     line.split_whitespace().collect()
 }
+
+/// Every one of `lines` is in `text` (a rendered export or command output).
+pub fn has_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(text.contains(line), "{line:?}: {text}");
+    }
+}

@@ -1821,14 +1821,15 @@ fn overlay_exports_clear_what_a_recipe_may_have_set() {
     );
     // NeMo's strategy takes first and last stage counts (megatron_strategy.py:123).
     let nemo = export(&p, 1, Target::Nemo, &opts).unwrap();
-    for line in [
-        "recipe.trainer.strategy.num_layers_in_first_pipeline_stage = 23\n",
-        "recipe.trainer.strategy.num_layers_in_last_pipeline_stage = 25\n",
-        "recipe.model.config.recompute_method = None\n",
-        "recipe.model.config.recompute_modules = [\"core_attn\"]\n",
-    ] {
-        assert!(nemo.contains(line), "{line}: {nemo}");
-    }
+    crate::common::has_lines(
+        &nemo,
+        &[
+            "recipe.trainer.strategy.num_layers_in_first_pipeline_stage = 23\n",
+            "recipe.trainer.strategy.num_layers_in_last_pipeline_stage = 25\n",
+            "recipe.model.config.recompute_method = None\n",
+            "recipe.model.config.recompute_modules = [\"core_attn\"]\n",
+        ],
+    );
     let mut rl = rl_ready(&p);
     rl.plans[0].config.recompute = Recompute::Selective;
     // RLinf's converter and resharding split the layers evenly: the first/last
@@ -1840,14 +1841,15 @@ fn overlay_exports_clear_what_a_recipe_may_have_set() {
     rl.plans[0].config.layout = Layout::Even;
     rl.plans[0].config.vpp = 1;
     let rlinf = export(&rl, 1, Target::Rlinf, &opts).unwrap();
-    for line in [
-        "recompute_method: null\n",
-        "recompute_num_layers: null\n",
-        "bf16: true\n",
-        "fp16: false\n",
-    ] {
-        assert!(rlinf.contains(line), "{line}: {rlinf}");
-    }
+    crate::common::has_lines(
+        &rlinf,
+        &[
+            "recompute_method: null\n",
+            "recompute_num_layers: null\n",
+            "bf16: true\n",
+            "fp16: false\n",
+        ],
+    );
     assert!(!rlinf.contains("decoder_first"), "{rlinf}");
 }
 
