@@ -185,27 +185,29 @@ fn looks_like_file(s: &str) -> bool {
 
 pub fn load_model(arg: &str) -> Result<(ModelSpec, String)> {
     if looks_like_file(arg) {
+        // The path as the messages show it: one line, control characters escaped.
+        let shown = sextant_planner::json::one_line(arg, 300);
         let text = read_text(Path::new(arg), "model file")?;
         let value: serde_json::Value = sextant_planner::json::from_str(&text, "model file")
             .map_err(|e| match e {
                 sextant_planner::InputError::Json { detail, .. } => {
-                    anyhow::anyhow!("model file '{arg}' is not valid JSON: {detail}")
+                    anyhow::anyhow!("model file '{shown}' is not valid JSON: {detail}")
                 }
-                other => anyhow::anyhow!("model file '{arg}': {other}"),
+                other => anyhow::anyhow!("model file '{shown}': {other}"),
             })?;
         let stem = Path::new(arg)
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         if value.get("plans").is_some() && value.get("schema_version").is_some() {
-            bail!("'{arg}' is a Sextant plan file, not a model: pass it to `sextant export`, `report` or `exec`, or give --model a preset name, a Hugging Face config.json or a model JSON");
+            bail!("'{shown}' is a Sextant plan file, not a model: pass it to `sextant export`, `report` or `exec`, or give --model a preset name, a Hugging Face config.json or a model JSON");
         }
         let spec = if value.get("model_type").is_some() {
-            from_hf_config(&text, &stem).map_err(|e| anyhow::anyhow!("'{arg}': {e}"))?
+            from_hf_config(&text, &stem).map_err(|e| anyhow::anyhow!("'{shown}': {e}"))?
         } else {
-            ModelSpec::from_json(&text).map_err(|e| anyhow::anyhow!("'{arg}': {e} (expected a Hugging Face config.json with model_type, or a Sextant model JSON)"))?
+            ModelSpec::from_json(&text).map_err(|e| anyhow::anyhow!("'{shown}': {e} (expected a Hugging Face config.json with model_type, or a Sextant model JSON)"))?
         };
-        return Ok((spec, format!("from {arg}")));
+        return Ok((spec, format!("from {shown}")));
     }
     let r = resolve(arg)?;
     let note = r.via_alias.unwrap_or_else(|| "preset".into());

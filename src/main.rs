@@ -300,7 +300,7 @@ fn emit(common: &Common, plan: &PlanFile, text: String) -> Result<()> {
     Ok(())
 }
 
-fn check_knobs(name: &str, values: &Option<Vec<u64>>) -> Result<()> {
+pub(crate) fn check_knobs(name: &str, values: &Option<Vec<u64>>) -> Result<()> {
     if let Some(v) = values {
         if v.is_empty() || v.iter().any(|&x| x == 0 || x > 1 << 24) {
             bail!("--{name} values must be between 1 and {}", 1u64 << 24);

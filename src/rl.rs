@@ -174,6 +174,9 @@ fn search_of(a: &RlPlanArgs) -> Result<RlSearch> {
         }
     }
     s.train_gpus = a.train_gpus.clone();
+    for (name, v) in [("tp", &a.tp), ("pp", &a.pp), ("ep", &a.ep)] {
+        crate::check_knobs(name, v)?;
+    }
     s.space.tp = a.tp.clone();
     s.space.pp = a.pp.clone();
     s.space.ep = a.ep.clone();
@@ -273,15 +276,18 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
 
 fn header(w: &RlWorkload, hw: &HardwareProfile, gpus: u64) -> String {
     let l = &w.lengths;
-    let mut models = vec![format!("actor {}", w.actor.name)];
+    // Names as one line each (a config.json's name may hold anything).
+    let name =
+        |m: &sextant_planner::model::ModelSpec| sextant_planner::json::one_line(&m.name, 120);
+    let mut models = vec![format!("actor {}", name(&w.actor))];
     if w.reference {
         models.push("reference".into());
     }
     if let Some(c) = &w.critic {
-        models.push(format!("critic {}", c.name));
+        models.push(format!("critic {}", name(c)));
     }
     if let Some(m) = &w.reward {
-        models.push(format!("reward {}", m.name));
+        models.push(format!("reward {}", name(m)));
     }
     format!(
         "RL iteration ({}): {} on {gpus} x {}\n{} prompts x {} responses; prompt {} tokens, response mean {} / longest {}; {} mini-batches x {} epochs\n",

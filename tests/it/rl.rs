@@ -14,6 +14,8 @@ use sextant_planner::rl::search::{evaluate_stated, PhaseTimes};
 use sextant_planner::rl::{Algorithm, Lengths, RlWorkload};
 use yaml_rust2::{Yaml, YamlLoader};
 
+use crate::common::has_lines;
+
 use crate::common::{data, sextant, stderr, stdout};
 
 struct Row {
@@ -561,13 +563,6 @@ fn rl_plan_names_the_placement_it_did_not_search() {
     );
 }
 
-/// Every one of `lines` is in `y`.
-fn has_lines(y: &str, lines: &[&str]) {
-    for line in lines {
-        assert!(y.contains(line), "{line:?}: {y}");
-    }
-}
-
 /// The exported YAML of an `rl-plan --emit` run (from its header comment on).
 fn emitted(model: &str, gpus: &str, extra: &[&str], fw: &str) -> String {
     let mut a = bar_args(model, gpus);
@@ -701,4 +696,45 @@ fn rl_rlinf_export_overlays_its_example_and_refuses_what_it_cannot_run() {
         let v: Vec<&str> = a.iter().map(String::as_str).collect();
         crate::common::fails_with_one_line(&v, needle);
     }
+}
+
+/// Training sizes of 0 are refused as `plan` refuses them (they were dropped, or
+/// read as "nothing fits"), and a model's name or path with a newline stays on
+/// one line in the summary and in errors.
+#[test]
+fn rl_plan_sizes_and_names_stay_one_line() {
+    for flag in ["--tp", "--pp", "--ep"] {
+        crate::common::fails_with_one_line(
+            &["rl-plan", "--model", "8b", "--gpus", "16", flag, "1,0"],
+            "values must be between 1 and",
+        );
+    }
+    let dir = crate::common::TempDir::new("rl-names");
+    let mut hf: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!(
+            "{}/tests/data/hf/qwen3-8b.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    hf["_name_or_path"] = "a\nb: c".into();
+    let named = dir.path("named.json");
+    std::fs::write(&named, hf.to_string()).unwrap();
+    let out = run(&[
+        "rl-plan".into(),
+        "--model".into(),
+        named.to_string_lossy().into_owned(),
+        "--gpus".into(),
+        "16".into(),
+    ]);
+    let first = out.lines().next().unwrap();
+    assert!(first.contains("actor a\\nb: c, reference"), "{first}");
+    hf["num_attention_heads"] = 0.into();
+    let bad = dir.path("bad\nname.json");
+    std::fs::write(&bad, hf.to_string()).unwrap();
+    crate::common::fails_with_one_line(
+        &["plan", "--gpus", "16", "--model", &bad.to_string_lossy()],
+        "bad\\nname.json",
+    );
 }
