@@ -436,6 +436,16 @@ pub fn side_by_side(
 
 /// The ranked plans, one line each.
 pub fn ranked(plans: &[RlPlan]) -> String {
+    // Every plan of one workload checks the same phases; the ones past the three
+    // every plan has (PPO's critic training, a learned reward's pass) are named.
+    let mem_header = plans.first().map_or_else(String::new, |p| {
+        p.memory
+            .iter()
+            .skip(3)
+            .fold("mem GiB roll/fwd/train".to_string(), |h, m| {
+                h + "/" + m.phase.split(' ').next().unwrap_or(m.phase)
+            })
+    });
     let mut s = format!(
         "{:<2} {:<13} {:>9} {:<46} {:>4} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {}\n",
         "#",
@@ -450,7 +460,7 @@ pub fn ranked(plans: &[RlPlan]) -> String {
         "reshard",
         "fwd",
         "train",
-        "mem GiB roll/fwd/train(/critic)"
+        mem_header
     );
     for (i, p) in plans.iter().enumerate() {
         let m: Vec<String> = p.memory.iter().map(|m| gib(m.bytes)).collect();

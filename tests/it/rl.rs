@@ -447,6 +447,24 @@ fn rl_plan_bad_input_is_one_line() {
             needle,
         );
     }
+    // A batch beyond any RL run was read as "no training layout fits" (the
+    // product of prompts and responses wrapped or overflowed the search).
+    for (prompts, responses) in [("18446744073709551615", "8"), ("4194304", "8")] {
+        crate::common::fails_with_one_line(
+            &[
+                "rl-plan",
+                "--model",
+                "8b",
+                "--gpus",
+                "16",
+                "--prompts",
+                prompts,
+                "--responses",
+                responses,
+            ],
+            "responses per prompt is beyond what Sextant plans (at most 16777216",
+        );
+    }
     crate::common::fails_with_one_line(
         &[
             "rl-plan",

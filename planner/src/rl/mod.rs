@@ -270,9 +270,10 @@ pub struct RlWorkload {
 }
 
 impl RlWorkload {
-    /// Responses generated and trained per iteration.
+    /// Responses generated and trained per iteration (saturating: [`Self::check`]
+    /// refuses a product beyond [`MAX_SEQUENCES`]).
     pub fn sequences(&self) -> u64 {
-        self.prompts * self.responses_per_prompt
+        self.prompts.saturating_mul(self.responses_per_prompt)
     }
 
     /// Sequences per optimizer step.
@@ -315,6 +316,12 @@ impl RlWorkload {
         if longest > 1 << 20 {
             return Err(RlError::TooLong { tokens: longest });
         }
+        if self.sequences() > MAX_SEQUENCES {
+            return Err(RlError::TooManySequences {
+                prompts: self.prompts,
+                responses: self.responses_per_prompt,
+            });
+        }
         if !self.sequences().is_multiple_of(self.mini_batches) {
             return Err(RlError::MiniBatches {
                 sequences: self.sequences(),
@@ -331,6 +338,11 @@ impl RlWorkload {
     }
 }
 
+/// The most sequences (prompts x responses) one iteration may generate: 2^24,
+/// far above any published RL batch (thousands), and small enough that token
+/// counts and batch sizes derived from it stay exact in `u64` and `f64`.
+pub const MAX_SEQUENCES: u64 = 1 << 24;
+
 /// A workload or request that cannot be planned.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum RlError {
@@ -342,6 +354,8 @@ pub enum RlError {
     PromptTailBelowMean { mean: u64, max: u64 },
     #[error("a sequence of {tokens} tokens is beyond what Sextant prices (at most 1048576)")]
     TooLong { tokens: u64 },
+    #[error("{prompts} prompts x {responses} responses per prompt is beyond what Sextant plans (at most 16777216 sequences per iteration); give smaller --prompts or --responses")]
+    TooManySequences { prompts: u64, responses: u64 },
     #[error("{sequences} sequences per iteration do not split into {mini_batches} mini-batches; choose --mini-batches dividing prompts x responses per prompt")]
     MiniBatches { sequences: u64, mini_batches: u64 },
     #[error("PPO trains a critic; give --critic MODEL (the actor's name for a critic of the same shape)")]

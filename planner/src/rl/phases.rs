@@ -103,6 +103,10 @@ pub struct TrainSide {
     pub critic_train_bytes: f64,
     /// Bytes per GPU of the reward model's weights (a learned reward), likewise.
     pub reward_weight_bytes: f64,
+    /// Peak bytes per GPU of the reward model's forward pass: its weights beside
+    /// what the actor keeps during its own forward passes (a scalar head: no
+    /// vocabulary logits). Zero without a learned reward.
+    pub reward_forward_bytes: f64,
 }
 
 /// The tokens of a micro-batch of `mbs` sequences. verl and RLinf, as exported,
@@ -196,6 +200,7 @@ pub fn train_side(
         critic_state_bytes: 0.0,
         critic_train_bytes: 0.0,
         reward_weight_bytes: 0.0,
+        reward_forward_bytes: 0.0,
         estimate: e,
     };
     if let Some(critic) = &w.critic {
@@ -220,6 +225,9 @@ pub fn train_side(
         0.0
     };
     let state = m.weights + m.gradients + m.optimizer + m.reserve + reference;
+    if w.reward.is_some() {
+        side.reward_forward_bytes = state + side.reward_weight_bytes;
+    }
     let per_rank = (w.sequences() / (cfg.dp * cfg.cp).max(1)).max(1);
     // Logits of a micro-batch at its token budget (the longest sequence at least).
     // RLinf's forward-only passes split by the training budget too

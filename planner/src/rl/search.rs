@@ -312,6 +312,14 @@ pub fn evaluate(
             bytes: side.critic_train_bytes + actor + reference_resident,
         });
     }
+    if w.reward.is_some() {
+        // The learned reward model's weights come back for its pass, beside the
+        // actor's state (as the log-probability passes see it).
+        memory.push(PhaseMemory {
+            phase: "reward forward",
+            bytes: side.reward_forward_bytes,
+        });
+    }
     for p in &memory {
         if p.bytes > capacity * (1.0 + 1e-9) {
             return Err(Reject::Memory {
@@ -875,6 +883,47 @@ mod tests {
                 .unwrap();
             assert!(c.bytes >= p.train.critic_train_bytes && c.bytes <= p.capacity_bytes);
         }
+    }
+
+    /// A learned reward model's pass is a memory phase: its weights come back
+    /// beside the actor's state, and a plan whose pass would not fit is refused.
+    #[test]
+    fn rl_reward_forward_is_a_memory_phase() {
+        let hw = builtin_profile("h100-sxm").unwrap();
+        let mut w = workload();
+        w.reward = Some(w.actor.clone());
+        let r = plan(&w, &hw, 32, &small_search()).unwrap();
+        let p = &r.plans[0];
+        let phase = |p: &RlPlan| {
+            p.memory
+                .iter()
+                .find(|m| m.phase == "reward forward")
+                .map(|m| m.bytes)
+        };
+        let bytes = phase(p).expect("the reward pass is checked");
+        let m = &p.train.estimate.memory;
+        let state = m.weights + m.gradients + m.optimizer + m.reserve;
+        assert!((bytes - state - p.train.reward_weight_bytes).abs() <= 1e-6 * bytes);
+        assert!(p.train.reward_weight_bytes > 0.0 && bytes <= p.capacity_bytes);
+        // The same layout with a reward model's pass past the capacity: refused,
+        // naming the phase.
+        let mut side = p.train.clone();
+        side.reward_forward_bytes = 1.01 * hw.capacity_bytes();
+        let e = evaluate(
+            &w,
+            &hw,
+            p.placement,
+            &side,
+            p.rollout.layout.tp,
+            p.offload_params,
+            None,
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("reward forward:"), "{e}");
+        // No learned reward, no such phase.
+        let bare = plan(&workload(), &hw, 32, &small_search()).unwrap();
+        assert!(bare.plans.iter().all(|p| phase(p).is_none()));
     }
 
     #[test]
