@@ -722,6 +722,7 @@ pub fn breakdown(cfg: &ParallelConfig, e: &Estimate, hw: &HardwareProfile) -> St
         ("framework buffers", m.buffers),
         ("fragmentation", m.fragmentation),
         ("runtime reserve", m.reserve),
+        ("cached, not in total", m.cached),
     ] {
         if v > 0.0 {
             let _ = writeln!(s, "  {:<20} {:8.2} GiB", name, v / GIB);

@@ -11,6 +11,7 @@ use sextant_planner::calibration::apply;
 use sextant_planner::hardware::{HardwareProfile, GIB};
 use sextant_planner::kineto::KernelTimes;
 use sextant_planner::logfit::{self, LogCase, PredictedKernels};
+use sextant_planner::memory::MemKind;
 use sextant_planner::plan::PlanFile;
 use sextant_planner::trainlog::{LogReader, StepSummary, TrainingLog};
 
@@ -297,9 +298,10 @@ fn rows(
 ) -> Result<Vec<Row>> {
     let e = logfit::predict(plan, profile).map_err(|e| anyhow!(e))?;
     let m = &e.memory;
-    // torch's allocator counts what Megatron allocates: no CUDA context or NCCL
-    // buffers (the profile's reserve); "reserved" adds the allocator's slack.
-    let allocated = m.weights + m.gradients + m.optimizer + m.activations + m.logits;
+    // torch's allocator counts what the framework allocates: no CUDA context or
+    // NCCL buffers (the profile's reserve); "reserved" adds the allocator's slack.
+    let allocated = MemKind::PeakAllocated.comparable_bytes(m);
+    let reserved = MemKind::PeakReserved.comparable_bytes(m);
     let (alloc_meas, reserved_meas) = l.log.peak_memory_bytes();
     let row = |name, unit, predicted, measured| Row {
         name,
@@ -325,7 +327,7 @@ fn rows(
         row(
             "max reserved",
             "GiB",
-            (allocated + m.fragmentation) / GIB,
+            reserved / GIB,
             reserved_meas.map(|x| x / GIB),
         ),
     ];

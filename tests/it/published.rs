@@ -647,24 +647,20 @@ const SWEEP_GUARDS: &[(&str, usize, usize)] = &[
 /// not the runtime reserve), printed per row with every component, then summarised
 /// per source and per framework.
 ///
-/// The bar (median |error| <= 5% on at least 10 rows) is not met: the
-/// median is 15.3%, and the assertion is a regression guard at that level. The gap
-/// is the nanotron rows (57 of 67), predicted 3-54% low. Their model state is
-/// right: nanotron's own "Mem Alloc" column for these jobs (peak allocated after
-/// the forward and backward, a third-party copy of the benchmark CSV in
-/// eyao600/Rapid-LLM) is 20.0 bytes per parameter for the 1B model at ZeRO-0, what
-/// the model holds (weights 2, FP32 gradients 4, FP32 master and Adam 12, PyTorch
-/// DDP's buckets 2). What is missing grows with the micro-batch's tokens and the
-/// hidden size, about 130 x hidden bytes per token whatever the TP degree or the
-/// depth (1B, 3B and 8B alike), which no tensor of nanotron's code that we found
-/// accounts for; and the reserved peak of identical configurations differs by up to
-/// 17% between runs that differ only in DP (1B TP8 mbs16: 40.2 GiB at DP 2, 34.2 at
-/// DP 16), so part of it is the caching allocator's history, which no closed form
-/// follows. The torchtitan rows without a compiled loss are within 6% (8B FSDP)
-/// and 19% (405B, whose FSDP float8 all-gather the model does not price); the
-/// Trainy rows (torchtitan e7c0cae) compile the loss (`build_cross_entropy_loss`),
-/// priced as such (`cross_entropy = compiled`): within 5% (38% high when priced as
-/// the eager loss).
+/// The bar: median |error| <= 5% on at least 10 rows (3.6% over the 67;
+/// it was 15.3% before nanotron's own blocks were priced). nanotron's rows were
+/// low by about 120 x hidden bytes per token at any TP degree; its code
+/// (e24d2483) keeps persistent full-sequence all-gather buffers, holds K and V
+/// twice in multi-head attention, leaves the freed BF16 logits cached, and frees
+/// each row-parallel layer's full-sequence output while its reduce-scatter may
+/// still read it (PyTorch's `recordStream`), with the host ahead of the GPU:
+/// `memory::token_buffers`, `memory::cached_blocks` (docs/trust.md). The last is
+/// the allocator's timing, not measured on its own; the 80B pipeline rows are
+/// 5-42% high with it. The torchtitan rows without a compiled loss are within 6%
+/// (8B FSDP) and 19% (405B, whose FSDP float8 all-gather the model does not
+/// price); the Trainy rows (torchtitan e7c0cae) compile the loss
+/// (`build_cross_entropy_loss`), priced as such (`cross_entropy = compiled`):
+/// within 5% (38% high when priced as the eager loss).
 #[test]
 fn published_memory_matches_measured() {
     use sextant_planner::validate::{memory, memory_summary};
@@ -687,13 +683,13 @@ fn published_memory_matches_measured() {
     );
     const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
     println!(
-        "{:<36} {:<14} {:>5} {:>8} {:>8} {:>7}  weights grads optim  act logits bufs frag (GiB)",
+        "{:<36} {:<14} {:>5} {:>8} {:>8} {:>7}  weights grads optim  act logits bufs frag cached (GiB)",
         "run", "kind", "stage", "measured", "predict", "error"
     );
     for r in &rows {
         let m = &r.memory;
         println!(
-            "{:<36} {:<14} {:>5} {:>8.1} {:>8.1} {:>+6.1}%  {:>7.1} {:>5.1} {:>5.1} {:>4.1} {:>6.1} {:>4.1} {:>4.1}",
+            "{:<36} {:<14} {:>5} {:>8.1} {:>8.1} {:>+6.1}%  {:>7.1} {:>5.1} {:>5.1} {:>4.1} {:>6.1} {:>4.1} {:>4.1} {:>6.1}",
             r.id,
             r.kind.name(),
             match r.stage {
@@ -710,6 +706,7 @@ fn published_memory_matches_measured() {
             m.logits / GIB,
             m.buffers / GIB,
             m.fragmentation / GIB,
+            m.cached / GIB,
         );
         assert!(
             r.predicted_gib.is_finite() && r.predicted_gib > 0.0,
@@ -740,10 +737,9 @@ fn published_memory_matches_measured() {
             panic!("{} ran, but the model refuses it: {r}", c.id);
         }
     }
-    // Regression guard at today's level (see the doc comment): the bar is 5%.
     assert!(
-        all.median_abs <= 0.16,
-        "median |memory error| {:.1}% exceeds the 16% guard",
+        all.median_abs <= 0.05,
+        "median |memory error| {:.1}% exceeds the 5% bar",
         100.0 * all.median_abs
     );
 }

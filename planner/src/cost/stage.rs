@@ -422,11 +422,25 @@ pub(super) fn rank_memory(
     // What is held only at the optimizer step counts where it exceeds the
     // activations and logits freed before it (`memory::step_buffers`).
     let buffers = memory::framework_buffers(a.framework, cfg, held, m)
+        + memory::token_buffers(a.framework, cfg, tokens, h)
         + (memory::step_buffers(a.framework, cfg, held) - activations - logits).max(0.0);
     let fragmentation = hw.memory.fragmentation * (activations + logits + buffers);
     let reserve = hw.memory.reserve_gib * GIB;
     let total =
         weights + gradients + optimizer + activations + logits + buffers + fragmentation + reserve;
+    // Reserved-only blocks, within the HBM the rest leaves (`StageMemory::cached`).
+    let chunk_layers = here
+        .iter()
+        .map(|&(s, _)| layout.layers[s as usize].div_ceil(cfg.vpp))
+        .max()
+        .unwrap_or(0) as f64;
+    let logit_elems = if here.iter().any(|&(s, _)| s == p - 1) {
+        (1.0 + layout.mtp) * tokens * pc.vocab_rank
+    } else {
+        0.0
+    };
+    let cached = memory::cached_blocks(a.framework, cfg, tokens, h, chunk_layers, logit_elems)
+        .min((hw.hbm_bytes() - total).max(0.0));
     let mem = StageMemory {
         stage: i,
         params: dense_p + expert_p,
@@ -437,6 +451,7 @@ pub(super) fn rank_memory(
         logits,
         buffers,
         fragmentation,
+        cached,
         reserve,
         total,
         in_flight: flight,

@@ -135,9 +135,16 @@ pub struct StageMemory {
     #[serde(default)]
     pub buffers: f64,
     pub fragmentation: f64,
+    /// Reserved-only blocks (nanotron); absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached: f64,
     pub reserve: f64,
     pub total: f64,
     pub in_flight: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// `estimate.stages[]`.

@@ -151,6 +151,14 @@ fn per_token_activations(
     } else {
         qkv
     };
+    // nanotron's multi-head (not grouped) attention takes Q, K and V as views of
+    // one contiguous copy of the QKV output, then concatenates K and V into a
+    // second copy for the rotary embedding (models/llama.py:469-474, 655-660 at
+    // e24d2483); flash-attn keeps the query view, and so the whole first copy:
+    // K and V are held twice.
+    if a.framework == Framework::Nanotron && model.mla.is_none() && model.heads == model.kv_heads {
+        inside += 2.0 * 2.0 * kv_rank;
+    }
     // The attention output, input of the output projection.
     inside += gemm_in * model.attn_out_dim() as f64 / t;
     if let Some(m) = &model.mla {

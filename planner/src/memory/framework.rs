@@ -118,3 +118,60 @@ pub fn step_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldParams
         | Framework::Torchtitan => 0.0,
     }
 }
+
+/// A framework's buffers that grow with the micro-batch's tokens, bytes. nanotron
+/// (e24d2483) with tensor parallelism in its sequence-parallel mode
+/// (`REDUCE_SCATTER`) gathers the column-parallel layers' input into a persistent
+/// `MemoryBuffer` ("allgather", `parallel/tensor_parallel/functional.py:154`, with
+/// the default `tp_recompute_allgather`) and the row-parallel layers' output
+/// gradient into a second ("allgather2", `:491`); the singleton never frees them
+/// (`parallel/utils.py:14-28`): two full-sequence [tokens, hidden] BF16 tensors,
+/// not split by TP. Other frameworks: none.
+pub fn token_buffers(framework: Framework, cfg: &ParallelConfig, tokens: f64, hidden: f64) -> f64 {
+    match framework {
+        Framework::Nanotron if cfg.tp > 1 && cfg.sp => 2.0 * tokens * hidden * 2.0,
+        _ => 0.0,
+    }
+}
+
+/// Blocks the caching allocator holds free at a stage's peak beyond the live
+/// tensors, bytes ([`super::StageMemory::cached`]), for one micro-batch's
+/// forward over `chunk_layers` layers, with `logits` vocabulary entries of the
+/// loss on this rank (0 off the last stage). nanotron (e24d2483):
+/// - each row-parallel layer (the attention's output projection and the MLP's
+///   down projection) computes its full-sequence [tokens, hidden] BF16 output and
+///   reduce-scatters it (`_RowLinearAsyncCommunication`, `functional.py:466-469`;
+///   `differentiable_reduce_scatter_sum`,
+///   `distributed_differentiable_primitives.py:110-119`). PyTorch's NCCL process
+///   group records the input on its stream (`recordStream`, on unless
+///   `TORCH_NCCL_AVOID_RECORD_STREAMS` is set; the playbook's runs did not set it),
+///   so the freed output is reusable only once that reduce-scatter has run on the
+///   GPU; nanotron's forward has no host synchronization, so the host issues the
+///   whole forward ahead of the GPU and each layer's output takes fresh memory:
+///   two such blocks per layer;
+/// - the loss casts the BF16 logits to FP32 and frees them before
+///   `sharded_cross_entropy` asks for a second FP32 tensor
+///   (`models/llama.py:874-911`, `functional.py:43`): the BF16 block, too small
+///   for it, stays cached through the peak (2 bytes per logit).
+///
+/// Other frameworks: none priced.
+pub fn cached_blocks(
+    framework: Framework,
+    cfg: &ParallelConfig,
+    tokens: f64,
+    hidden: f64,
+    chunk_layers: f64,
+    logits: f64,
+) -> f64 {
+    match framework {
+        Framework::Nanotron => {
+            let pending = if cfg.tp > 1 && cfg.sp {
+                2.0 * chunk_layers * tokens * hidden * 2.0
+            } else {
+                0.0
+            };
+            pending + 2.0 * logits
+        }
+        _ => 0.0,
+    }
+}

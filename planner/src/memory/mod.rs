@@ -26,7 +26,9 @@ pub use activations::{
     in_flight, kv_dim_per_rank, layer_activations, op_sac_applies, op_sac_per_token,
     torchtitan_mms, LayerActivations, LayerKind,
 };
-pub use framework::{framework_buffers, logit_bytes, step_buffers, HeldParams};
+pub use framework::{
+    cached_blocks, framework_buffers, logit_bytes, step_buffers, token_buffers, HeldParams,
+};
 pub use model_state::{
     grad_bytes, model_state, optimizer_bytes, scaletorch_bytes, sharded_state_floor,
 };
@@ -58,6 +60,15 @@ pub struct StageMemory {
     pub buffers: f64,
     /// Allocator fragmentation on top of the activations, logits and buffers.
     pub fragmentation: f64,
+    /// Blocks the caching allocator holds free at the peak for reasons a
+    /// framework's code sets ([`framework::cached_blocks`]): freed while a
+    /// collective on NCCL's stream may still read them, or too small for the
+    /// next request. Reserved, not allocated; PyTorch's allocator synchronizes
+    /// its pending frees and releases cached blocks before it reports out of
+    /// memory (`release_cached_blocks` in `CUDACachingAllocator.cpp`), so they
+    /// count in a reserved peak but not in [`StageMemory::total`], and never
+    /// beyond the HBM the rest leaves.
+    pub cached: f64,
     /// CUDA context, NCCL and library workspaces.
     pub reserve: f64,
     pub total: f64,
@@ -110,14 +121,13 @@ impl MemKind {
     /// The part of a stage's predicted memory that a measurement of this kind
     /// counts: the tensors (weights, gradients, optimizer state, activations,
     /// logits, framework buffers) for the allocated and active peaks, plus the
-    /// fragmentation for the
-    /// reserved peak. The reserve (CUDA context, NCCL, library workspaces outside
+    /// fragmentation and the cached blocks for the reserved peak. The reserve (CUDA context, NCCL, library workspaces outside
     /// the allocator) is in no PyTorch statistic.
     pub fn comparable_bytes(self, m: &StageMemory) -> f64 {
         let tensors = m.weights + m.gradients + m.optimizer + m.activations + m.logits + m.buffers;
         match self {
             MemKind::PeakAllocated | MemKind::PeakActive => tensors,
-            MemKind::PeakReserved => tensors + m.fragmentation,
+            MemKind::PeakReserved => tensors + m.fragmentation + m.cached,
         }
     }
 }

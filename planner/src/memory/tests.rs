@@ -302,6 +302,50 @@ fn framework_layouts_by_hand() {
         2.0 * f
     );
     assert_eq!(act(Framework::Torchtitan), act(Framework::Nanotron));
+    // nanotron's multi-head attention holds K and V twice (the QKV copy its query
+    // view keeps, and the concatenated K/V copy); grouped-query attention (this
+    // Llama 3) does not.
+    let mut mha = m.clone();
+    mha.kv_heads = mha.heads;
+    let act_mha = |framework| {
+        layer_activations(&mha, &none, &w(4096), LayerKind::Dense, fw(framework)).stored / 4096.0
+    };
+    assert_eq!(
+        act_mha(Framework::Nanotron) - act_mha(Framework::MegatronCore),
+        2.0 * f + 2.0 * 2.0 * h
+    );
+    // nanotron's TP buffers in its sequence-parallel mode: two persistent
+    // full-sequence gathers, and, reserved only, two row-parallel outputs per
+    // layer awaiting their reduce-scatters plus the freed BF16 logits. Without SP
+    // (ALL_REDUCE: the output is reduced in place) or at TP 1, the logits only.
+    let tokens = 4096.0;
+    let c8sp = cfg(8, true, Recompute::None);
+    assert_eq!(
+        token_buffers(Framework::Nanotron, &c8sp, tokens, h),
+        2.0 * tokens * h * 2.0
+    );
+    assert_eq!(
+        cached_blocks(Framework::Nanotron, &c8sp, tokens, h, 32.0, 1000.0),
+        2.0 * 32.0 * tokens * h * 2.0 + 2.0 * 1000.0
+    );
+    for c in [
+        cfg(8, false, Recompute::None),
+        cfg(1, false, Recompute::None),
+    ] {
+        assert_eq!(token_buffers(Framework::Nanotron, &c, tokens, h), 0.0);
+        assert_eq!(
+            cached_blocks(Framework::Nanotron, &c, tokens, h, 32.0, 1000.0),
+            2000.0
+        );
+    }
+    for f in [
+        Framework::MegatronCore,
+        Framework::Torchtitan,
+        Framework::ScaleTorch,
+    ] {
+        assert_eq!(token_buffers(f, &c8sp, tokens, h), 0.0);
+        assert_eq!(cached_blocks(f, &c8sp, tokens, h, 32.0, 1000.0), 0.0);
+    }
     // Loss buffers per logit.
     assert_eq!(
         [
