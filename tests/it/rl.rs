@@ -11,7 +11,7 @@ use sextant_planner::model::ModelSpec;
 use sextant_planner::presets::resolve;
 use sextant_planner::rl::phases::fixed_config;
 use sextant_planner::rl::search::{evaluate_stated, PhaseTimes};
-use sextant_planner::rl::{Algorithm, Lengths, RlWorkload};
+use sextant_planner::rl::{Algorithm, Lengths, RlFramework, RlWorkload};
 use yaml_rust2::{Yaml, YamlLoader};
 
 use crate::common::has_lines;
@@ -47,7 +47,7 @@ fn predict(r: &csv::StringRecord, h: &csv::StringRecord) -> Row {
     let w = RlWorkload {
         critic: None,
         reward: None,
-        reference: true,
+        reference: get("reference") == "true",
         algorithm: Algorithm::parse(&get("algorithm")).unwrap(),
         prompts: sequences / n,
         responses_per_prompt: n,
@@ -76,7 +76,17 @@ fn predict(r: &csv::StringRecord, h: &csv::StringRecord) -> Row {
         "full" => Recompute::Full,
         other => panic!("{}: recompute {other}", get("id")),
     };
-    let fraction = get("rollout_memory_fraction").parse::<f64>().unwrap();
+    // Blank where the run does not state it: derived as rl-plan derives it.
+    let fraction = match get("rollout_memory_fraction").as_str() {
+        "" => None,
+        f => Some(f.parse::<f64>().unwrap()),
+    };
+    // NeMo RL is no framework Sextant plans for: its runs are priced as `rl-plan`
+    // prices without `--emit`.
+    let framework = match get("framework").as_str() {
+        "nemo-rl" => None,
+        f => Some(RlFramework::parse(f).unwrap_or_else(|| panic!("framework {f}"))),
+    };
     let p = evaluate_stated(
         &w,
         &hw,
@@ -84,7 +94,8 @@ fn predict(r: &csv::StringRecord, h: &csv::StringRecord) -> Row {
         &cfg,
         num("rollout_tp"),
         num("rollout_gpus"),
-        Some(fraction),
+        fraction,
+        framework,
     )
     .unwrap_or_else(|e| panic!("{}: {e}", get("id")));
     Row {
@@ -112,11 +123,13 @@ fn rl_published_phases_compared() {
     let text = std::fs::read_to_string(data("published_rl_phases.csv")).unwrap();
     let mut rd = csv::Reader::from_reader(text.as_bytes());
     let h = rd.headers().unwrap().clone();
-    let col = |r: &csv::StringRecord, k: &str| -> f64 {
-        r[h.iter().position(|c| c == k).unwrap()].parse().unwrap()
+    // A phase the source does not state is blank, printed as "-".
+    let col = |r: &csv::StringRecord, k: &str| -> Option<f64> {
+        let v = &r[h.iter().position(|c| c == k).unwrap()];
+        (!v.is_empty()).then(|| v.parse().unwrap())
     };
     println!(
-        "{:<28} {:>13} {:>13} {:>13} {:>13} {:>13}",
+        "{:<40} {:>13} {:>13} {:>13} {:>13} {:>13}",
         "run (pred/meas s)", "generation", "refit", "logprobs", "training", "step"
     );
     let mut n = 0;
@@ -124,16 +137,17 @@ fn rl_published_phases_compared() {
         let r = r.unwrap();
         let row = predict(&r, &h);
         let t = row.times;
-        let cell = |p: f64, m: f64| format!("{p:.0}/{m:.0}");
+        let measured = |m: Option<f64>| m.map_or("-".to_string(), |m| format!("{m:.0}"));
+        let cell = |p: f64, m: Option<f64>| format!("{p:.0}/{}", measured(m));
         let refit = t.reshard + t.offload;
         println!(
-            "{:<28} {:>13} {:>13} {:>13} {:>13} {:>13}",
+            "{:<40} {:>13} {:>13} {:>13} {:>13} {:>13}",
             row.id,
             cell(t.rollout, col(&r, "generation_s")),
-            format!("{refit:.1}/{:.0}", col(&r, "refit_s")),
+            format!("{refit:.1}/{}", measured(col(&r, "refit_s"))),
             cell(t.forward, col(&r, "logprob_s")),
             cell(t.training, col(&r, "training_s")),
-            cell(row.predicted, row.measured),
+            cell(row.predicted, Some(row.measured)),
         );
         for v in [t.rollout, t.reshard + t.offload, t.forward, t.training] {
             assert!(v.is_finite() && v >= 0.0, "{}", row.id);
@@ -153,7 +167,7 @@ fn rl_published_runs_predicted() {
     let rows: Vec<Row> = rd.records().map(|r| predict(&r.unwrap(), &h)).collect();
     assert!(rows.len() >= 5, "at least five published RL runs");
     println!(
-        "{:<34} {:>10} {:>10} {:>8}  phases (s)",
+        "{:<42} {:>10} {:>10} {:>8}  phases (s)",
         "run", "predicted", "measured", "error"
     );
     let mut errors: Vec<f64> = Vec::new();
@@ -161,7 +175,7 @@ fn rl_published_runs_predicted() {
         let e = r.predicted / r.measured - 1.0;
         errors.push(e.abs());
         println!(
-            "{:<34} {:>10.1} {:>10.1} {:>+7.1}%  {}",
+            "{:<42} {:>10.1} {:>10.1} {:>+7.1}%  {}",
             r.id,
             r.predicted,
             r.measured,
@@ -235,9 +249,11 @@ fn check_rl_validation_file(rows: &[Row]) {
 const ROW_BAR: f64 = 5.0;
 
 /// The median error the published RL rows must stay under: a regression bar just
-/// above today's 35.7%; the goal, 20%, is not met (docs/rl.md says where the time
-/// goes, phase by phase, from NeMo RL's published v0.3 breakdown).
-const MEDIAN_BAR: f64 = 0.37;
+/// above today's 43.9% over seven rows (35.7% over NeMo RL's five before RLinf's
+/// verl/RLinf comparison joined, both rows about 45% short); the goal, 20%, is not
+/// met (docs/rl.md says where the time goes, phase by phase, from NeMo RL's v0.3
+/// breakdown and RLinf's comparison).
+const MEDIAN_BAR: f64 = 0.45;
 
 fn bar_args(model: &str, gpus: &str) -> Vec<String> {
     let common = if model == "8b" {

@@ -614,8 +614,10 @@ pub fn plan(
 }
 
 /// Prices a stated configuration (a published run's): the training layout as
-/// given, colocated unless `rollout_gpus < gpus`, and the engine's memory fraction
-/// when the run states it.
+/// given, colocated unless `rollout_gpus < gpus`, the engine's memory fraction
+/// when the run states it, and the framework's mechanics when it ran on verl or
+/// RLinf (`None`: as priced for no framework in particular).
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate_stated(
     w: &RlWorkload,
     hw: &HardwareProfile,
@@ -624,8 +626,12 @@ pub fn evaluate_stated(
     rollout_tp: u64,
     rollout_gpus: u64,
     memory_fraction: Option<f64>,
+    framework: Option<RlFramework>,
 ) -> Result<RlPlan, RlError> {
     w.check()?;
+    if let Some(f) = framework {
+        f.check(w)?;
+    }
     let colocated = rollout_gpus >= gpus;
     let train_gpus = if colocated { gpus } else { gpus - rollout_gpus };
     let cluster = Cluster::new(hw.clone(), train_gpus).map_err(|e| RlError::NothingFits {
@@ -634,7 +640,7 @@ pub fn evaluate_stated(
     let nothing = |r: Reject| RlError::NothingFits {
         reason: r.to_string(),
     };
-    let side = train_side(w, &cluster, train, None).map_err(nothing)?;
+    let side = train_side(w, &cluster, train, framework).map_err(nothing)?;
     let placement = Placement {
         kind: if colocated {
             PlacementKind::Colocated
@@ -653,7 +659,7 @@ pub fn evaluate_stated(
             rollout_tp,
             off,
             memory_fraction,
-            None,
+            framework,
         )
     };
     price(false).or_else(|_| price(true)).map_err(nothing)
@@ -993,8 +999,8 @@ mod tests {
         let hw = builtin_profile("h100-sxm").unwrap();
         let w = workload();
         let cfg = crate::rl::phases::fixed_config(1, 1, 1, 1, 16);
-        let derived = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, None).unwrap();
-        let stated = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, Some(0.5)).unwrap();
+        let derived = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, None, None).unwrap();
+        let stated = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, Some(0.5), None).unwrap();
         assert_eq!(stated.memory_fraction, 0.5);
         assert!(derived.memory_fraction > 0.5);
         assert!(stated.rollout.kv_bytes_per_gpu < derived.rollout.kv_bytes_per_gpu);
@@ -1005,7 +1011,7 @@ mod tests {
         let hw = builtin_profile("h100-sxm").unwrap();
         let w = workload();
         let cfg = crate::rl::phases::fixed_config(1, 1, 1, 1, 16);
-        let p = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, None).unwrap();
+        let p = evaluate_stated(&w, &hw, 16, &cfg, 1, 16, None, None).unwrap();
         assert!(!p.offload_params);
         let m = &p.train.estimate.memory;
         let moved = m.optimizer + p.rollout.weight_bytes_per_gpu;
