@@ -442,43 +442,44 @@ fn rl_exports_keys_are_all_in_the_key_table() {
 #[test]
 fn rl_plan_bad_input_is_one_line() {
     // Training-pool sizes outside 1..gpus, or for a search without the
-    // disaggregated placement, were dropped without a word.
-    for (t, placement, needle) in [
-        ("0", "disaggregated", "takes 1 to 15 of the 16 GPUs"),
-        ("16", "disaggregated", "takes 1 to 15 of the 16 GPUs"),
-        ("8", "colocated", "--placement colocated does not search"),
+    // disaggregated placement, were dropped without a word. A batch beyond any RL
+    // run was read as "no training layout fits" (the product of prompts and
+    // responses wrapped or overflowed the search).
+    let beyond = "responses per prompt is beyond what Sextant plans (at most 16777216";
+    for (a, av, b, bv, needle) in [
+        (
+            "--train-gpus",
+            "0",
+            "--placement",
+            "disaggregated",
+            "takes 1 to 15 of the 16 GPUs",
+        ),
+        (
+            "--train-gpus",
+            "16",
+            "--placement",
+            "disaggregated",
+            "takes 1 to 15 of the 16 GPUs",
+        ),
+        (
+            "--train-gpus",
+            "8",
+            "--placement",
+            "colocated",
+            "--placement colocated does not search",
+        ),
+        (
+            "--prompts",
+            "18446744073709551615",
+            "--responses",
+            "8",
+            beyond,
+        ),
+        ("--prompts", "4194304", "--responses", "8", beyond),
     ] {
         crate::common::fails_with_one_line(
-            &[
-                "rl-plan",
-                "--model",
-                "8b",
-                "--gpus",
-                "16",
-                "--train-gpus",
-                t,
-                "--placement",
-                placement,
-            ],
+            &["rl-plan", "--model", "8b", "--gpus", "16", a, av, b, bv],
             needle,
-        );
-    }
-    // A batch beyond any RL run was read as "no training layout fits" (the
-    // product of prompts and responses wrapped or overflowed the search).
-    for (prompts, responses) in [("18446744073709551615", "8"), ("4194304", "8")] {
-        crate::common::fails_with_one_line(
-            &[
-                "rl-plan",
-                "--model",
-                "8b",
-                "--gpus",
-                "16",
-                "--prompts",
-                prompts,
-                "--responses",
-                responses,
-            ],
-            "responses per prompt is beyond what Sextant plans (at most 16777216",
         );
     }
     crate::common::fails_with_one_line(
