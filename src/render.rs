@@ -955,7 +955,7 @@ pub fn memory_validation(rows: &[sextant_planner::validate::MemoryRow], md: bool
     } else {
         let _ = writeln!(
             s,
-            "\nPeak memory, predicted like with like (reserved: tensors and fragmentation; allocated, active: tensors; neither the runtime reserve):"
+            "\nPeak memory, predicted like with like (reserved: tensors, fragmentation and cached blocks; allocated, active: tensors; neither the runtime reserve):"
         );
         let _ = writeln!(
             s,

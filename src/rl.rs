@@ -247,7 +247,7 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
             .map(|b| (p, b))
     }) {
         println!(
-            "iteration band: the model's errors on {} (NeMo RL's, and verl's and RLinf's from RLinf's comparison; each from its stated configuration){}",
+            "iteration band: the model's errors on {} (NeMo RL's, and RLinf's from its comparison with verl; each from its stated configuration){}",
             b.basis,
             if b.low_secs > p.times.iteration {
                 "; every one took longer than predicted, so read the point as optimistic"

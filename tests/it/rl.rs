@@ -183,9 +183,8 @@ fn rl_published_runs_predicted() {
             r.phases
         );
     }
-    let mut sorted = errors.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
+    // The median `validate` reports (the mean of the middle two for an even count).
+    let median = sextant_planner::validate::median_abs(errors.iter().copied());
     println!("median |error| {:.1}%", 100.0 * median);
     for r in &rows {
         let ratio = r.predicted / r.measured;
@@ -249,11 +248,11 @@ fn check_rl_validation_file(rows: &[Row]) {
 const ROW_BAR: f64 = 5.0;
 
 /// The median error the published RL rows must stay under: a regression bar just
-/// above today's 43.9% over seven rows (35.7% over NeMo RL's five before RLinf's
-/// verl/RLinf comparison joined, both rows about 45% short); the goal, 20%, is not
+/// above today's 41.7% over six rows (NeMo RL's five: 35.7%; RLinf's own run in
+/// its comparison with verl is 48% short in every phase); the goal, 20%, is not
 /// met (docs/rl.md says where the time goes, phase by phase, from NeMo RL's v0.3
 /// breakdown and RLinf's comparison).
-const MEDIAN_BAR: f64 = 0.45;
+const MEDIAN_BAR: f64 = 0.43;
 
 fn bar_args(model: &str, gpus: &str) -> Vec<String> {
     let common = if model == "8b" {

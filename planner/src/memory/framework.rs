@@ -123,10 +123,13 @@ pub fn step_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldParams
 /// (e24d2483) with tensor parallelism in its sequence-parallel mode
 /// (`REDUCE_SCATTER`) gathers the column-parallel layers' input into a persistent
 /// `MemoryBuffer` ("allgather", `parallel/tensor_parallel/functional.py:154`, with
-/// the default `tp_recompute_allgather`) and the row-parallel layers' output
-/// gradient into a second ("allgather2", `:491`); the singleton never frees them
-/// (`parallel/utils.py:14-28`): two full-sequence [tokens, hidden] BF16 tensors,
-/// not split by TP. Other frameworks: none.
+/// the default `tp_recompute_allgather`) and, with
+/// `tp_linear_async_communication` (off by default, `config/parallelism_config.py`;
+/// the Ultra-Scale Playbook's runs set it, `scripts/scaling_benchmarks.py:88`),
+/// the row-parallel layers' output gradient into a second ("allgather2", `:491`);
+/// the singleton never frees them (`parallel/utils.py:14-28`): two full-sequence
+/// [tokens, hidden] BF16 tensors, not split by TP, priced as the Playbook ran.
+/// Other frameworks: none.
 pub fn token_buffers(framework: Framework, cfg: &ParallelConfig, tokens: f64, hidden: f64) -> f64 {
     match framework {
         Framework::Nanotron if cfg.tp > 1 && cfg.sp => 2.0 * tokens * hidden * 2.0,

@@ -316,6 +316,11 @@ impl RlWorkload {
         if longest > 1 << 20 {
             return Err(RlError::TooLong { tokens: longest });
         }
+        if self.epochs > MAX_EPOCHS {
+            return Err(RlError::TooManyEpochs {
+                epochs: self.epochs,
+            });
+        }
         if self.sequences() > MAX_SEQUENCES {
             return Err(RlError::TooManySequences {
                 prompts: self.prompts,
@@ -343,6 +348,10 @@ impl RlWorkload {
 /// counts and batch sizes derived from it stay exact in `u64` and `f64`.
 pub const MAX_SEQUENCES: u64 = 1 << 24;
 
+/// The most passes over one iteration's batch (`ppo_epochs`): published recipes
+/// run 1 to 4; the bound keeps optimizer steps per iteration exact.
+pub const MAX_EPOCHS: u64 = 1024;
+
 /// A workload or request that cannot be planned.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum RlError {
@@ -356,6 +365,8 @@ pub enum RlError {
     TooLong { tokens: u64 },
     #[error("{prompts} prompts x {responses} responses per prompt is beyond what Sextant plans (at most 16777216 sequences per iteration); give smaller --prompts or --responses")]
     TooManySequences { prompts: u64, responses: u64 },
+    #[error("{epochs} epochs per iteration is beyond what Sextant plans (at most 1024); give a smaller --epochs")]
+    TooManyEpochs { epochs: u64 },
     #[error("{sequences} sequences per iteration do not split into {mini_batches} mini-batches; choose --mini-batches dividing prompts x responses per prompt")]
     MiniBatches { sequences: u64, mini_batches: u64 },
     #[error("PPO trains a critic; give --critic MODEL (the actor's name for a critic of the same shape)")]

@@ -211,7 +211,15 @@ pub fn train_side(
         side.critic_train_bytes = c.memory.total;
     }
     if let Some(reward) = &w.reward {
-        let r = other(reward, "reward model", cluster, &tw, cfg)?;
+        // Forward passes only: its training memory is beside the point (the
+        // "reward forward" phase checks what the pass holds); shape rejections
+        // (heads TP does not divide, ...) still apply.
+        let r = crate::cost::evaluate(reward, cluster, &tw, cfg, assumptions()).map_err(
+            |rejection| Reject::OtherModel {
+                model: "reward model",
+                rejection,
+            },
+        )?;
         side.reward_secs = forward_of(&r) * batches;
         side.reward_weight_bytes = r.memory.weights;
     }

@@ -930,6 +930,23 @@ mod tests {
         // No learned reward, no such phase.
         let bare = plan(&workload(), &hw, 32, &small_search()).unwrap();
         assert!(bare.plans.iter().all(|p| phase(p).is_none()));
+        // A reward model far larger than the actor is planned when its pass fits,
+        // though training it on the actor's layout would not (its forward pass is
+        // all it runs).
+        let mut big = workload();
+        big.reward = Some(resolve("70b").unwrap().spec);
+        let mut s = small_search();
+        s.space.tp = Some(vec![8]);
+        let r = plan(&big, &hw, 32, &s).unwrap();
+        let p = &r.plans[0];
+        assert!(phase(p).unwrap() <= p.capacity_bytes);
+        let train_big = crate::cost::estimate(
+            big.reward.as_ref().unwrap(),
+            &Cluster::new(hw.clone(), 32).unwrap(),
+            &phases::train_workload(&big),
+            &p.train.config,
+        );
+        assert!(train_big.is_err(), "the check would not be needed");
     }
 
     #[test]
@@ -1031,6 +1048,13 @@ mod tests {
         let mut w = workload();
         w.lengths.response_max = 10;
         assert!(plan(&w, &hw, 16, &small_search()).is_err());
+        // Epochs whose product with the mini-batches would overflow.
+        let mut w = workload();
+        w.epochs = 1 << 62;
+        assert!(matches!(
+            plan(&w, &hw, 16, &small_search()),
+            Err(RlError::TooManyEpochs { .. })
+        ));
         let mut s = small_search();
         s.placements = vec![PlacementKind::Disaggregated];
         assert!(matches!(
