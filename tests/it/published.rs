@@ -655,8 +655,8 @@ const SWEEP_GUARDS: &[(&str, usize, usize)] = &[
 /// each row-parallel layer's full-sequence output while its reduce-scatter may
 /// still read it (PyTorch's `recordStream`), with the host ahead of the GPU:
 /// `memory::token_buffers`, `memory::cached_blocks` (docs/trust.md). The last is
-/// the allocator's timing, not measured on its own; the 80B pipeline rows are
-/// 5-42% high with it. The torchtitan rows without a compiled loss are within 6%
+/// the allocator's timing, not measured on its own; the 80B pipeline rows go
+/// from 19% low..9% high to 2% low..42% high with it. The torchtitan rows without a compiled loss are within 6%
 /// (8B FSDP) and 19% (405B, whose FSDP float8 all-gather the model does not
 /// price); the Trainy rows (torchtitan e7c0cae) compile the loss
 /// (`build_cross_entropy_loss`), priced as such (`cross_entropy = compiled`):
