@@ -154,7 +154,8 @@ pub struct ModelSpec {
     /// GPT-OSS's gated MLP: `x * sigmoid(1.702 x)` on the gate, both halves
     /// clamped to this limit and the linear half offset by 1 (Hugging Face
     /// `swiglu_limit`; Megatron --quick-geglu --activation-func-clamp-value
-    /// --glu-linear-offset). The same FLOPs as SwiGLU.
+    /// --glu-linear-offset). The same FLOPs as SwiGLU; Megatron-Core runs the
+    /// clamp as eager passes before its fused activation (priced in `cost::layer`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub glu_clamp: Option<f64>,
     /// A learned sink logit per head in the attention softmax (GPT-OSS; Megatron

@@ -172,7 +172,21 @@ pub(super) struct FeedForward {
     /// Transformer Engine op-fuser path (`use_transformer_engine_op_fuser`, opt-in)
     /// skips it. Zero without biases.
     expert_bias: f64,
+    /// Forward bytes each routed row moves for a clamped GLU's clamp (GPT-OSS's
+    /// `swiglu_limit`): Megatron-Core's fused quick-GeGLU (`bias_activation_fusion`)
+    /// runs the clamp eagerly before the fused kernel, `chunk`, a clamp of each half
+    /// and a `torch.cat` (megatron/core/fusions/fused_bias_geglu.py:424-431 at
+    /// d98e8a6, `weighted_bias_quick_geglu_impl`): read f and write f twice, then
+    /// read 2f and write 2f, BF16: 16f per row (f the expert FFN width on this
+    /// rank). Its backward is the two clamps' masked gradients (read the gradient
+    /// and the input, write the gradient: 12f), [`GLU_CLAMP_BWD`] of the forward.
+    /// Zero without a clamp.
+    glu_clamp: f64,
 }
+
+/// A clamped GLU's backward bytes over its forward's (12f against 16f; see
+/// `FeedForward::glu_clamp`).
+const GLU_CLAMP_BWD: f64 = 12.0 / 16.0;
 
 impl FeedForward {
     /// Activation function bytes per token of an MLP `ffn` wide split `div` ways
@@ -214,8 +228,9 @@ pub(super) fn layer_cost(c: &Ctx, kind: LayerKind) -> LayerCost {
     fwd.elementwise = elementwise_secs(c, kind, &proj, &ff);
 
     // Backward: each GEMM's input and weight gradients; attention backward;
-    // element-wise twice.
+    // element-wise twice, but a clamped GLU's clamp at its own ratio.
     let mut bwd = fwd.scaled(2.0);
+    bwd.elementwise -= c.mem(ff.routed_tokens * ff.glu_clamp * (2.0 - GLU_CLAMP_BWD));
     bwd.attention_core = core.bwd;
     bwd.attention_proj = proj.pass.bwd;
     bwd.mlp = ff.ffn.bwd;
@@ -387,6 +402,7 @@ fn feed_forward(c: &Ctx, kind: LayerKind) -> FeedForward {
     let mut expert_ffn = 0.0;
     let mut shuffle = 0.0;
     let mut expert_bias = 0.0;
+    let mut glu_clamp = 0.0;
     match (kind, &m.moe) {
         (LayerKind::Moe, Some(moe)) => {
             let etp = cfg.etp as f64;
@@ -398,6 +414,9 @@ fn feed_forward(c: &Ctx, kind: LayerKind) -> FeedForward {
             }
             routed_tokens = tokens / t * moe.top_k as f64 * etp * moe_load;
             expert_ffn = moe.expert_ffn_hidden as f64;
+            if m.glu_clamp.is_some() {
+                glu_clamp = 16.0 * expert_ffn / etp;
+            }
             let per_expert = routed_tokens / local_experts;
             experts = local_experts * mlp(expert_ffn, etp, per_expert);
             ffn = mlp(moe.shared_hidden() as f64, t, tokens);
@@ -416,6 +435,7 @@ fn feed_forward(c: &Ctx, kind: LayerKind) -> FeedForward {
         shared_ffn: m.moe.map_or(0.0, |x| x.shared_hidden() as f64),
         shuffle,
         expert_bias,
+        glu_clamp,
     }
 }
 
@@ -437,7 +457,10 @@ fn elementwise_secs(c: &Ctx, kind: LayerKind, proj: &Projections, ff: &FeedForwa
     let inner = match kind {
         LayerKind::Moe => {
             ff.routed_tokens / tokens
-                * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.shuffle + ff.expert_bias)
+                * (ff.act(ff.expert_ffn, cfg.etp as f64)
+                    + ff.shuffle
+                    + ff.expert_bias
+                    + ff.glu_clamp)
                 + ff.act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t)
         }
         LayerKind::Dense => ff.act(m.ffn_hidden as f64, t),
@@ -520,7 +543,8 @@ fn selective_secs(c: &Ctx, parts: &Parts, fwd: &OpClasses) -> f64 {
         }
         LayerKind::Moe => {
             if sel(RecomputeModules::MOE_ACT) {
-                sel_secs += c.mem(ff.routed_tokens * ff.act(ff.expert_ffn, cfg.etp as f64));
+                sel_secs += c
+                    .mem(ff.routed_tokens * (ff.act(ff.expert_ffn, cfg.etp as f64) + ff.glu_clamp));
             }
             if sel(RecomputeModules::SHARED_EXPERTS) {
                 sel_secs += fwd.mlp + c.mem(tokens * ff.act(shared_ffn, t));

@@ -309,6 +309,10 @@ impl<'a> Walker<'a> {
         self.mem(OpClass::Elementwise, sort * rows * h * B * 2, rc);
         self.gemm(OpClass::MoeExperts, (per, up * e, h), 1, n_local, rc);
         self.mem(OpClass::Elementwise, per * n_local * e * B * (up + 1), rc);
+        // A clamped GLU's eager clamp (`cost::layer`'s `glu_clamp`: 16 bytes per
+        // element of the expert FFN).
+        let clamp = u64::from(self.s.model.glu_clamp.is_some());
+        self.mem(OpClass::Elementwise, clamp * per * n_local * e * B * 8, rc);
         self.gemm(OpClass::MoeExperts, (per, h, e), 1, n_local, rc);
         // fc2's bias, scaled by the routing probability, added per local expert
         // (`cost::layer`'s `expert_bias`: 12 bytes per element).
@@ -358,9 +362,10 @@ impl<'a> Walker<'a> {
             true if cfg.recomputes(RecomputeModules::MOE) => self.moe_forward(true),
             true if cfg.recomputes(RecomputeModules::MOE_ACT) => {
                 let per = self.per_expert();
+                let clamp = 8 * u64::from(self.s.model.glu_clamp.is_some());
                 self.mem(
                     OpClass::Elementwise,
-                    per * self.z.local_experts * self.z.e * B * (up + 1),
+                    per * self.z.local_experts * self.z.e * B * (up + 1 + clamp),
                     true,
                 );
             }
@@ -401,9 +406,11 @@ impl<'a> Walker<'a> {
                 false,
             );
             self.linear_bwd(OpClass::MoeExperts, (per, h, e), n_local, w);
+            // The clamp's backward: 12 bytes per element (`cost::layer`).
+            let clamp = 6 * u64::from(self.s.model.glu_clamp.is_some());
             self.mem(
                 OpClass::Elementwise,
-                per * n_local * e * B * 2 * (up + 1),
+                per * n_local * e * B * (2 * (up + 1) + clamp),
                 false,
             );
             self.linear_bwd(OpClass::MoeExperts, (per, up * e, h), n_local, w);

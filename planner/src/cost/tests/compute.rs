@@ -259,6 +259,39 @@ fn expert_output_bias_moves_routed_rows() {
     assert_eq!(a.fwd.moe_experts, b.fwd.moe_experts);
 }
 
+/// A clamped GLU (GPT-OSS) runs its clamp eagerly before the fused activation:
+/// 16 bytes per element of each routed row's expert FFN forward, 12 backward,
+/// and 16 again where `moe_act` is recomputed; the GEMMs do not change.
+#[test]
+fn clamped_glu_moves_routed_rows() {
+    let clamped = resolve("gpt-oss-120b").unwrap().spec;
+    assert!(clamped.glu_clamp.is_some());
+    let plain = ModelSpec {
+        glu_clamp: None,
+        ..clamped.clone()
+    };
+    let moe = clamped.moe.unwrap();
+    let routed = 4096.0 * moe.top_k as f64;
+    let f = moe.expert_ffn_hidden as f64;
+    let (a, b, mem) = layer_pair(&clamped, &plain, &ep8(), LayerKind::Moe);
+    assert!(close(
+        a.fwd.elementwise - b.fwd.elementwise,
+        mem(routed * 16.0 * f)
+    ));
+    assert!(close(
+        a.bwd.elementwise - b.bwd.elementwise,
+        mem(routed * 12.0 * f)
+    ));
+    assert_eq!(a.fwd.moe_experts, b.fwd.moe_experts);
+    let act = ParallelConfig {
+        recompute: Recompute::Selective,
+        recompute_modules: crate::config::RecomputeModules::MOE_ACT,
+        ..ep8()
+    };
+    let (a, b, mem) = layer_pair(&clamped, &plain, &act, LayerKind::Moe);
+    assert!(close(a.recompute - b.recompute, mem(routed * 16.0 * f)));
+}
+
 /// A YaRN attention factor other than 1 runs Megatron-Core's unfused rotary:
 /// 24 bytes per element of Q and K forward instead of the fused kernel's 4, and
 /// twice the difference backward; nothing else moves.
