@@ -121,8 +121,9 @@ impl MemKind {
     /// The part of a stage's predicted memory that a measurement of this kind
     /// counts: the tensors (weights, gradients, optimizer state, activations,
     /// logits, framework buffers) for the allocated and active peaks, plus the
-    /// fragmentation and the cached blocks for the reserved peak. The reserve (CUDA context, NCCL, library workspaces outside
-    /// the allocator) is in no PyTorch statistic.
+    /// fragmentation and the cached blocks for the reserved peak. The reserve
+    /// (CUDA context, NCCL, library workspaces outside the allocator) is in no
+    /// PyTorch statistic.
     pub fn comparable_bytes(self, m: &StageMemory) -> f64 {
         let tensors = m.weights + m.gradients + m.optimizer + m.activations + m.logits + m.buffers;
         match self {
