@@ -141,6 +141,17 @@ fn forward_of(e: &Estimate) -> f64 {
     (e.step_secs - e.time.optimizer - e.time.recompute).max(0.0) / 3.0
 }
 
+/// The actor's layout for another model (critic, reward): its stage split is the
+/// actor's layers', so a model of another depth splits its own layers over the
+/// same stages (Megatron's balanced split).
+fn other_layout(model: &ModelSpec, actor: &ModelSpec, cfg: &ParallelConfig) -> ParallelConfig {
+    let mut c = cfg.clone();
+    if model.layers != actor.layers {
+        c.layout = Layout::balanced(model.layers, c.pp, c.vpp);
+    }
+    c
+}
+
 fn other(
     model: &ModelSpec,
     name: &'static str,
@@ -204,7 +215,13 @@ pub fn train_side(
         estimate: e,
     };
     if let Some(critic) = &w.critic {
-        let c = other(critic, "critic", cluster, &tw, cfg)?;
+        let c = other(
+            critic,
+            "critic",
+            cluster,
+            &tw,
+            &other_layout(critic, &w.actor, cfg),
+        )?;
         side.critic_train_secs = c.step_secs * steps;
         side.values_secs = forward_of(&c) * batches;
         side.critic_state_bytes = c.memory.weights + c.memory.optimizer;
@@ -214,7 +231,8 @@ pub fn train_side(
         // Forward passes only: its training memory is beside the point (the
         // "reward forward" phase checks what the pass holds); shape rejections
         // (heads TP does not divide, ...) still apply.
-        let r = crate::cost::evaluate(reward, cluster, &tw, cfg, assumptions()).map_err(
+        let rcfg = other_layout(reward, &w.actor, cfg);
+        let r = crate::cost::evaluate(reward, cluster, &tw, &rcfg, assumptions()).map_err(
             |rejection| Reject::OtherModel {
                 model: "reward model",
                 rejection,

@@ -947,6 +947,12 @@ mod tests {
             &p.train.config,
         );
         assert!(train_big.is_err(), "the check would not be needed");
+        // On an actor layout whose stages split the actor's 32 layers 11/11/10,
+        // the 70B reward splits its own 80 (it took the actor's split and failed).
+        let mut k = phases::fixed_config(1, 3, 1, 1, 8);
+        k.layout = crate::config::Layout::balanced(32, 3, 1);
+        let side = phases::train_side(&big, &Cluster::new(hw.clone(), 24).unwrap(), &k, None);
+        assert!(side.is_ok_and(|s| s.reward_weight_bytes > 0.0));
     }
 
     #[test]
