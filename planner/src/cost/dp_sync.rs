@@ -199,21 +199,20 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
     let grad_bytes = sh.params * memory::grad_bytes(cfg);
     let param_bytes = sh.params * memory::WEIGHT_BYTES;
     let deferred = c.a.framework.defers_sharded_grad_sync(cfg.pp);
+    if let Some(pattern) = PerLayer::of(c.a.framework, cfg.zero, deferred) {
+        per_layer_sync(c, sh, win, pattern, (grad_bytes, param_bytes), sync);
+        return;
+    }
     let (grad_coll, grad_calls, gather_calls) = match cfg.zero {
         Zero::None => (Collective::AllReduce, 1.0, 0.0),
         Zero::DistOpt => (Collective::ReduceScatter, 1.0, 1.0),
         // Sharded gradients cannot accumulate locally: reduce-scatter after
         // every micro-batch's backward, unless the framework holds them whole
         // until the last one.
-        Zero::Zero2 if deferred => (Collective::ReduceScatter, 1.0, 1.0),
         Zero::Zero2 => (Collective::ReduceScatter, mb, 1.0),
-        // FSDP: gather before each forward and backward, reduce after each backward.
+        // Per layer ([`PerLayer`]); not reached.
         Zero::Zero3 => (Collective::ReduceScatter, mb, 2.0 * mb),
     };
-    if cfg.zero == Zero::Zero3 {
-        zero3_sync(c, sh, win, (grad_bytes, param_bytes), sync);
-        return;
-    }
     let buckets = (sh.params / BUCKET_PARAMS).ceil().max(1.0);
     let grad_one = c.coll(grad_coll, grad_bytes / buckets, group) * buckets;
     let grad_total = grad_one * grad_calls;
@@ -271,47 +270,97 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
     }
 }
 
-/// ZeRO-3 / FSDP shards by layer: before each layer's forward and again before its
-/// backward (parameters are freed after the forward, the default of PyTorch
-/// FSDP2's reshard_after_forward and Megatron-FSDP) the layer's parameters are
-/// all-gathered, and after its backward its gradient is reduce-scattered, for every
-/// micro-batch. With one layer prefetched (FSDP2's default), a gather hides behind
-/// the previous layer's pass only; in the backward the gather and the
-/// reduce-scatter share the rank's links. The first gather of each pass and the
-/// last reduce-scatter wait in the open. Latency counts once per layer, so it
-/// grows with DP (see collective_secs). `bytes`: the gradient's and the
-/// parameters' bytes on this rank.
-///
-/// Where the framework defers the sync ([`super::Framework::defers_sharded_grad_sync`]:
-/// torchtitan's pipeline stages), the parameters are gathered in the first
-/// micro-batch's forward and kept, and the gradients are reduce-scattered in the
-/// last one's backward: one forward's gathers and one backward's reductions per step.
-fn zero3_sync(c: &Ctx, sh: &Shard, win: &Window, bytes: (f64, f64), sync: &mut StageSync) {
+/// How a framework that shards parameters by layer (FSDP's units) gathers and
+/// reduces them over a step's micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum PerLayer {
+    /// Gathered before every forward and again before every backward, reduced
+    /// after every backward: ZeRO-3 (Megatron-FSDP `optim_grads_params`, FSDP2
+    /// resharding after the forward).
+    EveryPass,
+    /// Gathered before every forward and kept through its backward (resharded
+    /// after it), reduced after every backward: torchtitan's ZeRO-2 without a
+    /// pipeline (FSDP2 `reshard_after_forward=False`; the backward reshards).
+    EveryForward,
+    /// torchtitan's ZeRO-3 in a pipeline stage (`reshard_after_forward=True`):
+    /// torch.distributed.pipelining turns resharding after the backward and the
+    /// gradient sync off for all but the last micro-batch
+    /// (`PipelineStage.backward_maybe_with_nosync`), so each backward gathers
+    /// the parameters its forward freed, the next forward finds them whole, and
+    /// the gradients are reduced once, after the last backward.
+    PipelinedResharding,
+    /// torchtitan's ZeRO-2 in a pipeline stage (`reshard_after_forward=False`,
+    /// torchtitan's own default under a pipeline): gathered in the first
+    /// forward and kept, reduced once after the last backward.
+    PipelinedKept,
+}
+
+impl PerLayer {
+    /// The pattern of `zero` under `framework`, `deferred` when the framework
+    /// holds the gradients until the last micro-batch; `None` where parameters
+    /// are not sharded by layer (ZeRO-0/1, Megatron-FSDP's `optim_grads`, which
+    /// keeps them whole and gathers once per step after the optimizer).
+    fn of(framework: Framework, zero: Zero, deferred: bool) -> Option<PerLayer> {
+        let titan = framework == Framework::Torchtitan;
+        match zero {
+            Zero::Zero3 if deferred => Some(PerLayer::PipelinedResharding),
+            Zero::Zero3 => Some(PerLayer::EveryPass),
+            Zero::Zero2 if titan && deferred => Some(PerLayer::PipelinedKept),
+            Zero::Zero2 if titan => Some(PerLayer::EveryForward),
+            _ => None,
+        }
+    }
+
+    /// (forward passes that gather, backward passes that gather, backward
+    /// passes that reduce) over `mb` micro-batches; a backward that gathers and
+    /// reduces is counted in both.
+    fn counts(self, mb: f64) -> (f64, f64, f64) {
+        match self {
+            PerLayer::EveryPass => (mb, mb, mb),
+            PerLayer::EveryForward => (mb, 0.0, mb),
+            PerLayer::PipelinedResharding => (1.0, mb, 1.0),
+            PerLayer::PipelinedKept => (1.0, 0.0, 1.0),
+        }
+    }
+}
+
+/// Parameters sharded by layer ([`PerLayer`]): each layer's parameters are
+/// all-gathered before a pass that needs them whole and its gradient
+/// reduce-scattered after a backward that syncs. With one layer prefetched
+/// (FSDP2's default), a gather hides behind the previous layer's pass only; in
+/// the backward the gather and the reduce-scatter share the rank's links. The
+/// first gather of each pass and the last reduce-scatter wait in the open.
+/// Latency counts once per layer, so it grows with DP (see collective_secs).
+/// `bytes`: the gradient's and the parameters' bytes on this rank.
+fn per_layer_sync(
+    c: &Ctx,
+    sh: &Shard,
+    win: &Window,
+    pattern: PerLayer,
+    bytes: (f64, f64),
+    sync: &mut StageSync,
+) {
     let (group, mb, units) = (sh.group, win.mb, win.units);
-    let deferred = c.a.framework.defers_sharded_grad_sync(c.cfg.pp);
     let (grad_bytes, param_bytes) = bytes;
     let ag = c.coll(Collective::AllGather, param_bytes / units, group);
     let rs = c.coll(Collective::ReduceScatter, grad_bytes / units, group);
     let (f_u, b_u) = (win.t_f / units, win.t_b / units);
+    // One pass's time waiting on its transfers, by what it moves.
     let fwd = ag + (units - 1.0) * (ag - f_u).max(0.0);
-    let (bwd, gathers, reductions) = if deferred {
-        (units * (rs - b_u).max(0.0) + rs, 1.0, 1.0)
-    } else {
-        (
-            ag + (units - 1.0) * (ag + rs - b_u).max(0.0) + rs,
-            2.0 * mb,
-            mb,
-        )
-    };
+    let bwd_both = ag + (units - 1.0) * (ag + rs - b_u).max(0.0) + rs;
+    let bwd_gather = ag + (units - 1.0) * (ag - b_u).max(0.0);
+    let bwd_reduce = units * (rs - b_u).max(0.0) + rs;
+    let (fwd_gathers, bwd_gathers, reductions) = pattern.counts(mb);
+    // Backward passes that do both are the ones that gather and reduce: every
+    // one (EveryPass) or the last (PipelinedResharding).
+    let both = bwd_gathers.min(reductions);
+    let busy = fwd_gathers * fwd
+        + both * bwd_both
+        + (bwd_gathers - both) * bwd_gather
+        + (reductions - both) * bwd_reduce;
+    let gathers = fwd_gathers + bwd_gathers;
     let gather_total = gathers * units * ag;
     let grad_total = reductions * units * rs;
-    // Passes that wait on their gathers or reductions: every micro-batch's, or
-    // the first forward and the last backward.
-    let busy = if deferred {
-        fwd + bwd
-    } else {
-        mb * (fwd + bwd)
-    };
     // Split the exposed time between the two terms by their share of the traffic.
     let share = gather_total / (gather_total + grad_total).max(f64::MIN_POSITIVE);
     let gather_exposed = (busy * share).min(gather_total);

@@ -54,17 +54,21 @@ pub struct HeldParams {
 ///   parameters' BF16 unless `gradient_as_bucket_view` is set (PyTorch DDP
 ///   documentation), which nanotron does not: 2 bytes per parameter with
 ///   data parallelism.
-/// - torchtitan's FSDP2 all-gathers BF16 parameters. Without pipelining each
-///   transformer block is its own unit: the block at work and the one prefetched
-///   (2 x 2 bytes per block parameter), the block's unsharded gradient in BF16
-///   and its FP32 upcast for the reduce-scatter (2 + 4), and the root module's
-///   embedding and output layer, gathered again for the backward (2). With
-///   pipelining torchtitan does not reshard after the forward
-///   (`reshard_after_forward=False`), and torch.distributed.pipelining turns
-///   gradient reduction off for all but the last micro-batch's backward
-///   (`set_requires_gradient_sync(False)`), so FSDP2 accumulates unsharded
-///   gradients in the FP32 reduce dtype: the stage's BF16 parameters (2) and,
-///   with more than one micro-batch, its FP32 gradients (4).
+/// - torchtitan's FSDP2 all-gathers BF16 parameters. ZeRO-3 without pipelining
+///   (`reshard_after_forward=True`): each transformer block is its own unit, the
+///   block at work and the one prefetched (2 x 2 bytes per block parameter), the
+///   block's unsharded gradient in BF16 and its FP32 upcast for the
+///   reduce-scatter (2 + 4), and the root module's embedding and output layer,
+///   gathered again for the backward (2). In a pipeline stage,
+///   torch.distributed.pipelining turns resharding after the backward and the
+///   gradient sync off for all but the last micro-batch
+///   (`PipelineStage.backward_maybe_with_nosync`: `set_reshard_after_backward`
+///   and `set_requires_gradient_sync(False)`), so every parameter is whole after
+///   each backward (2) and FSDP2 accumulates unsharded gradients in the FP32
+///   reduce dtype: with more than one micro-batch, the stage's FP32 gradients
+///   (4). ZeRO-2 (`reshard_after_forward=False`) holds the same gradients, and
+///   without a pipeline one block's (2 + 4); its gathered parameters are the
+///   model state's unsharded BF16 weights.
 pub fn framework_buffers(
     framework: Framework,
     cfg: &ParallelConfig,
@@ -80,18 +84,22 @@ pub fn framework_buffers(
                 0.0
             }
         }
-        Framework::Torchtitan if cfg.zero == Zero::Zero3 => {
+        Framework::Torchtitan if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) => {
             let block_grads = (2.0 + 4.0) * held.layer;
-            if cfg.pp > 1 {
-                2.0 * held.all
-                    + if micro_batches > 1 {
-                        4.0 * held.all
-                    } else {
-                        block_grads
-                    }
+            let grads = if cfg.pp > 1 && micro_batches > 1 {
+                4.0 * held.all
             } else {
-                2.0 * 2.0 * held.layer + block_grads + 2.0 * held.root
-            }
+                block_grads
+            };
+            // ZeRO-2 (`fsdp_reshard_after_forward = "never"`): every gathered BF16
+            // parameter stays whole until its backward, which the model state
+            // already counts as unsharded BF16 weights ([`super::model_state`]).
+            let params = match (cfg.zero, cfg.pp > 1) {
+                (Zero::Zero2, _) => 0.0,
+                (_, true) => 2.0 * held.all,
+                (_, false) => 2.0 * 2.0 * held.layer + 2.0 * held.root,
+            };
+            params + grads
         }
         Framework::Torchtitan => 0.0,
         // Its FP32 gradient buckets are the model state's gradients; the BF16

@@ -395,6 +395,19 @@ fn framework_layouts_by_hand() {
         framework_buffers(Framework::Torchtitan, &z3, held, 1),
         200.0 + 60.0
     );
+    // ZeRO-2 (no resharding after the forward): its gathered parameters are the
+    // model state's BF16 weights; a pipeline stage still accumulates the FP32
+    // gradients whole, and without a pipeline one block's are held for its
+    // reduce-scatter.
+    let mut z2 = z3.clone();
+    z2.zero = Zero::Zero2;
+    assert_eq!(
+        framework_buffers(Framework::Torchtitan, &z2, held, 4),
+        400.0
+    );
+    assert_eq!(framework_buffers(Framework::Torchtitan, &z2, held, 1), 60.0);
+    z2.pp = 1;
+    assert_eq!(framework_buffers(Framework::Torchtitan, &z2, held, 4), 60.0);
 }
 
 /// ScaleTorch trains pure BF16: a BF16 weight and two BF16 Adam moments, and an

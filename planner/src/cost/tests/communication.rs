@@ -286,6 +286,49 @@ fn dp_pp_cp_and_ep_terms_are_hand_computable() {
     assert!(td < ta, "dedup {td} vs all-to-all {ta}");
 }
 
+/// Sharded data parallelism by layer, gathers and reductions per step: ZeRO-3
+/// gathers before every pass and reduces after every backward; torchtitan's
+/// ZeRO-2 without a pipeline gathers before every forward only (FSDP2 keeps the
+/// parameters through the backward, then reshards); in a pipeline stage
+/// torch.distributed.pipelining holds the gradients to the last micro-batch,
+/// ZeRO-3 gathering before the first forward and every backward, ZeRO-2 once.
+#[test]
+fn sharded_gathers_and_reductions_per_step_follow_the_framework() {
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
+    let m = resolve("llama3-8b").unwrap().spec;
+    let titan = Assumptions {
+        framework: Framework::Torchtitan,
+        ..Assumptions::default()
+    };
+    let counts = |zero: Zero, pp: u64, a: Assumptions| {
+        let mut k = cfg(1, pp, 1, 64 / pp);
+        k.zero = zero;
+        let w = wl(4096, 8 * 64 / pp);
+        let e = evaluate(&m, &c, &w, &k, a).unwrap();
+        let layers = e.stages[0].layers as f64;
+        let mb = 8.0;
+        (
+            term(&e, CommKind::DpParam).calls_per_step / layers / mb,
+            term(&e, CommKind::DpGrad).calls_per_step / layers / mb,
+        )
+    };
+    // Megatron-FSDP and FSDP2 resharding after the forward: 2 gathers and 1
+    // reduction per micro-batch.
+    assert_eq!(counts(Zero::Zero3, 1, Assumptions::default()), (2.0, 1.0));
+    assert_eq!(counts(Zero::Zero3, 1, titan), (2.0, 1.0));
+    assert_eq!(counts(Zero::Zero2, 1, titan), (1.0, 1.0));
+    // Pipelined: 8 micro-batches, gradients reduced once.
+    assert_eq!(counts(Zero::Zero3, 2, titan), (9.0 / 8.0, 1.0 / 8.0));
+    assert_eq!(counts(Zero::Zero2, 2, titan), (1.0 / 8.0, 1.0 / 8.0));
+    // Megatron-FSDP's optim_grads keeps the parameters whole: bucketed, one
+    // gather per step after the optimizer, a reduction per micro-batch.
+    let mut k = cfg(1, 1, 1, 64);
+    k.zero = Zero::Zero2;
+    let e = evaluate(&m, &c, &wl(4096, 8 * 64), &k, Assumptions::default()).unwrap();
+    let buckets = (e.stages[0].memory.params / BUCKET_PARAMS).ceil();
+    assert_eq!(term(&e, CommKind::DpParam).calls_per_step, buckets);
+}
+
 #[test]
 fn expected_remote_domains_by_hand() {
     // 8 experts on 2 domains, top-2: the other domain is missed with
