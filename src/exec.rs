@@ -723,6 +723,15 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
             force: a.force,
         });
     }
+    // The runs and a profile file are inputs: an overlay written over one would
+    // lose it (a built-in profile name matches no file).
+    let inputs: Vec<(&str, &str)> = a
+        .runs
+        .iter()
+        .map(|p| ("run", p.as_str()))
+        .chain(a.hardware.iter().map(|h| ("--hardware", h.as_str())))
+        .collect();
+    crate::io::check_outputs(&[("--out", a.out.as_str())], &inputs, a.force)?;
     let runs: Vec<MeasuredRun> = a.runs.iter().map(|p| read_run(p)).collect::<Result<_>>()?;
     let profile = load_hardware(a.hardware.as_deref().unwrap_or(&runs[0].profile))?;
     let overlay = calibrate(&runs, &profile).map_err(|e| anyhow!(e))?;
@@ -801,7 +810,12 @@ fn calibrate_bench(a: &CalibrateArgs) -> Result<()> {
     let Some(hw) = &a.hardware else {
         bail!("calibrate --bench needs --hardware PROFILE (e.g. h100-sxm, or a profile JSON): a benchmark file names its GPU, not the profile to calibrate");
     };
-    let inputs: Vec<(&str, &str)> = a.bench.iter().map(|p| ("--bench", p.as_str())).collect();
+    let inputs: Vec<(&str, &str)> = a
+        .bench
+        .iter()
+        .map(|p| ("--bench", p.as_str()))
+        .chain(std::iter::once(("--hardware", hw.as_str())))
+        .collect();
     crate::io::check_outputs(&[("--out", a.out.as_str())], &inputs, a.force)?;
     let profile = load_hardware(hw)?;
     let files = a

@@ -756,4 +756,41 @@ fn calibrate_log_never_overwrites_without_force() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     Overlay::from_json(&std::fs::read_to_string(out).unwrap()).unwrap();
+    // The measured runs and a --hardware profile file are inputs too, checked
+    // before anything is read.
+    let run = dir.path("run.json");
+    std::fs::write(&run, "a measured run\n").unwrap();
+    let run = run.to_str().unwrap();
+    fails_with_one_line(
+        &["calibrate", run, "-o", run, "--force"],
+        "is the same file as the input run",
+    );
+    let profile = dir.path("profile.json");
+    std::fs::write(&profile, "a profile\n").unwrap();
+    let profile = profile.to_str().unwrap();
+    for args in [
+        vec![
+            "calibrate",
+            run,
+            "--hardware",
+            profile,
+            "-o",
+            profile,
+            "--force",
+        ],
+        vec![
+            "calibrate",
+            "--bench",
+            run,
+            "--hardware",
+            profile,
+            "-o",
+            profile,
+            "--force",
+        ],
+    ] {
+        fails_with_one_line(&args, "is the same file as the input --hardware");
+    }
+    assert_eq!(std::fs::read_to_string(run).unwrap(), "a measured run\n");
+    assert_eq!(std::fs::read_to_string(profile).unwrap(), "a profile\n");
 }
