@@ -579,10 +579,12 @@ fn forward_flops_per_sequence(c: &Ctx, parts: &Parts) -> f64 {
         None => h * (m.q_dim() + 2 * m.kv_dim() + m.attn_out_dim()) as f64,
     };
     let mlp_params = match (parts.kind, &m.moe) {
+        // The routed copies a capacity drops skip their experts: not model FLOPs.
         (LayerKind::Moe, Some(moe)) => {
+            let kept = 1.0 - c.w.moe_rank_load(moe, cfg.ep).dropped;
             m.mlp.matrices() as f64
                 * h
-                * (moe.top_k * moe.expert_ffn_hidden + moe.shared_hidden()) as f64
+                * ((moe.top_k * moe.expert_ffn_hidden) as f64 * kept + moe.shared_hidden() as f64)
                 + h * moe.experts as f64
         }
         _ => m.mlp.matrices() as f64 * h * m.ffn_hidden as f64,

@@ -409,3 +409,34 @@ fn recompute_ordering_and_fp8_speed() {
         six_n
     );
 }
+
+/// Routed copies a capacity factor drops skip their experts, so they are no
+/// model FLOPs: a step that drops most of them cannot report more model FLOPs
+/// per second than the GPU's BF16 peak (a factor of 0.01 once printed MFU 255%).
+#[test]
+fn dropped_tokens_are_not_model_flops() {
+    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), 64).unwrap();
+    let m = resolve("mixtral-8x7b").unwrap().spec;
+    let mut k = cfg(2, 1, 1, 32);
+    (k.ep, k.etp, k.sp, k.mbs, k.zero) = (8, 2, true, 8, Zero::DistOpt);
+    let mut last = f64::INFINITY;
+    for factor in [0.01, 0.1, 0.5, 1.0] {
+        for pad in [false, true] {
+            let mut w = wl(4096, 512);
+            w.moe_capacity = Some(crate::routing::Capacity { factor, pad });
+            let e = evaluate(&m, &c, &w, &k, Assumptions::default()).unwrap();
+            assert!(
+                e.mfu > 0.0 && e.mfu <= 1.0,
+                "factor {factor} pad {pad}: MFU {}",
+                e.mfu
+            );
+            assert!(e.hfu <= 1.0, "factor {factor} pad {pad}: HFU {}", e.hfu);
+            // More kept tokens, more model FLOPs per step.
+            let flops = e.model_tflops_per_gpu * e.step_secs;
+            if !pad {
+                assert!(flops > 0.0 && (last.is_infinite() || flops > last));
+                last = flops;
+            }
+        }
+    }
+}
