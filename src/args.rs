@@ -275,6 +275,12 @@ impl Common {
                 cluster.profile.gpu.name
             );
         }
+        if precision == Precision::Mxfp8 && !cluster.profile.gpu.mxfp8 {
+            bail!(
+                "--precision mxfp8: {} has no block-scaled FP8 (Transformer Engine runs MXFP8 on Blackwell, compute capability 10.0, only); use fp8",
+                cluster.profile.gpu.name
+            );
+        }
         if self.seq < 2 || self.seq > MAX_SEQ {
             bail!(
                 "--seq {} is out of range: use 2 to {MAX_SEQ} tokens",

@@ -227,6 +227,21 @@ fn render(
     let megatron = || megatron::args(plan, i).map(launch::Program::Megatron);
     let refuse = |reason: Reason| reason.at(target);
     let cfg = &plan.plans[i].config;
+    // A hand-edited or foreign plan file may pair MXFP8 with a GPU that has none:
+    // Transformer Engine refuses it at start-up.
+    if plan.workload.precision == sextant_planner::config::Precision::Mxfp8
+        && !plan.hardware.gpu.mxfp8
+        && target != Target::RankMap
+        && target != Target::RankMapJson
+    {
+        return Err(ExportError::Inexpressible {
+            target,
+            reason: format!(
+                "the plan trains in MXFP8 on {}, which has no block-scaled FP8 (Transformer Engine runs MXFP8 on Blackwell only); re-plan with --precision fp8",
+                sextant_planner::json::one_line(&plan.hardware.gpu.name, 60)
+            ),
+        });
+    }
     // BF16 Adam moments (Megatron-Core's precision-aware optimizer) need a torch
     // dtype: verl and RLinf pass optimizer overrides on without turning dtype names
     // into dtypes, and torchtitan has no such optimizer.

@@ -941,6 +941,21 @@ pub fn bad_input_gets_one_clear_line() {
         ],
         "no FP8",
     );
+    // MXFP8 is Blackwell's: Transformer Engine refuses it on Hopper.
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--gpu",
+            "h100",
+            "--precision",
+            "mxfp8",
+        ],
+        "has no block-scaled FP8",
+    );
     fails_with_one_line(
         &["plan", "--model", "70b", "--gpus", "128", "--gpu", "h10"],
         "did you mean",

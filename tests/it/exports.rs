@@ -38,10 +38,22 @@ fn plan(
     )
 }
 
-/// A plan file for one configuration, priced under `a`.
+/// A plan file for one configuration on H100s, priced under `a`.
 fn priced(model: &str, gpus: u64, w: Workload, cfg: ParallelConfig, a: Assumptions) -> PlanFile {
+    priced_on("h100-sxm", model, gpus, w, cfg, a)
+}
+
+/// A plan file for one configuration on `profile`'s GPUs, priced under `a`.
+fn priced_on(
+    profile: &str,
+    model: &str,
+    gpus: u64,
+    w: Workload,
+    cfg: ParallelConfig,
+    a: Assumptions,
+) -> PlanFile {
     let m = resolve(model).unwrap().spec;
-    let c = Cluster::new(builtin_profile("h100-sxm").unwrap(), gpus).unwrap();
+    let c = Cluster::new(builtin_profile(profile).unwrap(), gpus).unwrap();
     let e = evaluate(&m, &c, &w, &cfg, a).unwrap_or_else(|r| panic!("{model}: {r}"));
     let mut p = PlanFile::new(m, c.profile, gpus, w, a, None, vec![(cfg, e)]);
     p.generator = "sextant (test)".into();
@@ -326,7 +338,21 @@ fn megatron_variants() -> Vec<PlanFile> {
     let mut c = cfg(8, 8, 2, 1, 1);
     c.layout = Layout::AccountEmbeddingLoss;
     c.zero = Zero::Zero3;
-    variants.push(plan("llama3.1-405b", 64, 4096, 64, Precision::Mxfp8, c));
+    // MXFP8 runs on Blackwell only.
+    variants.push(priced_on(
+        "b200",
+        "llama3.1-405b",
+        64,
+        Workload {
+            seq: 4096,
+            global_batch: 64,
+            precision: Precision::Mxfp8,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        },
+        c,
+        Assumptions::default(),
+    ));
     let mut c = cfg(8, 4, 1, 1, 2);
     c.layout = Layout::FirstLast {
         first: 30,
@@ -2037,4 +2063,35 @@ fn scaletorch_launch_sets_context_parallel_and_refuses_pipelined_recomputation()
         e.contains("full recomputation with pipeline parallelism") && !e.contains('\n'),
         "{e}"
     );
+}
+
+/// A plan file that pairs MXFP8 with a GPU without it (hand-edited, or an H100
+/// plan's precision changed) is refused by every training export in one line:
+/// Transformer Engine refuses the recipe at start-up. The rank maps, which
+/// launch nothing, still render.
+#[test]
+fn mxfp8_on_a_gpu_without_it_is_refused() {
+    let opts = LaunchOptions::default();
+    let mut p = dense();
+    assert!(!p.hardware.gpu.mxfp8, "the H100 profile has no MXFP8");
+    p.workload.precision = Precision::Mxfp8;
+    for target in [
+        Target::MegatronLm,
+        Target::MegatronCore,
+        Target::MegatronBridge,
+        Target::Torchrun,
+        Target::Slurm,
+    ] {
+        let e = export(&p, 1, target, &opts).unwrap_err().to_string();
+        assert!(
+            e.contains("no block-scaled FP8") && !e.contains('\n'),
+            "{target:?}: {e}"
+        );
+    }
+    assert!(export(&p, 1, Target::RankMap, &opts).is_ok());
+    // On Blackwell the same plan exports its recipe.
+    p.hardware = sextant_planner::hardware::builtin_profile("b200").unwrap();
+    assert!(export(&p, 1, Target::MegatronLm, &opts)
+        .unwrap()
+        .contains("--fp8-recipe mxfp8"));
 }

@@ -43,6 +43,13 @@ pub struct PeakTflops {
 pub struct Gpu {
     pub name: String,
     pub peak_tflops: PeakTflops,
+    /// Block-scaled FP8 (MXFP8) in the tensor cores: Blackwell and newer.
+    /// Transformer Engine's MXFP8 recipe needs compute capability 10.0 to 11.x
+    /// (TransformerEngine d0067d0 `transformer_engine/pytorch/quantization.py:162-168`,
+    /// `_compute_mxfp8_support`); Hopper runs FP8 with per-tensor or blockwise
+    /// scales only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mxfp8: bool,
     /// Usable HBM as the driver reports it, GiB.
     pub hbm_gib: f64,
     pub hbm_tbytes_per_s: f64,
