@@ -493,6 +493,35 @@ fn rl_plan_bad_input_is_one_line() {
         ],
         "unknown --placement '\\u{1b}[2J'",
     );
+    // A rollout engine the serving engines cannot run: one that straddles a
+    // node boundary, or splits the heads unevenly (it was priced and exported).
+    for (tp, needle) in [
+        (
+            "3",
+            "rollout TP 3: an engine spans part of one 8-GPU node or whole nodes",
+        ),
+        (
+            "12",
+            "rollout TP 12: an engine spans part of one 8-GPU node",
+        ),
+        (
+            "64",
+            "rollout TP 64: 32 attention heads do not split evenly over 64 GPUs",
+        ),
+    ] {
+        crate::common::fails_with_one_line(
+            &[
+                "rl-plan",
+                "--model",
+                "8b",
+                "--gpus",
+                "64",
+                "--rollout-tp",
+                tp,
+            ],
+            needle,
+        );
+    }
     for bad in [
         // More GPUs than Sextant models: refused before any search (it grew a
         // vector per node and panicked on capacity overflow).

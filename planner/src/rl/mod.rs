@@ -369,6 +369,12 @@ pub enum RlError {
     TooManyEpochs { epochs: u64 },
     #[error("{sequences} sequences per iteration do not split into {mini_batches} mini-batches; choose --mini-batches dividing prompts x responses per prompt")]
     MiniBatches { sequences: u64, mini_batches: u64 },
+    #[error("rollout TP {tp}: {reason}; within one node these run: {valid}")]
+    RolloutTp {
+        tp: u64,
+        reason: String,
+        valid: String,
+    },
     #[error("PPO trains a critic; give --critic MODEL (the actor's name for a critic of the same shape)")]
     PpoWithoutCritic,
     #[error("GRPO has no critic; drop --critic or use --algorithm ppo")]

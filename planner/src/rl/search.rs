@@ -501,11 +501,50 @@ pub fn plan(
         v.dedup();
         v
     };
-    let tps: Vec<u64> = s
-        .rollout_tp
-        .as_deref()
-        .map(distinct)
-        .unwrap_or_else(|| divisors(per_node.min(hw.node.nvlink_domain)));
+    // One engine spans part of a node (an NVLink domain) or whole ones (the
+    // searched default: the sizes that divide the node), and vLLM and SGLang
+    // split the attention heads evenly over its GPUs, the KV heads too or each
+    // one replicated over whole groups of ranks (vLLM
+    // `ModelConfig.verify_with_parallel_config`: heads divisible by TP;
+    // `QKVParallelLinear`: KV heads divisible by TP or TP by them).
+    let domain = per_node.min(hw.node.nvlink_domain);
+    let runs = |tp: u64| -> Result<(), String> {
+        let (heads, kv) = (w.actor.heads, w.actor.kv_heads.max(1));
+        if !(domain.is_multiple_of(tp) || tp.is_multiple_of(domain)) {
+            Err(format!("an engine spans part of one {domain}-GPU node or whole nodes, so TP divides {domain} or is a multiple of it"))
+        } else if !heads.is_multiple_of(tp) {
+            Err(format!(
+                "{heads} attention heads do not split evenly over {tp} GPUs"
+            ))
+        } else if !(kv.is_multiple_of(tp) || tp.is_multiple_of(kv)) {
+            Err(format!(
+                "{kv} KV heads neither split over {tp} GPUs nor replicate evenly on them"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let valid = divisors(domain)
+        .into_iter()
+        .filter(|&t| runs(t).is_ok())
+        .collect::<Vec<_>>();
+    let tps: Vec<u64> = match s.rollout_tp.as_deref().map(distinct) {
+        Some(v) => {
+            if let Some((tp, reason)) = v.iter().find_map(|&t| runs(t).err().map(|r| (t, r))) {
+                return Err(RlError::RolloutTp {
+                    tp,
+                    reason,
+                    valid: valid
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            v
+        }
+        None => valid,
+    };
     let mut s = RlSearch {
         train_gpus: s.train_gpus.as_deref().map(distinct),
         ..s.clone()
