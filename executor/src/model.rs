@@ -6,7 +6,7 @@
 //!
 //! The same layer code runs sharded (real groups) and as the reference (groups of
 //! one): the reference is what the sharded run must reproduce. Simplifications, all
-//! stated in ARCHITECTURE.md: no norms, ReLU MLPs, no embedding or output layer (the
+//! stated in ARCHITECTURE.md: no norms, SiLU MLPs, no embedding or output layer (the
 //! first stage generates its input, the last takes loss = sum(x^2) / 2N), top-k
 //! routing with the gates treated as constants (the router is frozen), dropless.
 //!
@@ -494,7 +494,7 @@ pub fn forward(
         let h = gemm(s, "mlp", &x1f, false, &p.w1, false);
         let t = s.rec.start();
         let mut a = h.clone();
-        a.data.iter_mut().for_each(|z| *z = z.max(0.0));
+        a.data.iter_mut().for_each(|z| *z = silu(*z));
         s.rec.add("elementwise", t);
         let y = leave_tp(s, gemm(s, "mlp", &a, false, &p.w2, false))?;
         (y, x1f, h, None)
@@ -515,6 +515,22 @@ pub fn forward(
             moe: moe_saved,
         },
     ))
+}
+
+/// The MLPs' and experts' activation, SiLU (`z * sigmoid(z)`). Its derivative is
+/// continuous: under ReLU's step, a pre-activation within rounding of zero took
+/// the sign the summation order gave it, so a sharded run and its reference
+/// (orders that sharding changes) could switch a unit on in one and off in the
+/// other, and one token's gradient differed by a whole unit's share (0.6% on an
+/// interleaved TP 4 x DP 2 run, past the checks' tolerance) with no layout error.
+pub(crate) fn silu(z: f32) -> f32 {
+    z / (1.0 + (-z).exp())
+}
+
+/// d silu / dz = sigmoid(z) (1 + z (1 - sigmoid(z))).
+pub(crate) fn silu_grad(z: f32) -> f32 {
+    let sg = 1.0 / (1.0 + (-z).exp());
+    sg * (1.0 + z * (1.0 - sg))
 }
 
 /// Weight-gradient work: `grad += a^T g`, run at once or deferred (zero-bubble W).
@@ -553,7 +569,7 @@ pub fn backward(
         let dyf = enter_tp(s, dout)?;
         let mut da = gemm(s, "mlp", &dyf, false, &p.w2, true);
         let mut a = sv.h.clone();
-        a.data.iter_mut().for_each(|z| *z = z.max(0.0));
+        a.data.iter_mut().for_each(|z| *z = silu(*z));
         wjobs.push(WJob {
             layer,
             slot: 3,
@@ -562,9 +578,7 @@ pub fn backward(
             g: dyf,
         });
         for (g, h) in da.data.iter_mut().zip(&sv.h.data) {
-            if *h <= 0.0 {
-                *g = 0.0;
-            }
+            *g *= silu_grad(*h);
         }
         let dxf = gemm(s, "mlp", &da, false, &p.w1, true);
         wjobs.push(WJob {

@@ -283,6 +283,40 @@ fn cpu_backend_interleaved_schedule_with_uneven_layers() {
     assert_in_flight_matches_simulator(&run, Schedule::Interleaved);
 }
 
+/// A deep interleaved pipeline with TP 4 runs four steps within the reference's
+/// tolerance. Under ReLU a pre-activation within rounding of zero switched a unit
+/// on in the sharded run and off in the reference (their summation orders
+/// differ), and this plan failed at its third step 2.11e-3 off, with no layout
+/// error; the executed MLPs now use SiLU, whose derivative is continuous.
+#[test]
+fn cpu_backend_deep_interleaving_stays_within_tolerance_over_steps() {
+    let dir = TempDir::new("exec-deep-vpp");
+    let p = plan(
+        &dir,
+        "deep.json",
+        &[
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "4",
+            "--pp",
+            "2",
+            "--vpp",
+            "8",
+            "--dp",
+            "1",
+            "--mbs",
+            "2",
+            "--global-batch",
+            "16",
+        ],
+    );
+    let run = exec_ok(&dir, &p, &["--warmup", "0", "--max-steps", "4"]);
+    assert_eq!(run.steps, 4);
+}
+
 /// Fault cases below are run by the reliability summary, which counts them.
 fn temp_plan_8b(dir: &TempDir) -> String {
     temp_plan_8b_with(dir, &[])

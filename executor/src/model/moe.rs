@@ -54,7 +54,7 @@ pub(super) fn moe_forward(s: &Shard, d: &Dims, p: &LayerParams, x: &Mat) -> R<(M
         let (w1, w2) = &p.experts[le];
         let h = gemm(s, "moe_experts", &xr, false, w1, false);
         let mut act = h.clone();
-        act.data.iter_mut().for_each(|z| *z = z.max(0.0));
+        act.data.iter_mut().for_each(|z| *z = super::silu(*z));
         partial.push(gemm(s, "moe_experts", &act, false, w2, false));
         rows.push((xr, h));
     }
@@ -251,12 +251,10 @@ pub(super) fn moe_backward(
         let (w1, w2) = &p.experts[le];
         let (xr, h) = &m.rows[le];
         let mut act = h.clone();
-        act.data.iter_mut().for_each(|z| *z = z.max(0.0));
+        act.data.iter_mut().for_each(|z| *z = super::silu(*z));
         let mut dh = gemm(s, "moe_experts", &dy, false, w2, true);
         for (g, hv) in dh.data.iter_mut().zip(&h.data) {
-            if *hv <= 0.0 {
-                *g = 0.0;
-            }
+            *g *= super::silu_grad(*hv);
         }
         wjobs.push(WJob {
             layer,
