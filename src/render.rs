@@ -40,13 +40,25 @@ pub fn assumptions(inp: &Inputs) -> String {
     );
     let _ = writeln!(
         s,
-        "Cluster:   {} x {} ({}), {} nodes of {}, NVLink domain {} at {:.0} GB/s, network {:.0} GB/s per GPU, {:.1} GiB HBM of which plans use at most {:.1} (headroom {:.0}%, --mem-headroom)",
+        "Cluster:   {} x {} ({}), {} nodes of {}, NVLink domain {}{} at {:.0} GB/s, network {:.0} GB/s per GPU, {:.1} GiB HBM of which plans use at most {:.1} (headroom {:.0}%, --mem-headroom)",
         inp.cluster.gpus,
         name(&p.gpu.name),
         name(&p.name),
         inp.cluster.nodes(),
         p.node.gpus_per_node,
         p.node.nvlink_domain,
+        if inp.cluster.gpus <= inp.cluster.profile_domain
+            && inp.cluster.profile_domain != p.node.nvlink_domain
+        {
+            format!(" (the job's part of one {}-GPU domain)", inp.cluster.profile_domain)
+        } else if inp.cluster.profile_domain != p.node.nvlink_domain {
+            format!(
+                " (the job in equal segments of whole nodes of the {}-GPU domains, as Slurm's --segment places it)",
+                inp.cluster.profile_domain
+            )
+        } else {
+            String::new()
+        },
         p.node.nvlink_gbytes_per_s,
         p.network.nic_gbytes_per_s,
         p.gpu.hbm_gib,

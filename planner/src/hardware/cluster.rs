@@ -12,6 +12,9 @@ pub struct Cluster {
     /// Let tensor parallelism span more than one NVLink domain (off by default:
     /// TP's per-layer collectives need NVLink bandwidth).
     pub allow_tp_beyond_nvlink: bool,
+    /// The profile's own NVLink domain, where the job sees a segment of it
+    /// ([`Cluster::job_domain`], in `profile.node.nvlink_domain`).
+    pub profile_domain: u64,
 }
 
 /// Largest cluster Sextant reasons about.
@@ -65,11 +68,40 @@ impl Cluster {
                 profile.name,
             )));
         }
+        let mut profile = profile;
+        let profile_domain = profile.node.nvlink_domain;
+        profile.node.nvlink_domain = Cluster::job_domain(&profile, gpus);
         Ok(Cluster {
             profile,
             gpus,
             allow_tp_beyond_nvlink: false,
+            profile_domain,
         })
+    }
+
+    /// The NVLink domain a job of `gpus` GPUs sees. Where one domain spans several
+    /// nodes (a GB200 NVL72 rack of 18 four-GPU trays), a job larger than one node
+    /// is placed in equal segments of whole nodes, the largest that divide its node
+    /// count and fit in a domain: Megatron-Bridge's launcher passes Slurm that
+    /// `--segment` for GB200 jobs beyond one rack (scripts/performance/utils/
+    /// executors.py:103-108 at 28437fb), so that a 512-GPU job runs 8 segments of
+    /// 64 GPUs rather than ranks laid out over racks of 72, where 7 of every 8
+    /// 64-rank groups would straddle two racks. A job that fills whole domains uses
+    /// them whole. Nodes that are their own domain are unchanged.
+    pub fn job_domain(profile: &HardwareProfile, gpus: u64) -> u64 {
+        let (per_node, domain) = (
+            profile.node.gpus_per_node.max(1),
+            profile.node.nvlink_domain,
+        );
+        if domain <= per_node || gpus <= per_node {
+            return domain;
+        }
+        let nodes = gpus / per_node;
+        let segment = (1..=(domain / per_node).min(nodes))
+            .rev()
+            .find(|d| nodes.is_multiple_of(*d))
+            .unwrap_or(1);
+        segment * per_node
     }
 
     /// The smallest GPU count of at least `at_least` that [`Cluster::new`] accepts

@@ -347,3 +347,45 @@ fn gpu_counts_must_fill_nodes() {
     assert!(Cluster::new(p.clone(), 12).is_err());
     assert!(Cluster::new(p, 0).is_err());
 }
+
+/// A job on a multi-node NVLink domain (GB200 NVL72: 18 trays of 4) sees equal
+/// segments of whole trays, the largest that divide its tray count and fit in a
+/// rack (Megatron-Bridge's `--segment`); a job inside one rack sees itself; a job
+/// of whole racks sees racks; one-node domains are unchanged.
+#[test]
+fn jobs_on_rack_scale_domains_are_placed_in_segments() {
+    let gb200 = builtin_profile("gb200").unwrap();
+    let domain = |gpus| {
+        Cluster::new(gb200.clone(), gpus)
+            .unwrap()
+            .profile
+            .node
+            .nvlink_domain
+    };
+    assert_eq!(domain(4), 72);
+    assert_eq!(domain(8), 8);
+    assert_eq!(domain(64), 64);
+    assert_eq!(domain(72), 72);
+    assert_eq!(domain(256), 64);
+    assert_eq!(domain(512), 64);
+    assert_eq!(domain(576), 72);
+    assert_eq!(domain(4 * 17 * 2), 68);
+    // A prime tray count above a rack: one tray per segment.
+    assert_eq!(domain(4 * 19), 4);
+    let c = Cluster::new(gb200.clone(), 512).unwrap();
+    assert_eq!(c.profile_domain, 72);
+    // Re-reading a plan's profile gives the same segments.
+    assert_eq!(
+        Cluster::new(c.profile.clone(), 512)
+            .unwrap()
+            .profile
+            .node
+            .nvlink_domain,
+        64
+    );
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    assert_eq!(
+        Cluster::new(h100, 512).unwrap().profile.node.nvlink_domain,
+        8
+    );
+}
