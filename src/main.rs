@@ -229,6 +229,12 @@ struct PlanArgs {
 struct EstimateArgs {
     #[command(flatten)]
     common: Common,
+    /// Price the configuration as this framework runs it, as `plan --target` does
+    /// (megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf,
+    /// torchtitan, scaletorch), and refuse it in one line where that framework
+    /// cannot run it. Default: Megatron-Core's mechanics, no framework's rules.
+    #[arg(long)]
+    target: Option<String>,
     #[arg(long, default_value_t = 1)]
     tp: u64,
     #[arg(long, default_value_t = 1)]
@@ -398,6 +404,47 @@ fn rlinf_space(s: SearchSpace) -> Result<SearchSpace> {
     Ok(sextant_planner::rl::RlFramework::Rlinf.restrict(s))
 }
 
+/// Prices as `target` runs (plan's and estimate's `--target`): its framework's
+/// memory layout, rank order and loss kernel. `None`: Megatron-Core as given.
+fn price_for_target(
+    inp: &mut args::Inputs,
+    target: Option<Target>,
+    target_name: &str,
+) -> Result<()> {
+    if inp.assumptions.loss == sextant_planner::cost::LossKernel::Compiled
+        && target != Some(Target::Torchtitan)
+    {
+        bail!("--loss compiled is torchtitan's loss under torch.compile: plan it with --target torchtitan ({target_name} plans are priced with Megatron-Core's kernels: --loss native, te or unfused)");
+    }
+    if target == Some(Target::Torchtitan)
+        && inp.assumptions.loss == sextant_planner::cost::LossKernel::Te
+    {
+        bail!("--target torchtitan has no Transformer Engine cross-entropy kernel (--loss te): use --loss native (its eager loss's passes) or compiled");
+    }
+    if target == Some(Target::Torchtitan) {
+        // Priced as torchtitan runs: its memory layout (FSDP2's buffers, its loss
+        // and GLU activations), no Megatron host-wait term, its pipeline stages'
+        // gradient sync.
+        inp.assumptions.framework = sextant_planner::cost::Framework::Torchtitan;
+    }
+    if target == Some(Target::ScaleTorch) {
+        // Priced as ScaleTorch runs: its rank grid, its unfused loss and its
+        // pure-BF16 memory (BF16 weights and Adam moments, FP32 gradient buckets,
+        // the loss's logits); its band pools every framework's runs, since no
+        // ScaleTorch run was measured.
+        inp.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;
+        inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
+        inp.assumptions.framework = sextant_planner::cost::Framework::ScaleTorch;
+    }
+    if matches!(target, Some(Target::Verl | Target::Rlinf)) {
+        // Priced as they run: both compute log-probabilities with Megatron-Core's
+        // unfused vocab-parallel cross-entropy, whatever --loss says
+        // (exports/src/others/rl.rs).
+        inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
+    }
+    Ok(())
+}
+
 fn cmd_plan(a: PlanArgs) -> Result<()> {
     let mut outputs = a.common.outputs();
     if let Some(r) = &a.report {
@@ -488,37 +535,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         }
         other => other,
     };
-    if inp.assumptions.loss == sextant_planner::cost::LossKernel::Compiled
-        && target != Some(Target::Torchtitan)
-    {
-        bail!("--loss compiled is torchtitan's loss under torch.compile: plan it with --target torchtitan ({target_name} plans are priced with Megatron-Core's kernels: --loss native, te or unfused)");
-    }
-    if target == Some(Target::Torchtitan)
-        && inp.assumptions.loss == sextant_planner::cost::LossKernel::Te
-    {
-        bail!("--target torchtitan has no Transformer Engine cross-entropy kernel (--loss te): use --loss native (its eager loss's passes) or compiled");
-    }
-    if target == Some(Target::Torchtitan) {
-        // Priced as torchtitan runs: its memory layout (FSDP2's buffers, its loss
-        // and GLU activations), no Megatron host-wait term, its pipeline stages'
-        // gradient sync.
-        inp.assumptions.framework = sextant_planner::cost::Framework::Torchtitan;
-    }
-    if target == Some(Target::ScaleTorch) {
-        // Priced as ScaleTorch runs: its rank grid, its unfused loss and its
-        // pure-BF16 memory (BF16 weights and Adam moments, FP32 gradient buckets,
-        // the loss's logits); its band pools every framework's runs, since no
-        // ScaleTorch run was measured.
-        inp.assumptions.rank_order = sextant_planner::cost::RankOrder::ScaleTorch;
-        inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
-        inp.assumptions.framework = sextant_planner::cost::Framework::ScaleTorch;
-    }
-    if matches!(target, Some(Target::Verl | Target::Rlinf)) {
-        // Priced as they run: both compute log-probabilities with Megatron-Core's
-        // unfused vocab-parallel cross-entropy, whatever --loss says
-        // (exports/src/others/rl.rs).
-        inp.assumptions.loss = sextant_planner::cost::LossKernel::Unfused;
-    }
+    price_for_target(&mut inp, target, &target_name)?;
     let rank_by = RankBy::from(a.rank_by);
     let space = SearchSpace {
         tp: a.tp,
@@ -1069,10 +1086,32 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 
 fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     io::check_outputs(&a.common.outputs(), &a.common.input_files(), a.common.force)?;
-    let inp = a.common.resolve()?;
-    if inp.assumptions.loss == sextant_planner::cost::LossKernel::Compiled {
-        bail!("--loss compiled is torchtitan's loss under torch.compile, and estimate prices Megatron-Core: use plan --target torchtitan --loss compiled, or --loss native, te or unfused here");
+    let mut inp = a.common.resolve()?;
+    let target = match &a.target {
+        Some(t) => {
+            let parsed = Target::parse(t)?;
+            if sextant_exports::expressible_schedules(parsed).is_none() {
+                bail!("--target {} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch (or torchrun/slurm, which launch Megatron-LM)", sextant_planner::json::one_line(t.trim(), 60));
+            }
+            Some(parsed)
+        }
+        None => None,
+    };
+    let target_name = target.map(|t| {
+        TARGETS
+            .iter()
+            .find(|(_, x)| *x == t)
+            .map_or("megatron-lm", |(n, _)| *n)
+            .to_string()
+    });
+    if target.is_none() && inp.assumptions.loss == sextant_planner::cost::LossKernel::Compiled {
+        bail!("--loss compiled is torchtitan's loss under torch.compile, and estimate prices Megatron-Core unless told otherwise: add --target torchtitan, or use --loss native, te or unfused");
     }
+    price_for_target(
+        &mut inp,
+        target,
+        target_name.as_deref().unwrap_or("megatron-core"),
+    )?;
     for (name, v) in [
         ("tp", a.tp),
         ("pp", a.pp),
@@ -1188,7 +1227,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         }
         Err(r) => bail!("invalid configuration: {r}"),
     };
-    let plan = PlanFile::new(
+    let mut plan = PlanFile::new(
         inp.model.clone(),
         inp.cluster.profile.clone(),
         inp.cluster.gpus,
@@ -1197,6 +1236,19 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         None,
         vec![(cfg.clone(), est.clone())],
     );
+    if let (Some(t), Some(name)) = (target, &target_name) {
+        // What the target cannot run is refused, as plan --target drops it.
+        export(
+            &plan,
+            1,
+            t,
+            &LaunchOptions {
+                plan_path: "plan.json".into(),
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("invalid configuration for --target {name}: {e}"))?;
+        plan.target = Some(name.clone());
+    }
     let mut text = render::assumptions(&inp);
     text.push('\n');
     text.push_str(&render::breakdown(&cfg, &est, &inp.cluster.profile));

@@ -2703,3 +2703,72 @@ fn huge_floats_are_echoed_short() {
         "capacity factor 1e-320 is out of range: use 0.01 up to 64",
     );
 }
+
+/// `estimate --target T` prices a configuration as `plan --target T` does, so the
+/// flags a torchtitan plan prints reproduce its step time (without it, estimate
+/// priced Megatron-Core's FSDP: 36.2 s against the plan's 29.4 s), and refuses
+/// in one line what the target cannot run.
+#[test]
+fn estimate_with_a_target_reproduces_that_targets_plan() {
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "16",
+        "--target",
+        "torchtitan",
+        "--top",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["target"], "torchtitan");
+    let c = &v["plans"][0]["config"];
+    let step = v["plans"][0]["estimate"]["step_secs"].as_f64().unwrap();
+    let n = |k: &str| c[k].as_u64().unwrap().to_string();
+    let zero = c["zero"].as_str().unwrap().to_string();
+    let recompute = c["recompute"].as_str().unwrap().to_string();
+    let mut args = vec![
+        "estimate".to_string(),
+        "--model".into(),
+        "8b".into(),
+        "--gpus".into(),
+        "16".into(),
+        "--target".into(),
+        "torchtitan".into(),
+        "--json".into(),
+    ];
+    for k in ["tp", "pp", "vpp", "cp", "dp", "mbs"] {
+        args.push(format!("--{k}"));
+        args.push(n(k));
+    }
+    args.extend(["--zero".into(), zero, "--recompute".into(), recompute]);
+    if c["schedule"] == "1f1b" && c["vpp"] == 1 && c["pp"].as_u64().unwrap() > 1 {
+        args.extend(["--schedule".into(), "1f1b".into()]);
+    }
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = sextant(&a);
+    assert!(o.status.success(), "{a:?}: {}", stderr(&o));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let got = e["plans"][0]["estimate"]["step_secs"].as_f64().unwrap();
+    assert!(
+        (got - step).abs() <= 1e-9 * step,
+        "{a:?}: {got} vs the plan's {step}"
+    );
+    assert_eq!(e["target"], "torchtitan");
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8b", "--gpus", "16", "--tp", "2", "--zero", "1", "--target",
+            "torchtitan",
+        ],
+        "invalid configuration for --target torchtitan: this plan cannot be expressed for torchtitan: torchtitan has no optimizer-only sharding",
+    );
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8b", "--gpus", "8", "--target", "rank-map",
+        ],
+        "--target rank-map is not a training framework",
+    );
+}
