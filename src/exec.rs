@@ -952,7 +952,12 @@ fn predicted_components(
 
 /// The measured run at `run_path`, checked to be a complete run of the plan
 /// file whose text is `plan_text` (same hash); with that hash.
-fn run_of_plan(plan_path: &str, plan_text: &str, run_path: &str) -> Result<(MeasuredRun, String)> {
+fn run_of_plan(
+    plan_path: &str,
+    plan_text: &str,
+    plan: &PlanFile,
+    run_path: &str,
+) -> Result<(MeasuredRun, String)> {
     let run = read_run(run_path)?;
     let hash = format!("{:016x}", program::plan_hash(plan_text.as_bytes()));
     if hash != run.plan_hash {
@@ -970,6 +975,39 @@ fn run_of_plan(plan_path: &str, plan_text: &str, run_path: &str) -> Result<(Meas
             run.failure.as_deref().unwrap_or("no reason recorded")
         );
     }
+    // The hash ties the run to the plan file, not the run's own records: an
+    // edited run would be compared as another configuration, or with no step.
+    if run.step_secs.is_empty() {
+        bail!("'{run_path}' records no timed step: compare a complete run of `sextant exec`");
+    }
+    let ranked = usize::try_from(run.plan_rank)
+        .ok()
+        .and_then(|r| r.checked_sub(1))
+        .and_then(|i| plan.plans.get(i));
+    let Some(ranked) = ranked else {
+        bail!(
+            "'{run_path}' says it ran plan #{} but '{plan_path}' holds {} plan(s)",
+            run.plan_rank,
+            plan.plans.len()
+        );
+    };
+    let (p, r) = (&ranked.config, &run.config);
+    let degrees = |c: &sextant_planner::config::ParallelConfig| {
+        (
+            [c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.dp, c.mbs],
+            c.sp,
+            c.zero,
+            c.recompute,
+            c.schedule,
+        )
+    };
+    if degrees(p) != degrees(r) || run.world_size != plan.gpus {
+        bail!(
+            "'{run_path}' records another configuration than plan #{} of '{plan_path}' (TP {} PP {} VPP {} CP {} EP {} DP {} on {} ranks, the plan TP {} PP {} VPP {} CP {} EP {} DP {} on {} GPUs): the run file was edited or belongs to another plan",
+            run.plan_rank, r.tp, r.pp, r.vpp, r.cp, r.ep, r.dp, run.world_size,
+            p.tp, p.pp, p.vpp, p.cp, p.ep, p.dp, plan.gpus
+        );
+    }
     Ok((run, hash))
 }
 
@@ -981,7 +1019,7 @@ pub fn measured_components(
     plan: &PlanFile,
     run_path: &str,
 ) -> Result<(String, Vec<sextant_reports::Measured>)> {
-    let (run, _) = run_of_plan(plan_path, plan_text, run_path)?;
+    let (run, _) = run_of_plan(plan_path, plan_text, plan, run_path)?;
     let rows = predicted_components(&run, &plan.hardware, plan.assumptions)?
         .into_iter()
         .map(|(name, p)| {
@@ -1019,7 +1057,7 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
     let text = read_text(Path::new(&a.plan), "plan")?;
     let plan = PlanFile::from_json(&text).map_err(|e| anyhow!("'{}': {e}", a.plan))?;
     crate::check_plan_target(&a.plan, &plan)?;
-    let (run, hash) = run_of_plan(&a.plan, &text, &run_path)?;
+    let (run, hash) = run_of_plan(&a.plan, &text, &plan, &run_path)?;
     let before = predicted_components(&run, &plan.hardware, plan.assumptions)?;
     let after = match &a.calibration {
         Some(p) => {

@@ -317,6 +317,62 @@ fn cpu_backend_deep_interleaving_stays_within_tolerance_over_steps() {
     assert_eq!(run.steps, 4);
 }
 
+/// `compare` reads a run's own records after its hash matched the plan file: a
+/// run with no timed step, one that names a plan the file does not hold, or one
+/// whose configuration was edited is refused in one line (each was compared:
+/// a measured step of 0, or predictions for another layout).
+#[test]
+fn compare_refuses_an_edited_run() {
+    let dir = TempDir::new("exec-compare-edited");
+    let p = plan(
+        &dir,
+        "cmp.json",
+        &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2"],
+    );
+    let out = dir.path("cmp-run.json");
+    let o = sextant(&[
+        "exec",
+        &p,
+        "--ranks",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = sextant(&["compare", &p, out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let edits: [(&str, fn(&mut serde_json::Value), &str); 3] = [
+        (
+            "steps",
+            |r| r["step_secs"] = serde_json::json!([]),
+            "records no timed step",
+        ),
+        (
+            "rank",
+            |r| r["plan_rank"] = 2.into(),
+            "says it ran plan #2 but",
+        ),
+        (
+            "config",
+            |r| {
+                r["config"]["tp"] = 1.into();
+                r["config"]["dp"] = 4.into();
+            },
+            "records another configuration than plan #1",
+        ),
+    ];
+    for (name, edit, needle) in edits {
+        let mut r = run.clone();
+        edit(&mut r);
+        let path = dir.path(&format!("edited-{name}.json"));
+        std::fs::write(&path, serde_json::to_string(&r).unwrap()).unwrap();
+        fails_with_one_line(&["compare", &p, path.to_str().unwrap()], needle);
+    }
+}
+
 /// Fault cases below are run by the reliability summary, which counts them.
 fn temp_plan_8b(dir: &TempDir) -> String {
     temp_plan_8b_with(dir, &[])
