@@ -14,11 +14,15 @@ pub fn sanity_notes(
     let tokens = w.global_batch.saturating_mul(w.seq);
     let per_gpu = tokens as f64 / gpus.max(1) as f64;
     // Below one sequence per GPU the batch cannot fill data parallelism without
-    // splitting sequences (CP or TP), and every GPU waits on collectives sized for more.
+    // splitting sequences (TP, PP or CP over the rest), whose communication and
+    // pipeline fill do not shrink with the batch. What that costs is the plan's
+    // own bubble and communication columns, not a claim made here.
     if w.global_batch < gpus {
         out.push(format!(
-            "global batch {} sequences is smaller than the {gpus} GPUs: {per_gpu:.0} tokens per GPU per step; a step this small is dominated by communication and pipeline fill (raise --global-batch, or plan on fewer GPUs)",
-            w.global_batch
+            "global batch {} sequences is smaller than the {gpus} GPUs ({per_gpu:.0} tokens per GPU per step): data parallelism takes at most {} ways, so each sequence's work spreads over {} or more GPUs (TP x PP x CP), whose communication and pipeline fill do not shrink with the batch (see the bubble and comm columns; raise --global-batch, or plan on fewer GPUs)",
+            w.global_batch,
+            w.global_batch,
+            gpus.div_ceil(w.global_batch.max(1))
         ));
     }
     if w.seq != default_seq {
@@ -248,7 +252,10 @@ mod tests {
         assert!(sanity_notes(&w(4096, 1024), 128, 4096, None).is_empty());
         let n = sanity_notes(&w(4096, 64), 128, 4096, None);
         assert!(
-            n.len() == 1 && n[0].contains("2048 tokens per GPU"),
+            n.len() == 1
+                && n[0].contains("2048 tokens per GPU")
+                && n[0].contains("at most 64 ways")
+                && n[0].contains("spreads over 2 or more GPUs"),
             "{n:?}"
         );
         let n = sanity_notes(&w(8192, 1024), 128, 4096, None);
