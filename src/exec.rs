@@ -980,10 +980,7 @@ fn run_of_plan(
     if run.step_secs.is_empty() {
         bail!("'{run_path}' records no timed step: compare a complete run of `sextant exec`");
     }
-    let ranked = usize::try_from(run.plan_rank)
-        .ok()
-        .and_then(|r| r.checked_sub(1))
-        .and_then(|i| plan.plans.get(i));
+    let ranked = run.plan_rank.checked_sub(1).and_then(|i| plan.plans.get(i));
     let Some(ranked) = ranked else {
         bail!(
             "'{run_path}' says it ran plan #{} but '{plan_path}' holds {} plan(s)",
@@ -991,21 +988,38 @@ fn run_of_plan(
             plan.plans.len()
         );
     };
+    // The executor may run smaller sizes than the plan (the CPU backend caps the
+    // micro-batch at 2 and scales the layers), never other degrees or choices.
     let (p, r) = (&ranked.config, &run.config);
-    let degrees = |c: &sextant_planner::config::ParallelConfig| {
-        (
-            [c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.dp, c.mbs],
-            c.sp,
-            c.zero,
-            c.recompute,
-            c.schedule,
-        )
-    };
-    if degrees(p) != degrees(r) || run.world_size != plan.gpus {
+    let differs: Vec<String> = [
+        ("TP", p.tp, r.tp),
+        ("PP", p.pp, r.pp),
+        ("VPP", p.vpp, r.vpp),
+        ("CP", p.cp, r.cp),
+        ("EP", p.ep, r.ep),
+        ("ETP", p.etp, r.etp),
+        ("DP", p.dp, r.dp),
+        ("ranks", plan.gpus, run.world_size),
+    ]
+    .iter()
+    .filter(|(_, a, b)| a != b)
+    .map(|(n, a, b)| format!("{n} {b} (the plan {a})"))
+    .chain((p.sp != r.sp).then(|| format!("SP {} (the plan {})", r.sp, p.sp)))
+    .chain((p.zero != r.zero).then(|| format!("ZeRO {} (the plan {})", r.zero, p.zero)))
+    .chain(
+        (p.recompute != r.recompute)
+            .then(|| format!("recompute {} (the plan {})", r.recompute, p.recompute)),
+    )
+    .chain(
+        (p.schedule != r.schedule)
+            .then(|| format!("schedule {} (the plan {})", r.schedule, p.schedule)),
+    )
+    .collect();
+    if !differs.is_empty() {
         bail!(
-            "'{run_path}' records another configuration than plan #{} of '{plan_path}' (TP {} PP {} VPP {} CP {} EP {} DP {} on {} ranks, the plan TP {} PP {} VPP {} CP {} EP {} DP {} on {} GPUs): the run file was edited or belongs to another plan",
-            run.plan_rank, r.tp, r.pp, r.vpp, r.cp, r.ep, r.dp, run.world_size,
-            p.tp, p.pp, p.vpp, p.cp, p.ep, p.dp, plan.gpus
+            "'{run_path}' records another configuration than plan #{} of '{plan_path}': {}; the run file was edited or belongs to another plan",
+            run.plan_rank,
+            differs.join(", ")
         );
     }
     Ok((run, hash))

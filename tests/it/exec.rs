@@ -327,7 +327,10 @@ fn compare_refuses_an_edited_run() {
     let p = plan(
         &dir,
         "cmp.json",
-        &["--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2"],
+        // Micro-batch 4: the CPU backend runs 2, which is no edit.
+        &[
+            "--model", "8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--mbs", "4",
+        ],
     );
     let out = dir.path("cmp-run.json");
     let o = sextant(&[
@@ -344,7 +347,9 @@ fn compare_refuses_an_edited_run() {
     assert!(o.status.success(), "{}", stderr(&o));
     let run: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    let edits: [(&str, fn(&mut serde_json::Value), &str); 3] = [
+    assert_eq!(run["config"]["mbs"], 2, "the CPU backend's cap");
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit, &str); 3] = [
         (
             "steps",
             |r| r["step_secs"] = serde_json::json!([]),
@@ -361,7 +366,7 @@ fn compare_refuses_an_edited_run() {
                 r["config"]["tp"] = 1.into();
                 r["config"]["dp"] = 4.into();
             },
-            "records another configuration than plan #1",
+            "records another configuration than plan #1 of",
         ),
     ];
     for (name, edit, needle) in edits {
