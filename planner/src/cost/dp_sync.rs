@@ -206,9 +206,10 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
     let (grad_coll, grad_calls, gather_calls) = match cfg.zero {
         Zero::None => (Collective::AllReduce, 1.0, 0.0),
         Zero::DistOpt => (Collective::ReduceScatter, 1.0, 1.0),
-        // Sharded gradients cannot accumulate locally: reduce-scatter after
-        // every micro-batch's backward, unless the framework holds them whole
-        // until the last one.
+        // Megatron-FSDP's optim_grads: sharded gradients cannot accumulate
+        // locally, so a reduce-scatter after every micro-batch's backward; the
+        // parameters, kept whole, are gathered once after the optimizer step.
+        // (torchtitan's ZeRO-2 is priced per layer, [`PerLayer`].)
         Zero::Zero2 => (Collective::ReduceScatter, mb, 1.0),
         // Per layer ([`PerLayer`]); not reached.
         Zero::Zero3 => (Collective::ReduceScatter, mb, 2.0 * mb),
@@ -284,10 +285,11 @@ enum PerLayer {
     EveryForward,
     /// torchtitan's ZeRO-3 in a pipeline stage (`reshard_after_forward=True`):
     /// torch.distributed.pipelining turns resharding after the backward and the
-    /// gradient sync off for all but the last micro-batch
-    /// (`PipelineStage.backward_maybe_with_nosync`), so each backward gathers
-    /// the parameters its forward freed, the next forward finds them whole, and
-    /// the gradients are reduced once, after the last backward.
+    /// gradient sync off (`PipelineStage.backward_maybe_with_nosync`), reducing
+    /// once after the last backward. Each backward gathers the parameters its
+    /// forward freed; a forward that follows a backward finds them whole, but the
+    /// warm-up forwards before the stage's first backward (up to pp of them on the
+    /// first stage under 1F1B) each gather.
     PipelinedResharding,
     /// torchtitan's ZeRO-2 in a pipeline stage (`reshard_after_forward=False`,
     /// torchtitan's own default under a pipeline): gathered in the first
@@ -312,13 +314,14 @@ impl PerLayer {
     }
 
     /// (forward passes that gather, backward passes that gather, backward
-    /// passes that reduce) over `mb` micro-batches; a backward that gathers and
+    /// passes that reduce) over `mb` micro-batches on `pp` stages, for the
+    /// first stage (the most warm-up forwards); a backward that gathers and
     /// reduces is counted in both.
-    fn counts(self, mb: f64) -> (f64, f64, f64) {
+    fn counts(self, mb: f64, pp: f64) -> (f64, f64, f64) {
         match self {
             PerLayer::EveryPass => (mb, mb, mb),
             PerLayer::EveryForward => (mb, 0.0, mb),
-            PerLayer::PipelinedResharding => (1.0, mb, 1.0),
+            PerLayer::PipelinedResharding => (mb.min(pp), mb, 1.0),
             PerLayer::PipelinedKept => (1.0, 0.0, 1.0),
         }
     }
@@ -350,7 +353,7 @@ fn per_layer_sync(
     let bwd_both = ag + (units - 1.0) * (ag + rs - b_u).max(0.0) + rs;
     let bwd_gather = ag + (units - 1.0) * (ag - b_u).max(0.0);
     let bwd_reduce = units * (rs - b_u).max(0.0) + rs;
-    let (fwd_gathers, bwd_gathers, reductions) = pattern.counts(mb);
+    let (fwd_gathers, bwd_gathers, reductions) = pattern.counts(mb, c.cfg.pp as f64);
     // Backward passes that do both are the ones that gather and reduce: every
     // one (EveryPass) or the last (PipelinedResharding).
     let both = bwd_gathers.min(reductions);

@@ -421,7 +421,7 @@ pub(super) fn rank_memory(
     };
     // What is held only at the optimizer step counts where it exceeds the
     // activations and logits freed before it (`memory::step_buffers`).
-    let buffers = memory::framework_buffers(a.framework, cfg, held, m)
+    let buffers = memory::framework_buffers(a.framework, cfg, held)
         + memory::token_buffers(a.framework, cfg, tokens, h)
         + (memory::step_buffers(a.framework, cfg, held) - activations - logits).max(0.0);
     let fragmentation = hw.memory.fragmentation * (activations + logits + buffers);

@@ -63,18 +63,14 @@ pub struct HeldParams {
 ///   torch.distributed.pipelining turns resharding after the backward and the
 ///   gradient sync off for all but the last micro-batch
 ///   (`PipelineStage.backward_maybe_with_nosync`: `set_reshard_after_backward`
-///   and `set_requires_gradient_sync(False)`), so every parameter is whole after
-///   each backward (2) and FSDP2 accumulates unsharded gradients in the FP32
-///   reduce dtype: with more than one micro-batch, the stage's FP32 gradients
-///   (4). ZeRO-2 (`reshard_after_forward=False`) holds the same gradients, and
+///   and `set_requires_gradient_sync(False)` before every backward, the last
+///   one's included, then a separate post-backward reduces), so every parameter
+///   is whole after each backward (2) and FSDP2 holds the stage's unsharded
+///   gradients in the FP32 reduce dtype (4), whatever the micro-batch count.
+///   ZeRO-2 (`reshard_after_forward=False`) holds the same gradients, and
 ///   without a pipeline one block's (2 + 4); its gathered parameters are the
 ///   model state's unsharded BF16 weights.
-pub fn framework_buffers(
-    framework: Framework,
-    cfg: &ParallelConfig,
-    held: HeldParams,
-    micro_batches: u64,
-) -> f64 {
+pub fn framework_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldParams) -> f64 {
     match framework {
         Framework::MegatronCore => 0.0,
         Framework::Nanotron => {
@@ -86,7 +82,7 @@ pub fn framework_buffers(
         }
         Framework::Torchtitan if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) => {
             let block_grads = (2.0 + 4.0) * held.layer;
-            let grads = if cfg.pp > 1 && micro_batches > 1 {
+            let grads = if cfg.pp > 1 {
                 4.0 * held.all
             } else {
                 block_grads
