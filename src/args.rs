@@ -275,9 +275,9 @@ impl Common {
                 cluster.profile.gpu.name
             );
         }
-        if precision == Precision::Mxfp8 && !cluster.profile.gpu.mxfp8 {
+        if precision == Precision::Mxfp8 && !cluster.profile.runs_mxfp8() {
             bail!(
-                "--precision mxfp8: {} has no block-scaled FP8 (Transformer Engine runs MXFP8 on Blackwell, compute capability 10.0, only); use fp8",
+                "--precision mxfp8: {} has no block-scaled FP8 (Transformer Engine runs MXFP8 on Blackwell, compute capability 10.0, only; a profile for such a GPU sets \"gpu\": {{\"mxfp8\": true}}); use fp8",
                 cluster.profile.gpu.name
             );
         }

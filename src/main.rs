@@ -1088,6 +1088,8 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     io::check_outputs(&a.common.outputs(), &a.common.input_files(), a.common.force)?;
     let mut inp = a.common.resolve()?;
     let target = match &a.target {
+        // As plan --target any: no framework's rules.
+        Some(t) if t.trim().eq_ignore_ascii_case("any") => None,
         Some(t) => {
             let parsed = Target::parse(t)?;
             if sextant_exports::expressible_schedules(parsed).is_none() {

@@ -194,6 +194,14 @@ pub fn slurm(plan: &PlanFile, index: usize, program: &Program) -> Result<String,
     // GPUs per node, not per task: see SLURM_DEVICE_INDEX.
     let _ = writeln!(s, "#SBATCH --gpus-per-node={per_node}");
     let _ = writeln!(s, "#SBATCH --exclusive");
+    // Where an NVLink domain spans several nodes (GB200 NVL72), the plan was priced
+    // with the job in equal segments of whole nodes (`Cluster::job_domain`, in the
+    // plan's `nvlink_domain`): ask Slurm's topology/block plugin for them, so that
+    // no group straddles a rack (Megatron-Bridge's launcher does the same).
+    let domain = sextant_planner::hardware::Cluster::job_domain(&plan.hardware, plan.gpus);
+    if domain > per_node && nodes > 1 {
+        let _ = writeln!(s, "#SBATCH --segment={}", domain / per_node);
+    }
     let _ = writeln!(s, "set -euo pipefail");
     let _ = writeln!(
         s,

@@ -230,14 +230,14 @@ fn render(
     // A hand-edited or foreign plan file may pair MXFP8 with a GPU that has none:
     // Transformer Engine refuses it at start-up.
     if plan.workload.precision == sextant_planner::config::Precision::Mxfp8
-        && !plan.hardware.gpu.mxfp8
+        && !plan.hardware.runs_mxfp8()
         && target != Target::RankMap
         && target != Target::RankMapJson
     {
         return Err(ExportError::Inexpressible {
             target,
             reason: format!(
-                "the plan trains in MXFP8 on {}, which has no block-scaled FP8 (Transformer Engine runs MXFP8 on Blackwell only); re-plan with --precision fp8",
+                "the plan trains in MXFP8 on {}, which its hardware profile says has no block-scaled FP8 (Transformer Engine runs MXFP8 on Blackwell only; a profile for such a GPU sets gpu.mxfp8: true); re-plan with --precision fp8",
                 sextant_planner::json::one_line(&plan.hardware.gpu.name, 60)
             ),
         });

@@ -2094,4 +2094,49 @@ fn mxfp8_on_a_gpu_without_it_is_refused() {
     assert!(export(&p, 1, Target::MegatronLm, &opts)
         .unwrap()
         .contains("--fp8-recipe mxfp8"));
+    // A B200 plan file written before the flag existed has no `mxfp8` key: read
+    // by its built-in profile's name, it still exports.
+    p.hardware.gpu.mxfp8 = false;
+    assert!(export(&p, 1, Target::MegatronLm, &opts).is_ok());
+    p.hardware.name = "my-b200".into();
+    let e = export(&p, 1, Target::MegatronLm, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sets gpu.mxfp8: true"), "{e}");
+}
+
+/// A GB200 plan beyond one rack is priced with the job in equal segments of whole
+/// trays (64 GPUs for 512): the Slurm script asks for them (`--segment`), and a plan
+/// file written with the whole 72-GPU domain asks for the same valid segment; a
+/// plan on one-node domains asks for none.
+#[test]
+fn slurm_scripts_request_the_priced_segments() {
+    let opts = LaunchOptions::default();
+    let segment = |p: &PlanFile| {
+        export(p, 1, Target::Slurm, &opts)
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("#SBATCH --segment=").map(str::to_string))
+    };
+    let mut c = cfg(8, 1, 1, 1, 64);
+    c.sp = true;
+    let mut p = priced_on(
+        "gb200",
+        "llama3-70b",
+        512,
+        Workload {
+            seq: 4096,
+            global_batch: 512,
+            precision: Precision::Bf16,
+            moe_imbalance: 1.0,
+            moe_capacity: None,
+        },
+        c,
+        Assumptions::default(),
+    );
+    assert_eq!(p.hardware.node.nvlink_domain, 64);
+    assert_eq!(segment(&p).as_deref(), Some("16"));
+    p.hardware.node.nvlink_domain = 72;
+    assert_eq!(segment(&p).as_deref(), Some("16"));
+    assert_eq!(segment(&dense()), None);
 }

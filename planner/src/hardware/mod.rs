@@ -213,6 +213,13 @@ pub struct HardwareProfile {
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 impl HardwareProfile {
+    /// Whether the GPU runs MXFP8 ([`Gpu::mxfp8`]). Profiles and plan files
+    /// written before the flag existed lack it: a profile named as a built-in one
+    /// that has it (b200, gb200-nvl72) is read as having it too.
+    pub fn runs_mxfp8(&self) -> bool {
+        self.gpu.mxfp8 || builtin::builtin_profile(&self.name).is_ok_and(|b| b.gpu.mxfp8)
+    }
+
     /// The shape factor of a GEMM ([`GemmCurve::shape_factor`]) from the curve of its
     /// data type, or the BF16 curve for FP8 when only that one was measured; `None`
     /// without a curve.

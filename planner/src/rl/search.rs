@@ -483,6 +483,15 @@ impl Tally {
     }
 }
 
+/// The profile as a job of `gpus` GPUs sees it: on a multi-node NVLink domain,
+/// segments of whole nodes ([`Cluster::job_domain`]), for the rollout engines and
+/// the refit as for the training pools.
+fn job_profile(hw: &HardwareProfile, gpus: u64) -> HardwareProfile {
+    let mut p = hw.clone();
+    p.node.nvlink_domain = Cluster::job_domain(hw, gpus);
+    p
+}
+
 /// Searches both placements and ranks the plans by iteration time.
 pub fn plan(
     w: &RlWorkload,
@@ -491,6 +500,7 @@ pub fn plan(
     s: &RlSearch,
 ) -> Result<RlResult, RlError> {
     w.check()?;
+    let hw = &job_profile(hw, gpus);
     let per_node = hw.node.gpus_per_node;
     // Each size once, whatever the lists repeat: a repeated value would be searched
     // once per copy (a million copies, a million searches). The training search
@@ -671,6 +681,7 @@ pub fn evaluate_stated(
     if let Some(f) = framework {
         f.check(w)?;
     }
+    let hw = &job_profile(hw, gpus);
     let colocated = rollout_gpus >= gpus;
     let train_gpus = if colocated { gpus } else { gpus - rollout_gpus };
     let cluster = Cluster::new(hw.clone(), train_gpus).map_err(|e| RlError::NothingFits {
