@@ -517,12 +517,14 @@ fn wrap(text: &str, width: Option<usize>) -> String {
 /// What the plan table's columns mean (printed under it).
 const LEGEND: &str = concat!(
     "  columns: GA micro-batches per step; ZeRO 0 plain DP, 1/DO Megatron distributed optimizer,\n",
-    "    2 optimizer+gradients sharded (Megatron-FSDP optim_grads), 3 parameters too (Megatron-FSDP\n",
-    "    optim_grads_params, FSDP FULL_SHARD); RC recomputation none/sel(ective)/full;\n",
+    "    2 optimizer+gradients sharded (Megatron-FSDP optim_grads; torchtitan: FSDP2 without resharding\n",
+    "    after the forward), 3 parameters too (Megatron-FSDP optim_grads_params, FSDP FULL_SHARD);\n",
+    "    RC recomputation none/sel(ective)/full;\n",
     "    mem: peak per GPU (weights, gradients, optimizer, activations, buffers, reserve) / usable HBM;\n",
     "    bubble: pipeline idle share of the step; comm: communication not hidden behind compute;\n",
     "    MFU: model FLOPs (attention over the whole s x s score matrix, the SC'21 convention;\n",
-    "    Megatron-LM's own log halves it for the causal mask) per second against the dense peak\n",
+    "    Megatron-LM's own log halves it for the causal mask; routed tokens a capacity drops do not\n",
+    "    count) per second against the BF16 dense peak, FP8 plans too\n",
 );
 
 /// The axes a plan leaves the validated runs on, with by how much.
