@@ -404,6 +404,24 @@ fn rlinf_space(s: SearchSpace) -> Result<SearchSpace> {
     Ok(sextant_planner::rl::RlFramework::Rlinf.restrict(s))
 }
 
+/// A `--target` as plan and estimate take it: `None` for `any` (no framework's
+/// rules), else the framework and its name as Sextant spells it (the user's
+/// spelling may hold anything `Target::parse` trims).
+fn training_target(name: &str) -> Result<Option<(Target, String)>> {
+    if name.trim().eq_ignore_ascii_case("any") {
+        return Ok(None);
+    }
+    let t = Target::parse(name)?;
+    if sextant_exports::expressible_schedules(t).is_none() {
+        bail!("--target {} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch (or torchrun/slurm, which launch Megatron-LM), or any", sextant_planner::json::one_line(name.trim(), 60));
+    }
+    let canonical = TARGETS
+        .iter()
+        .find(|(_, x)| *x == t)
+        .map_or("megatron-lm", |(n, _)| *n);
+    Ok(Some((t, canonical.to_string())))
+}
+
 /// Prices as `target` runs (plan's and estimate's `--target`): its framework's
 /// memory layout, rank order and loss kernel. `None`: Megatron-Core as given.
 fn price_for_target(
@@ -502,24 +520,9 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         .clone()
         .or_else(|| a.emit.clone())
         .unwrap_or_else(|| "megatron-lm".into());
-    let target = if target_name.trim().eq_ignore_ascii_case("any") {
-        None
-    } else {
-        let t = Target::parse(&target_name)?;
-        if sextant_exports::expressible_schedules(t).is_none() {
-            bail!("--target {} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch (or torchrun/slurm, which launch Megatron-LM), or any", sextant_planner::json::one_line(target_name.trim(), 60));
-        }
-        Some(t)
-    };
-    // From here on the target is named as Sextant spells it (the user's spelling may
-    // hold anything `Target::parse` trims).
-    let target_name = match target {
-        Some(t) => TARGETS
-            .iter()
-            .find(|(_, x)| *x == t)
-            .map_or("megatron-lm", |(n, _)| *n)
-            .to_string(),
-        None => "any".to_string(),
+    let (target, target_name) = match training_target(&target_name)? {
+        Some((t, name)) => (Some(t), name),
+        None => (None, "any".to_string()),
     };
     // The default target (no --target, no --emit) cannot build every model: rank
     // for any framework then, and say why, rather than refuse to plan.
@@ -1087,25 +1090,11 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     io::check_outputs(&a.common.outputs(), &a.common.input_files(), a.common.force)?;
     let mut inp = a.common.resolve()?;
-    let target = match &a.target {
-        // As plan --target any: no framework's rules.
-        Some(t) if t.trim().eq_ignore_ascii_case("any") => None,
-        Some(t) => {
-            let parsed = Target::parse(t)?;
-            if sextant_exports::expressible_schedules(parsed).is_none() {
-                bail!("--target {} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch (or torchrun/slurm, which launch Megatron-LM)", sextant_planner::json::one_line(t.trim(), 60));
-            }
-            Some(parsed)
-        }
+    let named = match &a.target {
+        Some(t) => training_target(t)?,
         None => None,
     };
-    let target_name = target.map(|t| {
-        TARGETS
-            .iter()
-            .find(|(_, x)| *x == t)
-            .map_or("megatron-lm", |(n, _)| *n)
-            .to_string()
-    });
+    let (target, target_name) = (named.as_ref().map(|n| n.0), named.map(|n| n.1));
     if target.is_none() && inp.assumptions.loss == sextant_planner::cost::LossKernel::Compiled {
         bail!("--loss compiled is torchtitan's loss under torch.compile, and estimate prices Megatron-Core unless told otherwise: add --target torchtitan, or use --loss native, te or unfused");
     }
