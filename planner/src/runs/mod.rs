@@ -19,7 +19,10 @@
 //! - the `zero` column tells the software stack. `distributed optimizer` rows ran
 //!   Megatron-Core (NeMo, Megatron-Bridge, Megatron-LM 2024+), whose performance
 //!   recipes overlap gradient reduction, parameter gathering and TP communication
-//!   (the last only with sequence parallelism, which Megatron asserts), with fused (flash) attention and BF16 gradient reduction (NeMo launcher's
+//!   (the last only with sequence parallelism, which Megatron asserts; rows of
+//!   other frameworks overlap TP communication only where they say so: torchtitan's
+//!   async TP is opt-in, `parallelism.enable_async_tensor_parallel: bool = False` in
+//!   torchtitan/config_manager.py at 820504e), with fused (flash) attention and BF16 gradient reduction (NeMo launcher's
 //!   `optim.grad_sync_dtype=bf16`, Megatron-Bridge `grad_reduce_in_fp32=False`). Plain data parallelism (`zero = 0`) is the
 //!   2021-22 Megatron-LM stack of SC'21 and Korthikanti et al.: gradients reduced
 //!   after the backward, no TP overlap, unfused softmax attention (FlashAttention

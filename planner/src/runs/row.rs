@@ -287,13 +287,15 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
     // NVLink domain (see the module notes).
     let ep_comm = flag(r, "ep_comm_overlap")?
         .unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
-    // Megatron-Core recipes overlap TP communication, which Megatron allows only
-    // with sequence parallelism.
-    let sp = flag(r, "sp")?.unwrap_or(false);
-    let tp_comm = flag(r, "tp_comm_overlap")?.unwrap_or(modern && sp);
     // The attention kernel: stated by the row or its stack, else the stack's era
     // (fused flash attention on the Megatron-Core stack, unfused softmax on 2021-22's).
     let (flash_attention, loss, framework) = kernels_for(r, modern)?;
+    // Megatron-Core recipes overlap TP communication, which Megatron allows only
+    // with sequence parallelism. Other frameworks overlap it only where the row
+    // says so (torchtitan's async TP is opt-in).
+    let sp = flag(r, "sp")?.unwrap_or(false);
+    let tp_comm =
+        flag(r, "tp_comm_overlap")?.unwrap_or(modern && sp && framework.is_megatron_core());
     let cuda_graphs =
         CudaGraphs::parse(get(r, "cuda_graphs")).map_err(|e| RowError::column("cuda_graphs", e))?;
     let moe_dispatcher = match get(r, "dispatcher") {

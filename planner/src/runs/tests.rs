@@ -414,6 +414,34 @@ fn tp_overlap_defaults_follow_sequence_parallelism() {
     }
 }
 
+/// The Megatron-Core rule (TP overlap with sequence parallelism) is Megatron's:
+/// a torchtitan row with sequence parallelism and a blank `tp_comm_overlap` ran
+/// vanilla TP (async TP is opt-in), and is priced slower than the same row stating
+/// async TP.
+#[test]
+fn tp_overlap_is_megatron_cores_default_only() {
+    let tp4 = [("sp", "true"), ("zero", "fsdp")];
+    let mcore = nemotron_with(&[("sp", "true")]).unwrap();
+    assert!(mcore.config.overlap.tp_comm);
+    let titan = |extra: &[(&'static str, &'static str)]| {
+        let mut cols = vec![("framework", "torchtitan")];
+        cols.extend_from_slice(&tp4);
+        cols.extend_from_slice(extra);
+        nemotron_with(&cols).unwrap()
+    };
+    let vanilla = titan(&[]);
+    assert!(vanilla.config.sp && !vanilla.config.overlap.tp_comm);
+    let asynctp = titan(&[("tp_comm_overlap", "true")]);
+    assert!(asynctp.config.overlap.tp_comm);
+    let (v, a) = (vanilla.estimate().unwrap(), asynctp.estimate().unwrap());
+    assert!(
+        v.step_secs > a.step_secs,
+        "{} vs {}",
+        v.step_secs,
+        a.step_secs
+    );
+}
+
 /// A column given twice is refused: the parser would keep its last cell silently.
 #[test]
 fn a_repeated_column_is_refused() {
