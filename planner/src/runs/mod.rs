@@ -275,7 +275,7 @@ pub const STACK_COLUMNS: [&str; 12] = [
 /// memory and network columns that override a preset or a profile, the stack
 /// columns, and the sweeps file's `sweep`, `axis` and `note`. Anything else would
 /// be read by nothing, so a misspelt column is refused rather than ignored.
-pub const RUN_COLUMNS: [&str; 56] = [
+pub const RUN_COLUMNS: [&str; 57] = [
     "id",
     "source",
     "note",
@@ -326,6 +326,7 @@ pub const RUN_COLUMNS: [&str; 56] = [
     "framework",
     "optimizer_moments",
     "nic_gbytes_per_s",
+    "hbm_tbytes_per_s",
     "recompute_modules",
     "dispatcher",
     "ep_comm_overlap",

@@ -398,6 +398,14 @@ fn cluster_for(r: &Row, gpu: &str) -> Result<Cluster, RowError> {
             .validate()
             .map_err(|e| RowError::column("hbm_gib", e))?;
     }
+    // The HBM bandwidth of the run's GPUs, when the part differs from the profile's
+    // (the HBM2e H100s of Meta's Grand Teton hosts: 2.4 TB/s, not the SXM5's 3.35).
+    if let Some(bw) = positive(r, "hbm_tbytes_per_s")? {
+        profile.gpu.hbm_tbytes_per_s = bw;
+        profile
+            .validate()
+            .map_err(|e| RowError::column("hbm_tbytes_per_s", e))?;
+    }
     // The network of the run's cluster, per GPU, when it differs from the profile's
     // (the same GPUs and nodes with fewer or slower NICs).
     if let Some(nic) = positive(r, "nic_gbytes_per_s")? {

@@ -414,6 +414,28 @@ fn tp_overlap_defaults_follow_sequence_parallelism() {
     }
 }
 
+/// `hbm_tbytes_per_s` sets the HBM bandwidth of the run's GPUs (torchtitan's
+/// Grand Teton H100s: 96 GB of HBM2e at 2.4 TB/s), and the memory-bound work it
+/// prices takes longer for it; a value the profile cannot hold is refused naming
+/// the column.
+#[test]
+fn hbm_bandwidth_column_sets_the_gpu() {
+    let with = nemotron_with;
+    let base = with(&[]).unwrap();
+    let slow = with(&[("hbm_tbytes_per_s", "2.4")]).unwrap();
+    assert_ne!(base.cluster.profile.gpu.hbm_tbytes_per_s, 2.4);
+    assert_eq!(slow.cluster.profile.gpu.hbm_tbytes_per_s, 2.4);
+    assert!(slow.estimate().unwrap().step_secs > base.estimate().unwrap().step_secs);
+    for bad in ["0", "-1", "fast", "1e12"] {
+        let err = with(&[("hbm_tbytes_per_s", bad)]).unwrap_err();
+        assert!(
+            err.reason.contains("column 'hbm_tbytes_per_s'"),
+            "{bad}: {}",
+            err.reason
+        );
+    }
+}
+
 /// The Megatron-Core rule (TP overlap with sequence parallelism) is Megatron's:
 /// a torchtitan row with sequence parallelism and a blank `tp_comm_overlap` ran
 /// vanilla TP (async TP is opt-in), and is priced slower than the same row stating
