@@ -521,7 +521,8 @@ fn published_sweeps_are_ordered() {
                 }
                 t[0] += 1;
                 src[0] += 1;
-                if (a.1 > b.1) == (a.2 > b.2) {
+                // A predicted tie does not order a pair measured 5% apart.
+                if a.2 != b.2 && (a.1 > b.1) == (a.2 > b.2) {
                     t[1] += 1;
                     src[1] += 1;
                 } else {
@@ -597,7 +598,7 @@ fn published_sweeps_are_ordered() {
         assert!(n >= 8, "axis {axis}: {n} measured pairs, fewer than 8");
     }
     // The bars (90% of the pairs ordered right, every sweep's best/worst
-    // ratio within 10%) are not met: 498 of 618 pairs (80.6%), 121 of 157 sweeps.
+    // ratio within 10%) are not met: 499 of 621 pairs (80.4%), 124 of 161 sweeps.
     // What the test guards is each source's state today, so that no change of the
     // model loses a pair or a ratio any source had (a source not listed fails: list
     // it when its rows are added). Where the wrong pairs are (docs/trust.md): vTrain's
@@ -629,6 +630,7 @@ fn published_sweeps_are_ordered() {
 const SWEEP_GUARDS: &[(&str, usize, usize)] = &[
     ("hag23", 244, 53),
     ("kor22", 4, 5),
+    ("mlmgb200", 1, 3),
     ("mpt", 7, 14),
     ("tt2412", 1, 4),
     ("ttasync", 8, 5),
