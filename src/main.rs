@@ -360,6 +360,18 @@ fn scaletorch_space(mut s: SearchSpace) -> Result<SearchSpace> {
     };
     s.vpp = only_one(s.vpp, "vpp")?;
     s.ep = only_one(s.ep, "ep")?;
+    // Its ring attention computes each block's whole score matrix
+    // (parallel/context_parallel/context_parallel.py): a plan priced with flash
+    // attention runs without context parallelism, or is priced unfused
+    // (--no-flash-attention).
+    if s.assumptions.flash_attention {
+        s.cp = match s.cp {
+            Some(v) if !v.contains(&1) => bail!(
+                "--target scaletorch runs context parallelism with its unfused ring attention: include 1 in --cp, or price it so with --no-flash-attention"
+            ),
+            _ => Some(vec![1]),
+        };
+    }
     s.etp = only_one(s.etp, "etp")?;
     s.sp = Some(vec![false]);
     s.even_layers = true;

@@ -1432,6 +1432,50 @@ fn scaletorch_export_states_what_scaletorch_runs() {
     );
 }
 
+/// ScaleTorch's context parallelism is its unfused ring attention: under flash
+/// attention (the default) `plan --target scaletorch` searches CP 1 only, so every
+/// plan it returns exports (70B on 128 H100s once ranked CP 2 plans first and found
+/// none to export); an explicit CP without 1 is refused before the search, and with
+/// `--no-flash-attention` CP plans are priced unfused and export.
+#[test]
+fn scaletorch_target_searches_context_parallelism_it_can_run() {
+    let dir = TempDir::new("scaletorch-cp");
+    let base = [
+        "plan",
+        "--model",
+        "70b",
+        "--gpus",
+        "128",
+        "--target",
+        "scaletorch",
+    ];
+    let flash = saved(&dir, "flash.json", &[&base[..], &["--top", "3"]].concat());
+    let plan = PlanFile::from_json(&std::fs::read_to_string(&flash).unwrap()).unwrap();
+    assert!(!plan.plans.is_empty());
+    for (i, p) in plan.plans.iter().enumerate() {
+        assert_eq!(p.config.cp, 1);
+        export(&plan, i + 1, Target::ScaleTorch, &LaunchOptions::default()).unwrap();
+    }
+    fails_with_one_line(
+        &[&base[..], &["--cp", "2"]].concat(),
+        "include 1 in --cp, or price it so with --no-flash-attention",
+    );
+    let unfused = saved(
+        &dir,
+        "unfused.json",
+        &[
+            &base[..],
+            &["--no-flash-attention", "--cp", "2", "--top", "2"],
+        ]
+        .concat(),
+    );
+    let plan = PlanFile::from_json(&std::fs::read_to_string(&unfused).unwrap()).unwrap();
+    for (i, p) in plan.plans.iter().enumerate() {
+        assert_eq!(p.config.cp, 2);
+        export(&plan, i + 1, Target::ScaleTorch, &LaunchOptions::default()).unwrap();
+    }
+}
+
 /// The Megatron-LM launchers set what `validate_args` checks before the ranks
 /// start: `CUDA_DEVICE_MAX_CONNECTIONS=1` with TP or CP (the dense plan, TP 4
 /// CP 2), and leave it unset where Megatron-FSDP needs more than one.
