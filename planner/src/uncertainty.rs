@@ -163,7 +163,7 @@ pub fn band(profile: &str, moe: bool, framework: Framework, step_secs: f64) -> O
 /// the pools of `set` closest to it with enough runs: the same profile, kind and
 /// framework; the same kind and framework on all hardware; every run of the
 /// framework (every run, for a framework with none). A framework is never pooled
-/// with another's runs: torchtitan's measured runs are 11-44% slower than the
+/// with another's runs: torchtitan's measured runs are 10-58% slower than the
 /// model, Megatron-Core's within a few percent, and a torchtitan plan must not
 /// borrow Megatron-Core's band, nor a Megatron-Core MoE plan nanotron's errors.
 pub fn band_from(

@@ -403,6 +403,15 @@ fn sweeps() -> SweepData {
             "row {}: sweeps and axes differ in number",
             &rec[c_id]
         );
+        // The axes published_sweeps.md defines: a misspelt one would start an axis
+        // of its own and escape the coverage bar.
+        for a in &axes {
+            assert!(
+                SWEEP_AXES.contains(a),
+                "row {}: axis '{a}' is not one of {SWEEP_AXES:?}",
+                &rec[c_id]
+            );
+        }
         let previous = member.insert(
             rec[c_id].to_string(),
             axes.iter()
@@ -492,6 +501,23 @@ const RATIO_GAPS: &[(&str, &str)] = &[(
     "TP 16 costs 1.9-4.7x TP 8 in the Ultra-Scale Playbook's nanotron runs on AWS EFA; on the aws-p5-hf profile (the EFA figures that cluster published) the model prices 0.7-6.6x: it is 5-71% fast on nanotron's TP 2-8 inside a node at one-sample micro-batches and 38-87% fast on every 80B run, and on 16-32 nodes it prices TP 8 31-187% slow: at the cluster's published bandwidth TP 8's data-parallel all-reduce alone outlasts the whole measured step on 32 nodes. vTrain's Megatron-DeepSpeed runs on A100 with 800 Gb/s per node: TP 16 measured 1.5-2.1x TP 8 for the 3.6B and 2.0x for the 18.4B, priced 1.5x and 1.3x: 5 of its 6 TP 8 against TP 16 sweeps are 28-35% narrower than measured (issue 21)",
 )];
 
+/// The sweep axes of tests/data/published_sweeps.md.
+const SWEEP_AXES: [&str; 8] = [
+    "vpp",
+    "zero3_dp",
+    "tp_nvlink",
+    "tp_overlap",
+    "mbs",
+    "recompute",
+    "layout",
+    "other",
+];
+
+/// Two predictions the model does not tell apart (relative difference below 1e-9).
+fn tie(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
 #[test]
 fn published_sweeps_are_ordered() {
     let SweepData {
@@ -522,7 +548,7 @@ fn published_sweeps_are_ordered() {
                 t[0] += 1;
                 src[0] += 1;
                 // A predicted tie does not order a pair measured 5% apart.
-                if a.2 != b.2 && (a.1 > b.1) == (a.2 > b.2) {
+                if !tie(a.2, b.2) && (a.1 > b.1) == (a.2 > b.2) {
                     t[1] += 1;
                     src[1] += 1;
                 } else {
@@ -539,17 +565,23 @@ fn published_sweeps_are_ordered() {
         };
         let (m, p) = (spread(|r| r.1), spread(|r| r.2));
         let diff = (p - m) / m;
+        // A sweep the model prices flat, where the measurements are 5% apart or
+        // more, has not been priced at all: no credit for its ratio.
+        let flat = tie(p, 1.0) && m >= 1.05;
+        let ok = diff.abs() <= 0.10 && !flat;
         t[2] += 1;
-        t[3] += usize::from(diff.abs() <= 0.10);
+        t[3] += usize::from(ok);
         if !gap {
             src[2] += 1;
-            src[3] += usize::from(diff.abs() <= 0.10);
+            src[3] += usize::from(ok);
         }
         println!(
             "{axis:<10} {sweep:<34} {:>3} {m:>9.3} {p:>9.3} {:>+6.1}%{}",
             rows.len(),
             100.0 * diff,
-            if diff.abs() > 0.10 {
+            if flat {
+                "  priced flat"
+            } else if !ok {
                 "  outside 10%"
             } else {
                 ""
@@ -598,7 +630,7 @@ fn published_sweeps_are_ordered() {
         assert!(n >= 8, "axis {axis}: {n} measured pairs, fewer than 8");
     }
     // The issue's bars (90% of the pairs ordered right, every sweep's best/worst
-    // ratio within 10%) are not met: 499 of 621 pairs (80.4%), 124 of 161 sweeps.
+    // ratio within 10%) are not met: 500 of 622 pairs (80.4%), 123 of 162 sweeps.
     // What the test guards is each source's state today, so that no change of the
     // model loses a pair or a ratio any source had (a source not listed fails: list
     // it when its rows are added). Where the wrong pairs are (docs/trust.md): vTrain's
@@ -630,9 +662,9 @@ fn published_sweeps_are_ordered() {
 const SWEEP_GUARDS: &[(&str, usize, usize)] = &[
     ("hag23", 244, 53),
     ("kor22", 4, 5),
-    ("mlmgb200", 1, 3),
+    ("mlmgb200", 1, 2),
     ("mpt", 7, 14),
-    ("tt2412", 1, 4),
+    ("tt2412", 2, 4),
     ("ttasync", 8, 5),
     ("ttperf", 2, 2),
     ("ttwf", 0, 1),
@@ -642,14 +674,14 @@ const SWEEP_GUARDS: &[(&str, usize, usize)] = &[
     ("zb24", 8, 12),
 ];
 
-/// Every row of the published data that states a measured peak memory (67 rows:
+/// Every row of the published data that states a measured peak memory (69 rows:
 /// torchtitan's benchmark tables and the Ultra-Scale Playbook's nanotron runs, all
 /// of them PyTorch's peak *reserved* memory), predicted like with like
 /// (`MemKind::comparable_bytes`: the tensors and the allocator's fragmentation,
 /// not the runtime reserve), printed per row with every component, then summarised
 /// per source and per framework.
 ///
-/// The issue's bar: median |error| <= 5% on at least 10 rows (3.6% over the 67;
+/// The issue's bar: median |error| <= 5% on at least 10 rows (3.7% over the 69;
 /// it was 15.3% before nanotron's own blocks were priced). nanotron's rows were
 /// low by about 120 x hidden bytes per token at any TP degree; its code
 /// (e24d2483) keeps persistent full-sequence all-gather buffers, holds K and V

@@ -283,13 +283,18 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
     };
     let modern = zero != Zero::None;
     let ep: u64 = num(r, "ep")?.unwrap_or(1);
-    // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
-    // NVLink domain (see the module notes).
-    let ep_comm = flag(r, "ep_comm_overlap")?
-        .unwrap_or(modern && model.moe.is_some() && ep > cluster.profile.node.nvlink_domain);
     // The attention kernel: stated by the row or its stack, else the stack's era
     // (fused flash attention on the Megatron-Core stack, unfused softmax on 2021-22's).
     let (flash_attention, loss, framework) = kernels_for(r, modern)?;
+    // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
+    // NVLink domain (see the module notes); other frameworks only where the row
+    // says so.
+    let ep_comm = flag(r, "ep_comm_overlap")?.unwrap_or(
+        modern
+            && framework.is_megatron_core()
+            && model.moe.is_some()
+            && ep > cluster.profile.node.nvlink_domain,
+    );
     // Megatron-Core recipes overlap TP communication, which Megatron allows only
     // with sequence parallelism. Other frameworks overlap it only where the row
     // says so (torchtitan's async TP is opt-in).

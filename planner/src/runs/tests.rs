@@ -453,6 +453,8 @@ fn tp_overlap_is_megatron_cores_default_only() {
     };
     let vanilla = titan(&[]);
     assert!(vanilla.config.sp && !vanilla.config.overlap.tp_comm);
+    let nano = nemotron_with(&[("sp", "true"), ("framework", "nanotron")]).unwrap();
+    assert!(nano.config.sp && !nano.config.overlap.tp_comm);
     let asynctp = titan(&[("tp_comm_overlap", "true")]);
     assert!(asynctp.config.overlap.tp_comm);
     let (v, a) = (vanilla.estimate().unwrap(), asynctp.estimate().unwrap());
