@@ -1212,7 +1212,8 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         // The same pipeline time the search ranks with.
         Ok(e) => simulated(e, &cfg),
         Err(r @ Rejection::OutOfMemory { .. }) => {
-            // Show where the memory goes, then say why it is rejected.
+            // Show where the memory goes, then say why it is rejected; but first
+            // what the target cannot run, which no memory would fix.
             if let Ok(e) = evaluate(
                 &inp.model,
                 &inp.cluster,
@@ -1220,6 +1221,20 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
                 &cfg,
                 inp.assumptions,
             ) {
+                if let (Some(t), Some(name)) = (target, &target_name) {
+                    let plan = PlanFile::new(
+                        inp.model.clone(),
+                        inp.cluster.profile.clone(),
+                        inp.cluster.gpus,
+                        inp.workload.clone(),
+                        inp.assumptions,
+                        None,
+                        vec![(cfg.clone(), e.clone())],
+                    );
+                    if let Err(x) = export(&plan, 1, t, &LaunchOptions::default()) {
+                        bail!("invalid configuration for --target {name}: {x}");
+                    }
+                }
                 print!(
                     "{}\n{}",
                     render::assumptions(&inp),

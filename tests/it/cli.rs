@@ -2765,6 +2765,16 @@ fn estimate_with_a_target_reproduces_that_targets_plan() {
         ],
         "invalid configuration for --target torchtitan: this plan cannot be expressed for torchtitan: torchtitan has no optimizer-only sharding",
     );
+    // Estimate's default ZeRO-1 on a configuration that would not fit under it:
+    // the framework's refusal comes first (no memory would fix it), with the
+    // --zero values estimate takes.
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--target",
+            "torchtitan",
+        ],
+        "torchtitan has no optimizer-only sharding (ZeRO-1 / distributed optimizer); use --zero 0 (DDP), 2 or 3 (FSDP2)",
+    );
     fails_with_one_line(
         &[
             "estimate", "--model", "8b", "--gpus", "8", "--target", "rank-map",

@@ -32,7 +32,7 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     }
     let (replicate, shard, reshard) = match cfg.zero {
         Zero::None => (cfg.dp, 1, None),
-        Zero::DistOpt => return Err(cannot(t, "torchtitan has no optimizer-only sharding (ZeRO-1 / distributed optimizer); re-plan with --zero 0,2,3")),
+        Zero::DistOpt => return Err(cannot(t, "torchtitan has no optimizer-only sharding (ZeRO-1 / distributed optimizer); use --zero 0 (DDP), 2 or 3 (FSDP2)")),
         Zero::Zero2 => (1, cfg.dp, Some("never")),
         // torchtitan's default reshards after forward except under a pipeline
         // (llama3/infra/parallelize.py), where ZeRO-3 would run as ZeRO-2.
