@@ -475,6 +475,25 @@ fn price_for_target(
     Ok(())
 }
 
+/// A plan file of the one configuration `cfg` priced `est` on `inp`'s model,
+/// cluster and workload (what `estimate` writes, and what a target's export is
+/// asked about).
+fn single_plan(
+    inp: &args::Inputs,
+    cfg: &ParallelConfig,
+    est: &sextant_planner::cost::Estimate,
+) -> PlanFile {
+    PlanFile::new(
+        inp.model.clone(),
+        inp.cluster.profile.clone(),
+        inp.cluster.gpus,
+        inp.workload.clone(),
+        inp.assumptions,
+        None,
+        vec![(cfg.clone(), est.clone())],
+    )
+}
+
 fn cmd_plan(a: PlanArgs) -> Result<()> {
     let mut outputs = a.common.outputs();
     if let Some(r) = &a.report {
@@ -600,15 +619,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
     let mut dropped: Vec<String> = Vec::new();
     if let Some(t) = target {
         res.top.retain(|c| {
-            let one = PlanFile::new(
-                inp.model.clone(),
-                inp.cluster.profile.clone(),
-                inp.cluster.gpus,
-                inp.workload.clone(),
-                inp.assumptions,
-                None,
-                vec![(c.config.clone(), c.estimate.clone())],
-            );
+            let one = single_plan(&inp, &c.config, &c.estimate);
             match export(
                 &one,
                 1,
@@ -1222,15 +1233,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
                 inp.assumptions,
             ) {
                 if let (Some(t), Some(name)) = (target, &target_name) {
-                    let plan = PlanFile::new(
-                        inp.model.clone(),
-                        inp.cluster.profile.clone(),
-                        inp.cluster.gpus,
-                        inp.workload.clone(),
-                        inp.assumptions,
-                        None,
-                        vec![(cfg.clone(), e.clone())],
-                    );
+                    let plan = single_plan(&inp, &cfg, &e);
                     if let Err(x) = export(&plan, 1, t, &LaunchOptions::default()) {
                         bail!("invalid configuration for --target {name}: {x}");
                     }
@@ -1245,15 +1248,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         }
         Err(r) => bail!("invalid configuration: {r}"),
     };
-    let mut plan = PlanFile::new(
-        inp.model.clone(),
-        inp.cluster.profile.clone(),
-        inp.cluster.gpus,
-        inp.workload.clone(),
-        inp.assumptions,
-        None,
-        vec![(cfg.clone(), est.clone())],
-    );
+    let mut plan = single_plan(&inp, &cfg, &est);
     if let (Some(t), Some(name)) = (target, &target_name) {
         // What the target cannot run is refused, as plan --target drops it.
         export(
