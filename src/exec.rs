@@ -991,30 +991,25 @@ fn run_of_plan(
     // The executor may run smaller sizes than the plan (the CPU backend caps the
     // micro-batch at 2 and scales the layers), never other degrees or choices.
     let (p, r) = (&ranked.config, &run.config);
-    let differs: Vec<String> = [
-        ("TP", p.tp, r.tp),
-        ("PP", p.pp, r.pp),
-        ("VPP", p.vpp, r.vpp),
-        ("CP", p.cp, r.cp),
-        ("EP", p.ep, r.ep),
-        ("ETP", p.etp, r.etp),
-        ("DP", p.dp, r.dp),
-        ("ranks", plan.gpus, run.world_size),
-    ]
-    .iter()
-    .filter(|(_, a, b)| a != b)
-    .map(|(n, a, b)| format!("{n} {b} (the plan {a})"))
-    .chain((p.sp != r.sp).then(|| format!("SP {} (the plan {})", r.sp, p.sp)))
-    .chain((p.zero != r.zero).then(|| format!("ZeRO {} (the plan {})", r.zero, p.zero)))
-    .chain(
-        (p.recompute != r.recompute)
-            .then(|| format!("recompute {} (the plan {})", r.recompute, p.recompute)),
-    )
-    .chain(
-        (p.schedule != r.schedule)
-            .then(|| format!("schedule {} (the plan {})", r.schedule, p.schedule)),
-    )
-    .collect();
+    let differs: Vec<String> = p
+        .named_degrees()
+        .into_iter()
+        .zip(r.named_degrees())
+        .map(|((n, a), (_, b))| (n, a, b))
+        .chain([("ranks", plan.gpus, run.world_size)])
+        .filter(|(_, a, b)| a != b)
+        .map(|(n, a, b)| format!("{n} {b} (the plan {a})"))
+        .chain((p.sp != r.sp).then(|| format!("SP {} (the plan {})", r.sp, p.sp)))
+        .chain((p.zero != r.zero).then(|| format!("ZeRO {} (the plan {})", r.zero, p.zero)))
+        .chain(
+            (p.recompute != r.recompute)
+                .then(|| format!("recompute {} (the plan {})", r.recompute, p.recompute)),
+        )
+        .chain(
+            (p.schedule != r.schedule)
+                .then(|| format!("schedule {} (the plan {})", r.schedule, p.schedule)),
+        )
+        .collect();
     if !differs.is_empty() {
         bail!(
             "'{run_path}' records another configuration than plan #{} of '{plan_path}': {}; the run file was edited or belongs to another plan",

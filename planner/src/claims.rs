@@ -179,15 +179,7 @@ fn move_zero(c: &mut ParallelConfig, t: &ParallelConfig) -> Option<String> {
 
 fn move_shape(c: &mut ParallelConfig, t: &ParallelConfig) -> Option<String> {
     let mut parts = Vec::new();
-    for (name, a, b) in [
-        ("TP", c.tp, t.tp),
-        ("PP", c.pp, t.pp),
-        ("VPP", c.vpp, t.vpp),
-        ("CP", c.cp, t.cp),
-        ("EP", c.ep, t.ep),
-        ("ETP", c.etp, t.etp),
-        ("DP", c.dp, t.dp),
-    ] {
+    for ((name, a), (_, b)) in c.named_degrees().into_iter().zip(t.named_degrees()) {
         if a != b {
             parts.push(format!("{name} {a} -> {b}"));
         }

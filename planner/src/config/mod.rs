@@ -223,6 +223,20 @@ impl ParallelConfig {
         w.global_batch / self.mbs.saturating_mul(self.dp).max(1)
     }
 
+    /// The parallel degrees by their short names, in the order plans print them:
+    /// what a comparison of two configurations lists when they differ.
+    pub fn named_degrees(&self) -> [(&'static str, u64); 7] {
+        [
+            ("TP", self.tp),
+            ("PP", self.pp),
+            ("VPP", self.vpp),
+            ("CP", self.cp),
+            ("EP", self.ep),
+            ("ETP", self.etp),
+            ("DP", self.dp),
+        ]
+    }
+
     /// tp x pp x cp x dp (saturating: a product past u64 never equals a GPU count).
     pub fn gpus(&self) -> u64 {
         self.tp
