@@ -605,6 +605,13 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         Some(Target::Verl) => sextant_planner::rl::RlFramework::Verl.restrict(space),
         _ => space,
     };
+    // Where the ScaleTorch search left context parallelism out (its ring attention
+    // is unfused), a search that finds nothing says how to bring it back.
+    let cp_hint = if target == Some(Target::ScaleTorch) && inp.assumptions.flash_attention {
+        "; --target scaletorch searched CP 1 only (its ring attention is unfused): --no-flash-attention searches context parallelism too"
+    } else {
+        ""
+    };
     let start = Instant::now();
     // A target keeps only plans its export can state: search twice as deep, keep
     // the first `top` that export.
@@ -638,7 +645,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
         res.top.truncate(a.top);
         if res.top.is_empty() && !dropped.is_empty() {
             bail!(
-                "none of the {depth} best plans runs on {}: {} (or pass --target any to see what the cost model would pick)",
+                "none of the {depth} best plans runs on {}: {} (or pass --target any to see what the cost model would pick){cp_hint}",
                 target_name,
                 dropped[0]
             );
@@ -734,7 +741,7 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
                 room / sextant_planner::hardware::GIB,
             );
         }
-        bail!("no valid plan for {} on {}: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help)", inp.model.name, render::gpu_count(gpus));
+        bail!("no valid plan for {} on {}: see the rejection counts above (more GPUs, a smaller global batch, or a larger-memory GPU may help){cp_hint}", inp.model.name, render::gpu_count(gpus));
     }
     text.push_str(&render::plan_table(&res, &inp, table_width()));
     text.push('\n');

@@ -1474,6 +1474,25 @@ fn scaletorch_target_searches_context_parallelism_it_can_run() {
         assert_eq!(p.config.cp, 2);
         export(&plan, i + 1, Target::ScaleTorch, &LaunchOptions::default()).unwrap();
     }
+    // A search that finds nothing at CP 1 says how to search CP too.
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "64",
+            "--target",
+            "scaletorch",
+            "--seq",
+            "131072",
+            "--global-batch",
+            "64",
+            "--top",
+            "2",
+        ],
+        "--no-flash-attention searches context parallelism too",
+    );
 }
 
 /// The Megatron-LM launchers set what `validate_args` checks before the ranks
