@@ -1188,7 +1188,11 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         ep: a.ep,
         etp: a.etp,
         dp,
-        sp: a.sp.unwrap_or(a.tp > 1),
+        // Sequence parallelism goes with TP unless the target never runs it
+        // (ScaleTorch's trainer has none: its plan searches SP off).
+        sp: a
+            .sp
+            .unwrap_or(a.tp > 1 && target != Some(Target::ScaleTorch)),
         mbs: a.mbs,
         zero: Zero::from(a.zero),
         recompute,
@@ -1245,11 +1249,15 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
                         bail!("invalid configuration for --target {name}: {x}");
                     }
                 }
-                print!(
-                    "{}\n{}",
-                    render::assumptions(&inp),
-                    render::breakdown(&cfg, &e, &inp.cluster.profile)
-                );
+                // Under --json stdout holds JSON or nothing: the one-line
+                // refusal below says what does not fit.
+                if !a.common.json {
+                    print!(
+                        "{}\n{}",
+                        render::assumptions(&inp),
+                        render::breakdown(&cfg, &e, &inp.cluster.profile)
+                    );
+                }
             }
             bail!("invalid configuration: {r}");
         }

@@ -86,16 +86,24 @@ impl fmt::Display for Target {
 
 impl Target {
     pub fn parse(s: &str) -> Result<Target, ExportError> {
-        let key = s.trim().to_ascii_lowercase().replace('_', "-");
+        // Spellings differ only in case and separators: `Megatron_LM`,
+        // `Scale_Torch` and `torchrun_exec` are the targets they name.
+        let bare = |n: &str| -> String {
+            n.chars()
+                .filter(|c| !matches!(c, '-' | '_'))
+                .map(|c| c.to_ascii_lowercase())
+                .collect()
+        };
+        let key = bare(s.trim());
         let key = match key.as_str() {
-            "bridge" => "megatron-bridge",
-            "mcore" => "megatron-core",
-            "megatron" => "megatron-lm",
+            "bridge" => "megatronbridge",
+            "mcore" => "megatroncore",
+            "megatron" => "megatronlm",
             other => other,
         };
         TARGETS
             .iter()
-            .find(|(n, _)| *n == key)
+            .find(|(n, _)| bare(n) == key)
             .map(|(_, t)| *t)
             .ok_or_else(|| ExportError::UnknownTarget(sextant_planner::json::one_line(s, 60)))
     }

@@ -63,7 +63,7 @@ pub fn args(plan: &PlanFile, index: usize) -> Result<(Vec<String>, Env), ExportE
     }
     if cfg.sp {
         return Err(cannot(
-            "sequence parallelism: ScaleTorch's trainer does not turn it on".into(),
+            "sequence parallelism: ScaleTorch's trainer does not turn it on; re-plan with --sp false".into(),
         ));
     }
     if cfg.vpp > 1 || cfg.layout != sextant_planner::config::Layout::Even {

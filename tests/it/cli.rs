@@ -2781,4 +2781,57 @@ fn estimate_with_a_target_reproduces_that_targets_plan() {
         ],
         "--target rank-map is not a training framework",
     );
+    // A target's rule on sequence parallelism: ScaleTorch never runs it, so a TP
+    // estimate for it defaults to SP off and refuses it asked for; verl's Megatron
+    // backend always runs it beside TP.
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--zero",
+        "0",
+        "--target",
+        "Scale_Torch",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["plans"][0]["config"]["sp"], false);
+    assert_eq!(e["target"], "scaletorch");
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--zero",
+            "0",
+            "--sp",
+            "true",
+            "--target",
+            "scaletorch",
+        ],
+        "re-plan with --sp false",
+    );
+    fails_with_one_line(
+        &[
+            "estimate", "--model", "8b", "--gpus", "8", "--tp", "2", "--sp", "false", "--target",
+            "verl",
+        ],
+        "runs sequence parallelism whenever TP > 1",
+    );
+    // Out of memory under --json: stdout holds JSON or nothing, never the text
+    // breakdown; the refusal is one line.
+    let args = [
+        "estimate", "--model", "70b", "--gpus", "8", "--tp", "1", "--pp", "1", "--json",
+    ];
+    fails_with_one_line(&args, "needs 587.5 GiB per GPU");
+    assert!(sextant(&args).stdout.is_empty());
 }

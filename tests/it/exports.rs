@@ -862,6 +862,24 @@ fn inexpressible_plans_fail_with_the_reason() {
         .unwrap_err()
         .to_string()
         .contains("unknown export target"));
+    // Spellings that differ in case and separators name the same target.
+    for (spelt, t) in [
+        ("Megatron_LM", Target::MegatronLm),
+        ("Scale_Torch", Target::ScaleTorch),
+        ("scale-torch", Target::ScaleTorch),
+        ("TORCHRUN_EXEC", Target::TorchrunExec),
+        ("rank_map_json", Target::RankMapJson),
+        ("mcore", Target::MegatronCore),
+    ] {
+        assert_eq!(Target::parse(spelt).unwrap(), t, "{spelt}");
+    }
+    assert!(Target::parse("megatron--lm-x").is_err());
+    // verl's Megatron backend turns sequence parallelism on wherever TP > 1: a
+    // plan priced without it would not run as priced.
+    let mut no_sp = rl_ready(&dense());
+    no_sp.plans[0].config.sp = false;
+    assert!(err(&no_sp, Target::Verl).contains("re-plan without --sp false"));
+    assert!(export(&rl_ready(&dense()), 1, Target::Verl, &opts).is_ok());
 }
 
 /// Megatron-LM and the frameworks on Megatron-Core run 1F1B and interleaved 1F1B

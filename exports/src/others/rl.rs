@@ -100,6 +100,11 @@ pub fn verl(plan: &PlanFile, index: usize) -> Result<String, ExportError> {
     }
     rl_backend_limits(plan, cfg, "verl", "verl/utils/megatron/tensor_parallel.py")
         .map_err(|r| cannot(t, r))?;
+    // verl's Megatron bridge turns sequence parallelism on wherever TP > 1
+    // (`RlFramework::restrict`): the key below would not turn it off.
+    if cfg.tp > 1 && !cfg.sp {
+        return Err(cannot(t, "verl's Megatron backend runs sequence parallelism whenever TP > 1 (mbridge mbridge/core/llm_bridge.py:78 at 10cb17f, \"sequence_parallel\": tp_size > 1); this plan has TP without SP: re-plan without --sp false"));
+    }
     let _ = writeln!(s, "actor_rollout_ref:\n  actor:\n    strategy: megatron");
     let _ = writeln!(s, "    ppo_micro_batch_size_per_gpu: {}", cfg.mbs);
     let _ = writeln!(s, "    megatron:");
