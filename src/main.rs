@@ -381,7 +381,8 @@ fn scaletorch_space(mut s: SearchSpace) -> Result<SearchSpace> {
 /// What torchtitan runs (exports/src/others/torchtitan.rs states each): FSDP2
 /// (reshard after forward or not) or plain replication, never optimizer-only
 /// sharding; op-level selective checkpointing, not Megatron's module lists;
-/// stages split evenly. The rest its export refuses plan by plan.
+/// stages split evenly; the model compiled, as priced, so async TP where
+/// --tp-comm-overlap asks for it. The rest its export refuses plan by plan.
 fn torchtitan_space(mut s: SearchSpace) -> Result<SearchSpace> {
     s.zero.retain(|z| *z != Zero::DistOpt);
     if s.zero.is_empty() {
@@ -394,9 +395,6 @@ fn torchtitan_space(mut s: SearchSpace) -> Result<SearchSpace> {
             "--target torchtitan has no per-module recomputation like Megatron's --recompute-modules (its selective checkpointing is op-level): drop --recompute-modules"
         ),
         Some(_) => {}
-    }
-    if s.overlap.tp_comm {
-        bail!("--target torchtitan: its async TP (--tp-comm-overlap) runs only with the model compiled (torchtitan/distributed/tensor_parallel.py:20 at v0.2.2), and Sextant prices torchtitan's model eager: drop --tp-comm-overlap");
     }
     // Without FSDP, torchtitan's data parallelism is one-dimensional DDP.
     s.plain_dp_alone = true;

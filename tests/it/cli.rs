@@ -2389,7 +2389,7 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
     let o = sextant(&["export", p, "--to", "torchtitan"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stdout(&o).contains("[compile]\nenable = true\ncomponents = [\"loss\"]"),
+        stdout(&o).contains("[compile]\nenable = true\ncomponents = [\"model\", \"loss\"]"),
         "{}",
         stdout(&o)
     );
@@ -2436,20 +2436,34 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
         ],
         "--target torchtitan has no Transformer Engine cross-entropy kernel",
     );
-    // torchtitan runs TP only beside FSDP, and async TP only with the model
-    // compiled, which Sextant does not price.
-    fails_with_one_line(
-        &[
-            "plan",
-            "--model",
-            "8b",
-            "--gpus",
-            "64",
-            "--target",
-            "torchtitan",
-            "--tp-comm-overlap",
-        ],
-        "its async TP (--tp-comm-overlap) runs only with the model compiled",
+    // The model is compiled as priced (its element-wise passes fused), the loss
+    // where the plan priced it so; async TP, which needs the model compiled, is
+    // exported where the plan has it.
+    let eager_loss = dir.path("native.json");
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "64",
+        "--target",
+        "torchtitan",
+        "--tp",
+        "2",
+        "--tp-comm-overlap",
+        "--top",
+        "1",
+        "--out",
+        eager_loss.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = sextant(&["export", eager_loss.to_str().unwrap(), "--to", "torchtitan"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let toml = stdout(&o);
+    assert!(
+        toml.contains("[compile]\nenable = true\ncomponents = [\"model\"]\n")
+            && toml.contains("tensor_parallel_degree = 2\nenable_async_tensor_parallel = true\n"),
+        "{toml}"
     );
     let p = crate::common::planned(&[
         "plan",

@@ -137,7 +137,7 @@ fn scaletorch_ready(p: &PlanFile) -> PlanFile {
 fn torchtitan_ready(p: &PlanFile) -> PlanFile {
     let mut p = p.clone();
     p.plans[0].config.zero = Zero::Zero3;
-    // Async TP needs the model compiled, which torchtitan plans do not price.
+    // Plain TP (async TP: cli.rs `torchtitan_compiled_loss_is_priced_and_exported`).
     p.plans[0].config.overlap.tp_comm = false;
     p.assumptions.framework = sextant_planner::cost::Framework::Torchtitan;
     p.assumptions.loss = LossKernel::Native;
