@@ -104,7 +104,8 @@ pub struct Common {
     /// Cross-entropy kernel: native (Megatron's `--cross-entropy-loss-fusion`), te
     /// (Transformer Engine's, as Megatron-Bridge's performance scripts pick),
     /// unfused (Megatron-LM without the flag) or compiled (torchtitan's loss under
-    /// torch.compile, `--target torchtitan` only: exported as `[compile]` of the loss).
+    /// torch.compile, `--target torchtitan` only: exported with the loss in
+    /// `[compile]`'s components beside the model).
     #[arg(
         long = "loss",
         value_enum,

@@ -261,7 +261,8 @@ struct EstimateArgs {
     /// Recomputation.
     #[arg(long, value_enum, ignore_case = true, default_value = "none")]
     recompute: flags::RecomputeFlag,
-    /// Sequence parallelism (default: on when TP > 1).
+    /// Sequence parallelism (default: on when TP > 1, except for --target
+    /// scaletorch, whose trainer has none).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     sp: Option<bool>,
     /// Layers on the first pipeline stage (uneven split; needs --last-stage-layers).
@@ -321,27 +322,7 @@ pub(crate) fn check_knobs(name: &str, values: &Option<Vec<u64>>) -> Result<()> {
 /// is one line.
 fn scaletorch_space(mut s: SearchSpace) -> Result<SearchSpace> {
     // Switches ScaleTorch does not have: refused before the search, not after it.
-    for (on, flag, why) in [
-        (
-            s.bf16_grads,
-            "--bf16-grads",
-            "with data parallelism its gradient buckets are FP32",
-        ),
-        (
-            s.bf16_moments,
-            "--bf16-moments",
-            "its AdamW keeps BF16 moments whatever the plan says",
-        ),
-        (
-            s.overlap.tp_comm,
-            "--tp-comm-overlap",
-            "it runs its tensor-parallel collectives unoverlapped",
-        ),
-    ] {
-        if on {
-            bail!("--target scaletorch has no {flag} ({why}): drop {flag}");
-        }
-    }
+    scaletorch_switches(s.bf16_grads, s.bf16_moments, s.overlap.tp_comm)?;
     s.zero.retain(|z| *z == Zero::None);
     if s.zero.is_empty() {
         bail!("--target scaletorch runs plain data parallelism only: include 0 in --zero");
@@ -376,6 +357,33 @@ fn scaletorch_space(mut s: SearchSpace) -> Result<SearchSpace> {
     s.sp = Some(vec![false]);
     s.even_layers = true;
     Ok(s)
+}
+
+/// The switches ScaleTorch does not have, refused in one line before anything is
+/// priced (plan's search and estimate alike).
+fn scaletorch_switches(bf16_grads: bool, bf16_moments: bool, tp_comm: bool) -> Result<()> {
+    for (on, flag, why) in [
+        (
+            bf16_grads,
+            "--bf16-grads",
+            "with data parallelism its gradient buckets are FP32",
+        ),
+        (
+            bf16_moments,
+            "--bf16-moments",
+            "its AdamW keeps BF16 moments whatever the plan says",
+        ),
+        (
+            tp_comm,
+            "--tp-comm-overlap",
+            "it runs its tensor-parallel collectives unoverlapped",
+        ),
+    ] {
+        if on {
+            bail!("--target scaletorch has no {flag} ({why}): drop {flag}");
+        }
+    }
+    Ok(())
 }
 
 /// What torchtitan runs (exports/src/others/torchtitan.rs states each): FSDP2
@@ -418,7 +426,7 @@ fn rlinf_space(s: SearchSpace) -> Result<SearchSpace> {
 /// rules), else the framework and its name as Sextant spells it (the user's
 /// spelling may hold anything `Target::parse` trims).
 fn training_target(name: &str) -> Result<Option<(Target, String)>> {
-    if name.trim().eq_ignore_ascii_case("any") {
+    if sextant_exports::spelling_key(name) == "any" {
         return Ok(None);
     }
     let t = Target::parse(name)?;
@@ -456,6 +464,7 @@ fn price_for_target(
         inp.assumptions.framework = sextant_planner::cost::Framework::Torchtitan;
     }
     if target == Some(Target::ScaleTorch) {
+        scaletorch_switches(inp.bf16_grads, inp.bf16_moments, inp.overlap.tp_comm)?;
         // Priced as ScaleTorch runs: its rank grid, its unfused loss and its
         // pure-BF16 memory (BF16 weights and Adam moments, FP32 gradient buckets,
         // the loss's logits); its band pools every framework's runs, since no

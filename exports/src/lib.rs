@@ -84,17 +84,11 @@ impl fmt::Display for Target {
     }
 }
 
+pub use sextant_planner::cost::spelling_key;
+
 impl Target {
     pub fn parse(s: &str) -> Result<Target, ExportError> {
-        // Spellings differ only in case and separators: `Megatron_LM`,
-        // `Scale_Torch` and `torchrun_exec` are the targets they name.
-        let bare = |n: &str| -> String {
-            n.chars()
-                .filter(|c| !matches!(c, '-' | '_'))
-                .map(|c| c.to_ascii_lowercase())
-                .collect()
-        };
-        let key = bare(s.trim());
+        let key = spelling_key(s);
         let key = match key.as_str() {
             "bridge" => "megatronbridge",
             "mcore" => "megatroncore",
@@ -103,7 +97,7 @@ impl Target {
         };
         TARGETS
             .iter()
-            .find(|(n, _)| bare(n) == key)
+            .find(|(n, _)| spelling_key(n) == key)
             .map(|(_, t)| *t)
             .ok_or_else(|| ExportError::UnknownTarget(sextant_planner::json::one_line(s, 60)))
     }

@@ -2338,7 +2338,7 @@ fn scaletorch_header_and_no_fit_line_describe_scaletorch() {
 
 /// `--loss compiled` prices torchtitan's loss under torch.compile (the BF16 logits
 /// and their gradient, not the eager loss's FP32 copies): less memory per plan,
-/// exported as `[compile]` of the loss only; any other target or `estimate`
+/// exported with the loss in `[compile]` beside the model; any other target or `estimate`
 /// refuses it in one line, and a Megatron export of such a plan says why not.
 #[test]
 fn torchtitan_compiled_loss_is_priced_and_exported() {
@@ -2464,6 +2464,32 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
         toml.contains("[compile]\nenable = true\ncomponents = [\"model\"]\n")
             && toml.contains("tensor_parallel_degree = 2\nenable_async_tensor_parallel = true\n"),
         "{toml}"
+    );
+    // Except where the train spec ignores it: gpt_oss applies TP without async TP.
+    let oss = dir.path("oss.json");
+    let o = sextant(&[
+        "estimate",
+        "--model",
+        "gpt-oss-120b",
+        "--gpus",
+        "64",
+        "--target",
+        "torchtitan",
+        "--tp",
+        "2",
+        "--ep",
+        "8",
+        "--zero",
+        "3",
+        "--tp-comm-overlap",
+        "--out",
+        oss.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("gpt_oss applies tensor parallelism without async TP"),
+        "{}",
+        stderr(&o)
     );
     let p = crate::common::planned(&[
         "plan",

@@ -67,6 +67,15 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     if cfg.zero == Zero::None && (cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1) {
         return Err(cannot(t, "torchtitan runs TP, PP or CP only beside FSDP: without it, data parallelism is one-dimensional DDP and mixed precision is off (v0.2.2 parallelize.py:148-151, distributed/utils.py:251-256); re-plan with --zero 2,3"));
     }
+    // gpt_oss's train spec applies its tensor parallelism with async TP off,
+    // whatever the config says (models/gpt_oss/infra/parallelize.py:100 at v0.2.2,
+    // `enable_async_tp=False`).
+    if cfg.overlap.tp_comm
+        && cfg.tp > 1
+        && torchtitan_flavor(&plan.model.name).is_some_and(|(name, _)| name == "gpt_oss")
+    {
+        return Err(cannot(t, "torchtitan's gpt_oss applies tensor parallelism without async TP whatever the config says (models/gpt_oss/infra/parallelize.py:100 at v0.2.2); re-plan without --tp-comm-overlap"));
+    }
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -147,7 +156,7 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     // compiled, tests/data/published_sweeps.csv). Async TP needs it as well
     // (distributed/tensor_parallel.py:20). The loss joins it where the plan priced
     // the compiled loss (`components` at v0.2.2, torchtitan/config/job_config.py
-    // `Compile`; torchtitan's default is neither).
+    // `Compile`, whose default lists both but whose `enable` is false).
     let components = if plan.assumptions.loss == LossKernel::Compiled {
         "[\"model\", \"loss\"]"
     } else {

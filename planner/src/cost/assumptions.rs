@@ -217,6 +217,7 @@ impl Framework {
         }
     }
 
+    /// The framework a plan file or a published row names, spelt exactly.
     pub fn parse(s: &str) -> Option<Framework> {
         [
             Framework::MegatronCore,
@@ -378,4 +379,16 @@ pub enum CudaGraphsError {
     NoneAndScopes(String),
     #[error("CUDA graph scope full_iteration already holds the per-layer scopes: give it alone")]
     FullIterationNotAlone,
+}
+
+/// A framework or target name as the command line compares it: case and the
+/// separators `-` and `_` do not count (`Megatron_LM`, `Scale_Torch` and
+/// `torchrun_exec` name `megatron-lm`, `scaletorch` and `torchrun-exec`), nor
+/// surrounding space.
+pub fn spelling_key(s: &str) -> String {
+    s.trim()
+        .chars()
+        .filter(|c| !matches!(c, '-' | '_'))
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
 }

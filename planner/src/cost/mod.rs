@@ -75,7 +75,9 @@ use crate::model::ModelSpec;
 use crate::ranks::GroupKind;
 
 pub use assemble::evaluate;
-pub use assumptions::{Assumptions, CudaGraphs, CudaGraphsError, Framework, LossKernel, RankOrder};
+pub use assumptions::{
+    spelling_key, Assumptions, CudaGraphs, CudaGraphsError, Framework, LossKernel, RankOrder,
+};
 pub use band::{Attribution, Band, Outside};
 pub use layer_comm::expected_remote_domains;
 pub use pipeline::{simulate, MAX_SIMULATED_PASSES};

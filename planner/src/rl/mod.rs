@@ -214,7 +214,7 @@ impl RlFramework {
     }
 
     pub fn parse(s: &str) -> Option<RlFramework> {
-        match s.trim().to_ascii_lowercase().as_str() {
+        match crate::cost::spelling_key(s).as_str() {
             "verl" => Some(RlFramework::Verl),
             "rlinf" => Some(RlFramework::Rlinf),
             _ => None,
