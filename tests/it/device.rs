@@ -209,6 +209,33 @@ fn device_programs_pair_up_for_every_schedule_and_parallel_dimension() {
     }
 }
 
+/// Few micro-batches: with as many as pipeline stages, the interleaved schedule's
+/// first ranks hold every forward in their warm-up (Megatron's
+/// `are_all_microbatches_in_warmup`) while the last ones still run a steady state.
+/// The programs pair up at every count a plan may carry, for every schedule:
+/// `plan` ranked PP 4 VPP 6 with 4 micro-batches first, and its device programs
+/// used to hang.
+#[test]
+fn device_programs_pair_up_at_few_micro_batches() {
+    let dir = TempDir::new("device-few");
+    let base = ["--model", "8b", "--gpus", "8", "--sp", "false"];
+    let cases: [(&str, &[&str]); 5] = [
+        ("i4x2", &["--pp", "4", "--vpp", "2", "--tp", "2"]),
+        ("i4x4", &["--pp", "4", "--vpp", "4", "--tp", "2"]),
+        ("i8x2", &["--pp", "8", "--vpp", "2"]),
+        ("f4", &["--pp", "4", "--tp", "2", "--schedule", "1f1b"]),
+        ("z4", &["--pp", "4", "--tp", "2", "--schedule", "zb-h1"]),
+    ];
+    for (name, extra) in cases {
+        let args = [&base[..], extra].concat();
+        let pp: u64 = extra[1].parse().unwrap();
+        for m in [pp, 2 * pp, 3 * pp] {
+            let (_, s, map) = setup(&dir, &format!("{name}-{m}.json"), &args, None, Some(m));
+            check(&programs(&s, &map), &map).unwrap_or_else(|e| panic!("{name} m {m}: {e}"));
+        }
+    }
+}
+
 /// GEMM FLOPs of one step summed over every rank, from the executed sizes alone:
 /// per token and layer, 6x the linear weights (forward, input and weight
 /// gradients; the executed MLP's matrices) and the causal attention core (forward

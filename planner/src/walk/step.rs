@@ -39,7 +39,17 @@ pub fn slots(s: &Step, pp_rank: u64) -> Vec<Vec<Slot>> {
         .collect();
     // Only the interleaved schedule and DualPipe pair a forward with an independent
     // backward; under GPipe a later backward can depend on the forward before it.
-    let pairs = matches!(s.schedule, Schedule::Interleaved | Schedule::DualPipe);
+    // An interleaved rank whose warm-up holds every forward (few micro-batches:
+    // Megatron's `are_all_microbatches_in_warmup`) has no steady state: its last
+    // forward and first backward are not a pair, and joining them would make its
+    // transfer groups disagree with its neighbours' (a hang).
+    let forwards = order.iter().filter(|o| o.0 == Pass::Forward).count();
+    let all_warmup = order.iter().take_while(|o| o.0 == Pass::Forward).count() == forwards;
+    let pairs = match s.schedule {
+        Schedule::Interleaved => !all_warmup,
+        Schedule::DualPipe => true,
+        _ => false,
+    };
     let mut slots: Vec<Vec<Slot>> = Vec::new();
     for &(pass, chunk, mb) in &order {
         let slot = Slot {
