@@ -1480,14 +1480,23 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            // One write, so that lines from concurrent ranks do not interleave
-            // (eprint! with arguments writes each piece separately).
-            let line = format!("error: {}\n", chain.join(": "));
+            // One line whatever an error quotes (a name read from a file may hold
+            // newlines or terminal escapes, and be megabytes long), in one write,
+            // so that lines from concurrent ranks do not interleave (eprint! with
+            // arguments writes each piece separately).
+            let line = format!(
+                "error: {}\n",
+                sextant_planner::json::one_line(&chain.join(": "), ERROR_SHOWN)
+            );
             eprint!("{line}");
             ExitCode::from(1)
         }
     }
 }
+
+/// Characters of an error line shown: every message is a sentence or two, and
+/// what it quotes from a file is cut where it is built; this bounds the rest.
+const ERROR_SHOWN: usize = 4000;
 
 /// clap's error text as one line: its first line, the arguments it lists under
 /// it (a missing required argument), and its suggestion when it has one.

@@ -493,6 +493,25 @@ fn rl_plan_bad_input_is_one_line() {
         ],
         "unknown --placement '\\u{1b}[2J'",
     );
+    // A model whose name holds a terminal escape and a newline (read from its
+    // JSON): the refusal quoting it stays one line, the escape shown, not sent.
+    let dir = crate::common::TempDir::new("rl-hostile-name");
+    let spec = sextant_planner::presets::resolve("8b").unwrap().spec;
+    let mut v = serde_json::to_value(&spec).unwrap();
+    v["name"] = "a\u{1b}]0;pwned\u{7}\u{1b}[31mRED\r\nx".into();
+    let model = dir.path("model.json");
+    std::fs::write(&model, v.to_string()).unwrap();
+    let args = [
+        "rl-plan",
+        "--model",
+        model.to_str().unwrap(),
+        "--gpus",
+        "16",
+        "--emit",
+        "rlinf",
+    ];
+    crate::common::fails_with_one_line(&args, "the actor a\\u{1b}]0;pwned");
+    assert!(!crate::common::sextant(&args).stderr.contains(&0x1b));
     // A rollout engine the serving engines cannot run: one that straddles a
     // node boundary, or splits the heads unevenly (it was priced and exported).
     for (tp, needle) in [

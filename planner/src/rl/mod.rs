@@ -173,24 +173,24 @@ impl RlFramework {
                         || c.heads != w.actor.heads
                         || c.moe.is_some() != w.actor.moe.is_some()
                     {
-                        return refuse(format!("it builds the critic from the actor's checkpoint (rlinf/config.py:1559-1561), not {}; give --critic with the actor's name", c.name));
+                        return refuse(format!("it builds the critic from the actor's checkpoint (rlinf/config.py:1559-1561), not {}; give --critic with the actor's name", crate::json::one_line(&c.name, 80)));
                     }
                     if c.moe.is_some() {
                         // Its only PPO example converts a dense critic; the
                         // converter's expert-parallel settings for one are not
                         // stated there (qwen2.5-1.5b-ppo-megatron.yaml:370-380).
-                        return refuse(format!("its PPO critic goes through a converter configured for dense models only; a mixture-of-experts critic ({}) is not exported", c.name));
+                        return refuse(format!("its PPO critic goes through a converter configured for dense models only; a mixture-of-experts critic ({}) is not exported", crate::json::one_line(&c.name, 80)));
                     }
                     if Self::rlinf_model_type(c).is_some()
                         && Self::rlinf_converter_entry(c).is_none()
                     {
-                        return refuse(format!("its critic is converted by its own checkpoint converter, which has no entry for {}'s shape (rlinf/utils/ckpt_convertor/megatron_convertor/default_args.yaml)", c.name));
+                        return refuse(format!("its critic is converted by its own checkpoint converter, which has no entry for {}'s shape (rlinf/utils/ckpt_convertor/megatron_convertor/default_args.yaml)", crate::json::one_line(&c.name, 80)));
                     }
                 }
                 for (role, m) in [("actor", Some(&w.actor)), ("critic", w.critic.as_ref())] {
                     if let Some(m) = m {
                         if Self::rlinf_model_type(m).is_none() {
-                            return refuse(format!("its Megatron path converts and reshards Qwen2.5, Qwen3, Qwen3-MoE and DeepSeek-V3 checkpoints only (rlinf/utils/resharding/utils.py:60-73); the {role} {} is {}", m.name, m.hf_model_type.as_deref().map_or("of no named architecture (give its Hugging Face config.json)".to_string(), |t| format!("a {t} model"))));
+                            return refuse(format!("its Megatron path converts and reshards Qwen2.5, Qwen3, Qwen3-MoE and DeepSeek-V3 checkpoints only (rlinf/utils/resharding/utils.py:60-73); the {role} {} is {}", crate::json::one_line(&m.name, 80), m.hf_model_type.as_deref().map_or("of no named architecture (give its Hugging Face config.json)".to_string(), |t| format!("a {t} model"))));
                         }
                     }
                 }
