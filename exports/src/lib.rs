@@ -271,6 +271,16 @@ fn render(
             reason: format!("the plan prices CUDA graphs ({graphs}), which this export does not set; export to megatron-lm or megatron-bridge, or re-plan without --cuda-graphs"),
         });
     }
+    // Element-wise operations priced eager describe a published run's own code:
+    // every export's framework fuses them (Transformer Engine; torchtitan compiled,
+    // as its export sets), so the price would not be what runs.
+    let eager = plan.assumptions.eager;
+    if !eager.is_none() && !matches!(target, Target::RankMap | Target::RankMapJson) {
+        return Err(ExportError::Inexpressible {
+            target,
+            reason: format!("the plan prices its layer's {eager} as eager PyTorch operators (a published run's software), which this export runs fused; re-plan without them"),
+        });
+    }
     if target == Target::Torchtitan
         && cfg.recompute_modules != sextant_planner::config::RecomputeModules::DEFAULT
         && cfg.recompute == sextant_planner::config::Recompute::Selective

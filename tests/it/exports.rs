@@ -874,6 +874,21 @@ fn inexpressible_plans_fail_with_the_reason() {
         assert_eq!(Target::parse(spelt).unwrap(), t, "{spelt}");
     }
     assert!(Target::parse("megatron--lm-x").is_err());
+    // A plan priced with eager element-wise operations (a published run's own
+    // code) runs fused on every framework: refused, the rank map still drawn.
+    let mut eager = dense();
+    eager.assumptions.eager = sextant_planner::cost::EagerOps::parse("norm glu").unwrap();
+    for t in [
+        Target::MegatronLm,
+        Target::MegatronBridge,
+        Target::Torchtitan,
+    ] {
+        assert!(
+            err(&eager, t).contains("norm glu as eager PyTorch operators"),
+            "{t}"
+        );
+    }
+    assert!(export(&eager, 1, Target::RankMap, &opts).is_ok());
     // verl's Megatron backend turns sequence parallelism on wherever TP > 1: a
     // plan priced without it would not run as priced.
     let mut no_sp = rl_ready(&dense());

@@ -502,7 +502,7 @@ const RATIO_GAPS: &[(&str, &str)] = &[(
 )];
 
 /// The sweep axes of tests/data/published_sweeps.md.
-const SWEEP_AXES: [&str; 8] = [
+const SWEEP_AXES: [&str; 9] = [
     "vpp",
     "zero3_dp",
     "tp_nvlink",
@@ -510,6 +510,7 @@ const SWEEP_AXES: [&str; 8] = [
     "mbs",
     "recompute",
     "layout",
+    "eager_ops",
     "other",
 ];
 
@@ -660,7 +661,7 @@ fn published_sweeps_are_ordered() {
 /// and the best/worst ratios within 10% (axes in [`RATIO_GAPS`] left out) that the
 /// model reached when the guard was last raised.
 const SWEEP_GUARDS: &[(&str, usize, usize)] = &[
-    ("hag23", 244, 53),
+    ("hag23", 297, 78),
     ("kor22", 4, 5),
     ("mlmgb200", 1, 2),
     ("mpt", 7, 14),

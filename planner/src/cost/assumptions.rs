@@ -18,6 +18,9 @@ pub struct Assumptions {
     /// The CUDA graphs the run captures, which the host then launches whole instead
     /// of kernel by kernel (none unless stated: Megatron-Core's default).
     pub cuda_graphs: CudaGraphs,
+    /// The layer's element-wise operations that run as separate eager PyTorch
+    /// kernels instead of fused ones (none unless a measured run says so).
+    pub eager: EagerOps,
 }
 
 impl Default for Assumptions {
@@ -28,6 +31,86 @@ impl Default for Assumptions {
             rank_order: RankOrder::default(),
             framework: Framework::default(),
             cuda_graphs: CudaGraphs::default(),
+            eager: EagerOps::default(),
+        }
+    }
+}
+
+/// The element-wise operations of a transformer layer that a run issues as eager
+/// PyTorch operators, one kernel per operator, where Transformer Engine, Apex or
+/// a compiler fuses each into one pass: what a layer written in plain PyTorch runs
+/// without `torch.compile` (torchtitan with compile off; Aleph Alpha's `scaling`
+/// without its RMSNorm kernel). Each moves more bytes (`cost::layer`) and issues
+/// more kernels (`cost::host`). Published runs state it; no search prices it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EagerOps {
+    /// RMSNorm as PyTorch's composite (upcast, square, mean, rsqrt, two products,
+    /// downcast).
+    pub norm: bool,
+    /// The rotary embedding as a complex product in FP32 (upcast, product,
+    /// downcast) on the query and key.
+    pub rotary: bool,
+    /// A gated MLP's activation as `silu(gate) * up`, two kernels.
+    pub glu: bool,
+}
+
+impl EagerOps {
+    /// The operation names a run states.
+    pub const NAMES: [&'static str; 3] = ["norm", "rotary", "glu"];
+
+    pub fn is_none(&self) -> bool {
+        *self == EagerOps::default()
+    }
+
+    /// Parses a list of [`EagerOps::NAMES`] separated by spaces, commas or `+`;
+    /// `none` or an empty string is none.
+    pub fn parse(text: &str) -> Result<EagerOps, String> {
+        if text.len() > 100 || text.chars().any(char::is_control) {
+            return Err(format!(
+                "eager operations must be a short list of {} or none ({} characters given)",
+                EagerOps::NAMES.join(", "),
+                text.chars().count()
+            ));
+        }
+        let mut e = EagerOps::default();
+        let mut none = false;
+        for word in text.split([' ', ',', '+']).filter(|w| !w.is_empty()) {
+            match word {
+                "none" => none = true,
+                "norm" => e.norm = true,
+                "rotary" => e.rotary = true,
+                "glu" => e.glu = true,
+                other => {
+                    return Err(format!(
+                        "eager operation '{}' is not one of none, {}",
+                        crate::json::one_line(other, 40),
+                        EagerOps::NAMES.join(", ")
+                    ))
+                }
+            }
+        }
+        if none && !e.is_none() {
+            return Err(format!(
+                "eager operations '{}' say none and name operations: give one or the other",
+                crate::json::one_line(text, 100)
+            ));
+        }
+        Ok(e)
+    }
+}
+
+impl std::fmt::Display for EagerOps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = EagerOps::NAMES
+            .iter()
+            .zip([self.norm, self.rotary, self.glu])
+            .filter(|(_, on)| *on)
+            .map(|(n, _)| *n)
+            .collect();
+        if names.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&names.join(" "))
         }
     }
 }

@@ -181,7 +181,7 @@ impl GradAdds {
         match *self {
             GradAdds::Every(n) => n,
             GradAdds::OutsideGemms => {
-                let norms = if m.norm == Some(crate::model::Norm::LayerNorm) {
+                let norms = if m.norm_kind() == crate::model::Norm::LayerNorm {
                     4.0
                 } else {
                     2.0
@@ -258,6 +258,46 @@ const NANOTRON: DenseKernels = DenseKernels {
     grad_adds: GradAdds::Every(6.0),
 };
 
+/// Kernels an eager element-wise operation ([`crate::cost::EagerOps`]) issues
+/// beyond its fused form, (forward, backward), counted from the operators
+/// `cost::layer` prices: an RMSNorm as PyTorch's composite, eight operators (upcast,
+/// square, mean, add, rsqrt, two products, downcast) against one fused kernel, and
+/// autograd's thirteen backward kernels against two; the complex rotary embedding,
+/// upcast, product and downcast on the query and on the key, against one fused
+/// kernel each way for both; `silu(gate) * up`, two kernels against one, and three
+/// backward against one.
+const EAGER_NORM_KERNELS: (f64, f64) = (7.0, 11.0);
+const EAGER_ROTARY_KERNELS: (f64, f64) = (4.0, 4.0);
+const EAGER_GLU_KERNELS: (f64, f64) = (1.0, 2.0);
+
+/// The extra kernels of the layer's eager operations, for the attention block
+/// (its norm and the rotary embedding) and the MLP block (its norm and a gated
+/// activation), each (forward, backward).
+fn eager_kernels(c: &Ctx) -> ((f64, f64), (f64, f64)) {
+    let e = c.a.eager;
+    let m = c.model;
+    let add = |a: (f64, f64), b: (f64, f64), on: bool| {
+        if on {
+            (a.0 + b.0, a.1 + b.1)
+        } else {
+            a
+        }
+    };
+    let norm = e.norm && m.norm_kind() == crate::model::Norm::RmsNorm;
+    let gated = m.mlp.matrices() > 2;
+    let attn = add(
+        add((0.0, 0.0), EAGER_NORM_KERNELS, norm),
+        EAGER_ROTARY_KERNELS,
+        e.rotary && !m.rotary_unfused(),
+    );
+    let mlp = add(
+        add((0.0, 0.0), EAGER_NORM_KERNELS, norm),
+        EAGER_GLU_KERNELS,
+        e.glu && gated,
+    );
+    (attn, mlp)
+}
+
 /// GPU time lost per micro-batch to the host issuing one dense transformer layer.
 ///
 /// Nothing in a dense layer blocks the host (no host copy of a routing count), so
@@ -293,8 +333,14 @@ pub(super) fn dense_host_wait(c: &Ctx, lc: &LayerCost) -> f64 {
     };
     let comm_f = per_pass.min(lc.tp_calls) + 0.5 * lc.cp_calls;
     let comm_b = lc.tp_calls + lc.cp_calls - comm_f;
-    let attn = if graphs.attn { (1.0, 1.0) } else { k.attn };
-    let fwd = attn.0 + k.mlp.0;
+    let (attn_eager, mlp_eager) = eager_kernels(c);
+    let attn = if graphs.attn {
+        (1.0, 1.0)
+    } else {
+        (k.attn.0 + attn_eager.0, k.attn.1 + attn_eager.1)
+    };
+    let mlp = (k.mlp.0 + mlp_eager.0, k.mlp.1 + mlp_eager.1);
+    let fwd = attn.0 + mlp.0;
     let replay = match cfg.recompute {
         Recompute::Full => fwd,
         Recompute::None => 0.0,
@@ -304,7 +350,7 @@ pub(super) fn dense_host_wait(c: &Ctx, lc: &LayerCost) -> f64 {
                 r += k.core.0;
             }
             if cfg.recomputes(RecomputeModules::MLP) {
-                r += k.mlp.0;
+                r += mlp.0;
             }
             if cfg.recomputes(RecomputeModules::LAYERNORM) {
                 r += 2.0;
@@ -312,7 +358,7 @@ pub(super) fn dense_host_wait(c: &Ctx, lc: &LayerCost) -> f64 {
             r
         }
     };
-    let bwd = attn.1 + k.mlp.1 + k.grad_adds.count(c.model) + replay;
+    let bwd = attn.1 + mlp.1 + k.grad_adds.count(c.model) + replay;
     let host_f = (fwd + comm_f) * us * 1e-6;
     let host_b = (bwd + comm_b) * us * 1e-6;
     let (gpu_f, gpu_b) = gpu_passes(lc);

@@ -115,15 +115,57 @@ impl Projections {
 /// then runs five eager passes over Q and K: the negated half, its concatenation
 /// (`_rotate_half`), the products with the cosine and the sine, their sum, and the
 /// final `torch.cat` with the (empty) unrotated part: 6.5 reads and 5.5 writes of
-/// BF16 elements, 24 bytes ([`ModelSpec::rotary_unfused`]). The backward follows
-/// the layer's element-wise convention (twice the forward).
-fn rotary_bytes(m: &ModelSpec) -> f64 {
+/// BF16 elements, 24 bytes ([`ModelSpec::rotary_unfused`]). A rotary embedding
+/// run eager ([`crate::cost::EagerOps::rotary`]) as the complex product torchtitan
+/// and Aleph Alpha's `scaling` write (`xq.float()`, the product with the complex
+/// frequencies, `type_as`: torchtitan v0.2.2 `models/llama3/model/model.py`
+/// `apply_rotary_emb`, scaling `core/nn/rotary.py` `apply_complex_rotary_emb`)
+/// reads 2 and writes 4, reads 4 and writes 4, reads 4 and writes 2: 20 bytes. The
+/// backward follows the layer's element-wise convention (twice the forward).
+fn rotary_bytes(m: &ModelSpec, eager: bool) -> f64 {
     if m.rotary_unfused() {
         24.0
+    } else if eager {
+        ROTARY_EAGER_BYTES
     } else {
         4.0
     }
 }
+
+/// Bytes per element of Q and K of the eager complex rotary embedding's forward
+/// ([`rotary_bytes`]).
+const ROTARY_EAGER_BYTES: f64 = 20.0;
+
+/// Bytes per element of the hidden size one RMSNorm moves in its forward. Fused
+/// (Transformer Engine, Apex, a compiled graph): the BF16 input read and the
+/// output written once, 4. Eager ([`crate::cost::EagerOps::norm`]), as torchtitan
+/// wrote it before PyTorch's own (`RMSNorm.forward` in torchtitan/models/norms.py
+/// at 9dec370: `_norm(x.float()).type_as(x) * weight`): the upcast to FP32 (read
+/// 2, write 4), the square (4, 4), the mean (read 4), the product with the
+/// reciprocal root (4, 4), the downcast (4, 2), the product with the BF16 weight
+/// (2, 2): 36. PyTorch's composite `rms_norm` is the same chain with the weight
+/// applied before the downcast (aten/src/ATen/native/layer_norm.cpp
+/// `rms_norm_composite` at 3de78edb, the path before CUDA's `_fused_rms_norm`):
+/// 40. The backward follows the layer's element-wise convention (twice the
+/// forward; autograd's FP32 gradients of the same products count about 84 bytes
+/// op by op). A LayerNorm is one native kernel, eager or not.
+fn norm_bytes(m: &ModelSpec, eager: bool) -> f64 {
+    if eager && m.norm_kind() == crate::model::Norm::RmsNorm {
+        NORM_EAGER_BYTES
+    } else {
+        4.0
+    }
+}
+
+/// Bytes per element of the hidden size of an eager RMSNorm's forward
+/// ([`norm_bytes`]).
+const NORM_EAGER_BYTES: f64 = 36.0;
+
+/// Extra bytes per element of a gated MLP's hidden width when its activation runs
+/// eager ([`crate::cost::EagerOps::glu`]) as `silu(gate) * up`: the SiLU reads and
+/// writes the gate (4), the product reads both halves and writes one (6), against
+/// the fused activation's one pass reading both and writing one (6).
+const GLU_EAGER_EXTRA_BYTES: f64 = 4.0;
 
 /// Core attention of one micro-batch (always BF16).
 pub(super) struct CoreAttention {
@@ -330,7 +372,7 @@ fn projections(c: &Ctx) -> Projections {
         q_rank,
         kv_rank,
         out_in,
-        rotary_bytes: rotary_bytes(m),
+        rotary_bytes: rotary_bytes(m, c.a.eager.rotary),
     }
 }
 
@@ -453,17 +495,29 @@ fn elementwise_secs(c: &Ctx, kind: LayerKind, proj: &Projections, ff: &FeedForwa
     let sp_div = if cfg.sp { t } else { 1.0 };
     let mask = if m.dropout { 1.0 } else { 0.0 };
     let norms = if m.sandwich_norms { 4.0 } else { 2.0 };
-    let outside = (norms * 4.0 * h + 2.0 * (6.0 * h + mask * h)) / sp_div;
+    let norm = norm_bytes(m, c.a.eager.norm);
+    let outside = (norms * norm * h + 2.0 * (6.0 * h + mask * h)) / sp_div;
+    // A gated activation run eager: its two kernels' extra bytes.
+    let glu_extra = |ffn: f64, div: f64| {
+        if c.a.eager.glu && ff.first_mats > 1.0 {
+            GLU_EAGER_EXTRA_BYTES * ffn / div
+        } else {
+            0.0
+        }
+    };
     let inner = match kind {
         LayerKind::Moe => {
+            let shared = m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64;
             ff.routed_tokens / tokens
                 * (ff.act(ff.expert_ffn, cfg.etp as f64)
+                    + glu_extra(ff.expert_ffn, cfg.etp as f64)
                     + ff.shuffle
                     + ff.expert_bias
                     + ff.glu_clamp)
-                + ff.act(m.moe.map(|x| x.shared_hidden()).unwrap_or(0) as f64, t)
+                + ff.act(shared, t)
+                + glu_extra(shared, t)
         }
-        LayerKind::Dense => ff.act(m.ffn_hidden as f64, t),
+        LayerKind::Dense => ff.act(m.ffn_hidden as f64, t) + glu_extra(m.ffn_hidden as f64, t),
     };
     let rotary = proj.rotary();
     // GEMM inputs cast to FP8, elements per token: the QKV and output projections'

@@ -76,7 +76,8 @@ use crate::ranks::GroupKind;
 
 pub use assemble::evaluate;
 pub use assumptions::{
-    spelling_key, Assumptions, CudaGraphs, CudaGraphsError, Framework, LossKernel, RankOrder,
+    spelling_key, Assumptions, CudaGraphs, CudaGraphsError, EagerOps, Framework, LossKernel,
+    RankOrder,
 };
 pub use band::{Attribution, Band, Outside};
 pub use layer_comm::expected_remote_domains;

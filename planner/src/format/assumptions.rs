@@ -20,6 +20,9 @@ pub struct Assumptions {
     /// Written only when some scope is captured.
     #[serde(default, skip_serializing_if = "CudaGraphs::is_none")]
     pub cuda_graphs: CudaGraphs,
+    /// Written only when some element-wise operation was priced eager.
+    #[serde(default, skip_serializing_if = "EagerOps::is_none")]
+    pub eager_ops: EagerOps,
 }
 
 impl Default for Assumptions {
@@ -30,7 +33,27 @@ impl Default for Assumptions {
             rank_order: RankOrder::default(),
             framework: Framework::default(),
             cuda_graphs: CudaGraphs::default(),
+            eager_ops: EagerOps::default(),
         }
+    }
+}
+
+/// The element-wise operations priced as eager PyTorch kernels; each false (fused)
+/// when absent. An operation this layer does not know is refused, not dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EagerOps {
+    #[serde(default)]
+    pub norm: bool,
+    #[serde(default)]
+    pub rotary: bool,
+    #[serde(default)]
+    pub glu: bool,
+}
+
+impl EagerOps {
+    fn is_none(&self) -> bool {
+        *self == EagerOps::default()
     }
 }
 

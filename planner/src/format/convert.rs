@@ -90,6 +90,23 @@ impl From<CudaGraphs> for cost::CudaGraphs {
     }
 }
 
+impl From<cost::EagerOps> for EagerOps {
+    fn from(e: cost::EagerOps) -> Self {
+        let cost::EagerOps { norm, rotary, glu } = e;
+        EagerOps { norm, rotary, glu }
+    }
+}
+
+impl From<EagerOps> for cost::EagerOps {
+    fn from(e: EagerOps) -> Self {
+        cost::EagerOps {
+            norm: e.norm,
+            rotary: e.rotary,
+            glu: e.glu,
+        }
+    }
+}
+
 impl From<cost::Assumptions> for Assumptions {
     fn from(a: cost::Assumptions) -> Self {
         let cost::Assumptions {
@@ -98,6 +115,7 @@ impl From<cost::Assumptions> for Assumptions {
             rank_order,
             framework,
             cuda_graphs,
+            eager,
         } = a;
         Assumptions {
             flash_attention,
@@ -105,6 +123,7 @@ impl From<cost::Assumptions> for Assumptions {
             rank_order: rank_order.into(),
             framework: framework.into(),
             cuda_graphs: cuda_graphs.into(),
+            eager_ops: eager.into(),
         }
     }
 }
@@ -117,6 +136,7 @@ impl From<Assumptions> for cost::Assumptions {
             rank_order: a.rank_order.into(),
             framework: a.framework.into(),
             cuda_graphs: a.cuda_graphs.into(),
+            eager: a.eager_ops.into(),
         }
     }
 }

@@ -26,7 +26,7 @@ mod convert;
 mod estimate;
 mod plan;
 
-pub use assumptions::{Assumptions, CudaGraphs, Framework, LossKernel, RankOrder};
+pub use assumptions::{Assumptions, CudaGraphs, EagerOps, Framework, LossKernel, RankOrder};
 pub use estimate::{
     Attribution, Band, Collective, CommKind, CommTerm, Estimate, MoeRouting, OpClasses, Outside,
     Placement, StageMemory, StageSummary, Tier, TimeBreakdown,

@@ -87,12 +87,17 @@ fn a_plan_goes_round_the_file_unchanged() {
             moe_router: true,
             ..CudaGraphs::default()
         },
+        eager: crate::cost::EagerOps {
+            norm: true,
+            ..Default::default()
+        },
         ..Assumptions::default()
     };
     p.rank_by = Some(RankBy::Point);
     let text = p.to_json();
     assert!(text.contains("\"framework\": \"nanotron\""), "{text}");
     assert!(text.contains("\"cuda_graphs\""), "{text}");
+    assert!(text.contains("\"eager_ops\""), "{text}");
     let back = PlanFile::from_json(&text).unwrap();
     assert_eq!(back, p);
     assert_eq!(back.to_json(), text);
@@ -102,7 +107,14 @@ fn a_plan_goes_round_the_file_unchanged() {
     plain.rank_by = None;
     plain.search.as_mut().unwrap().space = None;
     let text = plain.to_json();
-    for absent in ["framework", "cuda_graphs", "target", "rank_by", "space"] {
+    for absent in [
+        "framework",
+        "cuda_graphs",
+        "eager_ops",
+        "target",
+        "rank_by",
+        "space",
+    ] {
         assert!(!text.contains(&format!("\"{absent}\"")), "{absent}");
     }
     let back = PlanFile::from_json(&text).unwrap();

@@ -51,6 +51,9 @@
 //!
 //! - CUDA graphs: none unless a row or its stack states Megatron's scopes in
 //!   `cuda_graphs` (`attn moe_router moe_preprocess`, or `full_iteration`).
+//! - Element-wise kernels: fused unless a row states in `eager_ops` which of `norm`,
+//!   `rotary` and `glu` its code runs as eager PyTorch operators
+//!   ([`crate::cost::EagerOps`]).
 //!
 //! Optional columns (`recompute_modules`, `optimizer_moments`, `dispatcher`,
 //! `ep_comm_overlap`, `tp_comm_overlap`, `pp_layout` in Megatron's layout syntax,
@@ -275,7 +278,7 @@ pub const STACK_COLUMNS: [&str; 12] = [
 /// memory and network columns that override a preset or a profile, the stack
 /// columns, and the sweeps file's `sweep`, `axis` and `note`. Anything else would
 /// be read by nothing, so a misspelt column is refused rather than ignored.
-pub const RUN_COLUMNS: [&str; 57] = [
+pub const RUN_COLUMNS: [&str; 58] = [
     "id",
     "source",
     "note",
@@ -333,6 +336,7 @@ pub const RUN_COLUMNS: [&str; 57] = [
     "pp_layout",
     "mtp_layers",
     "cuda_graphs",
+    "eager_ops",
 ];
 
 /// The known column nearest to `name` (at most two edits away), for the error line.

@@ -4,7 +4,7 @@ use crate::config::{
     Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, RecomputeModules, Workload,
     Zero,
 };
-use crate::cost::{Assumptions, CudaGraphs, Framework, LossKernel};
+use crate::cost::{Assumptions, CudaGraphs, EagerOps, Framework, LossKernel};
 use crate::hardware::{builtin_profile, Cluster};
 use crate::memory::MemKind;
 use crate::model::{MlpKind, ModelSpec, Moe, Norm};
@@ -303,6 +303,8 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
         flag(r, "tp_comm_overlap")?.unwrap_or(modern && sp && framework.is_megatron_core());
     let cuda_graphs =
         CudaGraphs::parse(get(r, "cuda_graphs")).map_err(|e| RowError::column("cuda_graphs", e))?;
+    let eager =
+        EagerOps::parse(get(r, "eager_ops")).map_err(|e| RowError::column("eager_ops", e))?;
     let moe_dispatcher = match get(r, "dispatcher") {
         "" => Dispatcher::AllToAll,
         name => Dispatcher::parse(name)
@@ -374,6 +376,7 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
             loss,
             framework,
             cuda_graphs,
+            eager,
             ..Assumptions::default()
         },
         recompute_stated,

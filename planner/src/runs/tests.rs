@@ -384,6 +384,27 @@ fn compiled_loss_only_for_torchtitan_rows() {
     assert_eq!(c.assumptions.loss, crate::cost::LossKernel::Compiled);
 }
 
+/// `eager_ops` names the layer's element-wise operations that a row's code runs as
+/// eager PyTorch operators: priced slower than fused; a name that is not one of
+/// them is refused, naming the column.
+#[test]
+fn eager_ops_column_prices_the_named_operations() {
+    let with = nemotron_with;
+    let fused = with(&[]).unwrap();
+    let eager = with(&[("eager_ops", "norm rotary glu")]).unwrap();
+    assert!(eager.assumptions.eager.norm && eager.assumptions.eager.glu);
+    assert!(fused.assumptions.eager.is_none());
+    assert!(eager.estimate().unwrap().step_secs > fused.estimate().unwrap().step_secs);
+    for bad in ["rmsnorm", "none norm", "norm;glu"] {
+        let err = with(&[("eager_ops", bad)]).unwrap_err();
+        assert!(
+            err.reason.contains("column 'eager_ops'"),
+            "{bad}: {}",
+            err.reason
+        );
+    }
+}
+
 /// A modern-stack row (a sharded optimizer) without sequence parallelism does not
 /// get Transformer Engine's TP overlap by default: Megatron runs it only with
 /// sequence parallelism. With it, the overlap stays the default.

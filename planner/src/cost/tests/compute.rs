@@ -440,3 +440,62 @@ fn dropped_tokens_are_not_model_flops() {
         }
     }
 }
+
+/// Eager element-wise operations ([`EagerOps`]): each moves the bytes of its
+/// PyTorch operators where the fused kernel moves one pass, replicated on every TP
+/// rank without sequence parallelism; a LayerNorm is one kernel either way; the
+/// names parse as a list and anything else is refused.
+#[test]
+fn eager_element_wise_operations_move_their_operators_bytes() {
+    let hw = builtin_profile("a100-80g").unwrap();
+    let llama = resolve("llama2-13b").unwrap().spec;
+    let w = wl(2048, 64);
+    let elementwise = |m: &crate::model::ModelSpec, tp: u64, eager: &str| {
+        let k = cfg(tp, 1, 1, 64 / tp);
+        let c = Ctx {
+            model: m,
+            hw: &hw,
+            w: &w,
+            cfg: &k,
+            a: Assumptions {
+                eager: EagerOps::parse(eager).unwrap(),
+                ..Assumptions::default()
+            },
+            tokens: 2048.0,
+            fp8: false,
+            domain: 8,
+        };
+        layer_cost(&c, LayerKind::Dense).fwd.elementwise
+    };
+    // Forward bytes per token: two norms 2 x 36 h instead of 2 x 4 h, the
+    // rotary embedding 20 instead of 4 per query and key element, the gated
+    // activation 10 instead of 6 per hidden element; the residual adds as before.
+    let (h, f) = (llama.hidden as f64, llama.ffn_hidden as f64);
+    let qk = (llama.q_dim() + llama.kv_heads * llama.head_dim) as f64;
+    let fused = 2.0 * 4.0 * h + 12.0 * h + 4.0 * qk + 6.0 * f;
+    let eager = 2.0 * 36.0 * h + 12.0 * h + 20.0 * qk + 10.0 * f;
+    let ratio = elementwise(&llama, 1, "norm rotary glu") / elementwise(&llama, 1, "none");
+    assert!(
+        (ratio - eager / fused).abs() < 1e-9,
+        "{ratio} vs {}",
+        eager / fused
+    );
+    // One operation at a time adds its own bytes only.
+    let norm_only = elementwise(&llama, 1, "norm") / elementwise(&llama, 1, "");
+    assert!((norm_only - (fused + 64.0 * h) / fused).abs() < 1e-9);
+    // Without SP the norms are replicated on every TP rank: their eager bytes do
+    // not shrink with TP, the rotary's and the activation's do.
+    let extra = |tp| elementwise(&llama, tp, "norm") - elementwise(&llama, tp, "none");
+    assert!((extra(4) / extra(1) - 1.0).abs() < 1e-9);
+    let rot = |tp| elementwise(&llama, tp, "rotary") - elementwise(&llama, tp, "none");
+    assert!((rot(4) / rot(1) - 0.25).abs() < 1e-9);
+    // GPT's LayerNorm is one native kernel, eager or not.
+    let gpt3 = gpt("t", "test", 2, 4096, 32);
+    assert_eq!(elementwise(&gpt3, 1, "norm"), elementwise(&gpt3, 1, "none"));
+    for bad in ["norm,foo", "none norm", "rms", "\u{1b}[2J"] {
+        assert!(EagerOps::parse(bad).is_err(), "{bad}");
+    }
+    let all = EagerOps::parse("glu+norm, rotary").unwrap();
+    assert_eq!(all.to_string(), "norm rotary glu");
+    assert_eq!(EagerOps::parse("none").unwrap().to_string(), "none");
+}
