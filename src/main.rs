@@ -984,8 +984,13 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
         )?),
         None => None,
     };
-    let parsed = sextant_planner::runs::parse_runs_with(&text, stack.as_deref())
-        .map_err(|e| anyhow::anyhow!("'{}': {e}", a.csv))?;
+    let parsed = sextant_planner::runs::parse_runs_with(&text, stack.as_deref()).map_err(|e| {
+        let file = match &a.stack {
+            Some(p) if e.in_stack_file() => p,
+            _ => &a.csv,
+        };
+        anyhow::anyhow!("'{}': {e}", sextant_planner::json::one_line(file, 200))
+    })?;
     let mut unrepresentable = Vec::new();
     let mut cases = Vec::new();
     for r in parsed {

@@ -252,6 +252,22 @@ fn validate_tables_escape_the_csv_ids() {
         .find(|l| l.contains("a\\|b"))
         .unwrap_or_else(|| panic!("{out}"));
     assert_eq!(line.matches(" | ").count(), 6, "{line}");
+    // A stack file at fault is named, not the runs CSV beside it.
+    let stack = dir.0.join("stack.csv");
+    std::fs::write(&stack, "run,source\nx,y\n").unwrap();
+    let o = sextant(&[
+        "validate",
+        path.to_str().unwrap(),
+        "--stack",
+        stack.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert!(
+        !o.status.success()
+            && err.contains("stack.csv': stack file has no 'id' column")
+            && !err.contains("runs.csv"),
+        "{err}"
+    );
 }
 
 /// When the first plan is tied (within 5%) with a plan holding a margin of memory or

@@ -493,6 +493,20 @@ fn rl_plan_bad_input_is_one_line() {
         ],
         "unknown --placement '\\u{1b}[2J'",
     );
+    // No engine holds its KV cache: the refusal quotes the widest engine tried
+    // (the closest to fitting) and says what to give.
+    crate::common::fails_with_one_line(
+        &[
+            "rl-plan",
+            "--model",
+            "deepseek-v3",
+            "--gpus",
+            "256",
+            "--rollout-tp",
+            "1,2,4,8",
+        ],
+        "rollout TP 8: weights 156.2 GiB, the engine's share 63.7 GiB holds no KV cache for the longest sequence (needs 159.9 GiB); a wider engine holds more: give --rollout-tp sizes above 8 (divisors of the node's 8 GPUs, or whole nodes)",
+    );
     // A model whose name holds a terminal escape and a newline (read from its
     // JSON): the refusal quoting it stays one line, the escape shown, not sent.
     let dir = crate::common::TempDir::new("rl-hostile-name");

@@ -467,11 +467,21 @@ struct Tally {
     evaluated: u64,
     rejected: BTreeMap<&'static str, u64>,
     reasons: BTreeMap<&'static str, String>,
+    /// The widest rollout engine refused for its KV cache.
+    widest_kv: u64,
 }
 
 impl Tally {
     fn reject(&mut self, r: &Reject) {
         *self.rejected.entry(r.kind()).or_default() += 1;
+        // Of the engines whose KV cache did not fit, the widest is the one closest
+        // to fitting: its numbers say how far off the search was.
+        if let Reject::KvCache { tp, .. } = r {
+            if *tp > self.widest_kv {
+                self.widest_kv = *tp;
+                self.reasons.insert(r.kind(), r.to_string());
+            }
+        }
         self.reasons
             .entry(r.kind())
             .or_insert_with(|| r.to_string());
@@ -642,12 +652,20 @@ pub fn plan(
     let best_colocated = best(PlacementKind::Colocated);
     let best_disaggregated = best(PlacementKind::Disaggregated);
     if plans.is_empty() {
-        let reason = tally
+        let mut reason = tally
             .reasons
             .values()
             .next()
             .cloned()
             .unwrap_or_else(|| "nothing was searched".into());
+        // The engines' memory is the reason given: wider engines spread the
+        // weights further.
+        if tally.reasons.keys().next() == Some(&"rollout KV cache") {
+            reason.push_str(&format!(
+                "; a wider engine holds more: give --rollout-tp sizes above {} (divisors of the node's {per_node} GPUs, or whole nodes)",
+                tally.widest_kv
+            ));
+        }
         return Err(RlError::NothingFits { reason });
     }
     plans.truncate(s.top.max(1));

@@ -136,3 +136,14 @@ pub enum RunsError {
         runs: String,
     },
 }
+
+impl RunsError {
+    /// Whether the fault is the stack file's alone (its own CSV, columns or rows),
+    /// so that the error names that file rather than the runs CSV.
+    pub fn in_stack_file(&self) -> bool {
+        matches!(
+            self,
+            RunsError::StackCsv(_) | RunsError::StackNoId | RunsError::StackColumn(_)
+        )
+    }
+}
