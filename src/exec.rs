@@ -365,8 +365,33 @@ fn dry_run(setup: &program::Setup, plan: &PlanFile) -> Result<()> {
         }
     }
     let dims = setup.walk_dims();
-    let mut count = Count(0);
-    walk_step(setup.walk(&dims), &map, 0, &mut count);
+    let count_at = |m: u64| {
+        let s = program::Setup {
+            micro_batches: m,
+            ..setup.clone()
+        };
+        let mut count = Count(0);
+        walk_step(s.walk(&dims), &map, 0, &mut count);
+        count.0
+    };
+    // A step's ops grow linearly with its micro-batches: two short walks bound a
+    // long step's count from below, so a step far over the limit is refused
+    // without walking it whole (which took minutes at a million micro-batches).
+    let p2 = 2 * setup.cfg.pp.max(1);
+    let (m1, m2) = (4 * p2, 8 * p2);
+    if setup.micro_batches > m2 {
+        let (a, b) = (count_at(m1), count_at(m2));
+        let per = b.saturating_sub(a) / (m2 - m1);
+        let at_least = b.saturating_add(per.saturating_mul(setup.micro_batches - m2));
+        let total = at_least.saturating_mul(map.world_size);
+        if total > MAX_OPS {
+            bail!(
+                "--dry-run would hold at least {total} ops ({} ranks x {at_least} each), more than {MAX_OPS}: cut the step down with --micro-batches or --scale-layers (the pairing does not depend on either)",
+                map.world_size
+            );
+        }
+    }
+    let count = Count(count_at(setup.micro_batches));
     let total = count.0.saturating_mul(map.world_size);
     if total > MAX_OPS {
         bail!(

@@ -399,9 +399,15 @@ fn dry_run_prints_the_check_and_refuses_bad_input() {
         &["exec", &path, "--dry-run", "--scale-layers", "3"],
         "--scale-layers 3",
     );
-    // Too many ops is refused from a count, before any program is held.
+    // Too many ops is refused from a count, before any program is held; far too
+    // many from two short walks (the step's ops grow linearly with its
+    // micro-batches), before the long one.
     fails_with_one_line(
         &["exec", &path, "--dry-run", "--micro-batches", "100000"],
+        "would hold at least",
+    );
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--micro-batches", "40000"],
         "more than 60000000",
     );
     // Hostile plan files: stage counts that wrap around u64 to the right total, and
