@@ -670,6 +670,26 @@ fn calibration_from_a_run_moves_the_prediction_toward_the_measurement() {
         ],
         "CPU test backend",
     );
+    // A run whose steps took 0 s, or that ran on no rank, is no measurement.
+    let text = std::fs::read_to_string(&run).unwrap();
+    for (key, value, needle) in [
+        ("step_secs", serde_json::json!([0.0, 0.0]), "a step of 0 s"),
+        ("world_size", serde_json::json!(0), "world_size 0"),
+    ] {
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v[key] = value;
+        let bad = dir.path(&format!("bad-{key}.json"));
+        std::fs::write(&bad, v.to_string()).unwrap();
+        fails_with_one_line(
+            &[
+                "calibrate",
+                bad.to_str().unwrap(),
+                "--out",
+                dir.path("never.json").to_str().unwrap(),
+            ],
+            needle,
+        );
+    }
 }
 
 #[test]

@@ -194,6 +194,18 @@ impl MeasuredRun {
                 "measured run holds a negative or non-finite GEMM or collective sample".into(),
             ));
         }
+        // A step takes time, and a run has ranks: a zero there is no measurement
+        // (a zero component or sample is one the backend did not time).
+        if r.step_secs.contains(&0.0) {
+            return Err(InputError::Workload(
+                "measured run holds a step of 0 s: every timed step took some time".into(),
+            ));
+        }
+        if r.world_size == 0 {
+            return Err(InputError::Workload(
+                "measured run has world_size 0: it ran on at least one rank".into(),
+            ));
+        }
         // Sizes and times a run can hold, so that the fits below stay finite: a
         // median of 1e-310 s or a 1e30-row GEMM is no measurement.
         let time_ok = |x: f64| x == 0.0 || (SAMPLE_SECS.0..=SAMPLE_SECS.1).contains(&x);
