@@ -180,7 +180,11 @@ fn search_of(a: &RlPlanArgs) -> Result<RlSearch> {
     s.space.tp = a.tp.clone();
     s.space.pp = a.pp.clone();
     s.space.ep = a.ep.clone();
-    s.top = a.top.max(1);
+    // The same range as plan's: asked for no plan, it printed one.
+    if a.top == 0 || a.top > 10_000 {
+        bail!("--top {} is out of range: use 1 to 10000", a.top);
+    }
+    s.top = a.top;
     Ok(s)
 }
 

@@ -555,6 +555,10 @@ fn rl_plan_bad_input_is_one_line() {
             needle,
         );
     }
+    crate::common::fails_with_one_line(
+        &["rl-plan", "--model", "8b", "--gpus", "16", "--top", "0"],
+        "--top 0 is out of range: use 1 to 10000",
+    );
     for bad in [
         // More GPUs than Sextant models: refused before any search (it grew a
         // vector per node and panicked on capacity overflow).
