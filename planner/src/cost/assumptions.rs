@@ -65,53 +65,79 @@ impl EagerOps {
     /// Parses a list of [`EagerOps::NAMES`] separated by spaces, commas or `+`;
     /// `none` or an empty string is none.
     pub fn parse(text: &str) -> Result<EagerOps, String> {
-        if text.len() > 100 || text.chars().any(char::is_control) {
-            return Err(format!(
-                "eager operations must be a short list of {} or none ({} characters given)",
-                EagerOps::NAMES.join(", "),
-                text.chars().count()
-            ));
-        }
-        let mut e = EagerOps::default();
-        let mut none = false;
-        for word in text.split([' ', ',', '+']).filter(|w| !w.is_empty()) {
-            match word {
-                "none" => none = true,
-                "norm" => e.norm = true,
-                "rotary" => e.rotary = true,
-                "glu" => e.glu = true,
-                other => {
-                    return Err(format!(
-                        "eager operation '{}' is not one of none, {}",
-                        crate::json::one_line(other, 40),
-                        EagerOps::NAMES.join(", ")
-                    ))
-                }
-            }
-        }
-        if none && !e.is_none() {
-            return Err(format!(
+        let on = name_list(text, &EagerOps::NAMES).map_err(|e| match e {
+            ListError::TooLong(chars) => format!(
+                "eager operations must be a short list of {} or none ({chars} characters given)",
+                EagerOps::NAMES.join(", ")
+            ),
+            ListError::Unknown(word) => format!(
+                "eager operation '{}' is not one of none, {}",
+                crate::json::one_line(&word, 40),
+                EagerOps::NAMES.join(", ")
+            ),
+            ListError::NoneAndNames => format!(
                 "eager operations '{}' say none and name operations: give one or the other",
                 crate::json::one_line(text, 100)
-            ));
-        }
-        Ok(e)
+            ),
+        })?;
+        Ok(EagerOps {
+            norm: on[0],
+            rotary: on[1],
+            glu: on[2],
+        })
     }
+}
+
+/// Why a short list of names ([`name_list`]) cannot be read.
+enum ListError {
+    /// Over 100 bytes or holding control characters (its length in characters).
+    TooLong(usize),
+    /// A word that is neither a name nor `none`.
+    Unknown(String),
+    /// `none` beside names.
+    NoneAndNames,
+}
+
+/// Which of `names` a list separated by spaces, commas or `+` holds (`none` or an
+/// empty list holds none of them), in `names`' order.
+fn name_list(text: &str, names: &[&str]) -> Result<Vec<bool>, ListError> {
+    if text.len() > 100 || text.chars().any(char::is_control) {
+        return Err(ListError::TooLong(text.chars().count()));
+    }
+    let mut on = vec![false; names.len()];
+    let mut none = false;
+    for word in text.split([' ', ',', '+']).filter(|w| !w.is_empty()) {
+        match names.iter().position(|n| *n == word) {
+            Some(i) => on[i] = true,
+            None if word == "none" => none = true,
+            None => return Err(ListError::Unknown(word.to_string())),
+        }
+    }
+    if none && on.contains(&true) {
+        return Err(ListError::NoneAndNames);
+    }
+    Ok(on)
 }
 
 impl std::fmt::Display for EagerOps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = EagerOps::NAMES
-            .iter()
-            .zip([self.norm, self.rotary, self.glu])
-            .filter(|(_, on)| *on)
-            .map(|(n, _)| *n)
-            .collect();
-        if names.is_empty() {
-            f.write_str("none")
-        } else {
-            f.write_str(&names.join(" "))
-        }
+        write_names(f, &EagerOps::NAMES, &[self.norm, self.rotary, self.glu])
+    }
+}
+
+/// The names that are on, separated by spaces, or `none` (what [`name_list`]
+/// reads back).
+fn write_names(f: &mut std::fmt::Formatter<'_>, names: &[&str], on: &[bool]) -> std::fmt::Result {
+    let set: Vec<&str> = names
+        .iter()
+        .zip(on)
+        .filter(|(_, b)| **b)
+        .map(|(n, _)| *n)
+        .collect();
+    if set.is_empty() {
+        f.write_str("none")
+    } else {
+        f.write_str(&set.join(" "))
     }
 }
 
@@ -151,30 +177,17 @@ impl CudaGraphs {
     /// Parses Megatron's scope list, separated by spaces, commas or `+`; `none` or
     /// an empty string is no graphs.
     pub fn parse(text: &str) -> Result<CudaGraphs, CudaGraphsError> {
-        if text.len() > 100 || text.chars().any(char::is_control) {
-            return Err(CudaGraphsError::TooLong {
-                chars: text.chars().count(),
-            });
-        }
-        let mut g = CudaGraphs::default();
-        let mut none = false;
-        for word in text.split([' ', ',', '+']).filter(|w| !w.is_empty()) {
-            match word {
-                "none" => none = true,
-                "attn" => g.attn = true,
-                "moe_router" => g.moe_router = true,
-                "moe_preprocess" => g.moe_preprocess = true,
-                "full_iteration" => g.full_iteration = true,
-                other => {
-                    return Err(CudaGraphsError::Unknown {
-                        scope: other.to_string(),
-                    })
-                }
-            }
-        }
-        if none && !g.is_none() {
-            return Err(CudaGraphsError::NoneAndScopes(text.to_string()));
-        }
+        let on = name_list(text, &CudaGraphs::SCOPES).map_err(|e| match e {
+            ListError::TooLong(chars) => CudaGraphsError::TooLong { chars },
+            ListError::Unknown(scope) => CudaGraphsError::Unknown { scope },
+            ListError::NoneAndNames => CudaGraphsError::NoneAndScopes(text.to_string()),
+        })?;
+        let g = CudaGraphs {
+            attn: on[0],
+            moe_router: on[1],
+            moe_preprocess: on[2],
+            full_iteration: on[3],
+        };
         if g.full_iteration && (g.attn || g.moe_router || g.moe_preprocess) {
             return Err(CudaGraphsError::FullIterationNotAlone);
         }
@@ -225,17 +238,7 @@ impl std::fmt::Display for CudaGraphs {
             self.moe_preprocess,
             self.full_iteration,
         ];
-        let names: Vec<&str> = CudaGraphs::SCOPES
-            .iter()
-            .zip(on)
-            .filter(|(_, b)| *b)
-            .map(|(n, _)| *n)
-            .collect();
-        if names.is_empty() {
-            f.write_str("none")
-        } else {
-            f.write_str(&names.join(" "))
-        }
+        write_names(f, &CudaGraphs::SCOPES, &on)
     }
 }
 
