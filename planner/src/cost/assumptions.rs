@@ -44,11 +44,17 @@ impl Default for Assumptions {
 /// more kernels (`cost::host`). Published runs state it; no search prices it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EagerOps {
-    /// RMSNorm as PyTorch's composite (upcast, square, mean, rsqrt, two products,
-    /// downcast).
+    /// RMSNorm as plain operators after an upcast to FP32 (upcast, square, mean,
+    /// rsqrt, product, downcast, product with the weight): torchtitan's own
+    /// RMSNorm before PyTorch's, Hugging Face's, PyTorch's composite `rms_norm`.
     pub norm: bool,
-    /// The rotary embedding as a complex product in FP32 (upcast, product,
-    /// downcast) on the query and key.
+    /// RMSNorm as plain operators in the input's BF16 (square, mean, rsqrt,
+    /// product), then an FP32 round trip and the product with the weight: Aleph
+    /// Alpha's `scaling`. At most one of `norm` and `norm_bf16`.
+    pub norm_bf16: bool,
+    /// The rotary embedding in plain operators on the query and key: the complex
+    /// product in FP32 (upcast, product, downcast), or `rotate_half` in BF16 (the
+    /// same bytes in more kernels).
     pub rotary: bool,
     /// A gated MLP's activation as `silu(gate) * up`, two kernels.
     pub glu: bool,
@@ -56,7 +62,12 @@ pub struct EagerOps {
 
 impl EagerOps {
     /// The operation names a run states.
-    pub const NAMES: [&'static str; 3] = ["norm", "rotary", "glu"];
+    pub const NAMES: [&'static str; 4] = ["norm", "norm-bf16", "rotary", "glu"];
+
+    /// Either eager RMSNorm.
+    pub fn any_norm(&self) -> bool {
+        self.norm || self.norm_bf16
+    }
 
     pub fn is_none(&self) -> bool {
         *self == EagerOps::default()
@@ -80,10 +91,17 @@ impl EagerOps {
                 crate::json::one_line(text, 100)
             ),
         })?;
+        if on[0] && on[1] {
+            return Err(format!(
+                "eager operations '{}' name both norm and norm-bf16: a run's RMSNorm is one of them",
+                crate::json::one_line(text, 100)
+            ));
+        }
         Ok(EagerOps {
             norm: on[0],
-            rotary: on[1],
-            glu: on[2],
+            norm_bf16: on[1],
+            rotary: on[2],
+            glu: on[3],
         })
     }
 }
@@ -121,7 +139,8 @@ fn name_list(text: &str, names: &[&str]) -> Result<Vec<bool>, ListError> {
 
 impl std::fmt::Display for EagerOps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write_names(f, &EagerOps::NAMES, &[self.norm, self.rotary, self.glu])
+        let on = [self.norm, self.norm_bf16, self.rotary, self.glu];
+        write_names(f, &EagerOps::NAMES, &on)
     }
 }
 

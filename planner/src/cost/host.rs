@@ -260,12 +260,16 @@ const NANOTRON: DenseKernels = DenseKernels {
 
 /// Kernels an eager element-wise operation ([`crate::cost::EagerOps`]) issues
 /// beyond its fused form, (forward, backward), counted from the operators
-/// `cost::layer` prices: an RMSNorm as PyTorch's composite, eight operators (upcast,
-/// square, mean, add, rsqrt, two products, downcast) against one fused kernel, and
-/// autograd's thirteen backward kernels against two; the complex rotary embedding,
-/// upcast, product and downcast on the query and on the key, against one fused
-/// kernel each way for both; `silu(gate) * up`, two kernels against one, and three
-/// backward against one.
+/// `cost::layer` prices: an RMSNorm in plain operators, eight (a cast, square,
+/// mean, add, rsqrt, two products, a cast; either chain) against one fused
+/// kernel, and autograd's thirteen backward kernels against two; the complex
+/// rotary embedding, three operators (upcast, product, downcast) on each of the
+/// query and the key, six against the fused kernel's one per tensor, two, each
+/// way (`rotate_half`, the other eager form, issues five per tensor: counted as
+/// the complex form); `silu(gate) * up`, two kernels against one, and three
+/// backward against one. They are added to Megatron-Core's counts
+/// ([`MEGATRON_CORE_TE`]), the stack whose fused kernels they replace; the
+/// other stacks' counts are their own code's.
 const EAGER_NORM_KERNELS: (f64, f64) = (7.0, 11.0);
 const EAGER_ROTARY_KERNELS: (f64, f64) = (4.0, 4.0);
 const EAGER_GLU_KERNELS: (f64, f64) = (1.0, 2.0);
@@ -283,7 +287,7 @@ fn eager_kernels(c: &Ctx) -> ((f64, f64), (f64, f64)) {
             a
         }
     };
-    let norm = e.norm && m.norm_kind() == crate::model::Norm::RmsNorm;
+    let norm = e.any_norm() && m.norm_kind() == crate::model::Norm::RmsNorm;
     let gated = m.mlp.matrices() > 2;
     let attn = add(
         add((0.0, 0.0), EAGER_NORM_KERNELS, norm),
@@ -333,7 +337,11 @@ pub(super) fn dense_host_wait(c: &Ctx, lc: &LayerCost) -> f64 {
     };
     let comm_f = per_pass.min(lc.tp_calls) + 0.5 * lc.cp_calls;
     let comm_b = lc.tp_calls + lc.cp_calls - comm_f;
-    let (attn_eager, mlp_eager) = eager_kernels(c);
+    let (attn_eager, mlp_eager) = if std::ptr::eq(k, &MEGATRON_CORE_TE) {
+        eager_kernels(c)
+    } else {
+        ((0.0, 0.0), (0.0, 0.0))
+    };
     let attn = if graphs.attn {
         (1.0, 1.0)
     } else {

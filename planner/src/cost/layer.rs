@@ -117,11 +117,14 @@ impl Projections {
 /// final `torch.cat` with the (empty) unrotated part: 6.5 reads and 5.5 writes of
 /// BF16 elements, 24 bytes ([`ModelSpec::rotary_unfused`]). A rotary embedding
 /// run eager ([`crate::cost::EagerOps::rotary`]) as the complex product torchtitan
-/// and Aleph Alpha's `scaling` write (`xq.float()`, the product with the complex
-/// frequencies, `type_as`: torchtitan v0.2.2 `models/llama3/model/model.py`
-/// `apply_rotary_emb`, scaling `core/nn/rotary.py` `apply_complex_rotary_emb`)
-/// reads 2 and writes 4, reads 4 and writes 4, reads 4 and writes 2: 20 bytes. The
-/// backward follows the layer's element-wise convention (twice the forward).
+/// writes (`xq.float()`, the product with the complex frequencies, `type_as`:
+/// torchtitan/models/llama/model.py:108-112 at 9dec370, the same at v0.2.2 in
+/// `models/llama3/model/model.py` `apply_rotary_emb`) reads 2 and writes 4, reads 4
+/// and writes 4, reads 4 and writes 2: 20 bytes. Aleph Alpha's `scaling` runs
+/// `rotate_half` in BF16 by default (`core/nn/rotary.py`; the complex product is
+/// its opt-in): the products with the cosine and the sine, the negated half and
+/// its concatenation, the sum, also 20. The backward follows the layer's
+/// element-wise convention (twice the forward).
 fn rotary_bytes(m: &ModelSpec, eager: bool) -> f64 {
     if m.rotary_unfused() {
         24.0
@@ -138,28 +141,42 @@ const ROTARY_EAGER_BYTES: f64 = 20.0;
 
 /// Bytes per element of the hidden size one RMSNorm moves in its forward. Fused
 /// (Transformer Engine, Apex, a compiled graph): the BF16 input read and the
-/// output written once, 4. Eager ([`crate::cost::EagerOps::norm`]), as torchtitan
-/// wrote it before PyTorch's own (`RMSNorm.forward` in torchtitan/models/norms.py
-/// at 9dec370: `_norm(x.float()).type_as(x) * weight`): the upcast to FP32 (read
-/// 2, write 4), the square (4, 4), the mean (read 4), the product with the
-/// reciprocal root (4, 4), the downcast (4, 2), the product with the BF16 weight
-/// (2, 2): 36. PyTorch's composite `rms_norm` is the same chain with the weight
-/// applied before the downcast (aten/src/ATen/native/layer_norm.cpp
-/// `rms_norm_composite` at 3de78edb, the path before CUDA's `_fused_rms_norm`):
-/// 40. The backward follows the layer's element-wise convention (twice the
-/// forward; autograd's FP32 gradients of the same products count about 84 bytes
-/// op by op). A LayerNorm is one native kernel, eager or not.
-fn norm_bytes(m: &ModelSpec, eager: bool) -> f64 {
-    if eager && m.norm_kind() == crate::model::Norm::RmsNorm {
+/// output written once, 4. Eager ([`crate::cost::EagerOps`]), as each code writes
+/// it, BF16 2 bytes and FP32 4:
+/// - `norm`, upcast first, as torchtitan wrote it before PyTorch's own
+///   (`RMSNorm.forward` in torchtitan/models/norms.py at 9dec370:
+///   `_norm(x.float()).type_as(x) * weight`): the upcast (read 2, write 4), the
+///   square (4, 4), the mean (read 4), the product with the reciprocal root
+///   (4, 4), the downcast (4, 2), the product with the BF16 weight (2, 2): 36.
+///   PyTorch's composite `rms_norm` is the same chain with the weight applied
+///   before the downcast (aten/src/ATen/native/layer_norm.cpp `rms_norm_composite`
+///   at 3de78edb, the path before CUDA's `_fused_rms_norm`): 40.
+/// - `norm-bf16`, in the input's BF16, as Aleph Alpha's `scaling` writes it
+///   (src/scaling/core/nn/norm/rms_norm.py `_standard_forward` @ 737f855, its
+///   layers built in BF16: `x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`,
+///   then `.float().type_as(x)`, then `* weight`): the square (2, 2), the mean
+///   (read 2), the product (2, 2), the round trip (2, 4 and 4, 2), the weight
+///   (2, 2): 26.
+///
+/// The backward follows the layer's element-wise convention (twice the forward;
+/// autograd's gradients of the FP32 chain count about 84 bytes op by op). A
+/// LayerNorm is one native kernel, eager or not.
+fn norm_bytes(m: &ModelSpec, eager: crate::cost::EagerOps) -> f64 {
+    if m.norm_kind() != crate::model::Norm::RmsNorm {
+        4.0
+    } else if eager.norm {
         NORM_EAGER_BYTES
+    } else if eager.norm_bf16 {
+        NORM_EAGER_BF16_BYTES
     } else {
         4.0
     }
 }
 
-/// Bytes per element of the hidden size of an eager RMSNorm's forward
-/// ([`norm_bytes`]).
+/// Bytes per element of the hidden size of an eager RMSNorm's forward upcast
+/// first, and in BF16 ([`norm_bytes`]).
 const NORM_EAGER_BYTES: f64 = 36.0;
+const NORM_EAGER_BF16_BYTES: f64 = 26.0;
 
 /// Extra bytes per element of a gated MLP's hidden width when its activation runs
 /// eager ([`crate::cost::EagerOps::glu`]) as `silu(gate) * up`: the SiLU reads and
@@ -495,7 +512,7 @@ fn elementwise_secs(c: &Ctx, kind: LayerKind, proj: &Projections, ff: &FeedForwa
     let sp_div = if cfg.sp { t } else { 1.0 };
     let mask = if m.dropout { 1.0 } else { 0.0 };
     let norms = if m.sandwich_norms { 4.0 } else { 2.0 };
-    let norm = norm_bytes(m, c.a.eager.norm);
+    let norm = norm_bytes(m, c.a.eager);
     let outside = (norms * norm * h + 2.0 * (6.0 * h + mask * h)) / sp_div;
     // A gated activation run eager: its two kernels' extra bytes.
     let glu_extra = |ffn: f64, div: f64| {

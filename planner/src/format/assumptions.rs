@@ -46,6 +46,8 @@ pub struct EagerOps {
     #[serde(default)]
     pub norm: bool,
     #[serde(default)]
+    pub norm_bf16: bool,
+    #[serde(default)]
     pub rotary: bool,
     #[serde(default)]
     pub glu: bool,

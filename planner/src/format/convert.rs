@@ -92,8 +92,18 @@ impl From<CudaGraphs> for cost::CudaGraphs {
 
 impl From<cost::EagerOps> for EagerOps {
     fn from(e: cost::EagerOps) -> Self {
-        let cost::EagerOps { norm, rotary, glu } = e;
-        EagerOps { norm, rotary, glu }
+        let cost::EagerOps {
+            norm,
+            norm_bf16,
+            rotary,
+            glu,
+        } = e;
+        EagerOps {
+            norm,
+            norm_bf16,
+            rotary,
+            glu,
+        }
     }
 }
 
@@ -101,6 +111,7 @@ impl From<EagerOps> for cost::EagerOps {
     fn from(e: EagerOps) -> Self {
         cost::EagerOps {
             norm: e.norm,
+            norm_bf16: e.norm_bf16,
             rotary: e.rotary,
             glu: e.glu,
         }
