@@ -7,12 +7,12 @@ use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum InputError {
-    #[error("unknown model '{}'{}", crate::json::one_line(.name, 60), suggest(.suggestions))]
+    #[error("unknown model '{}'{}", crate::json::one_line(.name, 60), suggest(.suggestions, "models"))]
     UnknownModel {
         name: String,
         suggestions: Vec<String>,
     },
-    #[error("unknown hardware profile '{}'{}", crate::json::one_line(.name, 60), suggest(.suggestions))]
+    #[error("unknown hardware profile '{}'{}", crate::json::one_line(.name, 60), suggest(.suggestions, "profiles"))]
     UnknownProfile {
         name: String,
         suggestions: Vec<String>,
@@ -60,9 +60,11 @@ pub enum InputError {
     Workload(String),
 }
 
-fn suggest(s: &[String]) -> String {
+/// The names nearest to an unknown one, or, with none near it, the command that
+/// lists them all.
+fn suggest(s: &[String], lister: &str) -> String {
     if s.is_empty() {
-        String::new()
+        format!(" (`sextant {lister}` lists them)")
     } else {
         format!(" (did you mean {}?)", s.join(", "))
     }

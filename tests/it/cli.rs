@@ -878,6 +878,15 @@ pub fn bad_input_gets_one_clear_line() {
         &["plan", "--model", "lama3-70b", "--gpus", "128"],
         "did you mean llama3-70b",
     );
+    // Nothing near the name: the command that lists the names.
+    fails_with_one_line(
+        &["plan", "--model", "zzz", "--gpus", "8"],
+        "unknown model 'zzz' (`sextant models` lists them)",
+    );
+    fails_with_one_line(
+        &["plan", "--model", "8b", "--gpu", "zzz", "--gpus", "8"],
+        "unknown hardware profile 'zzz' (`sextant profiles` lists them)",
+    );
     fails_with_one_line(&["plan", "--model", "70b", "--gpus", "0"], "at least 1");
     fails_with_one_line(
         &["plan", "--model", "70b", "--gpus", "7"],
