@@ -2464,24 +2464,9 @@ fn torchtitan_compiled_loss_is_priced_and_exported() {
     // The model is compiled as priced (its element-wise passes fused), the loss
     // where the plan priced it so; async TP, which needs the model compiled, is
     // exported where the plan has it.
-    let eager_loss = dir.path("native.json");
-    let o = sextant(&[
-        "plan",
-        "--model",
-        "8b",
-        "--gpus",
-        "64",
-        "--target",
-        "torchtitan",
-        "--tp",
-        "2",
-        "--tp-comm-overlap",
-        "--top",
-        "1",
-        "--out",
-        eager_loss.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let mut async_tp = args("native").to_vec();
+    async_tp.extend(["--tp", "2", "--tp-comm-overlap", "--top", "1"]);
+    let eager_loss = crate::common::saved(&dir, "native.json", &async_tp);
     let o = sextant(&["export", eager_loss.to_str().unwrap(), "--to", "torchtitan"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let toml = stdout(&o);
