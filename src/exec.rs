@@ -146,6 +146,18 @@ enum Fault {
     Absent(u64),
 }
 
+/// `--ranks n` against the `need` ranks the plan runs on (the same check with
+/// and without `--dry-run`).
+fn check_rank_count(n: u64, need: u64) -> Result<()> {
+    if n == 0 || n > 256 {
+        bail!("--ranks {n} is out of range: use 1 to 256 local processes");
+    }
+    if n != need {
+        bail!("the plan needs {need} ranks (tp x cp x dp x pp) but --ranks {n} was given: use --ranks {need}");
+    }
+    Ok(())
+}
+
 /// `--full-size` on the CPU backend holds the plan's real tensors in host memory:
 /// refuse it when the plan's own memory estimate per GPU, over `ranks` ranks on
 /// this host, already exceeds what the host has available (`MemAvailable` in
@@ -231,21 +243,18 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
             ..opts
         };
         let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
+        if let Some(n) = a.ranks {
+            check_rank_count(n, setup.cfg.gpus())?;
+        }
         return dry_run(&setup, &plan);
     }
     let plan_path = Path::new(&a.plan);
     let out = Path::new(&a.out);
     if let Some(n) = a.ranks {
-        if n == 0 || n > 256 {
-            bail!("--ranks {n} is out of range: use 1 to 256 local processes");
-        }
         // Refuse an unrunnable plan, a wrong rank count and an unwritable output
         // once, before starting any rank.
         let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
-        let need = setup.cfg.gpus();
-        if n != need {
-            bail!("the plan needs {need} ranks (tp x cp x dp x pp) but --ranks {n} was given: use --ranks {need}");
-        }
+        check_rank_count(n, setup.cfg.gpus())?;
         if !cuda && opts.full_size {
             fits_in_host_memory(setup.predicted_bytes * n as f64, n)?;
         }

@@ -291,14 +291,12 @@ pub enum SetupError {
         expert_ffn: usize,
         etp: usize,
     },
-    #[error("interleaved schedule needs the micro-batch count to be a multiple of pp {pp}; {micro_batches} is not")]
+    #[error("--micro-batches {micro_batches}: the interleaved schedule needs a multiple of pp {pp}; use --micro-batches {}", micro_batches.div_ceil(*pp).max(1) * pp)]
     Interleaved { pp: u64, micro_batches: u64 },
-    #[error("micro-batches {micro_batches} (1 to 2^20), steps {steps} (below 4096) and virtual stages {stages} (below 8192) bound the executor's message tags")]
-    TagBounds {
-        micro_batches: u64,
-        steps: u64,
-        stages: usize,
-    },
+    /// A count beyond what the executor's message tags can number, in words that
+    /// name the flag (or the plan) that sets it.
+    #[error("{0}")]
+    TagBounds(String),
     /// The plan's rank map refused by the planner, in its words.
     #[error("{0}")]
     RankMap(String),

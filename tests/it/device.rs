@@ -393,7 +393,21 @@ fn dry_run_prints_the_check_and_refuses_bad_input() {
     );
     fails_with_one_line(
         &["exec", &path, "--dry-run", "--micro-batches", "6"],
-        "multiple of pp",
+        "use --micro-batches 8",
+    );
+    // The rank count is the plan's, with or without --dry-run.
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--ranks", "3"],
+        "but --ranks 3 was given: use --ranks 8",
+    );
+    // Each bound of the message tags names the flag that crosses it.
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--max-steps", "5000"],
+        "--max-steps 5000 with --warmup 1",
+    );
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--micro-batches", "2000000"],
+        "give --micro-batches 1048575 or fewer",
     );
     fails_with_one_line(
         &["exec", &path, "--dry-run", "--scale-layers", "3"],

@@ -345,6 +345,12 @@ fn check_divisible(dims: &Dims, cfg: &ParallelConfig) -> Result<(), SetupError> 
     Ok(())
 }
 
+/// The message tags' bounds: micro-batches per step, steps (timed and warm-up)
+/// and virtual stages must each fit their field of a tag.
+const MAX_MICRO_BATCHES: u64 = 1 << 20;
+const MAX_STEPS: u64 = 4096;
+const MAX_STAGES: usize = 8192;
+
 /// The executed micro-batches per step: `--micro-batches`, the plan's at full size,
 /// otherwise at most two per pipeline stage; rounded up to a multiple of pp for the
 /// interleaved schedule where not given. Refuses counts beyond the message tags'
@@ -372,12 +378,33 @@ fn micro_batches(
     }
     // Saturating: --max-steps near u64::MAX must not wrap below the bound.
     let steps = o.steps.saturating_add(o.warmup);
-    if m == 0 || m >= 1 << 20 || steps >= 4096 || stages >= 8192 {
-        return Err(SetupError::TagBounds {
-            micro_batches: m,
-            steps,
-            stages,
-        });
+    let given = if o.micro_batches.is_some() {
+        "--micro-batches"
+    } else {
+        "the plan's micro-batches per step,"
+    };
+    let bound = if m == 0 {
+        Some(format!("{given} 0: run at least one micro-batch"))
+    } else if m >= MAX_MICRO_BATCHES {
+        Some(format!(
+            "{given} {m}: the executor numbers at most {} micro-batches per step; give --micro-batches {} or fewer (the pairing and the per-micro-batch timings do not depend on the count)",
+            MAX_MICRO_BATCHES - 1,
+            MAX_MICRO_BATCHES - 1
+        ))
+    } else if steps >= MAX_STEPS {
+        Some(format!(
+            "--max-steps {} with --warmup {}: the executor numbers fewer than {MAX_STEPS} steps in all; lower either so that their sum is below {MAX_STEPS}",
+            o.steps, o.warmup
+        ))
+    } else if stages >= MAX_STAGES {
+        Some(format!(
+            "the plan's {stages} virtual pipeline stages (pp x vpp): the executor numbers fewer than {MAX_STAGES}; re-plan with a smaller pp x vpp"
+        ))
+    } else {
+        None
+    };
+    match bound {
+        Some(why) => Err(SetupError::TagBounds(why)),
+        None => Ok(m),
     }
-    Ok(m)
 }
