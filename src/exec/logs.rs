@@ -99,7 +99,17 @@ fn describe(l: &ReadLog) -> String {
         dropped.push(format!("{} before the batch-size ramp-up ended", s.rampup));
     }
     if l.log.unreadable_lines > 0 {
-        dropped.push(format!("{} cut off or garbled", l.log.unreadable_lines));
+        dropped.push(format!(
+            "{} with no readable time (cut off, or other output written into it)",
+            l.log.unreadable_lines
+        ));
+    }
+    if l.log.bad_time_lines > 0 {
+        dropped.push(format!(
+            "{} where {}",
+            l.log.bad_time_lines,
+            sextant_planner::trainlog::BAD_TIME
+        ));
     }
     format!(
         "'{}' ({}): median step {:.4} s over {} iteration line(s) (iterations {} to {}, {:.4} to {:.4} s); dropped {}",
@@ -408,6 +418,7 @@ pub fn compare(a: CompareLog) -> Result<()> {
                 "profile": plan.hardware.name,
                 "iterations_kept": s.kept, "warmup_dropped": s.warmup,
                 "rampup_dropped": s.rampup, "unreadable_lines": l.log.unreadable_lines,
+                "bad_time_lines": l.log.bad_time_lines,
                 "rows": rows}))
             .expect("json")
         );

@@ -140,9 +140,12 @@ pub struct TrainingLog {
     /// Rank -> its latest memory report.
     pub memory: BTreeMap<u64, MemoryReport>,
     pub stated: StatedConfig,
-    /// Lines that start an iteration record but hold no complete, sane step time
-    /// (cut off, or another process's output written into the number).
+    /// Lines that start an iteration record but hold no readable step time (cut
+    /// off, or another process's output written into the number).
     pub unreadable_lines: u64,
+    /// Lines whose step time reads as a number that is no time: 0, negative,
+    /// NaN, infinite or beyond a million seconds.
+    pub bad_time_lines: u64,
     pub lines: u64,
 }
 
@@ -243,8 +246,12 @@ pub enum TrainLogError {
     #[error("the log mixes Megatron-LM iteration lines ({megatron}) and NeMo 2 ones ({nemo}): give one run's log")]
     MixedFormats { megatron: usize, nemo: usize },
     /// `unreadable`: lines that start an iteration record but are cut off.
-    #[error("no training iteration line in {lines} line(s){}: expected Megatron-LM / Megatron-Bridge lines (' iteration N/M | ... | elapsed time per iteration (ms): X | ...') or NeMo 2 lines ('Training epoch E, iteration N/M | ... | train_step_timing in s: X'); is this a training log?", cut_off(*.unreadable))]
-    NoTrainingLine { lines: u64, unreadable: u64 },
+    #[error("no training iteration line in {lines} line(s){}: expected Megatron-LM / Megatron-Bridge lines (' iteration N/M | ... | elapsed time per iteration (ms): X | ...') or NeMo 2 lines ('Training epoch E, iteration N/M | ... | train_step_timing in s: X'); is this a training log?", cut_off(*.unreadable, *.bad_times))]
+    NoTrainingLine {
+        lines: u64,
+        unreadable: u64,
+        bad_times: u64,
+    },
     /// A setting (its argument name) stated with several values.
     #[error("the log states {} {}: it holds more than one run; give one run's log", .setting.replace('_', " "), joined(.values))]
     SeveralRuns { setting: String, values: Vec<u64> },
@@ -260,13 +267,25 @@ pub enum TrainLogError {
     },
 }
 
-fn cut_off(unreadable: u64) -> String {
+fn cut_off(unreadable: u64, bad_times: u64) -> String {
+    let mut parts = Vec::new();
     if unreadable > 0 {
-        format!(" ({unreadable} line(s) start one but are cut off or garbled)")
-    } else {
+        parts.push(format!(
+            "{unreadable} line(s) start one but hold no readable time (cut off, or other output written into it)"
+        ));
+    }
+    if bad_times > 0 {
+        parts.push(format!("{bad_times} line(s) start one but {}", BAD_TIME));
+    }
+    if parts.is_empty() {
         String::new()
+    } else {
+        format!(" ({})", parts.join("; "))
     }
 }
+
+/// What a step time read as a number must be, in the words every message uses.
+pub const BAD_TIME: &str = "their time is no step time (0, negative, NaN, or over 1e6 s)";
 
 fn joined(values: &[u64]) -> String {
     let shown: Vec<String> = values.iter().map(|v| v.to_string()).collect();

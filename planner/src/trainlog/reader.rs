@@ -11,8 +11,19 @@ pub struct LogReader {
     memory: BTreeMap<u64, MemoryReport>,
     stated: BTreeMap<&'static str, Vec<u64>>,
     unreadable: u64,
+    bad_times: u64,
     lines: u64,
     too_many: bool,
+}
+
+/// A step-time field as read.
+enum Time {
+    Ok(f64),
+    /// A number, but no step time: 0, negative, NaN, infinite or beyond
+    /// `STEP_SECS`.
+    Insane,
+    /// Not a number: cut off, or another process's output written into it.
+    Unread,
 }
 
 /// Where a record starts on a line.
@@ -67,11 +78,14 @@ impl LogReader {
         // Megatron's fields all end with `|`; NeMo 2's last one does not.
         let fields = fields_from(text, false);
         let nemo_fields = fields_from(text, last_ok);
-        let secs = |v: &str, scale: f64| {
-            v.parse::<f64>()
-                .ok()
-                .map(|x| x * scale)
-                .filter(|x| (STEP_SECS.0..=STEP_SECS.1).contains(x))
+        // A field that reads as a number but is no step time (0, negative, NaN,
+        // beyond STEP_SECS) is told apart from one that does not read at all.
+        let secs = |v: &str, scale: f64| -> Time {
+            match v.parse::<f64>() {
+                Ok(x) if (STEP_SECS.0..=STEP_SECS.1).contains(&(x * scale)) => Time::Ok(x * scale),
+                Ok(_) => Time::Insane,
+                Err(_) => Time::Unread,
+            }
         };
         let count = |v: Option<&str>| {
             v.and_then(|v| v.parse::<f64>().ok())
@@ -79,11 +93,17 @@ impl LogReader {
                 .map(|x| x as u64)
         };
         let (list, line) = if text.contains("elapsed time per iteration (ms)") {
-            let Some(step) =
-                get(&fields, "elapsed time per iteration (ms)").and_then(|v| secs(v, 1e-3))
-            else {
-                self.unreadable += 1;
-                return;
+            let step = match get(&fields, "elapsed time per iteration (ms)").map(|v| secs(v, 1e-3))
+            {
+                Some(Time::Ok(step)) => step,
+                Some(Time::Insane) => {
+                    self.bad_times += 1;
+                    return;
+                }
+                None | Some(Time::Unread) => {
+                    self.unreadable += 1;
+                    return;
+                }
             };
             let tflops = get(&fields, "throughput per GPU (TFLOP/s/GPU)")
                 .and_then(|v| v.parse::<f64>().ok())
@@ -98,10 +118,16 @@ impl LogReader {
                 },
             )
         } else if text.contains("train_step_timing in s") {
-            let Some(step) = get(&nemo_fields, "train_step_timing in s").and_then(|v| secs(v, 1.0))
-            else {
-                self.unreadable += 1;
-                return;
+            let step = match get(&nemo_fields, "train_step_timing in s").map(|v| secs(v, 1.0)) {
+                Some(Time::Ok(step)) => step,
+                Some(Time::Insane) => {
+                    self.bad_times += 1;
+                    return;
+                }
+                None | Some(Time::Unread) => {
+                    self.unreadable += 1;
+                    return;
+                }
             };
             (
                 &mut self.nemo,
@@ -219,6 +245,7 @@ impl LogReader {
                 return Err(TrainLogError::NoTrainingLine {
                     lines: self.lines,
                     unreadable: self.unreadable,
+                    bad_times: self.bad_times,
                 });
             }
         };
@@ -240,6 +267,7 @@ impl LogReader {
             memory: self.memory,
             stated,
             unreadable_lines: self.unreadable,
+            bad_time_lines: self.bad_times,
             lines: self.lines,
         })
     }

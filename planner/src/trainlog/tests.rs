@@ -158,7 +158,10 @@ fn foreign_mixed_and_contradictory_logs_are_refused() {
         .contains("no training iteration line"));
     let json = "{\"traceEvents\": [{\"name\": \"iteration 5/10 |\"}]}";
     let e = parse(json).unwrap_err().to_string();
-    assert!(e.contains("1 line(s) start one but are cut off"), "{e}");
+    assert!(
+        e.contains("1 line(s) start one but hold no readable time"),
+        "{e}"
+    );
     let mixed = format!(
         "{}\nTraining epoch 0, iteration 1/9 | global_batch_size: 8 | train_step_timing in s: 1.0\n",
         megatron(1, 1000.0, 8)
@@ -173,9 +176,15 @@ fn foreign_mixed_and_contradictory_logs_are_refused() {
     );
     let e = parse(&two).unwrap_err().to_string();
     assert!(e.contains("states world size 8 and 16"), "{e}");
-    // Times that are no step time are unreadable lines.
-    let e = parse(&megatron(1, 0.0, 8)).unwrap_err().to_string();
-    assert!(e.contains("cut off or garbled"), "{e}");
+    // Times that are no step time are counted apart from unreadable lines.
+    for bad in [0.0, -5.0, f64::NAN, 2e9] {
+        let e = parse(&megatron(1, bad, 8)).unwrap_err().to_string();
+        assert!(
+            e.contains("1 line(s) start one but their time is no step time"),
+            "{e}"
+        );
+        assert!(!e.contains("no readable"), "{e}");
+    }
 }
 
 /// Lines spliced from the formats' own pieces, numbers and junk: reading them
