@@ -317,6 +317,15 @@ fn identity(path: &Path) -> Option<Identity> {
     ))
 }
 
+/// Whether two paths name the same file (a link, a `./` spelling, a hard link);
+/// false where either cannot be resolved.
+pub fn same_file(a: &str, b: &str) -> bool {
+    match (identity(Path::new(a)), identity(Path::new(b))) {
+        (Some(x), Some(y)) => x == y,
+        _ => false,
+    }
+}
+
 /// Checks a command's output paths before it does any work: each must be a place a
 /// regular file can be written (see [`write_new`]; an existing one only with
 /// `force`), no two may be the same file, and none may be one of the inputs

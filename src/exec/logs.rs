@@ -183,6 +183,18 @@ pub fn calibrate(a: CalibrateLogs) -> Result<()> {
     let mut logs = Vec::new();
     for (i, path) in a.logs.iter().enumerate() {
         let l = read_log(path, a.warmup_iters)?;
+        // Each log is one measured run: the same file twice, or a copy of one
+        // (the same iteration lines), would count it twice in the fit.
+        if let Some((k, first)) = logs.iter().enumerate().find(|(_, f): &(usize, &ReadLog)| {
+            crate::io::same_file(&f.path, path) || f.log.iterations == l.log.iterations
+        }) {
+            bail!(
+                "--log '{path}' (log {}) is the same run as --log '{}' (log {}): each log counts as one measured run; give it once",
+                i + 1,
+                first.path,
+                k + 1
+            );
+        }
         let j = plan_of(i);
         check_log_against_plan(&l, &a.plans[j], &plans[j])?;
         logs.push(l);

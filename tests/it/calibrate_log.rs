@@ -794,3 +794,52 @@ fn calibrate_log_never_overwrites_without_force() {
     assert_eq!(std::fs::read_to_string(run).unwrap(), "a measured run\n");
     assert_eq!(std::fs::read_to_string(profile).unwrap(), "a profile\n");
 }
+
+/// A log given twice, under another spelling of its path or as a copy, is one
+/// measured run: the fit would count it twice.
+#[test]
+fn a_log_given_twice_is_refused() {
+    let dir = TempDir::new("calib-log-twice");
+    let a = estimate_plan(
+        &dir,
+        "a.json",
+        &[
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--global-batch",
+            "128",
+        ],
+    );
+    let text = megatron_log(&run_times(6.0, 30, 7), 8, 2, 2, 1, 128);
+    let log = dir.path("run.log");
+    std::fs::write(&log, &text).unwrap();
+    let copy = dir.path("copy.log");
+    std::fs::write(&copy, &text).unwrap();
+    let log = log.to_str().unwrap();
+    let dotted = format!("{}/./run.log", dir.path("").to_str().unwrap());
+    let out = dir.path("o.json");
+    let out = out.to_str().unwrap();
+    for second in [log, dotted.as_str(), copy.to_str().unwrap()] {
+        fails_with_one_line(
+            &[
+                "calibrate",
+                "--log",
+                log,
+                "--log",
+                second,
+                "--plan",
+                &a,
+                "-o",
+                out,
+            ],
+            "(log 2) is the same run as --log",
+        );
+    }
+    assert!(!std::path::Path::new(out).exists());
+}

@@ -388,6 +388,10 @@ fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), CsvError> {
             crate::json::one_line(dup, 60)
         )));
     }
+    // Two rows under one id would both be counted by validate, and a stack row
+    // would complete only the first.
+    let id_column = headers.iter().position(|h| h == "id");
+    let mut ids: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         if i == MAX_ROWS {
@@ -397,6 +401,18 @@ fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), CsvError> {
             line: i + 2,
             error: e.to_string(),
         })?;
+        let line = rec.position().map_or(i as u64 + 2, |p| p.line());
+        if let Some(id) = id_column.and_then(|c| rec.get(c)) {
+            if let Some(first) = ids.insert(id.to_string(), line) {
+                return Err(CsvError::Row {
+                    line: line as usize,
+                    error: format!(
+                        "id '{}' is already line {first}'s; give every row its own id",
+                        crate::json::one_line(id, 60)
+                    ),
+                });
+            }
+        }
         rows.push(
             headers
                 .iter()

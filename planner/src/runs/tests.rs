@@ -517,3 +517,32 @@ fn an_unknown_column_is_refused_with_the_nearest_name() {
     let e = parse_runs(&hostile).unwrap_err().to_string();
     assert!(!e.contains('\u{1b}') && !e.contains("did you mean"), "{e}");
 }
+
+/// Two rows under one id are refused, in the runs CSV and in a stack file:
+/// validate would count both, and a stack row would complete only the first.
+#[test]
+fn an_id_given_twice_is_refused() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/data/published_runs.csv"
+    ))
+    .unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let first = lines.next().unwrap();
+    let doubled = format!("{header}\n{first}\n{first}\n");
+    let e = parse_runs(&doubled).unwrap_err().to_string();
+    assert!(
+        e.contains("CSV row 3: id '") && e.contains("is already line 2's"),
+        "{e}"
+    );
+    let id = first.split(',').next().unwrap();
+    let stack = format!("id,recompute\n{id},full\n{id},full\n");
+    let e = parse_runs_with(&format!("{header}\n{first}\n"), Some(&stack))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("stack file: CSV row 3") && e.contains("already line 2's"),
+        "{e}"
+    );
+}
