@@ -1162,9 +1162,15 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
         if *p == 0.0 && m == 0.0 {
             continue;
         }
-        print!("{name:<16} {p:>12.3e} {m:>12.3e} {}", ratio(*p, m));
+        // Adding +0.0 turns a negative zero into zero: no "-0.000e0".
+        print!(
+            "{name:<16} {:>12.3e} {:>12.3e} {}",
+            p + 0.0,
+            m + 0.0,
+            ratio(*p, m)
+        );
         if let Some(v) = &after {
-            print!(" {:>12.3e} {}", v[i].1, ratio(v[i].1, m));
+            print!(" {:>12.3e} {}", v[i].1 + 0.0, ratio(v[i].1, m));
         }
         println!();
     }

@@ -391,6 +391,13 @@ pub struct CompareLog<'a> {
     pub json: bool,
 }
 
+/// One number of the comparison table: 4 decimals, and a value that rounds to
+/// zero prints as 0.0000, never -0.0000.
+fn cell(x: f64) -> String {
+    let x = if x.abs() < 5e-5 { 0.0 } else { x };
+    format!("{x:>11.4}")
+}
+
 pub fn compare(a: CompareLog) -> Result<()> {
     let plan = read_plan(a.plan)?;
     let l = read_log(a.log, a.warmup_iters)?;
@@ -454,7 +461,7 @@ pub fn compare(a: CompareLog) -> Result<()> {
         Some(m) if m > 0.0 && p > 0.0 => format!("{:>8.3}x", p / m),
         _ => format!("{:>9}", "-"),
     };
-    let num = |x: Option<f64>| x.map_or(format!("{:>11}", "-"), |x| format!("{x:>11.4}"));
+    let num = |x: Option<f64>| x.map_or(format!("{:>11}", "-"), cell);
     for r in &table {
         print!(
             "{:<24} {:>8} {} {} {}",
@@ -473,4 +480,15 @@ pub fn compare(a: CompareLog) -> Result<()> {
         println!("  (TFLOP/s: the log's is the framework's own FLOP count, the prediction Sextant's model FLOPs over its step)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cell_never_shows_a_negative_zero() {
+        assert_eq!(super::cell(-0.0).trim(), "0.0000");
+        assert_eq!(super::cell(-1e-6).trim(), "0.0000");
+        assert_eq!(super::cell(-0.25).trim(), "-0.2500");
+        assert_eq!(super::cell(1.5).trim(), "1.5000");
+    }
 }
