@@ -194,6 +194,9 @@ pub fn load_model(arg: &str) -> Result<(ModelSpec, String)> {
                 sextant_planner::InputError::Json { detail, .. } => {
                     anyhow::anyhow!("model file '{shown}' is not valid JSON: {detail}")
                 }
+                sextant_planner::InputError::Field { at, detail, .. } => {
+                    anyhow::anyhow!("model file '{shown}': {at}{detail}")
+                }
                 other => anyhow::anyhow!("model file '{shown}': {other}"),
             })?;
         let stem = Path::new(arg)

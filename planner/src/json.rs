@@ -23,9 +23,24 @@ const BOM: char = '\u{feff}';
 /// no object repeats a key. `what` names the format in the error.
 pub fn from_str<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputError> {
     let text = text.strip_prefix(BOM).unwrap_or(text);
-    let err = |e: serde_json::Error| InputError::Json {
-        what: what.into(),
-        detail: one_line(&e.to_string(), DETAIL_SHOWN),
+    let err = |e: serde_json::Error| {
+        // JSON has no limit on a number's size; serde_json's f64 has. Such a file
+        // is well-formed, so the error says what is too large, not "invalid".
+        if e.to_string().starts_with("number out of range") {
+            return InputError::Field {
+                what: what.into(),
+                at: String::new(),
+                detail: format!(
+                    "the number at line {} column {} is beyond what a 64-bit float holds (about 1.8e308); no value of a {what} needs one that large",
+                    e.line(),
+                    e.column()
+                ),
+            };
+        }
+        InputError::Json {
+            what: what.into(),
+            detail: one_line(&e.to_string(), DETAIL_SHOWN),
+        }
     };
     // serde_json's recursion limit (128 levels) bounds this walk's stack as it
     // bounds the typed parse's.
@@ -218,6 +233,11 @@ mod tests {
         // Deep nesting is an error, not a stack overflow.
         let deep = "[".repeat(100_000);
         assert!(from_str::<Value>(&deep, "test").is_err());
+        // A number too large for an f64 is well-formed JSON: said so, not "invalid".
+        let e = from_str::<Value>("{\"a\": 1e400}", "test").unwrap_err();
+        assert!(matches!(e, InputError::Field { .. }), "{e:?}");
+        assert!(e.to_string().contains("line 1 column"), "{e}");
+        assert!(e.to_string().contains("64-bit float"), "{e}");
     }
 
     #[derive(Debug, Deserialize)]

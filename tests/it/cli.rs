@@ -915,6 +915,17 @@ pub fn bad_input_gets_one_clear_line() {
         ],
         "not valid JSON",
     );
+    // Well-formed JSON with a number no f64 holds: said so, not "not valid JSON".
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            &data("bad/huge-number-config.json"),
+            "--gpus",
+            "8",
+        ],
+        "huge-number-config.json': the number at line 1 column",
+    );
     fails_with_one_line(
         &[
             "plan",
