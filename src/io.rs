@@ -238,11 +238,13 @@ pub fn write_new(path: &Path, text: &str, force: bool) -> Result<()> {
         let mut tmp = builder
             .tempfile_in(&dir)
             .with_context(|| format!("cannot write in '{}'", dir.display()))?;
+        // Errors name the target, not the temporary file the user never asked for
+        // (and which is removed on the way out).
         tmp.write_all(text.as_bytes())
-            .with_context(|| format!("cannot write '{}'", tmp.path().display()))?;
+            .with_context(|| format!("cannot write the new contents of '{}'", path.display()))?;
         tmp.as_file()
             .sync_all()
-            .with_context(|| format!("cannot flush '{}'", tmp.path().display()))?;
+            .with_context(|| format!("cannot flush the new contents of '{}'", path.display()))?;
         let published = if force {
             // Checked again just before the rename; a target swapped for a link or a
             // device between this check and the rename is the remaining race, which
@@ -256,7 +258,10 @@ pub fn write_new(path: &Path, text: &str, force: bool) -> Result<()> {
                 tmp.as_file()
                     .set_permissions(fs::Permissions::from_mode(mode))
                     .with_context(|| {
-                        format!("cannot set the mode of '{}'", tmp.path().display())
+                        format!(
+                            "cannot give the new '{}' the old file's mode",
+                            path.display()
+                        )
                     })?;
             }
             tmp.persist(path)
