@@ -262,6 +262,13 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
     }
     println!();
     print!("{}", ranked(&r.plans));
+    let seqs = w.sequences();
+    if seqs < a.gpus {
+        eprintln!(
+            "note: {} GPUs for {seqs} responses per iteration: fewer than one response per GPU, so most rollout engines decode one sequence or none (bound by reading the weights) and the training mini-batches are a sliver per GPU; give more --prompts or --responses, or fewer --gpus",
+            a.gpus
+        );
+    }
     if let Some(target) = &a.emit {
         let x = RlExport {
             plan: &r.plans[0],
@@ -374,8 +381,14 @@ pub fn side_by_side(
         }),
         ("training layout", layout),
         ("rollout engines", |p| {
+            // More engines than sequences: say how many ever get one.
+            let busy = if p.rollout.busy_engines < p.rollout.layout.engines {
+                format!(" ({} busy)", p.rollout.busy_engines)
+            } else {
+                String::new()
+            };
             format!(
-                "TP{} x {}, {} seqs each",
+                "TP{} x {}{busy}, {} seqs each",
                 p.rollout.layout.tp, p.rollout.layout.engines, p.rollout.concurrent
             )
         }),
@@ -450,8 +463,21 @@ pub fn ranked(plans: &[RlPlan]) -> String {
                 h + "/" + m.phase.split(' ').next().unwrap_or(m.phase)
             })
     });
+    // The pool sizes and layouts as wide as their widest cell, so that a large
+    // cluster's columns stay aligned.
+    let pools: Vec<String> = plans
+        .iter()
+        .map(|p| format!("{}/{}", p.placement.train_gpus, p.placement.rollout_gpus))
+        .collect();
+    let pw = pools.iter().map(String::len).max().unwrap_or(0).max(9);
+    let lw = plans
+        .iter()
+        .map(|p| layout(p).len())
+        .max()
+        .unwrap_or(0)
+        .max(46);
     let mut s = format!(
-        "{:<2} {:<13} {:>9} {:<46} {:>4} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {}\n",
+        "{:<2} {:<13} {:>pw$} {:<lw$} {:>4} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {}\n",
         "#",
         "placement",
         "trn/roll",
@@ -469,10 +495,10 @@ pub fn ranked(plans: &[RlPlan]) -> String {
     for (i, p) in plans.iter().enumerate() {
         let m: Vec<String> = p.memory.iter().map(|m| gib(m.bytes)).collect();
         s += &format!(
-            "{:<2} {:<13} {:>9} {:<46} {:>4} {:>5.2} {:>4} {:>8.1} {:>8.1} {:>8.2} {:>8.1} {:>8.1} {}\n",
+            "{:<2} {:<13} {:>pw$} {:<lw$} {:>4} {:>5.2} {:>4} {:>8.1} {:>8.1} {:>8.2} {:>8.1} {:>8.1} {}\n",
             i + 1,
             p.placement.kind.name(),
-            format!("{}/{}", p.placement.train_gpus, p.placement.rollout_gpus),
+            pools[i],
             layout(p),
             p.rollout.layout.tp,
             p.memory_fraction,

@@ -663,6 +663,41 @@ fn rl_plan_names_the_placement_it_did_not_search() {
     );
 }
 
+/// More GPUs than responses: the engines that get none are counted, a note says
+/// why the plan is a sliver per GPU, and the ranked table's columns stay aligned
+/// at six-digit pool sizes.
+#[test]
+fn rl_plan_says_when_gpus_outnumber_the_responses() {
+    let o = crate::common::sextant(&crate::common::words(
+        "rl-plan --model 8b --gpus 65536 --prompts 64 --responses 8",
+    ));
+    assert!(o.status.success(), "{}", crate::common::stderr(&o));
+    let (out, err) = (crate::common::stdout(&o), crate::common::stderr(&o));
+    assert!(
+        err.contains("note: 65536 GPUs for 512 responses per iteration"),
+        "{err}"
+    );
+    let engines = out
+        .lines()
+        .find(|l| l.starts_with("rollout engines"))
+        .unwrap_or_default();
+    assert!(engines.contains("(512 busy)"), "{out}");
+    // Every ranked row puts its layout where the header puts "training layout".
+    let header = out.lines().find(|l| l.starts_with("#  placement")).unwrap();
+    let at = header.find("training layout").unwrap();
+    for row in out
+        .lines()
+        .filter(|l| l.contains("colocated ") || l.contains("disaggregated "))
+    {
+        if row.starts_with(|c: char| c.is_ascii_digit()) {
+            assert_eq!(&row[at..at + 2], "TP", "{out}");
+        }
+    }
+    // A workload that fills its GPUs gets no such note.
+    let o = crate::common::sextant(&crate::common::words("rl-plan --model 8b --gpus 64"));
+    assert!(!crate::common::stderr(&o).contains("note: 64 GPUs"));
+}
+
 /// The exported YAML of an `rl-plan --emit` run (from its header comment on).
 fn emitted(model: &str, gpus: &str, extra: &[&str], fw: &str) -> String {
     let mut a = bar_args(model, gpus);

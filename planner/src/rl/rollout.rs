@@ -52,6 +52,10 @@ pub struct RolloutCost {
     pub kv_bytes_per_gpu: f64,
     /// Sequences one engine runs at once.
     pub concurrent: u64,
+    /// Engines that get at least one sequence: all of them unless an iteration
+    /// has fewer sequences than engines.
+    #[serde(default)]
+    pub busy_engines: u64,
     pub prefill_secs: f64,
     pub decode_secs: f64,
     pub decode_steps: f64,
@@ -160,6 +164,7 @@ pub fn rollout_cost(
         weight_bytes_per_gpu: weights,
         kv_bytes_per_gpu: kv_bytes,
         concurrent: concurrent as u64,
+        busy_engines: layout.engines.min(sequences),
         prefill_secs,
         decode_secs,
         decode_steps: steps,
