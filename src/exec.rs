@@ -146,14 +146,21 @@ enum Fault {
     Absent(u64),
 }
 
-/// `--ranks n` against the `need` ranks the plan runs on (the same check with
-/// and without `--dry-run`).
-fn check_rank_count(n: u64, need: u64) -> Result<()> {
-    if n == 0 || n > 256 {
-        bail!("--ranks {n} is out of range: use 1 to 256 local processes");
+/// Most local processes `--ranks` starts.
+const MAX_LOCAL_RANKS: u64 = 256;
+
+/// `--ranks n` against the `need` ranks the plan runs on. `local`: the ranks are
+/// started here as processes (at most [`MAX_LOCAL_RANKS`]); a dry run starts none,
+/// so any count the plan needs is fine there.
+fn check_rank_count(n: u64, need: u64, local: bool) -> Result<()> {
+    if n == 0 {
+        bail!("--ranks 0: give the plan's {need} ranks (tp x cp x dp x pp)");
     }
     if n != need {
         bail!("the plan needs {need} ranks (tp x cp x dp x pp) but --ranks {n} was given: use --ranks {need}");
+    }
+    if local && need > MAX_LOCAL_RANKS {
+        bail!("the plan needs {need} ranks, more than the {MAX_LOCAL_RANKS} local processes --ranks starts: launch it under torchrun, srun or mpirun (sextant export --to torchrun-exec or slurm-exec), or check its pairing with --dry-run --ranks {need}");
     }
     Ok(())
 }
@@ -244,7 +251,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
         };
         let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
         if let Some(n) = a.ranks {
-            check_rank_count(n, setup.cfg.gpus())?;
+            check_rank_count(n, setup.cfg.gpus(), false)?;
         }
         return dry_run(&setup, &plan);
     }
@@ -254,7 +261,7 @@ pub fn cmd_exec(a: ExecArgs) -> Result<()> {
         // Refuse an unrunnable plan, a wrong rank count and an unwritable output
         // once, before starting any rank.
         let setup = program::prepare(&plan, hash, &opts).map_err(|e| anyhow!(e))?;
-        check_rank_count(n, setup.cfg.gpus())?;
+        check_rank_count(n, setup.cfg.gpus(), true)?;
         if !cuda && opts.full_size {
             fits_in_host_memory(setup.predicted_bytes * n as f64, n)?;
         }

@@ -291,8 +291,13 @@ pub enum SetupError {
         expert_ffn: usize,
         etp: usize,
     },
-    #[error("--micro-batches {micro_batches}: the interleaved schedule needs a multiple of pp {pp}; use --micro-batches {}", micro_batches.div_ceil(*pp).max(1) * pp)]
-    Interleaved { pp: u64, micro_batches: u64 },
+    #[error("--micro-batches {micro_batches}: the interleaved schedule needs a multiple of pp {pp}; use --micro-batches {suggest}")]
+    Interleaved {
+        pp: u64,
+        micro_batches: u64,
+        /// The nearest multiple of pp within the executor's bounds.
+        suggest: u64,
+    },
     /// A count beyond what the executor's message tags can number, in words that
     /// name the flag (or the plan) that sets it.
     #[error("{0}")]

@@ -409,6 +409,73 @@ fn dry_run_prints_the_check_and_refuses_bad_input() {
         &["exec", &path, "--dry-run", "--micro-batches", "2000000"],
         "give --micro-batches 1048575 or fewer",
     );
+    // A count past the bounds gets the bound, not a wrapped interleaving hint.
+    fails_with_one_line(
+        &[
+            "exec",
+            &path,
+            "--dry-run",
+            "--micro-batches",
+            &u64::MAX.to_string(),
+        ],
+        "give --micro-batches 1048575 or fewer",
+    );
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--micro-batches", "1048575"],
+        "use --micro-batches 1048572",
+    );
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--warmup", "5000"],
+        "--warmup 5000: the executor numbers fewer than 4096 steps in all, timed steps included; use --warmup 4094 or fewer",
+    );
+    fails_with_one_line(
+        &[
+            "exec",
+            &path,
+            "--dry-run",
+            "--max-steps",
+            "4000",
+            "--warmup",
+            "100",
+        ],
+        "use --max-steps 3995 or fewer",
+    );
+    fails_with_one_line(
+        &["exec", &path, "--dry-run", "--ranks", "0"],
+        "--ranks 0: give the plan's 8 ranks",
+    );
+    // A dry run starts no process: a plan beyond the local launcher's 256 ranks is
+    // checked with --ranks at its own count, and only the launch refuses it.
+    let (big, _, _) = setup(
+        &dir,
+        "big.json",
+        &[
+            "--model", "8b", "--gpus", "512", "--tp", "8", "--pp", "4", "--sp", "true",
+        ],
+        Some(4),
+        Some(4),
+    );
+    let o = sextant(&[
+        "exec",
+        &big,
+        "--dry-run",
+        "--ranks",
+        "512",
+        "--scale-layers",
+        "4",
+        "--micro-batches",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("Device programs of 512 ranks"),
+        "{}",
+        stdout(&o)
+    );
+    fails_with_one_line(
+        &["exec", &big, "--ranks", "512"],
+        "the plan needs 512 ranks, more than the 256 local processes --ranks starts",
+    );
     fails_with_one_line(
         &["exec", &path, "--dry-run", "--scale-layers", "3"],
         "--scale-layers 3",

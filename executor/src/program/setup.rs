@@ -367,15 +367,35 @@ fn micro_batches(
         None if o.full_size => plan_m,
         None => plan_m.min(2 * cfg.pp).max(1),
     };
+    // The tag bounds first: a count beyond them gets no interleaving suggestion.
+    if let Some(why) = tag_bounds(m, o, stages) {
+        return Err(SetupError::TagBounds(why));
+    }
     if cfg.schedule == Schedule::Interleaved && !m.is_multiple_of(cfg.pp) {
         if o.micro_batches.is_some() {
+            let up = m.div_ceil(cfg.pp) * cfg.pp;
+            let down = m / cfg.pp * cfg.pp;
             return Err(SetupError::Interleaved {
                 pp: cfg.pp,
                 micro_batches: m,
+                suggest: if up < MAX_MICRO_BATCHES || down == 0 {
+                    up
+                } else {
+                    down
+                },
             });
         }
         m = m.div_ceil(cfg.pp) * cfg.pp;
     }
+    match tag_bounds(m, o, stages) {
+        Some(why) => Err(SetupError::TagBounds(why)),
+        None => Ok(m),
+    }
+}
+
+/// Which bound of the message tags `m` micro-batches per step, the steps of `o`
+/// and `stages` virtual stages cross, in words naming the flag to change.
+fn tag_bounds(m: u64, o: &Options, stages: usize) -> Option<String> {
     // Saturating: --max-steps near u64::MAX must not wrap below the bound.
     let steps = o.steps.saturating_add(o.warmup);
     let given = if o.micro_batches.is_some() {
@@ -383,7 +403,7 @@ fn micro_batches(
     } else {
         "the plan's micro-batches per step,"
     };
-    let bound = if m == 0 {
+    if m == 0 {
         Some(format!("{given} 0: run at least one micro-batch"))
     } else if m >= MAX_MICRO_BATCHES {
         Some(format!(
@@ -392,19 +412,24 @@ fn micro_batches(
             MAX_MICRO_BATCHES - 1
         ))
     } else if steps >= MAX_STEPS {
-        Some(format!(
-            "--max-steps {} with --warmup {}: the executor numbers fewer than {MAX_STEPS} steps in all; lower either so that their sum is below {MAX_STEPS}",
-            o.steps, o.warmup
-        ))
+        let room = MAX_STEPS - 1 - o.warmup.min(MAX_STEPS - 2);
+        Some(if o.warmup >= MAX_STEPS - 1 {
+            format!(
+                "--warmup {}: the executor numbers fewer than {MAX_STEPS} steps in all, timed steps included; use --warmup {} or fewer",
+                o.warmup,
+                MAX_STEPS - 2
+            )
+        } else {
+            format!(
+                "--max-steps {} with --warmup {}: the executor numbers fewer than {MAX_STEPS} steps in all; use --max-steps {room} or fewer (or lower --warmup)",
+                o.steps, o.warmup
+            )
+        })
     } else if stages >= MAX_STAGES {
         Some(format!(
             "the plan's {stages} virtual pipeline stages (pp x vpp): the executor numbers fewer than {MAX_STAGES}; re-plan with a smaller pp x vpp"
         ))
     } else {
         None
-    };
-    match bound {
-        Some(why) => Err(SetupError::TagBounds(why)),
-        None => Ok(m),
     }
 }
