@@ -389,9 +389,11 @@ fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), CsvError> {
         )));
     }
     // Two rows under one id would both be counted by validate, and a stack row
-    // would complete only the first.
+    // would complete only the first. Ids compare as every reader takes them,
+    // trimmed ([`get`]); rows are numbered as the other row errors number them
+    // (the header is row 1).
     let id_column = headers.iter().position(|h| h == "id");
-    let mut ids: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let mut ids: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         if i == MAX_ROWS {
@@ -401,13 +403,13 @@ fn read_rows(csv_text: &str) -> Result<(Vec<String>, Vec<Row>), CsvError> {
             line: i + 2,
             error: e.to_string(),
         })?;
-        let line = rec.position().map_or(i as u64 + 2, |p| p.line());
-        if let Some(id) = id_column.and_then(|c| rec.get(c)) {
+        let line = i + 2;
+        if let Some(id) = id_column.and_then(|c| rec.get(c)).map(str::trim) {
             if let Some(first) = ids.insert(id.to_string(), line) {
                 return Err(CsvError::Row {
-                    line: line as usize,
+                    line,
                     error: format!(
-                        "id '{}' is already line {first}'s; give every row its own id",
+                        "id '{}' is already row {first}'s; give every row its own id",
                         crate::json::one_line(id, 60)
                     ),
                 });

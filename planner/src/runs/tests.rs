@@ -530,19 +530,26 @@ fn an_id_given_twice_is_refused() {
     let mut lines = text.lines();
     let header = lines.next().unwrap();
     let first = lines.next().unwrap();
-    let doubled = format!("{header}\n{first}\n{first}\n");
-    let e = parse_runs(&doubled).unwrap_err().to_string();
-    assert!(
-        e.contains("CSV row 3: id '") && e.contains("is already line 2's"),
-        "{e}"
-    );
+    // Line ends as written (the file is CRLF), a padded id, the rows numbered as
+    // every row error numbers them.
+    for doubled in [
+        format!("{header}\n{first}\n{first}\n"),
+        format!("{header}\r\n{first}\r\n{first}\r\n"),
+        format!("{header}\n{first}\n {first}\n"),
+    ] {
+        let e = parse_runs(&doubled).unwrap_err().to_string();
+        assert!(
+            e.contains("CSV row 3: id '") && e.contains("is already row 2's"),
+            "{e}"
+        );
+    }
     let id = first.split(',').next().unwrap();
-    let stack = format!("id,recompute\n{id},full\n{id},full\n");
+    let stack = format!("id,recompute\n{id},full\n{id} ,full\n");
     let e = parse_runs_with(&format!("{header}\n{first}\n"), Some(&stack))
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("stack file: CSV row 3") && e.contains("already line 2's"),
+        e.contains("stack file: CSV row 3") && e.contains("already row 2's"),
         "{e}"
     );
 }
