@@ -23,25 +23,7 @@ const BOM: char = '\u{feff}';
 /// no object repeats a key. `what` names the format in the error.
 pub fn from_str<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputError> {
     let text = text.strip_prefix(BOM).unwrap_or(text);
-    let err = |e: serde_json::Error| {
-        // JSON has no limit on a number's size; serde_json's f64 has. Such a file
-        // is well-formed, so the error says what is too large, not "invalid".
-        if e.to_string().starts_with("number out of range") {
-            return InputError::Field {
-                what: what.into(),
-                at: String::new(),
-                detail: format!(
-                    "the number at line {} column {} is beyond what a 64-bit float holds (about 1.8e308); no value of a {what} needs one that large",
-                    e.line(),
-                    e.column()
-                ),
-            };
-        }
-        InputError::Json {
-            what: what.into(),
-            detail: one_line(&e.to_string(), DETAIL_SHOWN),
-        }
-    };
+    let err = |e: serde_json::Error| syntax(what, e);
     // serde_json's recursion limit (128 levels) bounds this walk's stack as it
     // bounds the typed parse's.
     serde_json::from_str::<NoDuplicateKeys>(text).map_err(err)?;
@@ -49,6 +31,27 @@ pub fn from_str<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputE
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| mismatch(what, e))?;
     de.end().map_err(err)?;
     Ok(value)
+}
+
+/// The error of reading `text` as JSON at all. JSON has no limit on a number's
+/// size; serde_json's f64 has: such a file is well-formed, so the error says which
+/// number is too large, not that the file is invalid.
+fn syntax(what: &str, e: serde_json::Error) -> InputError {
+    if e.to_string().starts_with("number out of range") {
+        return InputError::Field {
+            what: what.into(),
+            at: String::new(),
+            detail: format!(
+                "the number at line {} column {} is beyond what a 64-bit float holds (about 1.8e308); no value of a {what} needs one that large",
+                e.line(),
+                e.column()
+            ),
+        };
+    }
+    InputError::Json {
+        what: what.into(),
+        detail: one_line(&e.to_string(), DETAIL_SHOWN),
+    }
 }
 
 /// The error of a typed parse of text already known to be well-formed JSON: the
@@ -129,12 +132,7 @@ const KEY_SHOWN: usize = 120;
 /// releases wrote with keys since retired, keep [`from_str`].
 pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, InputError> {
     let text = text.strip_prefix(BOM).unwrap_or(text);
-    let err = |detail: String| InputError::Json {
-        what: what.into(),
-        detail,
-    };
-    serde_json::from_str::<NoDuplicateKeys>(text)
-        .map_err(|e| err(one_line(&e.to_string(), DETAIL_SHOWN)))?;
+    serde_json::from_str::<NoDuplicateKeys>(text).map_err(|e| syntax(what, e))?;
     let mut unknown: Vec<String> = Vec::new();
     let mut de = serde_json::Deserializer::from_str(text);
     let value: T = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
@@ -142,8 +140,7 @@ pub fn from_str_known<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, 
         &mut |path: serde_ignored::Path| unknown.push(bracketed(&path)),
     ))
     .map_err(|e| mismatch(what, e))?;
-    de.end()
-        .map_err(|e| err(one_line(&e.to_string(), DETAIL_SHOWN)))?;
+    de.end().map_err(|e| syntax(what, e))?;
     if let Some(first) = unknown.first() {
         let more = match unknown.len() {
             1 => String::new(),
@@ -237,6 +234,14 @@ mod tests {
         let e = from_str::<Value>("{\"a\": 1e400}", "test").unwrap_err();
         assert!(matches!(e, InputError::Field { .. }), "{e:?}");
         assert!(e.to_string().contains("line 1 column"), "{e}");
+        assert!(e.to_string().contains("64-bit float"), "{e}");
+        // The hand-written formats say the same.
+        let e = from_str_known::<Outer>(
+            "{\"name\": \"x\", \"points\": [{\"busbw\": 1e400}]}",
+            "test",
+        )
+        .unwrap_err();
+        assert!(matches!(e, InputError::Field { .. }), "{e:?}");
         assert!(e.to_string().contains("64-bit float"), "{e}");
     }
 
