@@ -262,12 +262,16 @@ pub fn cmd_rl_plan(a: RlPlanArgs) -> Result<()> {
     }
     println!();
     print!("{}", ranked(&r.plans));
-    let seqs = w.sequences();
-    if seqs < a.gpus {
-        eprintln!(
-            "note: {} GPUs for {seqs} responses per iteration: fewer than one response per GPU, so most rollout engines decode one sequence or none (bound by reading the weights) and the training mini-batches are a sliver per GPU; give more --prompts or --responses, or fewer --gpus",
-            a.gpus
-        );
+    if let Some(p) = r.plans.first() {
+        let (busy, engines) = (p.rollout.busy_engines, p.rollout.layout.engines);
+        if busy < engines {
+            eprintln!(
+                "note: {} of the first plan's {engines} rollout engines get no response: an iteration has {} responses for {} GPUs; give more --prompts or --responses, or fewer --gpus",
+                engines - busy,
+                w.sequences(),
+                a.gpus
+            );
+        }
     }
     if let Some(target) = &a.emit {
         let x = RlExport {

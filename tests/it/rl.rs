@@ -663,18 +663,20 @@ fn rl_plan_names_the_placement_it_did_not_search() {
     );
 }
 
-/// More GPUs than responses: the engines that get none are counted, a note says
-/// why the plan is a sliver per GPU, and the ranked table's columns stay aligned
-/// at six-digit pool sizes.
+/// More rollout engines than responses: the engines that get none are counted
+/// and a note says so, and the ranked table's columns stay aligned at six-digit
+/// pool sizes.
 #[test]
-fn rl_plan_says_when_gpus_outnumber_the_responses() {
+fn rl_plan_says_when_engines_outnumber_the_responses() {
     let o = crate::common::sextant(&crate::common::words(
         "rl-plan --model 8b --gpus 65536 --prompts 64 --responses 8",
     ));
     assert!(o.status.success(), "{}", crate::common::stderr(&o));
     let (out, err) = (crate::common::stdout(&o), crate::common::stderr(&o));
     assert!(
-        err.contains("note: 65536 GPUs for 512 responses per iteration"),
+        err.contains(
+            "rollout engines get no response: an iteration has 512 responses for 65536 GPUs"
+        ),
         "{err}"
     );
     let engines = out
@@ -693,9 +695,13 @@ fn rl_plan_says_when_gpus_outnumber_the_responses() {
             assert_eq!(&row[at..at + 2], "TP", "{out}");
         }
     }
-    // A workload that fills its GPUs gets no such note.
-    let o = crate::common::sextant(&crate::common::words("rl-plan --model 8b --gpus 64"));
-    assert!(!crate::common::stderr(&o).contains("note: 64 GPUs"));
+    // Fewer responses than GPUs but every engine busy (TP 8 engines): no note.
+    let o = crate::common::sextant(&crate::common::words(
+        "rl-plan --model 70b --gpus 1024 --prompts 64 --responses 8 --rollout-tp 8 --placement colocated",
+    ));
+    assert!(o.status.success(), "{}", crate::common::stderr(&o));
+    assert!(!crate::common::stderr(&o).contains("get no response"));
+    assert!(!crate::common::stdout(&o).contains("busy)"));
 }
 
 /// The exported YAML of an `rl-plan --emit` run (from its header comment on).
