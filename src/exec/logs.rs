@@ -92,6 +92,36 @@ pub fn check_log_against_plan(l: &ReadLog, plan_path: &str, plan: &PlanFile) -> 
     Ok(())
 }
 
+/// Whether two logs hold the same run: no setting both state differs, and at
+/// least half of the shorter one's measured lines (after its warm-up) appear in
+/// the other with the same iteration and the same step time. Independent runs
+/// share an (iteration, time to 0.1 ms) pair on a line now and then, not on half
+/// of them; a copy, or a copy cut short or trimmed, shares them all.
+fn same_run(a: &ReadLog, b: &ReadLog) -> bool {
+    let stated_b = b.log.stated.stated();
+    let contradicts = a
+        .log
+        .stated
+        .stated()
+        .iter()
+        .any(|(name, v)| stated_b.iter().any(|(n, w)| n == name && w != v));
+    if contradicts {
+        return false;
+    }
+    let kept = |l: &ReadLog| -> std::collections::HashSet<(u64, u64)> {
+        l.log
+            .iterations
+            .iter()
+            .filter(|i| i.iteration >= l.summary.first_iteration)
+            .map(|i| (i.iteration, i.step_secs.to_bits()))
+            .collect()
+    };
+    let (ka, kb) = (kept(a), kept(b));
+    let shared = ka.intersection(&kb).count();
+    let shorter = ka.len().min(kb.len());
+    shorter > 0 && 2 * shared >= shorter
+}
+
 fn describe(l: &ReadLog) -> String {
     let s = &l.summary;
     let mut dropped = vec![format!("{} warm-up", s.warmup)];
@@ -184,9 +214,9 @@ pub fn calibrate(a: CalibrateLogs) -> Result<()> {
     for (i, path) in a.logs.iter().enumerate() {
         let l = read_log(path, a.warmup_iters)?;
         // Each log is one measured run: the same file twice, or a copy of one
-        // (the same iteration lines), would count it twice in the fit.
+        // (whole or in part), would count it twice in the fit.
         if let Some((k, first)) = logs.iter().enumerate().find(|(_, f): &(usize, &ReadLog)| {
-            crate::io::same_file(&f.path, path) || f.log.iterations == l.log.iterations
+            crate::io::same_file(&f.path, path) || same_run(f, &l)
         }) {
             bail!(
                 "--log '{path}' (log {}) is the same run as --log '{}' (log {}): each log counts as one measured run; give it once",

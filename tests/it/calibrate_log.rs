@@ -825,7 +825,17 @@ fn a_log_given_twice_is_refused() {
     let dotted = format!("{}/./run.log", dir.path("").to_str().unwrap());
     let out = dir.path("o.json");
     let out = out.to_str().unwrap();
-    for second in [log, dotted.as_str(), copy.to_str().unwrap()] {
+    // A copy cut to its last 20 iteration lines is still the same run.
+    let tail: Vec<&str> = text.lines().collect();
+    let cut = dir.path("tail.log");
+    let keep = tail.len() - 20;
+    std::fs::write(&cut, tail[keep..].join("\n") + "\n").unwrap();
+    for second in [
+        log,
+        dotted.as_str(),
+        copy.to_str().unwrap(),
+        cut.to_str().unwrap(),
+    ] {
         fails_with_one_line(
             &[
                 "calibrate",
@@ -842,4 +852,42 @@ fn a_log_given_twice_is_refused() {
         );
     }
     assert!(!std::path::Path::new(out).exists());
+    // Two runs of different configurations that happen to print the same times
+    // are two runs.
+    let b = estimate_plan(
+        &dir,
+        "b.json",
+        &[
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "4",
+            "--pp",
+            "2",
+            "--global-batch",
+            "128",
+        ],
+    );
+    let other = dir.path("tp4.log");
+    std::fs::write(
+        &other,
+        megatron_log(&run_times(6.0, 30, 7), 8, 4, 2, 1, 128),
+    )
+    .unwrap();
+    let o = sextant(&[
+        "calibrate",
+        "--log",
+        log,
+        "--plan",
+        &a,
+        "--log",
+        other.to_str().unwrap(),
+        "--plan",
+        &b,
+        "-o",
+        out,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
