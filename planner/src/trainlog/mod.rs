@@ -252,6 +252,13 @@ pub enum TrainLogError {
         unreadable: u64,
         bad_times: u64,
     },
+    /// Iteration lines were found, but none with a sane step time.
+    #[error("no usable step time in {lines} line(s): {bad_times} iteration line(s) read, but {BAD_TIME}{}; a Megatron log gives milliseconds ('elapsed time per iteration (ms): X'), a NeMo 2 log seconds", if *.unreadable > 0 { format!(", and {} more hold no readable time", .unreadable) } else { String::new() })]
+    NoSaneTime {
+        lines: u64,
+        unreadable: u64,
+        bad_times: u64,
+    },
     /// A setting (its argument name) stated with several values.
     #[error("the log states {} {}: it holds more than one run; give one run's log", .setting.replace('_', " "), joined(.values))]
     SeveralRuns { setting: String, values: Vec<u64> },
@@ -285,7 +292,8 @@ fn cut_off(unreadable: u64, bad_times: u64) -> String {
 }
 
 /// What a step time read as a number must be, in the words every message uses.
-pub const BAD_TIME: &str = "their time is no step time (0, negative, NaN, or over 1e6 s)";
+pub const BAD_TIME: &str =
+    "their time is no step time between 1 us and 1e6 s (0, negative, NaN, infinite or out of that range)";
 
 fn joined(values: &[u64]) -> String {
     let shown: Vec<String> = values.iter().map(|v| v.to_string()).collect();

@@ -241,6 +241,13 @@ impl LogReader {
                     nemo: self.nemo.len(),
                 })
             }
+            (true, true) if self.bad_times > 0 => {
+                return Err(TrainLogError::NoSaneTime {
+                    lines: self.lines,
+                    unreadable: self.unreadable,
+                    bad_times: self.bad_times,
+                });
+            }
             (true, true) => {
                 return Err(TrainLogError::NoTrainingLine {
                     lines: self.lines,

@@ -177,14 +177,21 @@ fn foreign_mixed_and_contradictory_logs_are_refused() {
     let e = parse(&two).unwrap_err().to_string();
     assert!(e.contains("states world size 8 and 16"), "{e}");
     // Times that are no step time are counted apart from unreadable lines.
-    for bad in [0.0, -5.0, f64::NAN, 2e9] {
+    for bad in [0.0, -5.0, f64::NAN, f64::INFINITY, 2e9] {
         let e = parse(&megatron(1, bad, 8)).unwrap_err().to_string();
         assert!(
-            e.contains("1 line(s) start one but their time is no step time"),
+            e.contains("no usable step time in 1 line(s): 1 iteration line(s) read, but their time is no step time between 1 us and 1e6 s"),
             "{e}"
         );
-        assert!(!e.contains("no readable"), "{e}");
+        assert!(
+            !e.contains("no readable") && !e.contains("is this a training log"),
+            "{e}"
+        );
     }
+    // A time under 1 us, written out in full.
+    let tiny = megatron(1, 1.0, 8).replace("(ms): 1.0 |", "(ms): 0.0004 |");
+    let e = parse(&tiny).unwrap_err().to_string();
+    assert!(e.contains("no usable step time"), "{e}");
 }
 
 /// Lines spliced from the formats' own pieces, numbers and junk: reading them
