@@ -74,6 +74,22 @@ impl LogReader {
         }
     }
 
+    /// The step time of an iteration record's time field (`None`: no such field),
+    /// or `None` with the line counted as unreadable or as holding no step time.
+    fn counted(&mut self, time: Option<Time>) -> Option<f64> {
+        match time {
+            Some(Time::Ok(step)) => Some(step),
+            Some(Time::Insane) => {
+                self.bad_times += 1;
+                None
+            }
+            None | Some(Time::Unread) => {
+                self.unreadable += 1;
+                None
+            }
+        }
+    }
+
     fn iteration_record(&mut self, iteration: u64, text: &str, last_ok: bool) {
         // Megatron's fields all end with `|`; NeMo 2's last one does not.
         let fields = fields_from(text, false);
@@ -93,17 +109,10 @@ impl LogReader {
                 .map(|x| x as u64)
         };
         let (list, line) = if text.contains("elapsed time per iteration (ms)") {
-            let step = match get(&fields, "elapsed time per iteration (ms)").map(|v| secs(v, 1e-3))
-            {
-                Some(Time::Ok(step)) => step,
-                Some(Time::Insane) => {
-                    self.bad_times += 1;
-                    return;
-                }
-                None | Some(Time::Unread) => {
-                    self.unreadable += 1;
-                    return;
-                }
+            let Some(step) = self
+                .counted(get(&fields, "elapsed time per iteration (ms)").map(|v| secs(v, 1e-3)))
+            else {
+                return;
             };
             let tflops = get(&fields, "throughput per GPU (TFLOP/s/GPU)")
                 .and_then(|v| v.parse::<f64>().ok())
@@ -118,16 +127,10 @@ impl LogReader {
                 },
             )
         } else if text.contains("train_step_timing in s") {
-            let step = match get(&nemo_fields, "train_step_timing in s").map(|v| secs(v, 1.0)) {
-                Some(Time::Ok(step)) => step,
-                Some(Time::Insane) => {
-                    self.bad_times += 1;
-                    return;
-                }
-                None | Some(Time::Unread) => {
-                    self.unreadable += 1;
-                    return;
-                }
+            let Some(step) =
+                self.counted(get(&nemo_fields, "train_step_timing in s").map(|v| secs(v, 1.0)))
+            else {
+                return;
             };
             (
                 &mut self.nemo,
