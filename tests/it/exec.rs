@@ -568,7 +568,14 @@ pub fn exec_refuses_bad_input_and_never_overwrites() {
         "not overwriting",
     );
     assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me");
-    fails_with_one_line(&["exec", &p, "--ranks", "0"], "--ranks 0 is out of range");
+    fails_with_one_line(
+        &["exec", &p, "--ranks", "0"],
+        "--ranks 0: give the plan's 8 ranks",
+    );
+    fails_with_one_line(
+        &["exec", &p, "--ranks", "300"],
+        "but --ranks 300 was given: use --ranks 8",
+    );
     fails_with_one_line(
         &["exec", &p, "--backend", "tpu"],
         "[possible values: cpu, cuda]",
