@@ -23,8 +23,9 @@ use crate::Reason;
 pub enum Program {
     /// Megatron-LM's training script with these arguments.
     Megatron(Vec<String>),
-    /// Sextant's executor on the plan file at this path.
-    SextantExec { plan_path: String },
+    /// Sextant's executor on the plan file at this path, running its plan of this
+    /// rank (1 = the best).
+    SextantExec { plan_path: String, rank: usize },
     /// ScaleTorch's `train.py` with these arguments, under this environment
     /// (names and values plain words).
     ScaleTorch {
@@ -79,7 +80,7 @@ fn program_words(p: &Program) -> Result<(bool, Vec<String>), Reason> {
             w.extend(args.iter().cloned());
             (false, w)
         }
-        Program::SextantExec { plan_path } => {
+        Program::SextantExec { plan_path, rank } => {
             // A relative path that starts with '-' would read as an option.
             let path = if plan_path.starts_with('-') {
                 format!("./{plan_path}")
@@ -87,10 +88,12 @@ fn program_words(p: &Program) -> Result<(bool, Vec<String>), Reason> {
                 plan_path.clone()
             };
             let path = quote::shell(&path).map_err(|e| Reason(format!("the plan path {e}")))?;
-            (
-                true,
-                vec!["\"${SEXTANT:-sextant}\"".into(), "exec".into(), path],
-            )
+            let mut w = vec!["\"${SEXTANT:-sextant}\"".into(), "exec".into(), path];
+            // The plan the header names: exec runs plan 1 unless told.
+            if *rank != 1 {
+                w.extend(["--plan".into(), rank.to_string()]);
+            }
+            (true, w)
         }
     })
 }

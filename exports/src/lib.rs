@@ -225,6 +225,7 @@ fn render(
     let i = rank - 1;
     let exec = || launch::Program::SextantExec {
         plan_path: opts.plan_path.clone(),
+        rank,
     };
     let megatron = || megatron::args(plan, i).map(launch::Program::Megatron);
     let refuse = |reason: Reason| reason.at(target);

@@ -216,6 +216,48 @@ pub fn a_plan_path_with_shell_syntax_is_one_word() {
     }
 }
 
+/// `export --plan N` of an exec launcher runs plan N, the one its header names:
+/// `sextant exec` gets `--plan N` (plan 1, its default, is not spelled out).
+#[test]
+fn an_exec_launcher_runs_the_plan_it_names() {
+    let dir = TempDir::new("safety-plan-n");
+    let bin = fake_bin(&dir);
+    let o = sextant(&[
+        "plan",
+        "--model",
+        "8b",
+        "--gpus",
+        "8",
+        "--out",
+        dir.path("p.json").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for target in ["torchrun-exec", "slurm-exec"] {
+        for (n, tail) in [("3", "exec\np.json\n--plan\n3\n"), ("1", "exec\np.json\n")] {
+            let t = dir.path("t.sh");
+            let _ = std::fs::remove_file(&t);
+            let o = Command::new(env!("CARGO_BIN_EXE_sextant"))
+                .args([
+                    "export", "--to", target, "--plan", n, "-o", "t.sh", "p.json",
+                ])
+                .current_dir(&dir.0)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{target}: {}", stderr(&o));
+            let text = std::fs::read_to_string(&t).unwrap();
+            assert!(text.contains(&format!("plan #{n} ")), "{text}");
+            bash_n(&t);
+            let _ = std::fs::remove_dir_all(dir.path("log"));
+            run_script(&dir, &bin, &t, &[]);
+            let args = launched(&dir, target);
+            assert!(
+                args.ends_with(tail),
+                "{target} --plan {n}: sextant exec got {args:?}"
+            );
+        }
+    }
+}
+
 /// The arguments (one per line) that reached the launcher: torchrun for
 /// torchrun-exec (its last two are `exec PATH`), the executor itself under srun.
 fn launched(dir: &TempDir, target: &str) -> String {
