@@ -149,6 +149,12 @@ enum Fault {
 /// Most local processes `--ranks` starts.
 const MAX_LOCAL_RANKS: u64 = 256;
 
+/// A name from a file (a profile's, a run's device) as a terminal line shows it:
+/// one line, control characters escaped, at most 120 characters.
+fn shown(s: &str) -> String {
+    sextant_planner::json::one_line(s, 120)
+}
+
 /// `--ranks n` against the `need` ranks the plan runs on. `local`: the ranks are
 /// started here as processes (at most [`MAX_LOCAL_RANKS`]); a dry run starts none,
 /// so any count the plan needs is fine there.
@@ -809,10 +815,10 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
     };
     println!(
         "Calibrated '{}' from {} run(s) on {} ({}){counted}:",
-        profile.name,
+        shown(&profile.name),
         overlay.runs.len(),
-        overlay.device.escape_debug(),
-        overlay.backend
+        shown(&overlay.device),
+        shown(&overlay.backend)
     );
     println!(
         "  GEMM efficiency (fraction of BF16 peak): {} (profile: {})",
@@ -876,9 +882,9 @@ fn calibrate_bench(a: &CalibrateArgs) -> Result<()> {
     let show = |x: Option<f64>| x.map_or("not measured".to_string(), |v| format!("{v:.3}"));
     println!(
         "Calibrated '{}' from {} benchmark file(s) on {}:",
-        profile.name,
+        shown(&profile.name),
         files.len(),
-        overlay.device.escape_debug()
+        shown(&overlay.device)
     );
     let e = &profile.efficiency;
     match &overlay.gemm_curve {
@@ -1086,7 +1092,10 @@ pub fn measured_components(
         })
         .filter(|r| r.predicted_secs != 0.0 || r.measured_secs != 0.0)
         .collect();
-    Ok((format!("{} ({})", run.device, run.backend), rows))
+    Ok((
+        format!("{} ({})", shown(&run.device), shown(&run.backend)),
+        rows,
+    ))
 }
 
 pub fn cmd_compare(a: CompareArgs) -> Result<()> {
@@ -1147,7 +1156,8 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
     }
     println!(
         "Predicted ({}) vs measured ({}), seconds per step; slowest rank per component:",
-        plan.hardware.name, run.device
+        shown(&plan.hardware.name),
+        shown(&run.device)
     );
     let ratio = |p: f64, m: f64| {
         if m > 0.0 && p > 0.0 {

@@ -478,7 +478,10 @@ pub fn compare(a: CompareLog) -> Result<()> {
         println!("Read {}", describe_trace(p, k));
         println!("  (kernel rows: the trace's rank against the plan's slowest stage; collective kernels include waiting for peers)");
     }
-    println!("Predicted ({}) vs measured, per step:", plan.hardware.name);
+    println!(
+        "Predicted ({}) vs measured, per step:",
+        sextant_planner::json::one_line(&plan.hardware.name, 120)
+    );
     print!(
         "{:<24} {:>8} {:>11} {:>11} {:>9}",
         "", "unit", "predicted", "measured", "pred/meas"

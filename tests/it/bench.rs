@@ -414,6 +414,39 @@ mod on_the_fakes {
         let e = stderr(&o);
         assert!(!o.status.success() && e.lines().count() == 1, "{e}");
         assert!(e.contains("two gemm benchmark files given"), "{e}");
+        // A profile whose name holds terminal escapes: the summary shows them
+        // escaped, on one line.
+        let hostile = dir.path("hostile-profile.json");
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/hwprofiles/h100-sxm.json"
+        ))
+        .unwrap()
+        .replacen(
+            "\"name\": \"h100-sxm\"",
+            "\"name\": \"ev\\u001b]0;T\\u0007\\u001b[2J\\nx\"",
+            1,
+        );
+        std::fs::write(&hostile, text).unwrap();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_sextant"));
+        c.args(["calibrate", "-o", "hostile-overlay.json", "--hardware"])
+            .arg(&hostile)
+            .arg("--bench")
+            .args(&relabelled);
+        let o = c.current_dir(&dir.0).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let said = stdout(&o);
+        assert!(
+            !said.contains('\u{1b}') && !said.contains('\u{7}'),
+            "{said:?}"
+        );
+        assert!(
+            said.lines()
+                .next()
+                .unwrap()
+                .starts_with("Calibrated 'ev\\u{1b}"),
+            "{said:?}"
+        );
     }
 
     /// Wrong arguments and what the fakes cannot give: one line each, nothing
