@@ -1076,6 +1076,14 @@ pub fn measured_components(
     run_path: &str,
 ) -> Result<(String, Vec<sextant_reports::Measured>)> {
     let (run, _) = run_of_plan(plan_path, plan_text, plan, run_path)?;
+    // The report is about the file's first plan: a run of another would sit in
+    // its section 9 unlabelled.
+    if run.plan_rank != 1 {
+        bail!(
+            "'{run_path}' ran plan {} of '{plan_path}', and the report is about plan 1: give a run of plan 1 (sextant exec '{plan_path}' without --plan), or compare this one with `sextant compare '{plan_path}' '{run_path}'`",
+            run.plan_rank
+        );
+    }
     let rows = predicted_components(&run, &plan.hardware, plan.assumptions)?
         .into_iter()
         .map(|(name, p)| {

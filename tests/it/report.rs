@@ -216,6 +216,43 @@ fn report_with_a_measured_run_compares_components() {
     assert!(!o.status.success());
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("was measured on a different plan"), "{err}");
+    // A run of the same file's plan 2: the report is about plan 1.
+    let (small, run2) = (tmp("run-small.json"), tmp("run-small-2.json"));
+    for f in [&small, &run2] {
+        let _ = std::fs::remove_file(f);
+    }
+    let s = small.to_str().unwrap();
+    let o = sextant(&[
+        "plan", "--model", "8b", "--gpus", "2", "--top", "3", "--out", s,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sextant(&[
+        "exec",
+        s,
+        "--ranks",
+        "2",
+        "--plan",
+        "2",
+        "--out",
+        run2.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sextant(&[
+        "report",
+        s,
+        "--run",
+        run2.to_str().unwrap(),
+        "-o",
+        tmp("run-small.html").to_str().unwrap(),
+        "--force",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("ran plan 2 of") && err.contains("the report is about plan 1"),
+        "{err}"
+    );
 }
 
 #[test]
