@@ -288,6 +288,9 @@ struct EstimateArgs {
     pp_layout: Option<String>,
     /// A mixed cluster as PROFILE:GPUS pairs (e.g. h100-sxm:64,a100-80g:64): place
     /// each class on a block of stages and layers on stages by integer program.
+    /// Prints a stage table (with --json: the stages and pipeline time, not a plan
+    /// file); --out, --gpu, --cluster, --calibration, --mem-headroom and --target
+    /// do not apply.
     #[arg(long, value_delimiter = ',')]
     mix: Option<Vec<String>>,
 }
@@ -1234,6 +1237,22 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         bail!("--ep-comm-overlap cannot apply to this configuration: {why}; drop the flag or change the configuration");
     }
     if let Some(mix) = &a.mix {
+        // The classes' built-in profiles price a mixed cluster, and its result is
+        // a stage table, not a plan file: flags that would shape or save anything
+        // else are refused rather than dropped.
+        let c = &a.common;
+        for (flag, given) in [
+            ("--out", c.out.is_some()),
+            ("--calibration", c.calibration.is_some()),
+            ("--gpu", c.gpu.is_some()),
+            ("--cluster", c.cluster.is_some()),
+            ("--mem-headroom", c.mem_headroom.is_some()),
+            ("--target", a.target.is_some()),
+        ] {
+            if given {
+                bail!("{flag} does not apply with --mix: a mixed cluster is priced with its classes' built-in profiles, and its result (a stage table, or with --json the stages and pipeline time) is not a plan file; drop {flag}");
+            }
+        }
         return estimate_mixed(&inp, &cfg, mix, a.common.json);
     }
     let est = match estimate_with(
@@ -1347,7 +1366,14 @@ fn estimate_mixed(
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
     }
-    print!("{}", render::assumptions(inp));
+    // The model and workload lines; the cluster is the classes below, not the
+    // default profile the inputs were resolved against.
+    for line in render::assumptions(inp)
+        .lines()
+        .filter(|l| !l.starts_with("Cluster:"))
+    {
+        println!("{line}");
+    }
     println!("\nMixed cluster: {}", mix.join(", "));
     println!(
         "{:>6} {:<12} {:>7} {:>14}",

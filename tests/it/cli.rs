@@ -915,6 +915,30 @@ pub fn bad_input_gets_one_clear_line() {
         ],
         "not valid JSON",
     );
+    // A mixed cluster is priced with its classes' profiles and saves no plan file:
+    // what would not apply is refused, not dropped.
+    for (flag, value) in [
+        ("--out", "mixed.json"),
+        ("--gpu", "b200"),
+        ("--target", "megatron-lm"),
+    ] {
+        fails_with_one_line(
+            &[
+                "estimate",
+                "--model",
+                "8b",
+                "--gpus",
+                "16",
+                "--pp",
+                "2",
+                "--mix",
+                "h100-sxm:8,a100-80g:8",
+                flag,
+                value,
+            ],
+            &format!("{flag} does not apply with --mix"),
+        );
+    }
     // Well-formed JSON with a number no f64 holds: said so, not "not valid JSON".
     fails_with_one_line(
         &[
