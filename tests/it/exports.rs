@@ -2100,6 +2100,35 @@ fn exports_go_only_to_the_framework_the_plan_was_priced_for() {
         toml.contains("[model]\nname = \"llama3\"\nflavor = \"8B\"\n"),
         "{toml}"
     );
+    // A model named like the preset but of another shape gets no flavor: 8B's
+    // would train 32 layers where the plan priced 48.
+    let deeper = dir.path("llama3-8b.json");
+    std::fs::write(
+        &deeper,
+        r#"{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}"#,
+    )
+    .unwrap();
+    let d = saved(
+        &dir,
+        "deeper.json",
+        &[
+            "plan",
+            "--model",
+            deeper.to_str().unwrap(),
+            "--gpus",
+            "16",
+            "--target",
+            "torchtitan",
+        ],
+    );
+    let toml = crate::common::stdout(&sextant(&[
+        "export",
+        d.to_str().unwrap(),
+        "--to",
+        "torchtitan",
+    ]));
+    assert!(!toml.contains("flavor = "), "{toml}");
+    assert!(toml.contains("(48 layers, hidden 4096;"), "{toml}");
     let mega = saved(
         &dir,
         "mega.json",

@@ -72,7 +72,7 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     // `enable_async_tp=False`).
     if cfg.overlap.tp_comm
         && cfg.tp > 1
-        && torchtitan_flavor(&plan.model.name).is_some_and(|(name, _)| name == "gpt_oss")
+        && torchtitan_flavor(&plan.model).is_some_and(|(name, _)| name == "gpt_oss")
     {
         return Err(cannot(t, "torchtitan's gpt_oss applies tensor parallelism without async TP whatever the config says (models/gpt_oss/infra/parallelize.py:100 at v0.2.2); re-plan without --tp-comm-overlap"));
     }
@@ -166,7 +166,7 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
     // [model]: the train spec and flavor of the plan's model (torchtitan's default
     // is llama3's debugmodel), and the FP8 converters.
     let _ = writeln!(s, "\n[model]");
-    match torchtitan_flavor(&plan.model.name) {
+    match torchtitan_flavor(&plan.model) {
         Some((name, flavor)) => {
             if name == "gpt_oss" {
                 let _ = writeln!(s, "# gpt_oss's train spec compiles none of its blocks at v0.2.2 (models/gpt_oss/infra/parallelize.py calls no apply_compile): its element-wise passes run eager, slower than this plan priced");
@@ -174,10 +174,13 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
             let _ = writeln!(s, "name = \"{name}\"\nflavor = \"{flavor}\"");
         }
         None => {
+            let m = &plan.model;
             let _ = writeln!(
                 s,
-                "# name and flavor: torchtitan's train spec for {} (v0.2.2 names llama3 8B/70B/405B, qwen3, deepseek_v3 and gpt_oss flavors); its default is llama3's debugmodel",
-                quote::comment(&plan.model.name)
+                "# name and flavor: torchtitan's train spec for {} ({} layers, hidden {}; v0.2.2 names llama3 8B/70B/405B, qwen3, deepseek_v3 and gpt_oss flavors, and none has this shape): set them to a flavor of this shape you registered; without them torchtitan trains llama3's debugmodel",
+                quote::comment(&m.name),
+                m.layers,
+                m.hidden
             );
         }
     }
@@ -202,8 +205,21 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
 /// torchtitan's train spec and flavor for a Sextant preset of the same shape
 /// (torchtitan/models/*/__init__.py at v0.2.2: `llama3` 8B, 70B, 405B; `qwen3`
 /// 30B-A3B, 235B-A22B; `deepseek_v3` 671B; `gpt_oss` 120b).
-fn torchtitan_flavor(model: &str) -> Option<(&'static str, &'static str)> {
-    Some(match model {
+/// The name picks the flavor only when the plan's model has the preset's shape
+/// exactly (a config.json named like a preset may have other layers or widths):
+/// otherwise there is none, and the file says so.
+fn torchtitan_flavor(
+    model: &sextant_planner::model::ModelSpec,
+) -> Option<(&'static str, &'static str)> {
+    let preset = sextant_planner::presets::resolve(&model.name).ok()?.spec;
+    let mut same = model.clone();
+    same.name.clone_from(&preset.name);
+    same.source.clone_from(&preset.source);
+    same.schema_version = preset.schema_version;
+    if same != preset {
+        return None;
+    }
+    Some(match preset.name.as_str() {
         "llama3-8b" => ("llama3", "8B"),
         "llama3-70b" => ("llama3", "70B"),
         "llama3.1-405b" => ("llama3", "405B"),
