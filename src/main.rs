@@ -428,13 +428,14 @@ fn rlinf_space(s: SearchSpace) -> Result<SearchSpace> {
 /// A `--target` as plan and estimate take it: `None` for `any` (no framework's
 /// rules), else the framework and its name as Sextant spells it (the user's
 /// spelling may hold anything `Target::parse` trims).
-fn training_target(name: &str) -> Result<Option<(Target, String)>> {
+/// `flag`: the flag the name came from (`--target`, or plan's `--emit`).
+fn training_target(flag: &str, name: &str) -> Result<Option<(Target, String)>> {
     if sextant_exports::spelling_key(name) == "any" {
         return Ok(None);
     }
     let t = Target::parse(name)?;
     if sextant_exports::expressible_schedules(t).is_none() {
-        bail!("--target {} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch (or torchrun/slurm, which launch Megatron-LM), or any", sextant_planner::json::one_line(name.trim(), 60));
+        bail!("{flag} {} is not a training framework: use megatron-lm, megatron-core, megatron-bridge, nemo, verl, rlinf, torchtitan, scaletorch (or torchrun/slurm, which launch Megatron-LM), or any; the other export targets take a saved plan (sextant export PLAN --to {})", sextant_planner::json::one_line(name.trim(), 60), sextant_planner::json::one_line(name.trim(), 60));
     }
     let canonical = TARGETS
         .iter()
@@ -556,12 +557,12 @@ fn cmd_plan(a: PlanArgs) -> Result<()> {
             );
         }
     }
-    let target_name = a
-        .target
-        .clone()
-        .or_else(|| a.emit.clone())
-        .unwrap_or_else(|| "megatron-lm".into());
-    let (target, target_name) = match training_target(&target_name)? {
+    let (flag, target_name) = match (&a.target, &a.emit) {
+        (Some(t), _) => ("--target", t.clone()),
+        (None, Some(e)) => ("--emit", e.clone()),
+        (None, None) => ("--target", "megatron-lm".into()),
+    };
+    let (target, target_name) = match training_target(flag, &target_name)? {
         Some((t, name)) => (Some(t), name),
         None => (None, "any".to_string()),
     };
@@ -1136,7 +1137,7 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
     io::check_outputs(&a.common.outputs(), &a.common.input_files(), a.common.force)?;
     let mut inp = a.common.resolve()?;
     let named = match &a.target {
-        Some(t) => training_target(t)?,
+        Some(t) => training_target("--target", t)?,
         None => None,
     };
     let (target, target_name) = (named.as_ref().map(|n| n.0), named.map(|n| n.1));

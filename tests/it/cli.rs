@@ -2866,6 +2866,19 @@ fn estimate_with_a_target_reproduces_that_targets_plan() {
         ],
         "--target rank-map is not a training framework",
     );
+    // plan's --emit names itself, and where a launcher target goes instead.
+    fails_with_one_line(
+        &[
+            "plan",
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--emit",
+            "torchrun-exec",
+        ],
+        "--emit torchrun-exec is not a training framework: use megatron-lm",
+    );
     // A target's rule on sequence parallelism: ScaleTorch never runs it, so a TP
     // estimate for it defaults to SP off and refuses it asked for; verl's Megatron
     // backend always runs it beside TP.
