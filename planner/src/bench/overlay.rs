@@ -58,6 +58,13 @@ pub enum BenchError {
     DifferentGpus(String, String),
     #[error("two {0} benchmark files given: give one file per benchmark")]
     TwoFiles(String),
+    /// The device's model names none of the profile GPU's (both escaped).
+    #[error("the benchmarks ran on '{device}', but profile '{profile}' is for '{profile_gpu}': calibrate the profile of the GPU you measured (--hardware), or benchmark the profile's GPU")]
+    OtherGpu {
+        device: String,
+        profile: String,
+        profile_gpu: String,
+    },
     #[error("the GEMM curve's best point, {tflops:.1} TFLOP/s, is above the BF16 peak of profile '{profile}' ({peak} TFLOP/s): {gpu}")]
     AbovePeak {
         tflops: f64,
@@ -103,6 +110,29 @@ fn check_files(files: &[BenchFile], first: &BenchFile) -> Result<(), BenchError>
         }
     }
     Ok(())
+}
+
+/// The model names in a GPU's name: words of one or two capitals, then two to
+/// four digits, then at most one capital (`H100`, `GB200`, `MI300X`, `A100`), as
+/// CUDA's device names ("NVIDIA H100 80GB HBM3") and the profiles' ("H100 SXM5
+/// 80GB") both carry them. Sizes ("80GB") and memory kinds ("HBM3") are not
+/// model names.
+pub(super) fn gpu_models(name: &str) -> Vec<String> {
+    name.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| {
+            let letters = w.chars().take_while(|c| c.is_ascii_uppercase()).count();
+            let digits = w[letters..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .count();
+            let rest = &w[letters + digits..];
+            (1..=2).contains(&letters)
+                && (2..=4).contains(&digits)
+                && rest.len() <= 1
+                && rest.chars().all(|c| c.is_ascii_uppercase())
+        })
+        .map(str::to_string)
+        .collect()
 }
 
 /// The HBM efficiency of the largest copy of an `hbm` file, when it has a copy.
@@ -152,6 +182,17 @@ pub fn overlay(
         return Err(BenchError::NoFile);
     };
     check_files(files, first)?;
+    let (on, of) = (
+        gpu_models(&first.device.name),
+        gpu_models(&profile.gpu.name),
+    );
+    if !on.is_empty() && !of.is_empty() && on.iter().all(|m| !of.contains(m)) {
+        return Err(BenchError::OtherGpu {
+            device: first.device.name.escape_debug().to_string(),
+            profile: profile.name.escape_debug().to_string(),
+            profile_gpu: profile.gpu.name.escape_debug().to_string(),
+        });
+    }
     let gpu = format!(
         "is '{}' the profile of this GPU ({})?",
         profile.name,

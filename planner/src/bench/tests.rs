@@ -197,11 +197,40 @@ fn bench_overlay_refusals() {
         e.contains("above the BF16 peak of profile 'h100-sxm' (989 TFLOP/s)"),
         "{e}"
     );
+    // Another GPU's profile: refused by name before any number is read.
     let a100 = builtin_profile("a100-80g").unwrap();
-    let e = overlay(&[gemm_file(|_, _, _| 700.0)], &a100)
+    let e = overlay(&[gemm_file(|_, _, _| 100.0)], &a100)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("is 'a100-80g' the profile of this GPU"), "{e}");
+    assert!(
+        e.contains("but profile 'a100-80g' is for 'A100 SXM4 80GB': calibrate the profile of the GPU you measured"),
+        "{e}"
+    );
+    for p in ["mi300x", "b200", "gb200-nvl72", "h200-sxm"] {
+        let e = overlay(&[gemm_file(|_, _, _| 100.0)], &builtin_profile(p).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("calibrate the profile of the GPU you measured"),
+            "{p}: {e}"
+        );
+    }
+    // The same model under another profile (AWS's H100 cluster) is fine, and a
+    // name without a model word is not judged.
+    overlay(
+        &[gemm_file(|_, _, _| 100.0)],
+        &builtin_profile("aws-p5-hf").unwrap(),
+    )
+    .unwrap();
+    let mut plain = gemm_file(|_, _, _| 100.0);
+    plain.device.name = "some accelerator".into();
+    overlay(&[plain], &h100).unwrap();
+    assert_eq!(
+        super::overlay::gpu_models("NVIDIA H100 80GB HBM3"),
+        ["H100"]
+    );
+    assert_eq!(super::overlay::gpu_models("NVIDIA GB200"), ["GB200"]);
+    assert_eq!(super::overlay::gpu_models("MI300X 192GB"), ["MI300X"]);
 }
 
 /// A file that breaks the format is refused with the point named.
