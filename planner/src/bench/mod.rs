@@ -216,6 +216,25 @@ fn check_timed(what: &str, calls: u64, secs: f64, rate: f64) -> Result<(), Input
     Ok(())
 }
 
+/// A point's rate against the one its own size and median time give, as
+/// `sextant bench` computes it (`unit`: the rate's name; `work` over `secs` in
+/// that unit): a file edited to claim another bandwidth than it timed is refused.
+/// 0.1% allows for the printed digits.
+fn check_rate(what: &str, unit: &str, rate: f64, work: f64, secs: f64) -> Result<(), InputError> {
+    let expected = work / secs;
+    if (rate / expected - 1.0).abs() > 1e-3 {
+        return Err(bad(
+            what,
+            format!(
+                "{unit} {} is not what its size and median_secs give ({}): the file's numbers disagree",
+                show(rate),
+                show(expected)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn check_bytes(what: &str, bytes: u64) -> Result<(), InputError> {
     if (1..=MAX_BYTES).contains(&bytes) {
         Ok(())
@@ -279,6 +298,8 @@ impl BenchFile {
                 ));
             }
             check_timed(&what, g.calls, g.median_secs, g.tflops)?;
+            let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64 * g.batch as f64;
+            check_rate(&what, "tflops", g.tflops, flops / 1e12, g.median_secs)?;
         }
         for p in &self.memory {
             let what = format!("memory {} of {} bytes", p.op.escape_debug(), p.bytes);
@@ -287,6 +308,15 @@ impl BenchFile {
             }
             check_bytes(&what, p.bytes)?;
             check_timed(&what, p.calls, p.median_secs, p.gbytes_per_s)?;
+            // A copy reads and writes its bytes; a memset writes them.
+            let traffic = if p.op == "copy" { 2.0 } else { 1.0 } * p.bytes as f64;
+            check_rate(
+                &what,
+                "gbytes_per_s",
+                p.gbytes_per_s,
+                traffic / 1e9,
+                p.median_secs,
+            )?;
         }
         self.check_collectives()?;
         for (i, c) in self.collective_points.iter().enumerate() {
@@ -314,6 +344,13 @@ impl BenchFile {
             }
             check_bytes(&what, p.bytes)?;
             check_timed(&what, p.calls, p.median_secs, p.gbytes_per_s)?;
+            check_rate(
+                &what,
+                "gbytes_per_s",
+                p.gbytes_per_s,
+                p.bytes as f64 / 1e9,
+                p.median_secs,
+            )?;
         }
         Ok(())
     }
@@ -391,16 +428,29 @@ impl BenchFile {
             }
             check_bytes(&what, c.bytes)?;
             check_timed(&what, c.calls, c.median_secs, c.algbw_gbytes_per_s)?;
+            check_rate(
+                &what,
+                "algbw_gbytes_per_s",
+                c.algbw_gbytes_per_s,
+                c.bytes as f64 / 1e9,
+                c.median_secs,
+            )?;
+            // nccl-tests' bus bandwidth: 2(n-1)/n of the algorithm bandwidth for an
+            // all-reduce, (n-1)/n otherwise; 0 on one rank.
+            let n = c.ranks as f64;
+            let factor = if c.op == "all_reduce" { 2.0 } else { 1.0 } * (n - 1.0) / n;
             let busbw_ok = if c.ranks == 1 {
                 c.busbw_gbytes_per_s == 0.0
             } else {
-                c.busbw_gbytes_per_s.is_finite() && c.busbw_gbytes_per_s > 0.0
+                c.busbw_gbytes_per_s.is_finite()
+                    && c.busbw_gbytes_per_s > 0.0
+                    && (c.busbw_gbytes_per_s / (c.algbw_gbytes_per_s * factor) - 1.0).abs() <= 1e-3
             };
             if !busbw_ok {
                 return Err(bad(
                     &what,
                     format!(
-                        "busbw_gbytes_per_s {} must be positive and finite, and 0 on one rank",
+                        "busbw_gbytes_per_s {} must be the algorithm bandwidth times nccl-tests' factor (2(n-1)/n for all_reduce, (n-1)/n otherwise), and 0 on one rank",
                         show(c.busbw_gbytes_per_s)
                     ),
                 ));

@@ -256,6 +256,11 @@ fn bench_file_checks() {
     check(&|f| f.gemms[0].median_secs = 0.0, "median_secs 0 must be");
     check(&|f| f.gemms[0].m = 0, "m, n, k must be 1 to 1e7");
     check(&|f| f.gemms[0].tflops = -1.0, "rate -1 must be positive");
+    // A rate its own size and time do not give: the file was edited.
+    check(
+        &|f| f.gemms[0].tflops *= 2.0,
+        "is not what its size and median_secs give",
+    );
     check(&|f| f.gemms.clear(), "holds no measured point");
     check(&|f| f.iters = 0, "iters");
     check(
@@ -284,4 +289,27 @@ fn bench_file_checks() {
         .unwrap_err()
         .to_string()
         .contains("schema_version 2"));
+}
+
+/// Memory, peer-copy and collective points whose rates disagree with their own
+/// sizes and times are refused, naming the point; consistent ones pass.
+#[test]
+fn bench_rates_agree_with_sizes_and_times() {
+    let mut hbm = file("hbm");
+    hbm.memory.push(MemoryPoint {
+        op: "copy".into(),
+        bytes: 1 << 30,
+        calls: 1,
+        median_secs: 1e-3,
+        gbytes_per_s: 2.0 * (1u64 << 30) as f64 / 1e-3 / 1e9,
+    });
+    BenchFile::from_json(&serde_json::to_string(&hbm).unwrap()).unwrap();
+    hbm.memory[0].gbytes_per_s = 2900.0;
+    let e = BenchFile::from_json(&serde_json::to_string(&hbm).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("memory copy of 1073741824 bytes: gbytes_per_s 2900 is not what its size and median_secs give"),
+        "{e}"
+    );
 }
