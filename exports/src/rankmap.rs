@@ -9,8 +9,23 @@ use crate::{ExportError, Target};
 
 /// The rank map Megatron-Core would build, or the reason it would refuse the plan's
 /// order (`megatron::check_rank_order`).
+/// Most ranks a rank map is written for: about 0.6 GB of JSON (one line per
+/// rank with its groups' members), which a text file can still be read as. The
+/// planner goes to 16,777,216 GPUs, whose map (10 GB of JSON, twice that in
+/// memory while it is built) no one reads.
+pub const MAX_MAP_RANKS: u64 = 1 << 20;
+
 pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, ExportError> {
     let cfg = &plan.plans[index].config;
+    if plan.gpus > MAX_MAP_RANKS {
+        return Err(ExportError::Inexpressible {
+            target: Target::RankMap,
+            reason: format!(
+                "a rank map of {} ranks would be gigabytes of text; rank maps are written for up to {MAX_MAP_RANKS} ranks (the groups repeat: export a plan of the same layout on fewer GPUs, e.g. with a smaller --gpus and data-parallel size)",
+                plan.gpus
+            ),
+        });
+    }
     // ScaleTorch's grid is its own; Megatron-Core's order rule does not apply.
     if order != sextant_planner::ranks::SCALETORCH_ORDER {
         crate::megatron::check_rank_order(plan, cfg).map_err(|r| r.at(Target::RankMap))?;

@@ -2265,3 +2265,21 @@ fn slurm_scripts_request_the_priced_segments() {
     assert_eq!(segment(&p).as_deref(), Some("16"));
     assert_eq!(segment(&dense()), None);
 }
+
+/// A rank map is written for up to 2^20 ranks: past that it is gigabytes of text
+/// (and twice that in memory), refused in one line before it is built.
+#[test]
+fn a_rank_map_past_a_million_ranks_is_refused() {
+    let dir = crate::common::TempDir::new("rankmap-huge");
+    let p = saved(
+        &dir,
+        "huge.json",
+        &words("plan --model 8b --gpus 2097152 --global-batch 8388608 --top 1"),
+    );
+    for target in ["rank-map", "rank-map-json"] {
+        fails_with_one_line(
+            &["export", p.to_str().unwrap(), "--to", target],
+            "a rank map of 2097152 ranks would be gigabytes of text",
+        );
+    }
+}
