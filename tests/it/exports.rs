@@ -2129,6 +2129,28 @@ fn exports_go_only_to_the_framework_the_plan_was_priced_for() {
     ]));
     assert!(!toml.contains("flavor = "), "{toml}");
     assert!(toml.contains("(48 layers, hidden 4096;"), "{toml}");
+    // The MoE presets keep their flavors; DeepSeek-V3's once its MTP layer is
+    // dropped, as the export asks (torchtitan's flavor has none).
+    for (args, flavor) in [
+        (
+            "plan --model deepseek-v3 --gpus 256 --target torchtitan --mtp-layers 0 --top 1",
+            "name = \"deepseek_v3\"\nflavor = \"671B\"\n",
+        ),
+        (
+            "plan --model qwen3-30b-a3b --gpus 16 --target torchtitan --top 1",
+            "name = \"qwen3\"\nflavor = \"30B-A3B\"\n",
+        ),
+    ] {
+        let p = saved(&dir, "moe-flavor.json", &words(args));
+        let toml = crate::common::stdout(&sextant(&[
+            "export",
+            p.to_str().unwrap(),
+            "--to",
+            "torchtitan",
+        ]));
+        assert!(toml.contains(flavor), "{args}: {toml}");
+        std::fs::remove_file(&p).unwrap();
+    }
     let mega = saved(
         &dir,
         "mega.json",

@@ -206,17 +206,30 @@ pub fn torchtitan(plan: &PlanFile, index: usize) -> Result<String, ExportError> 
 /// (torchtitan/models/*/__init__.py at v0.2.2: `llama3` 8B, 70B, 405B; `qwen3`
 /// 30B-A3B, 235B-A22B; `deepseek_v3` 671B; `gpt_oss` 120b).
 /// The name picks the flavor only when the plan's model has the preset's shape
-/// exactly (a config.json named like a preset may have other layers or widths):
-/// otherwise there is none, and the file says so.
+/// (a config.json named like a preset may have other layers or widths):
+/// otherwise there is none, and the file says so. The shape is the sizes a
+/// flavor fixes (layers, widths, heads, vocabulary, experts, MLA); the MTP
+/// layers are not (torchtitan's flavors have none, and the export refuses a
+/// plan with them), nor is what a plan file of an older release may lack.
 fn torchtitan_flavor(
     model: &sextant_planner::model::ModelSpec,
 ) -> Option<(&'static str, &'static str)> {
     let preset = sextant_planner::presets::resolve(&model.name).ok()?.spec;
-    let mut same = model.clone();
-    same.name.clone_from(&preset.name);
-    same.source.clone_from(&preset.source);
-    same.schema_version = preset.schema_version;
-    if same != preset {
+    let shape = |m: &sextant_planner::model::ModelSpec| {
+        (
+            (
+                m.layers,
+                m.hidden,
+                m.ffn_hidden,
+                m.heads,
+                m.kv_heads,
+                m.head_dim,
+                m.vocab,
+            ),
+            (m.tied_embeddings, m.mlp, m.mla.clone(), m.moe.clone()),
+        )
+    };
+    if shape(model) != shape(&preset) {
         return None;
     }
     Some(match preset.name.as_str() {
