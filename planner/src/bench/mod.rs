@@ -301,6 +301,23 @@ impl BenchFile {
             let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64 * g.batch as f64;
             check_rate(&what, "tflops", g.tflops, flops / 1e12, g.median_secs)?;
         }
+        // The curve calibration reads is the sweep's points as `sextant bench`
+        // builds it: an edited curve would calibrate what no point measured.
+        if let Some(c) = self.gemm_curves.first() {
+            let points: Vec<[f64; 4]> = self
+                .gemms
+                .iter()
+                .filter(|g| g.class == "sweep")
+                .map(|g| [g.m as f64, g.n as f64, g.k as f64, g.tflops])
+                .collect();
+            let rebuilt = GemmCurve::from_points(c.dtype, c.source.clone(), points);
+            if rebuilt.as_ref() != Ok(c) {
+                return Err(bad(
+                    "gemm_curves",
+                    "the curve is not the one the file's sweep points (class 'sweep') make: the file's numbers disagree".into(),
+                ));
+            }
+        }
         for p in &self.memory {
             let what = format!("memory {} of {} bytes", p.op.escape_debug(), p.bytes);
             if !matches!(p.op.as_str(), "copy" | "memset") {

@@ -291,8 +291,8 @@ fn bench_file_checks() {
         .contains("schema_version 2"));
 }
 
-/// Memory, peer-copy and collective points whose rates disagree with their own
-/// sizes and times are refused, naming the point; consistent ones pass.
+/// Memory points, collectives and GEMM curves that disagree with their own
+/// sizes, times and sweep points are refused, naming them; consistent ones pass.
 #[test]
 fn bench_rates_agree_with_sizes_and_times() {
     let mut hbm = file("hbm");
@@ -312,4 +312,53 @@ fn bench_rates_agree_with_sizes_and_times() {
         e.contains("memory copy of 1073741824 bytes: gbytes_per_s 2900 is not what its size and median_secs give"),
         "{e}"
     );
+    // A memset writes its bytes once; a peer copy moves them once.
+    let mut set = file("hbm");
+    set.memory.push(MemoryPoint {
+        op: "memset".into(),
+        bytes: 1 << 30,
+        calls: 1,
+        median_secs: 1e-3,
+        gbytes_per_s: 2.0 * (1u64 << 30) as f64 / 1e-3 / 1e9,
+    });
+    let e = BenchFile::from_json(&serde_json::to_string(&set).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("memory memset of 1073741824 bytes: gbytes_per_s"),
+        "{e}"
+    );
+    // A collective's bus bandwidth is nccl-tests' factor of its algorithm
+    // bandwidth: 2(n-1)/n for an all-reduce.
+    let mut nccl = file("nccl");
+    let algbw = (1u64 << 30) as f64 / 1e-2 / 1e9;
+    nccl.collectives.push(BenchCollective {
+        op: "all_reduce".into(),
+        ranks: 8,
+        bytes: 1 << 30,
+        tier: "nvlink".into(),
+        calls: 1,
+        median_secs: 1e-2,
+        algbw_gbytes_per_s: algbw,
+        busbw_gbytes_per_s: algbw * 2.0 * 7.0 / 8.0,
+    });
+    BenchFile::from_json(&serde_json::to_string(&nccl).unwrap()).unwrap();
+    nccl.collectives[0].busbw_gbytes_per_s = algbw * 7.0 / 8.0;
+    let e = BenchFile::from_json(&serde_json::to_string(&nccl).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("must be the algorithm bandwidth times nccl-tests' factor"),
+        "{e}"
+    );
+    // The curve calibration reads must be the sweep points' own.
+    let g = gemm_file(|_, _, _| 100.0);
+    BenchFile::from_json(&serde_json::to_string(&g).unwrap()).unwrap();
+    let mut v = serde_json::to_value(&g).unwrap();
+    let t = v["gemm_curves"][0]["points"][0][3].as_f64().unwrap();
+    v["gemm_curves"][0]["points"][0][3] = serde_json::json!(t * 3.0);
+    let e = BenchFile::from_json(&v.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gemm_curves: the curve is not the one"), "{e}");
 }
