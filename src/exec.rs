@@ -470,7 +470,7 @@ fn dry_run(setup: &program::Setup, plan: &PlanFile) -> Result<()> {
     let sum = |m: &std::collections::BTreeMap<&str, f64>| m.values().sum::<f64>() + 0.0;
     println!(
         "Rank 0's device program priced op by op on {} (the cost model's roofline at the executed sizes, BF16 GEMMs, the attention core as batched GEMMs, nothing overlapped, no waiting; not the plan's step time): GEMMs {:.3} s, replayed GEMMs {:.3} s, HBM traffic {:.3} s, communication {:.3} s.",
-        plan.hardware.name,
+        shown(&plan.hardware.name),
         sum(&priced.gemm),
         sum(&priced.recompute),
         sum(&priced.memory),

@@ -1134,6 +1134,24 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 }
 
 fn cmd_estimate(a: EstimateArgs) -> Result<()> {
+    if a.mix.is_some() {
+        // The classes' built-in profiles price a mixed cluster, and its result is
+        // a stage table, not a plan file: flags that would shape or save anything
+        // else are refused rather than dropped.
+        let c = &a.common;
+        for (flag, given) in [
+            ("--out", c.out.is_some()),
+            ("--calibration", c.calibration.is_some()),
+            ("--gpu", c.gpu.is_some()),
+            ("--cluster", c.cluster.is_some()),
+            ("--mem-headroom", c.mem_headroom.is_some()),
+            ("--target", a.target.is_some()),
+        ] {
+            if given {
+                bail!("{flag} does not apply with --mix: a mixed cluster is priced with its classes' built-in profiles, and its result (a stage table, or with --json the stages and pipeline time) is not a plan file; drop {flag}");
+            }
+        }
+    }
     io::check_outputs(&a.common.outputs(), &a.common.input_files(), a.common.force)?;
     let mut inp = a.common.resolve()?;
     let named = match &a.target {
@@ -1238,22 +1256,6 @@ fn cmd_estimate(a: EstimateArgs) -> Result<()> {
         bail!("--ep-comm-overlap cannot apply to this configuration: {why}; drop the flag or change the configuration");
     }
     if let Some(mix) = &a.mix {
-        // The classes' built-in profiles price a mixed cluster, and its result is
-        // a stage table, not a plan file: flags that would shape or save anything
-        // else are refused rather than dropped.
-        let c = &a.common;
-        for (flag, given) in [
-            ("--out", c.out.is_some()),
-            ("--calibration", c.calibration.is_some()),
-            ("--gpu", c.gpu.is_some()),
-            ("--cluster", c.cluster.is_some()),
-            ("--mem-headroom", c.mem_headroom.is_some()),
-            ("--target", a.target.is_some()),
-        ] {
-            if given {
-                bail!("{flag} does not apply with --mix: a mixed cluster is priced with its classes' built-in profiles, and its result (a stage table, or with --json the stages and pipeline time) is not a plan file; drop {flag}");
-            }
-        }
         return estimate_mixed(&inp, &cfg, mix, a.common.json);
     }
     let est = match estimate_with(

@@ -7,14 +7,14 @@ use sextant_planner::ranks::{rank_map, GroupKind, RankEntry, RankMap};
 
 use crate::{ExportError, Target};
 
-/// The rank map Megatron-Core would build, or the reason it would refuse the plan's
-/// order (`megatron::check_rank_order`).
 /// Most ranks a rank map is written for: about 0.6 GB of JSON (one line per
 /// rank with its groups' members), which a text file can still be read as. The
 /// planner goes to 16,777,216 GPUs, whose map (10 GB of JSON, twice that in
 /// memory while it is built) no one reads.
 pub const MAX_MAP_RANKS: u64 = 1 << 20;
 
+/// The rank map Megatron-Core would build, or the reason it would refuse the plan's
+/// order (`megatron::check_rank_order`).
 pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, ExportError> {
     let cfg = &plan.plans[index].config;
     if plan.gpus > MAX_MAP_RANKS {

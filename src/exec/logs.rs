@@ -267,7 +267,7 @@ pub fn calibrate(a: CalibrateLogs) -> Result<()> {
     let s = fit.scales;
     println!(
         "Calibrated '{}' from {} training log(s){}:",
-        hw.name,
+        sextant_planner::json::one_line(&hw.name, 120),
         cases.len(),
         if fit.traced { " and their traces" } else { "" }
     );

@@ -920,6 +920,7 @@ pub fn bad_input_gets_one_clear_line() {
     for (flag, value) in [
         ("--out", "mixed.json"),
         ("--gpu", "b200"),
+        ("--calibration", "no-such-overlay.json"),
         ("--target", "megatron-lm"),
     ] {
         fails_with_one_line(

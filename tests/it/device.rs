@@ -426,7 +426,7 @@ fn dry_run_prints_the_check_and_refuses_bad_input() {
     );
     fails_with_one_line(
         &["exec", &path, "--dry-run", "--warmup", "5000"],
-        "--warmup 5000: the executor numbers fewer than 4096 steps in all, timed steps included; use --warmup 4094 or fewer",
+        "--warmup 5000 with --max-steps 2: the executor numbers at most 4095 steps in all, warm-up included; use --warmup 4093 or fewer",
     );
     fails_with_one_line(
         &[
@@ -440,6 +440,17 @@ fn dry_run_prints_the_check_and_refuses_bad_input() {
         ],
         "use --max-steps 3995 or fewer",
     );
+    // The advice given is taken: 4093 warm-up steps and 2 timed ones are numbered.
+    let o = sextant(&[
+        "exec",
+        &path,
+        "--dry-run",
+        "--warmup",
+        "4093",
+        "--micro-batches",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
     fails_with_one_line(
         &["exec", &path, "--dry-run", "--ranks", "0"],
         "--ranks 0: give the plan's 8 ranks",

@@ -412,16 +412,26 @@ fn tag_bounds(m: u64, o: &Options, stages: usize) -> Option<String> {
             MAX_MICRO_BATCHES - 1
         ))
     } else if steps >= MAX_STEPS {
-        let room = MAX_STEPS - 1 - o.warmup.min(MAX_STEPS - 2);
-        Some(if o.warmup >= MAX_STEPS - 1 {
+        // Steps are numbered together, timed and warm-up: the larger of the two
+        // is the one to lower, to what the other leaves.
+        let most = MAX_STEPS - 1;
+        Some(if o.warmup >= o.steps && o.steps < most {
             format!(
-                "--warmup {}: the executor numbers fewer than {MAX_STEPS} steps in all, timed steps included; use --warmup {} or fewer",
+                "--warmup {} with --max-steps {}: the executor numbers at most {most} steps in all, warm-up included; use --warmup {} or fewer",
                 o.warmup,
-                MAX_STEPS - 2
+                o.steps,
+                most - o.steps
+            )
+        } else if o.steps > o.warmup && o.warmup < most {
+            format!(
+                "--max-steps {} with --warmup {}: the executor numbers at most {most} steps in all, warm-up included; use --max-steps {} or fewer",
+                o.steps,
+                o.warmup,
+                most - o.warmup
             )
         } else {
             format!(
-                "--max-steps {} with --warmup {}: the executor numbers fewer than {MAX_STEPS} steps in all; use --max-steps {room} or fewer (or lower --warmup)",
+                "--max-steps {} with --warmup {}: the executor numbers at most {most} steps in all, warm-up included; give two that add up to {most} or fewer",
                 o.steps, o.warmup
             )
         })

@@ -226,7 +226,7 @@ fn torchtitan_flavor(
                 m.head_dim,
                 m.vocab,
             ),
-            (m.tied_embeddings, m.mlp, m.mla.clone(), m.moe.clone()),
+            (m.tied_embeddings, m.mlp, m.mla, m.moe),
         )
     };
     if shape(model) != shape(&preset) {
