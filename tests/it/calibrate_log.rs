@@ -94,6 +94,27 @@ fn estimate_plan(dir: &TempDir, name: &str, args: &[&str]) -> String {
     crate::exec::plan(dir, name, args)
 }
 
+/// The 8B plan at TP 2 PP 2 on 8 GPUs with a global batch of 128, the
+/// configuration most of these logs ran.
+fn tp2_pp2_plan(dir: &TempDir, name: &str) -> String {
+    estimate_plan(
+        dir,
+        name,
+        &[
+            "--model",
+            "8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--global-batch",
+            "128",
+        ],
+    )
+}
+
 fn read_plan(path: &str) -> PlanFile {
     PlanFile::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -268,22 +289,7 @@ fn calibrating_on_one_configuration_improves_the_prediction_of_another() {
 #[test]
 fn cut_and_garbled_log_lines_are_skipped_not_misread() {
     let dir = TempDir::new("calib-log-cut");
-    let a = estimate_plan(
-        &dir,
-        "a.json",
-        &[
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--global-batch",
-            "128",
-        ],
-    );
+    let a = tp2_pp2_plan(&dir, "a.json");
     let step = truth_step(&read_plan(&a));
     let mut text = megatron_log(&vec![step; 40], 8, 2, 2, 1, 128);
     let ms = format!("{:.1}", step * 1000.0);
@@ -346,22 +352,7 @@ fn cut_and_garbled_log_lines_are_skipped_not_misread() {
 #[test]
 fn a_foreign_log_or_trace_is_refused_in_one_line() {
     let dir = TempDir::new("calib-log-foreign");
-    let a = estimate_plan(
-        &dir,
-        "a.json",
-        &[
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--global-batch",
-            "128",
-        ],
-    );
+    let a = tp2_pp2_plan(&dir, "a.json");
     let out = dir.path("o.json");
     let out = out.to_str().unwrap();
     let files = [
@@ -467,22 +458,7 @@ fn a_foreign_log_or_trace_is_refused_in_one_line() {
 #[test]
 fn a_log_that_ran_another_configuration_is_refused() {
     let dir = TempDir::new("calib-log-mismatch");
-    let a = estimate_plan(
-        &dir,
-        "a.json",
-        &[
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--global-batch",
-            "128",
-        ],
-    );
+    let a = tp2_pp2_plan(&dir, "a.json");
     let out = dir.path("o.json");
     let out = out.to_str().unwrap();
     let cases = [
@@ -699,22 +675,7 @@ fn a_kineto_trace_is_classified_and_splits_the_fit() {
 #[test]
 fn calibrate_log_never_overwrites_without_force() {
     let dir = TempDir::new("calib-log-out");
-    let a = estimate_plan(
-        &dir,
-        "a.json",
-        &[
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--global-batch",
-            "128",
-        ],
-    );
+    let a = tp2_pp2_plan(&dir, "a.json");
     let step = truth_step(&read_plan(&a));
     let log = dir.path("a.log");
     std::fs::write(&log, megatron_log(&run_times(step, 30, 4), 8, 2, 2, 1, 128)).unwrap();
@@ -800,22 +761,7 @@ fn calibrate_log_never_overwrites_without_force() {
 #[test]
 fn a_log_given_twice_is_refused() {
     let dir = TempDir::new("calib-log-twice");
-    let a = estimate_plan(
-        &dir,
-        "a.json",
-        &[
-            "--model",
-            "8b",
-            "--gpus",
-            "8",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--global-batch",
-            "128",
-        ],
-    );
+    let a = tp2_pp2_plan(&dir, "a.json");
     let text = megatron_log(&run_times(6.0, 30, 7), 8, 2, 2, 1, 128);
     let log = dir.path("run.log");
     std::fs::write(&log, &text).unwrap();
