@@ -511,12 +511,7 @@ fn measure(job: &Job, c: &Common, date: String) -> Result<BenchFile> {
                     tflops: if secs > 0.0 { flops / secs / 1e12 } else { 0.0 },
                 });
             }
-            let points: Vec<[f64; 4]> = file
-                .gemms
-                .iter()
-                .filter(|g| g.class == "sweep")
-                .map(|g| [g.m as f64, g.n as f64, g.k as f64, g.tflops])
-                .collect();
+            let points = sextant_planner::bench::sweep_points(&file.gemms);
             let source = format!(
                 "sextant bench gemm on {gpu} at {date}: driver {}, CUDA {}, cuBLAS {}; {}",
                 versions.driver.as_deref().unwrap_or("unknown"),
@@ -591,11 +586,7 @@ fn measure(job: &Job, c: &Common, date: String) -> Result<BenchFile> {
             };
             file.method = format!("NCCL BF16 out-of-place collectives (sum), {what}; sizes and bus bandwidth in nccl-tests' conventions; per call the slowest GPU's time; {timed}");
             for (op, bytes, secs) in r.points {
-                let nf = n as f64;
-                let factor = match op {
-                    b::CollOp::AllReduce => 2.0 * (nf - 1.0) / nf,
-                    _ => (nf - 1.0) / nf,
-                };
+                let factor = sextant_planner::bench::busbw_factor(op.label(), n as u64);
                 let algbw = if secs > 0.0 {
                     bytes as f64 / secs / 1e9
                 } else {

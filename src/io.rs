@@ -239,8 +239,8 @@ pub fn write_new(path: &Path, text: &str, force: bool) -> Result<()> {
             .tempfile_in(&dir)
             .with_context(|| format!("cannot write in '{}'", dir.display()))?;
         // Errors name the target, not the temporary file the user never asked for
-        // (and which is removed on the way out).
-        // Through the file, not the NamedTempFile, whose errors add its path.
+        // (and which is removed on the way out): written through the file, not the
+        // NamedTempFile, whose errors add its path.
         tmp.as_file_mut()
             .write_all(text.as_bytes())
             .with_context(|| format!("cannot write the new contents of '{}'", path.display()))?;

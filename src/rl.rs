@@ -474,12 +474,8 @@ pub fn ranked(plans: &[RlPlan]) -> String {
         .map(|p| format!("{}/{}", p.placement.train_gpus, p.placement.rollout_gpus))
         .collect();
     let pw = pools.iter().map(String::len).max().unwrap_or(0).max(9);
-    let lw = plans
-        .iter()
-        .map(|p| layout(p).len())
-        .max()
-        .unwrap_or(0)
-        .max(46);
+    let layouts: Vec<String> = plans.iter().map(layout).collect();
+    let lw = layouts.iter().map(String::len).max().unwrap_or(0).max(46);
     let mut s = format!(
         "{:<2} {:<13} {:>pw$} {:<lw$} {:>4} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {}\n",
         "#",
@@ -503,7 +499,7 @@ pub fn ranked(plans: &[RlPlan]) -> String {
             i + 1,
             p.placement.kind.name(),
             pools[i],
-            layout(p),
+            layouts[i],
             p.rollout.layout.tp,
             p.memory_fraction,
             if p.placement.kind == PlacementKind::Colocated && p.offload_params {

@@ -267,7 +267,7 @@ pub fn calibrate(a: CalibrateLogs) -> Result<()> {
     let s = fit.scales;
     println!(
         "Calibrated '{}' from {} training log(s){}:",
-        sextant_planner::json::one_line(&hw.name, 120),
+        super::shown(&hw.name),
         cases.len(),
         if fit.traced { " and their traces" } else { "" }
     );
@@ -480,7 +480,7 @@ pub fn compare(a: CompareLog) -> Result<()> {
     }
     println!(
         "Predicted ({}) vs measured, per step:",
-        sextant_planner::json::one_line(&plan.hardware.name, 120)
+        super::shown(&plan.hardware.name)
     );
     print!(
         "{:<24} {:>8} {:>11} {:>11} {:>9}",

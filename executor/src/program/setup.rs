@@ -372,8 +372,8 @@ fn micro_batches(
         return Err(SetupError::TagBounds(why));
     }
     if cfg.schedule == Schedule::Interleaved && !m.is_multiple_of(cfg.pp) {
+        let up = m.div_ceil(cfg.pp) * cfg.pp;
         if o.micro_batches.is_some() {
-            let up = m.div_ceil(cfg.pp) * cfg.pp;
             let down = m / cfg.pp * cfg.pp;
             return Err(SetupError::Interleaved {
                 pp: cfg.pp,
@@ -385,7 +385,7 @@ fn micro_batches(
                 },
             });
         }
-        m = m.div_ceil(cfg.pp) * cfg.pp;
+        m = up;
     }
     match tag_bounds(m, o, stages) {
         Some(why) => Err(SetupError::TagBounds(why)),

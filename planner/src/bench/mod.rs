@@ -235,6 +235,24 @@ fn check_rate(what: &str, unit: &str, rate: f64, work: f64, secs: f64) -> Result
     Ok(())
 }
 
+/// nccl-tests' bus-bandwidth factor: 2(n-1)/n of the algorithm bandwidth for an
+/// all-reduce over `ranks`, (n-1)/n for the others.
+pub fn busbw_factor(op: &str, ranks: u64) -> f64 {
+    let n = ranks as f64;
+    let phases = if op == "all_reduce" { 2.0 } else { 1.0 };
+    phases * (n - 1.0) / n
+}
+
+/// The `[m, n, k, tflops]` points of a GEMM file's sweep (class `sweep`), which
+/// its curve is built from.
+pub fn sweep_points(gemms: &[BenchGemm]) -> Vec<[f64; 4]> {
+    gemms
+        .iter()
+        .filter(|g| g.class == "sweep")
+        .map(|g| [g.m as f64, g.n as f64, g.k as f64, g.tflops])
+        .collect()
+}
+
 fn check_bytes(what: &str, bytes: u64) -> Result<(), InputError> {
     if (1..=MAX_BYTES).contains(&bytes) {
         Ok(())
@@ -304,13 +322,8 @@ impl BenchFile {
         // The curve calibration reads is the sweep's points as `sextant bench`
         // builds it: an edited curve would calibrate what no point measured.
         if let Some(c) = self.gemm_curves.first() {
-            let points: Vec<[f64; 4]> = self
-                .gemms
-                .iter()
-                .filter(|g| g.class == "sweep")
-                .map(|g| [g.m as f64, g.n as f64, g.k as f64, g.tflops])
-                .collect();
-            let rebuilt = GemmCurve::from_points(c.dtype, c.source.clone(), points);
+            let rebuilt =
+                GemmCurve::from_points(c.dtype, c.source.clone(), sweep_points(&self.gemms));
             if rebuilt.as_ref() != Ok(c) {
                 return Err(bad(
                     "gemm_curves",
@@ -454,8 +467,7 @@ impl BenchFile {
             )?;
             // nccl-tests' bus bandwidth: 2(n-1)/n of the algorithm bandwidth for an
             // all-reduce, (n-1)/n otherwise; 0 on one rank.
-            let n = c.ranks as f64;
-            let factor = if c.op == "all_reduce" { 2.0 } else { 1.0 } * (n - 1.0) / n;
+            let factor = busbw_factor(&c.op, c.ranks);
             let busbw_ok = if c.ranks == 1 {
                 c.busbw_gbytes_per_s == 0.0
             } else {
