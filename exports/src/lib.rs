@@ -310,7 +310,11 @@ fn render(
         Target::TorchrunExec => launch::torchrun(plan, i, &exec()).map_err(refuse),
         Target::Slurm => launch::slurm(plan, i, &megatron()?).map_err(refuse),
         Target::SlurmExec => launch::slurm(plan, i, &exec()).map_err(refuse),
-        Target::RankMap => rankmap::build(plan, i, &plan.rank_order).map(|m| rankmap::table(&m)),
-        Target::RankMapJson => rankmap::build(plan, i, &plan.rank_order).map(|m| rankmap::json(&m)),
+        Target::RankMap => {
+            rankmap::build(plan, i, &plan.rank_order, target).map(|m| rankmap::table(&m))
+        }
+        Target::RankMapJson => {
+            rankmap::build(plan, i, &plan.rank_order, target).map(|m| rankmap::json(&m))
+        }
     }
 }

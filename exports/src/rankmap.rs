@@ -14,12 +14,18 @@ use crate::{ExportError, Target};
 pub const MAX_MAP_RANKS: u64 = 1 << 20;
 
 /// The rank map Megatron-Core would build, or the reason it would refuse the plan's
-/// order (`megatron::check_rank_order`).
-pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, ExportError> {
+/// order (`megatron::check_rank_order`); a refusal names `target`, the form asked
+/// for (the table or the JSON).
+pub fn build(
+    plan: &PlanFile,
+    index: usize,
+    order: &str,
+    target: Target,
+) -> Result<RankMap, ExportError> {
     let cfg = &plan.plans[index].config;
     if plan.gpus > MAX_MAP_RANKS {
         return Err(ExportError::Inexpressible {
-            target: Target::RankMap,
+            target,
             reason: format!(
                 "a rank map of {} ranks would be gigabytes of text; rank maps are written for up to {MAX_MAP_RANKS} ranks (the groups repeat: export a plan of the same layout on fewer GPUs, e.g. with a smaller --gpus and data-parallel size)",
                 plan.gpus
@@ -28,11 +34,11 @@ pub fn build(plan: &PlanFile, index: usize, order: &str) -> Result<RankMap, Expo
     }
     // ScaleTorch's grid is its own; Megatron-Core's order rule does not apply.
     if order != sextant_planner::ranks::SCALETORCH_ORDER {
-        crate::megatron::check_rank_order(plan, cfg).map_err(|r| r.at(Target::RankMap))?;
+        crate::megatron::check_rank_order(plan, cfg).map_err(|r| r.at(target))?;
     }
     rank_map(cfg, order, plan.hardware.node.gpus_per_node).map_err(|reason| {
         ExportError::Inexpressible {
-            target: Target::RankMap,
+            target,
             reason: reason.to_string(),
         }
     })

@@ -2303,5 +2303,11 @@ fn a_rank_map_past_a_million_ranks_is_refused() {
             &["export", p.to_str().unwrap(), "--to", target],
             "a rank map of 2097152 ranks would be gigabytes of text",
         );
+        // The refusal names the form asked for.
+        let err = stderr(&sextant(&["export", p.to_str().unwrap(), "--to", target]));
+        assert!(err.contains(&format!("{target}:")), "{target}: {err}");
+        if target == "rank-map" {
+            assert!(!err.contains("rank-map-json"), "{err}");
+        }
     }
 }
