@@ -149,6 +149,12 @@ enum Fault {
 /// Most local processes `--ranks` starts.
 const MAX_LOCAL_RANKS: u64 = 256;
 
+/// `x` with a negative zero made positive (`-0.0 + 0.0` is `0.0`), so that no
+/// table or JSON says "-0".
+pub(crate) fn unsigned_zero(x: f64) -> f64 {
+    x + 0.0
+}
+
 /// A name from a file (a profile's, a run's device) as a terminal line shows it:
 /// one line, control characters escaped, at most 120 characters.
 fn shown(s: &str) -> String {
@@ -1149,8 +1155,9 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
             .iter()
             .enumerate()
             .map(|(i, (name, p))| {
-                serde_json::json!({"component": name, "predicted_secs": p, "measured_secs": measured(name),
-                    "calibrated_secs": after.as_ref().map(|v| v[i].1)})
+                serde_json::json!({"component": name, "predicted_secs": unsigned_zero(*p),
+                    "measured_secs": unsigned_zero(measured(name)),
+                    "calibrated_secs": after.as_ref().map(|v| unsigned_zero(v[i].1))})
             })
             .collect();
         println!(
@@ -1187,15 +1194,14 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
         if *p == 0.0 && m == 0.0 {
             continue;
         }
-        // Adding +0.0 turns a negative zero into zero: no "-0.000e0".
         print!(
             "{name:<16} {:>12.3e} {:>12.3e} {}",
-            p + 0.0,
-            m + 0.0,
+            unsigned_zero(*p),
+            unsigned_zero(m),
             ratio(*p, m)
         );
         if let Some(v) = &after {
-            print!(" {:>12.3e} {}", v[i].1 + 0.0, ratio(v[i].1, m));
+            print!(" {:>12.3e} {}", unsigned_zero(v[i].1), ratio(v[i].1, m));
         }
         println!();
     }

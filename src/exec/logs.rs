@@ -455,8 +455,10 @@ pub fn compare(a: CompareLog) -> Result<()> {
         let rows: Vec<serde_json::Value> = table
             .iter()
             .map(|r| {
-                serde_json::json!({"component": r.name, "unit": r.unit, "predicted": r.predicted,
-                    "measured": r.measured, "calibrated": r.calibrated})
+                serde_json::json!({"component": r.name, "unit": r.unit,
+                    "predicted": super::unsigned_zero(r.predicted),
+                    "measured": r.measured.map(super::unsigned_zero),
+                    "calibrated": r.calibrated.map(super::unsigned_zero)})
             })
             .collect();
         let s = &l.summary;
@@ -523,5 +525,16 @@ mod tests {
         assert_eq!(super::cell(-1e-6).trim(), "0.0000");
         assert_eq!(super::cell(-0.25).trim(), "-0.2500");
         assert_eq!(super::cell(1.5).trim(), "1.5000");
+    }
+
+    /// compare --json writes its numbers through `unsigned_zero`: JSON readers
+    /// keep a negative zero's sign.
+    #[test]
+    fn json_numbers_carry_no_negative_zero() {
+        let z = super::super::unsigned_zero(-0.0);
+        assert!(z == 0.0 && z.is_sign_positive());
+        assert_eq!(serde_json::json!(z).to_string(), "0.0");
+        assert_eq!(serde_json::json!(-0.0f64).to_string(), "-0.0");
+        assert_eq!(super::super::unsigned_zero(-0.25), -0.25);
     }
 }
