@@ -103,7 +103,7 @@ pub fn fully_sharded(framework: sextant_planner::cost::Framework, gpus: u64) -> 
             "per GPU with every parameter split over {over} by tensor and pipeline parallelism (ScaleTorch shards nothing over data parallelism)"
         ),
         Framework::Torchtitan => format!("per GPU even with every parameter sharded over {over} (FSDP)"),
-        Framework::MegatronCore | Framework::Nanotron => {
+        Framework::MegatronCore | Framework::Nanotron | Framework::Scaling => {
             format!("per GPU even with every parameter sharded over {over}")
         }
     }

@@ -139,7 +139,7 @@ pub fn expressible_schedules(target: Target) -> Option<&'static [Schedule]> {
             Some(&[Schedule::OneFOneB, Schedule::Interleaved, Schedule::Gpipe])
         }
         Framework::ScaleTorch => Some(scaletorch::SCHEDULES),
-        Framework::Nanotron => None,
+        Framework::Nanotron | Framework::Scaling => None,
     }
 }
 
@@ -180,6 +180,7 @@ fn framework_name(f: sextant_planner::cost::Framework) -> &'static str {
         Framework::Nanotron => "nanotron",
         Framework::Torchtitan => "torchtitan",
         Framework::ScaleTorch => "ScaleTorch",
+        Framework::Scaling => "Aleph Alpha's scaling",
     }
 }
 

@@ -302,15 +302,34 @@ pub enum Framework {
     /// activations' other tensors) is priced as Megatron-Core's.
     #[serde(rename = "scaletorch")]
     ScaleTorch,
+    /// Aleph Alpha's `scaling` (github.com/Aleph-Alpha/scaling at 737f855, the
+    /// code as open-sourced in 2024; Hagemann et al.'s 2023 runs used its
+    /// unpublished predecessor). Its data-parallel synchronisation is its own
+    /// (`core/optimizer/optimizer.py` `step`, `allreduce.py`,
+    /// `parameter_group.py` `step_sequel`): nothing of it overlaps the backward.
+    /// After the last micro-batch the optimizer all-reduces every gradient over the
+    /// data-parallel group in FP32 (`allreduce_tensor_in_float32`, buckets of
+    /// `allreduce_bucket_size` = 500M elements, flattened, cast and copied back),
+    /// an all-reduce even under its ZeRO-1 (`zero: true`), where each rank then
+    /// steps the FP32 shard it owns and the updated BF16 parameters are
+    /// all-gathered after the step. Gradients accumulate in BF16 on the
+    /// parameters. Its pipeline runs DeepSpeed's `TrainSchedule` order, which
+    /// steps like 1F1B. Anything not read there (kernels, activations, the loss)
+    /// is priced as Megatron-Core's. No search plans for it; published runs
+    /// state it.
+    Scaling,
 }
 
 impl Framework {
-    pub const NAMES: &'static str = "megatron-core, nanotron, torchtitan, scaletorch";
+    pub const NAMES: &'static str = "megatron-core, nanotron, torchtitan, scaletorch, scaling";
 
     /// Whether the cost model counts this framework's dense-layer kernels, and so
     /// prices the GPU waiting for its host (`cost/host.rs`).
     pub fn counts_dense_kernels(self) -> bool {
-        matches!(self, Framework::MegatronCore | Framework::Nanotron)
+        matches!(
+            self,
+            Framework::MegatronCore | Framework::Nanotron | Framework::Scaling
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -319,6 +338,7 @@ impl Framework {
             Framework::Nanotron => "nanotron",
             Framework::Torchtitan => "torchtitan",
             Framework::ScaleTorch => "scaletorch",
+            Framework::Scaling => "scaling",
         }
     }
 
@@ -329,6 +349,7 @@ impl Framework {
             Framework::Nanotron,
             Framework::Torchtitan,
             Framework::ScaleTorch,
+            Framework::Scaling,
         ]
         .into_iter()
         .find(|f| f.name() == s)

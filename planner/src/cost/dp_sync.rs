@@ -113,6 +113,14 @@ pub(super) fn dp_sync(
         let (_, _, opt_bytes) =
             memory::model_state(cfg, dense_p, expert_p, Framework::MegatronCore);
         let owned = opt_bytes / memory::optimizer_bytes(cfg);
+        // `scaling` scales and takes the norm of every BF16 gradient before the
+        // step, its whole stage's, not the shard (`param.grad.mul_`, `norm`:
+        // 2 + 2 + 2 bytes).
+        let norm_pass = if c.a.framework == Framework::Scaling {
+            6.0 * mem.params
+        } else {
+            0.0
+        };
         let per_param = match c.a.framework {
             // ScaleTorch's pure-BF16 AdamW (`Framework::ScaleTorch`) reads the
             // weight and gradient and writes the weight (2 + 2 + 2), reads and
@@ -120,6 +128,18 @@ pub(super) fn dp_sync(
             // scales them in place (2 + 4); with data parallelism the FP32
             // buckets are first copied to BF16 gradients (4 + 2).
             Framework::ScaleTorch => 14.0 + 6.0 + if cfg.dp > 1 { 6.0 } else { 0.0 },
+            // `scaling` on the shard it owns (parameter_group.py at 737f855): a
+            // zeroed FP32 gradient (4), the BF16 gradient copied into it (2 + 4),
+            // torch's AdamW with its decoupled weight decay (16 + 12, and 4 + 4),
+            // clipping (4 + 4), the FP32 weight copied to the BF16 one (4 + 2).
+            // BF16 moments move 8 bytes fewer.
+            Framework::Scaling => {
+                if cfg.bf16_moments {
+                    52.0
+                } else {
+                    60.0
+                }
+            }
             Framework::MegatronCore | Framework::Nanotron | Framework::Torchtitan => {
                 if cfg.bf16_moments {
                     26.0
@@ -128,7 +148,7 @@ pub(super) fn dp_sync(
                 }
             }
         };
-        optimizer_secs = optimizer_secs.max(c.mem(owned * per_param));
+        optimizer_secs = optimizer_secs.max(c.mem(owned * per_param + norm_pass));
     }
     DpSync {
         terms: dp_terms,
@@ -198,6 +218,10 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
     let (group, mb) = (sh.group, win.mb);
     let grad_bytes = sh.params * memory::grad_bytes(cfg);
     let param_bytes = sh.params * memory::WEIGHT_BYTES;
+    if c.a.framework == Framework::Scaling {
+        scaling_sync(c, sh, sync);
+        return;
+    }
     let deferred = c.a.framework.defers_sharded_grad_sync(cfg.pp);
     if let Some(pattern) = PerLayer::of(c.a.framework, cfg.zero, deferred) {
         per_layer_sync(c, sh, win, pattern, (grad_bytes, param_bytes), sync);
@@ -267,6 +291,58 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
             total_secs: gather_total,
             exposed_secs: gather_exposed,
             overlapped_secs: gather_total - gather_exposed,
+        });
+    }
+}
+
+/// `scaling`'s synchronisation ([`Framework::Scaling`]), none of it overlapped:
+/// after the last backward every gradient is all-reduced in FP32, a bucket of
+/// [`memory::SCALING_BUCKET_ELEMENTS`] at a time, each bucket flattened (2 + 2
+/// bytes per element), divided (2 + 2), cast to FP32 (2 + 4), all-reduced, cast
+/// back (4 + 2) and copied into the gradients (2 + 2): 24 bytes of copies per
+/// element (`allreduce.py`). Under its ZeRO-1 (`zero: true`) the step's
+/// updated BF16 parameters are then all-gathered in pieces of the same size
+/// (`step_sequel`). The stage's drain still hides what its earlier finish allows
+/// ([`dp_sync`]).
+fn scaling_sync(c: &Ctx, sh: &Shard, sync: &mut StageSync) {
+    let cfg = c.cfg;
+    let group = sh.group;
+    let buckets = (sh.params / memory::SCALING_BUCKET_ELEMENTS)
+        .ceil()
+        .max(1.0);
+    let grad_bytes = sh.params * 4.0;
+    let grad_total = c.coll(Collective::AllReduce, grad_bytes / buckets, group) * buckets
+        + c.mem(sh.params * 24.0);
+    let gather = cfg.zero != Zero::None;
+    let param_bytes = sh.params * memory::WEIGHT_BYTES;
+    let gather_total = if gather {
+        c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets
+    } else {
+        0.0
+    };
+    sync.exposed += grad_total + gather_total;
+    sync.terms.push(CommTerm {
+        kind: sh.grad_kind,
+        collective: Collective::AllReduce,
+        group,
+        tier: group.tier(),
+        bytes_per_call: grad_bytes / buckets,
+        calls_per_step: buckets,
+        total_secs: grad_total,
+        exposed_secs: grad_total,
+        overlapped_secs: 0.0,
+    });
+    if gather {
+        sync.terms.push(CommTerm {
+            kind: sh.param_kind,
+            collective: Collective::AllGather,
+            group,
+            tier: group.tier(),
+            bytes_per_call: param_bytes / buckets,
+            calls_per_step: buckets,
+            total_secs: gather_total,
+            exposed_secs: gather_total,
+            overlapped_secs: 0.0,
         });
     }
 }

@@ -82,7 +82,7 @@ pub enum RankOrder {
 }
 
 /// The framework whose memory layout the estimate follows: `megatron-core` (when
-/// absent), `nanotron`, `torchtitan` or `scaletorch`.
+/// absent), `nanotron`, `torchtitan`, `scaletorch` or `scaling`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Framework {
@@ -92,6 +92,7 @@ pub enum Framework {
     Torchtitan,
     #[serde(rename = "scaletorch")]
     ScaleTorch,
+    Scaling,
 }
 
 impl Framework {

@@ -45,7 +45,7 @@ both_ways!(RankOrder, cost::RankOrder, [Megatron, ScaleTorch]);
 both_ways!(
     Framework,
     cost::Framework,
-    [MegatronCore, Nanotron, Torchtitan, ScaleTorch]
+    [MegatronCore, Nanotron, Torchtitan, ScaleTorch, Scaling]
 );
 both_ways!(RankBy, reach::RankBy, [Point, Upper]);
 both_ways!(

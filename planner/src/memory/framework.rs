@@ -1,6 +1,6 @@
 //! What each framework holds beyond Megatron's accounting: the loss's bytes per
-//! logit, nanotron's DDP buckets, torchtitan's FSDP2 buffers and ScaleTorch's
-//! gradient copy at the optimizer step.
+//! logit, nanotron's DDP buckets, torchtitan's FSDP2 buffers, and ScaleTorch's
+//! gradient copy and `scaling`'s reduction buckets at the optimizer step.
 
 use crate::config::{ParallelConfig, Zero};
 use crate::cost::{Framework, LossKernel};
@@ -28,7 +28,8 @@ use crate::cost::{Framework, LossKernel};
 pub fn logit_bytes(framework: Framework, loss: LossKernel) -> f64 {
     match framework {
         Framework::Torchtitan if loss == LossKernel::Compiled => 2.0 + 2.0,
-        Framework::MegatronCore => 2.0 + 4.0,
+        // `scaling`'s loss is not read: priced as Megatron-Core's.
+        Framework::MegatronCore | Framework::Scaling => 2.0 + 4.0,
         Framework::Nanotron => 4.0 + 4.0,
         Framework::Torchtitan => 4.0 + 4.0 + 4.0,
         Framework::ScaleTorch => 2.0 + 4.0 + 4.0 + 4.0,
@@ -101,8 +102,16 @@ pub fn framework_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldP
         // Its FP32 gradient buckets are the model state's gradients; the BF16
         // copy the sync leaves is held at the optimizer step ([`step_buffers`]).
         Framework::ScaleTorch => 0.0,
+        // `scaling`'s reduction buffers exist only at the step ([`step_buffers`]).
+        Framework::Scaling => 0.0,
     }
 }
+
+/// Elements of one of `scaling`'s gradient all-reduce buckets
+/// (`OptimizerConfig.allreduce_bucket_size`, core/optimizer/optimizer_config.py
+/// at 737f855): gradients are flattened, cast to FP32 and all-reduced this many
+/// at a time ([`crate::cost::Framework::Scaling`]).
+pub const SCALING_BUCKET_ELEMENTS: f64 = 500e6;
 
 /// Bytes a framework holds only from the end of the last backward through the
 /// optimizer step, after the activations and logits are freed: a stage's peak
@@ -112,11 +121,19 @@ pub fn framework_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldP
 /// bucket view (`main_grad.to(param.dtype)`, parallel/data_parallel/
 /// data_parallel.py:319-323 after the backward, 346-350 after a pipeline's last
 /// micro-batch), kept through the optimizer step until `model.reset()`
-/// (tools/train.py:365-367): 2 bytes per parameter. Other frameworks: none.
+/// (tools/train.py:365-367): 2 bytes per parameter. `scaling` (737f855), with
+/// data parallelism, all-reduces its gradients a bucket at a time after the last
+/// backward (`allreduce_bucket`, core/optimizer/allreduce.py): the bucket's
+/// flattened BF16 copy and its FP32 cast, 2 + 4 bytes per element of a bucket of
+/// at most [`SCALING_BUCKET_ELEMENTS`]. Other frameworks: none.
 pub fn step_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldParams) -> f64 {
     match framework {
         Framework::ScaleTorch if cfg.dp > 1 => 2.0 * held.all,
-        Framework::ScaleTorch
+        Framework::Scaling if cfg.dp * cfg.cp > 1 => {
+            (2.0 + 4.0) * held.all.min(SCALING_BUCKET_ELEMENTS)
+        }
+        Framework::Scaling
+        | Framework::ScaleTorch
         | Framework::MegatronCore
         | Framework::Nanotron
         | Framework::Torchtitan => 0.0,

@@ -28,6 +28,7 @@ pub use activations::{
 };
 pub use framework::{
     cached_blocks, framework_buffers, logit_bytes, step_buffers, token_buffers, HeldParams,
+    SCALING_BUCKET_ELEMENTS,
 };
 pub use model_state::{
     grad_bytes, model_state, optimizer_bytes, scaletorch_bytes, sharded_state_floor,

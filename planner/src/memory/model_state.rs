@@ -79,6 +79,17 @@ fn state_bytes(
             (4.0, 4.0, if bf16_moments { 4.0 } else { 8.0 })
         }
         Framework::ScaleTorch => scaletorch_bytes(dp),
+        // `scaling` accumulates BF16 gradients on the parameters themselves
+        // (`param.grad`); the FP32 shard and Adam's moments are the optimizer's.
+        Framework::Scaling => (
+            WEIGHT_BYTES,
+            2.0,
+            if bf16_moments {
+                OPTIMIZER_BYTES_BF16_MOMENTS
+            } else {
+                OPTIMIZER_BYTES
+            },
+        ),
         Framework::MegatronCore | Framework::Nanotron | Framework::Torchtitan => (
             WEIGHT_BYTES,
             if bf16_grads { 2.0 } else { GRAD_BYTES },

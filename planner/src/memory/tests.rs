@@ -443,3 +443,29 @@ fn scaletorch_keeps_bf16_state_and_fp32_buckets() {
         14.0
     );
 }
+
+/// Aleph Alpha's `scaling` keeps BF16 gradients on the parameters (2 bytes
+/// whatever Megatron's switch says) beside the FP32 shard and moments, and at the
+/// step one all-reduce bucket's flattened BF16 copy and FP32 cast: 6 bytes per
+/// element of at most 500M elements, only with data parallelism.
+#[test]
+fn scaling_keeps_bf16_gradients_and_one_fp32_bucket_at_the_step() {
+    let mut c = cfg(1, false, Recompute::None);
+    c.dp = 4;
+    let (_, g, _) = model_state(&c, 8.0, 0.0, Framework::Scaling);
+    assert_eq!(g, 16.0);
+    let (w, _, o) = model_state(&c, 8.0, 0.0, Framework::MegatronCore);
+    let (ws, _, os) = model_state(&c, 8.0, 0.0, Framework::Scaling);
+    assert_eq!((w, o), (ws, os));
+    let small = HeldParams {
+        all: 100.0,
+        layer: 10.0,
+        root: 5.0,
+    };
+    assert_eq!(step_buffers(Framework::Scaling, &c, small), 600.0);
+    let big = HeldParams { all: 2e9, ..small };
+    assert_eq!(step_buffers(Framework::Scaling, &c, big), 6.0 * 500e6);
+    assert_eq!(framework_buffers(Framework::Scaling, &c, big), 0.0);
+    c.dp = 1;
+    assert_eq!(step_buffers(Framework::Scaling, &c, big), 0.0);
+}

@@ -384,6 +384,25 @@ fn compiled_loss_only_for_torchtitan_rows() {
     assert_eq!(c.assumptions.loss, crate::cost::LossKernel::Compiled);
 }
 
+/// `framework = scaling` (Aleph Alpha's) has ZeRO-1 at most: a row that states
+/// ZeRO-2 or 3 with it is refused, naming the column; with ZeRO-1 it is priced as
+/// scaling.
+#[test]
+fn scaling_rows_state_zero_0_or_1() {
+    let with = nemotron_with;
+    for zero in ["2", "3"] {
+        let e = with(&[("framework", "scaling"), ("zero", zero)])
+            .unwrap_err()
+            .reason;
+        assert!(
+            e.contains("column 'zero'") && e.contains("framework scaling"),
+            "{e}"
+        );
+    }
+    let c = with(&[("framework", "scaling"), ("zero", "1")]).unwrap();
+    assert_eq!(c.assumptions.framework, crate::cost::Framework::Scaling);
+}
+
 /// `eager_ops` names the layer's element-wise operations that a row's code runs as
 /// eager PyTorch operators: priced slower than fused; a name that is not one of
 /// them is refused, naming the column.

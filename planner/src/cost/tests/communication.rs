@@ -370,3 +370,51 @@ fn comm_kinds_name_their_records_and_groups() {
         ]
     );
 }
+
+/// Aleph Alpha's `scaling` synchronises after the last backward and overlaps
+/// nothing: an FP32 all-reduce of every gradient in 500M-element buckets (with 24
+/// bytes of copies per element), then, under its ZeRO-1, a BF16 all-gather of the
+/// parameters. The same plan priced as Megatron-Core hides most of its
+/// reduce-scatter and gather behind the backward and the forward.
+#[test]
+fn scaling_synchronises_after_the_backward_in_fp32() {
+    let c = Cluster::new(builtin_profile("a100-80g").unwrap(), 64).unwrap();
+    let hw = &c.profile;
+    let m = resolve("llama2-13b").unwrap().spec;
+    let mut k = cfg(1, 1, 1, 64);
+    k.zero = Zero::DistOpt;
+    k.recompute = Recompute::Full;
+    k.overlap.grad_reduce = true;
+    k.overlap.param_gather = true;
+    let w = wl(2048, 512);
+    let scaling = Assumptions {
+        framework: Framework::Scaling,
+        ..Assumptions::default()
+    };
+    let e = evaluate(&m, &c, &w, &k, scaling).unwrap();
+    let params = e.stages[0].memory.params;
+    let buckets = (params / crate::memory::SCALING_BUCKET_ELEMENTS).ceil();
+    assert!(buckets > 1.0, "13B parameters fill more than one bucket");
+    let g = Placement::new(64, 1, 8);
+    let copies = params * 24.0 / (hw.gpu.hbm_tbytes_per_s * 1e12 * hw.efficiency.hbm);
+    let reduce =
+        buckets * collective_secs(hw, Collective::AllReduce, params * 4.0 / buckets, g) + copies;
+    let gather = buckets * collective_secs(hw, Collective::AllGather, params * 2.0 / buckets, g);
+    let (r, a) = (term(&e, CommKind::DpGrad), term(&e, CommKind::DpParam));
+    assert_eq!(r.collective, Collective::AllReduce);
+    assert!(close(r.total_secs, reduce), "{} vs {reduce}", r.total_secs);
+    assert!(close(a.total_secs, gather), "{} vs {gather}", a.total_secs);
+    assert!(close(r.exposed_secs, r.total_secs) && close(a.exposed_secs, a.total_secs));
+    // Megatron-Core on the same plan: overlapped, so far less of it waits.
+    let mcore = evaluate(&m, &c, &w, &k, Assumptions::default()).unwrap();
+    let exposed = |e: &Estimate| {
+        term(e, CommKind::DpGrad).exposed_secs + term(e, CommKind::DpParam).exposed_secs
+    };
+    assert!(exposed(&e) > 5.0 * exposed(&mcore));
+    assert!(e.step_secs > mcore.step_secs);
+    // Without its ZeRO-1 there is no gather.
+    k.zero = Zero::None;
+    let e = evaluate(&m, &c, &w, &k, scaling).unwrap();
+    assert!(e.comm.iter().all(|t| t.kind != CommKind::DpParam));
+    assert_eq!(term(&e, CommKind::DpGrad).collective, Collective::AllReduce);
+}
