@@ -131,7 +131,7 @@ fn check_validation_file(mut samples: Vec<ErrorSample>) {
     }
     let fresh = ValidationSet {
         schema_version: 1,
-        source: "signed step-time error (predicted / measured - 1) and reach of every row of tests/data/published_runs.csv; per-axis error drift from tests/data/published_sweeps.csv, and the signed error of its rows trained with other frameworks (torchtitan, nanotron: their plans' band pools and validated region); written by tests/it/published.rs".into(),
+        source: "signed step-time error (predicted / measured - 1) and reach of every row of tests/data/published_runs.csv; per-axis error drift from tests/data/published_sweeps.csv, and the signed error of its rows trained with other frameworks (torchtitan, nanotron, scaling: their plans' band pools and validated region, and the pool of a framework with no runs); written by tests/it/published.rs".into(),
         samples,
         rates,
     };
@@ -369,7 +369,7 @@ struct SweepData {
     skipped: Vec<String>,
     points: Vec<SweepPoint>,
     /// The step-time errors of the rows trained with a framework other than
-    /// Megatron-Core (torchtitan, nanotron): the band pools of plans for those
+    /// Megatron-Core (torchtitan, nanotron, Aleph Alpha's scaling): the band pools of plans for those
     /// frameworks. They carry their reach, the validated region of plans for their
     /// framework (`Ranker::new` keeps the frameworks' regions apart), and no term
     /// shares.
@@ -661,7 +661,7 @@ fn published_sweeps_are_ordered() {
 /// and the best/worst ratios within 10% (axes in [`RATIO_GAPS`] left out) that the
 /// model reached when the guard was last raised.
 const SWEEP_GUARDS: &[(&str, usize, usize)] = &[
-    ("hag23", 288, 72),
+    ("hag23", 293, 72),
     ("kor22", 4, 5),
     ("mlmgb200", 1, 2),
     ("mpt", 7, 14),
