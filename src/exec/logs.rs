@@ -94,9 +94,11 @@ pub fn check_log_against_plan(l: &ReadLog, plan_path: &str, plan: &PlanFile) -> 
 
 /// Whether two logs hold the same run: no setting both state differs, and at
 /// least half of the shorter one's measured lines (after its warm-up) appear in
-/// the other with the same iteration and the same step time. Independent runs
-/// share an (iteration, time to 0.1 ms) pair on a line now and then, not on half
-/// of them; a copy, or a copy cut short or trimmed, shares them all.
+/// the other as the same record: the same iteration and the same text after its
+/// marker (time, loss, learning rate, norms, ...). Independent runs may share an
+/// (iteration, time) pair where a format prints coarse times (NeMo 2's seconds to
+/// two decimals), but not the loss and the rest on half of their lines; a copy, or
+/// a copy cut short or trimmed, shares them all.
 fn same_run(a: &ReadLog, b: &ReadLog) -> bool {
     let stated_b = b.log.stated.stated();
     let contradicts = a
@@ -108,12 +110,12 @@ fn same_run(a: &ReadLog, b: &ReadLog) -> bool {
     if contradicts {
         return false;
     }
-    let kept = |l: &ReadLog| -> std::collections::HashSet<(u64, u64)> {
+    let kept = |l: &ReadLog| -> std::collections::HashSet<u64> {
         l.log
             .iterations
             .iter()
             .filter(|i| i.iteration >= l.summary.first_iteration)
-            .map(|i| (i.iteration, i.step_secs.to_bits()))
+            .map(|i| i.record)
             .collect()
     };
     let (ka, kb) = (kept(a), kept(b));

@@ -836,4 +836,26 @@ fn a_log_given_twice_is_refused() {
         out,
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // A second run of the same configuration whose times, printed to 0.1 ms,
+    // agree line for line with the first's but whose losses differ is a second
+    // run, not a copy.
+    let rerun = dir.path("rerun.log");
+    let relossed = text.replace("E1 | loss scale", "E0 | loss scale");
+    assert_ne!(relossed, text);
+    std::fs::write(&rerun, relossed).unwrap();
+    let o = sextant(&[
+        "calibrate",
+        "--log",
+        log,
+        "--plan",
+        &a,
+        "--log",
+        rerun.to_str().unwrap(),
+        "--plan",
+        &a,
+        "-o",
+        out,
+        "--force",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }

@@ -70,6 +70,21 @@ pub struct IterationLine {
     pub global_batch: Option<u64>,
     /// Megatron's own model-FLOP count per second per GPU, when logged.
     pub tflops_per_gpu: Option<f64>,
+    /// A fingerprint of the record's whole text (every field after the iteration
+    /// marker: its time, loss, learning rate, norms, ...), for telling one run's
+    /// log copied twice from two runs whose coarse times happen to agree: two runs
+    /// rarely print the same loss to the digit. In-process only, not stable across
+    /// builds.
+    pub record: u64,
+}
+
+/// [`IterationLine::record`] of a record's text, spaces at its ends ignored.
+pub fn record_fingerprint(iteration: u64, text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    iteration.hash(&mut h);
+    text.trim().hash(&mut h);
+    h.finish()
 }
 
 /// The latest memory report of one rank (torch's caching allocator, peaks since
