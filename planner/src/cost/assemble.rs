@@ -184,7 +184,7 @@ fn exposed_layer_comm(
     layout: &StageLayout,
     mb: f64,
 ) -> f64 {
-    let out_tp_secs = crit.last * mb * 2.0 * pc.out_tp * (1.0 + layout.mtp);
+    let out_tp_secs = crit.last * mb * pc.out_comm() * (1.0 + layout.mtp);
     let exposed = comm
         .iter()
         .filter(|t| {

@@ -20,12 +20,19 @@ pub(super) struct Pieces {
     pub(super) dense: LayerCost,
     pub(super) moe: LayerCost,
     pub(super) vocab_rank: f64,
+    /// Vocabulary entries whose logits the loss holds on a rank: `vocab_rank`, or
+    /// the whole vocabulary where the framework gathers the logits first
+    /// (`scaling`).
+    pub(super) loss_vocab: f64,
     pub(super) output_secs: f64,
     /// The logits GEMM's weight-gradient time.
     pub(super) output_wgrad: f64,
     pub(super) output_flops: f64,
     pub(super) embed_secs: f64,
     pub(super) out_tp: f64,
+    /// `scaling`'s all-gather of the logits over TP, once per micro-batch (0
+    /// elsewhere).
+    pub(super) out_gather: f64,
     pub(super) dense_layer_params: f64,
     pub(super) moe_dense_params: f64,
     pub(super) moe_expert_params: f64,
@@ -55,11 +62,17 @@ pub(super) struct MtpCost {
 }
 
 impl Pieces {
+    /// The output layer's TP communication per micro-batch: one block's worth
+    /// each pass, and `scaling`'s logits gather.
+    pub(super) fn out_comm(&self) -> f64 {
+        2.0 * self.out_tp + self.out_gather
+    }
+
     /// One MTP layer's work per micro-batch beside its transformer layer: the
     /// projection, norms and embedding lookup, and its pass through the output
     /// layer (with that layer's TP communication).
     pub(super) fn mtp_extra_secs(&self) -> f64 {
-        self.output_secs + 2.0 * self.out_tp + self.mtp.proj_secs + self.mtp.elementwise_secs
+        self.output_secs + self.out_comm() + self.mtp.proj_secs + self.mtp.elementwise_secs
     }
 
     /// The embedding copy MTP looks the shifted tokens up in, on the last of `p`
@@ -93,8 +106,34 @@ pub(super) fn pieces(c: &Ctx) -> Pieces {
     // Output layer on the last stage: logits GEMM (BF16), then the cross-entropy's
     // element-wise passes over the FP32 logits (fused or not).
     let vocab_rank = model.vocab as f64 / t;
+    let vocab = model.vocab as f64;
     let logits = c.pass(tokens, vocab_rank, h, false);
-    let ce = c.mem(tokens * vocab_rank * c.a.loss.bytes_per_logit());
+    let scaling = a.framework == super::Framework::Scaling;
+    // Aleph Alpha's `scaling` (737f855) gathers the logits of its column-parallel
+    // head over TP (`all_concat`: NCCL's all-gather into a list, copied out, then
+    // `torch.cat`: 2 + 2 and 2 + 2 bytes per element; backward `_all_shard` copies
+    // the rank's slice, 2 + 2) and every TP rank runs `F.cross_entropy` on the
+    // whole BF16 vocabulary (`transformer/model/losses/cross_entropy.py`):
+    // log-softmax's maximum, sum and output passes (2, 2, 2 + 2), the backward's
+    // zeroed NLL gradient (2) and log-softmax backward (2, then 2 + 2 + 2), 18
+    // bytes per element counted pass by pass.
+    let (loss_vocab, ce, out_gather) = if scaling {
+        let (copies, gather) = if cfg.tp > 1 {
+            (
+                tokens * (vocab * 8.0 + vocab_rank * 4.0),
+                c.coll(Collective::AllGather, tokens * vocab * 2.0, c.tp_group()),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        (vocab, c.mem(tokens * vocab * 18.0 + copies), gather)
+    } else {
+        (
+            vocab_rank,
+            c.mem(tokens * vocab_rank * c.a.loss.bytes_per_logit()),
+            0.0,
+        )
+    };
     let output_secs = logits.fwd + logits.bwd + ce;
     let output_flops =
         3.0 * 2.0 * (cfg.mbs * w.seq) as f64 * h * model.vocab as f64 / (t * cfg.cp as f64);
@@ -150,11 +189,13 @@ pub(super) fn pieces(c: &Ctx) -> Pieces {
         dense,
         moe,
         vocab_rank,
+        loss_vocab,
         output_secs,
         output_wgrad: logits.wgrad,
         output_flops,
         embed_secs,
         out_tp,
+        out_gather,
         dense_layer_params,
         moe_dense_params,
         moe_expert_params,
@@ -301,7 +342,7 @@ pub(super) fn stage_cost(c: &Ctx, pc: &Pieces, layout: &StageLayout, i: u64) -> 
         secs += pc.embed_secs;
     }
     if last {
-        secs += pc.output_secs + 2.0 * pc.out_tp + extra_mtp * mtp_extra_secs;
+        secs += pc.output_secs + pc.out_comm() + extra_mtp * mtp_extra_secs;
         weight_secs += (1.0 + extra_mtp) * pc.output_wgrad + extra_mtp * pc.mtp.proj_wgrad;
     }
     let mut dense_p = n_dense * pc.dense_layer_params + n_moe * pc.moe_dense_params;
@@ -400,7 +441,7 @@ pub(super) fn rank_memory(
     // The loss's logits buffers (`memory::logit_bytes`), once for the loss and
     // once per MTP layer.
     let logits = if here.iter().any(|&(s, _)| s == p - 1) {
-        (1.0 + layout.mtp) * tokens * pc.vocab_rank * memory::logit_bytes(a.framework, a.loss)
+        (1.0 + layout.mtp) * tokens * pc.loss_vocab * memory::logit_bytes(a.framework, a.loss)
     } else {
         0.0
     };
@@ -514,10 +555,10 @@ pub fn stage_problem(
         + flight[0] * c.tokens * h * (2.0 + if model.dropout { 1.0 } else { 0.0 })
             / if cfg.sp { t } else { 1.0 }
             * frag;
-    extra_secs[p - 1] += pc.output_secs + 2.0 * pc.out_tp;
+    extra_secs[p - 1] += pc.output_secs + pc.out_comm();
     let out_params = if pc.tied_single { 0.0 } else { pc.embed_params } + h;
     extra_bytes[p - 1] += state(out_params, 0.0)
-        + c.tokens * pc.vocab_rank * memory::logit_bytes(a.framework, a.loss) * frag;
+        + c.tokens * pc.loss_vocab * memory::logit_bytes(a.framework, a.loss) * frag;
     // Multi-token prediction on the last stage: its layers (of the last layer's
     // kind), projections, second output pass and embedding copy.
     let mtp = model.mtp_layers as f64;

@@ -20,6 +20,9 @@ use crate::cost::{Framework, LossKernel};
 /// BF16 logits besides, which `outputs` keeps until after the backward
 /// (train_step.py:117): 14. Its pipeline engines' loss
 /// (parallel/pipeline_parallel/pipeline_parallel.py:327) is priced the same.
+/// Aleph Alpha's `scaling` (737f855) runs `F.cross_entropy` on BF16 logits, which it
+/// first gathers over TP (the caller counts the whole vocabulary on every rank):
+/// the gathered logits and the saved BF16 log-softmax, 4.
 /// torchtitan's loss under `torch.compile` ([`LossKernel::Compiled`]) keeps the
 /// BF16 logits (the compiled graph saves its input and the rows' log-sum-exp) and
 /// writes their BF16 gradient: 4. (Measured: two H200 runs at torchtitan e7c0cae
@@ -28,8 +31,8 @@ use crate::cost::{Framework, LossKernel};
 pub fn logit_bytes(framework: Framework, loss: LossKernel) -> f64 {
     match framework {
         Framework::Torchtitan if loss == LossKernel::Compiled => 2.0 + 2.0,
-        // `scaling`'s loss is not read: priced as Megatron-Core's.
-        Framework::MegatronCore | Framework::Scaling => 2.0 + 4.0,
+        Framework::MegatronCore => 2.0 + 4.0,
+        Framework::Scaling => 2.0 + 2.0,
         Framework::Nanotron => 4.0 + 4.0,
         Framework::Torchtitan => 4.0 + 4.0 + 4.0,
         Framework::ScaleTorch => 2.0 + 4.0 + 4.0 + 4.0,

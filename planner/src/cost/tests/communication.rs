@@ -418,3 +418,54 @@ fn scaling_synchronises_after_the_backward_in_fp32() {
     assert!(e.comm.iter().all(|t| t.kind != CommKind::DpParam));
     assert_eq!(term(&e, CommKind::DpGrad).collective, Collective::AllReduce);
 }
+
+/// `scaling`'s language-model head gathers its logits over TP and every TP rank
+/// computes the loss on the whole vocabulary: one all-gather of the BF16 logits
+/// per micro-batch joins the TP term, and the last stage holds the whole
+/// vocabulary's logits (4 bytes each: the gathered logits and the saved
+/// log-softmax), where Megatron-Core holds its 1/TP share.
+#[test]
+fn scaling_gathers_the_logits_and_takes_the_loss_on_every_tp_rank() {
+    let c = Cluster::new(builtin_profile("a100-80g").unwrap(), 64).unwrap();
+    let hw = &c.profile;
+    let m = resolve("llama2-13b").unwrap().spec;
+    let mut k = cfg(8, 1, 1, 8);
+    k.zero = Zero::DistOpt;
+    k.recompute = Recompute::Full;
+    let w = wl(2048, 64);
+    let at = |k: &ParallelConfig, framework| {
+        let a = Assumptions {
+            framework,
+            ..Assumptions::default()
+        };
+        evaluate(&m, &c, &w, k, a).unwrap()
+    };
+    let (s, mc) = (at(&k, Framework::Scaling), at(&k, Framework::MegatronCore));
+    let tokens = 2048.0;
+    let vocab = m.vocab as f64;
+    let gather = collective_secs(
+        hw,
+        Collective::AllGather,
+        tokens * vocab * 2.0,
+        Placement::new(8, 1, 8),
+    );
+    let mb = s.micro_batches as f64;
+    let (ts, tm) = (term(&s, CommKind::Tp), term(&mc, CommKind::Tp));
+    assert!(
+        close(ts.total_secs, tm.total_secs + mb * gather),
+        "{} vs {} + {}",
+        ts.total_secs,
+        tm.total_secs,
+        mb * gather
+    );
+    assert!(close(s.stages[0].memory.logits, tokens * vocab * 4.0));
+    assert!(close(
+        mc.stages[0].memory.logits,
+        tokens * vocab / 8.0 * 6.0
+    ));
+    // Without TP nothing is gathered.
+    k.tp = 1;
+    k.dp = 64;
+    let s1 = at(&k, Framework::Scaling);
+    assert!(s1.comm.iter().all(|t| t.kind != CommKind::Tp));
+}
