@@ -148,6 +148,7 @@ fn grads_dtype(inp: &Inputs) -> &'static str {
     match inp.assumptions.framework {
         Framework::ScaleTorch => "fp32 (bf16 without data parallelism)",
         Framework::Torchtitan if inp.bf16_grads => "bf16 (fp32 shards under FSDP)",
+        Framework::Scaling => "bf16 (reduced in fp32)",
         _ if inp.bf16_grads => "bf16",
         _ => "fp32",
     }

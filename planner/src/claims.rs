@@ -88,6 +88,17 @@ pub fn stack_space(case: &RunCase) -> SearchSpace {
         assumptions: case.assumptions,
         ..SearchSpace::default()
     };
+    // Aleph Alpha's `scaling` runs only what `Framework::check_config` allows.
+    if case.assumptions.framework == crate::cost::Framework::Scaling {
+        space.schedule = Some(vec![Schedule::OneFOneB]);
+        space.vpp = Some(vec![1]);
+        space.cp = Some(vec![1]);
+        space.ep = Some(vec![1]);
+        space.etp = Some(vec![1]);
+        space.zero = vec![Zero::None, Zero::DistOpt];
+        space.recompute = vec![Recompute::None, Recompute::Full];
+        space.bf16_moments = false;
+    }
     if old_stack {
         space.zero = vec![Zero::None];
         space.cp = Some(vec![1]);

@@ -119,6 +119,11 @@ impl PlanFile {
         p.assumptions
             .check()
             .map_err(|e| InputError::Workload(e.to_string()))?;
+        if p.assumptions.framework == crate::cost::Framework::Scaling {
+            return Err(InputError::Workload(
+                "framework scaling is priced for published runs only (validate); no plan is made for it: re-plan with a --target".into(),
+            ));
+        }
         p.workload
             .validate()
             .map_err(|e| InputError::Workload(e.to_string()))?;

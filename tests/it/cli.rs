@@ -2934,3 +2934,27 @@ fn estimate_with_a_target_reproduces_that_targets_plan() {
     fails_with_one_line(&args, "needs 587.5 GiB per GPU");
     assert!(sextant(&args).stdout.is_empty());
 }
+
+/// No plan is made for Aleph Alpha's `scaling` (it prices published runs only): a
+/// plan file that claims it is refused when read, in one line, by the commands
+/// that read plans.
+#[test]
+fn a_plan_file_priced_for_scaling_is_refused() {
+    let dir = crate::common::TempDir::new("scaling-plan");
+    let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["assumptions"]["framework"] = "scaling".into();
+    let edited = dir.path("scaling.json");
+    std::fs::write(&edited, v.to_string()).unwrap();
+    let p = edited.to_str().unwrap();
+    let html = dir.path("r.html");
+    for args in [
+        vec!["export", p, "--to", "rank-map"],
+        vec!["export", p, "--to", "megatron-lm"],
+        vec!["report", p, "-o", html.to_str().unwrap()],
+        vec!["exec", p, "--dry-run"],
+    ] {
+        fails_with_one_line(&args, "framework scaling is priced for published runs only");
+    }
+}

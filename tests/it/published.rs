@@ -131,7 +131,7 @@ fn check_validation_file(mut samples: Vec<ErrorSample>) {
     }
     let fresh = ValidationSet {
         schema_version: 1,
-        source: "signed step-time error (predicted / measured - 1) and reach of every row of tests/data/published_runs.csv; per-axis error drift from tests/data/published_sweeps.csv, and the signed error of its rows trained with other frameworks (torchtitan, nanotron, scaling: their plans' band pools and validated region, and the pool of a framework with no runs); written by tests/it/published.rs".into(),
+        source: "signed step-time error (predicted / measured - 1) and reach of every row of tests/data/published_runs.csv; per-axis error drift from tests/data/published_sweeps.csv, and the signed error of its rows trained with other frameworks (torchtitan, nanotron: their plans' band pools and validated region, and the pool of a framework with no runs); written by tests/it/published.rs".into(),
         samples,
         rates,
     };
@@ -369,7 +369,9 @@ struct SweepData {
     skipped: Vec<String>,
     points: Vec<SweepPoint>,
     /// The step-time errors of the rows trained with a framework other than
-    /// Megatron-Core (torchtitan, nanotron, Aleph Alpha's scaling): the band pools of plans for those
+    /// Megatron-Core that plans are made for or that pool into the band of a
+    /// framework with no runs (torchtitan, nanotron; not Aleph Alpha's `scaling`,
+    /// for which no plan is made): the band pools of plans for those
     /// frameworks. They carry their reach, the validated region of plans for their
     /// framework (`Ranker::new` keeps the frameworks' regions apart), and no term
     /// shares.
@@ -441,7 +443,14 @@ fn sweeps() -> SweepData {
                     case.assumptions.framework,
                 );
                 let reach = Reach::of(&case.cluster, &case.config, reductions, e.memory.total);
-                if !case.assumptions.framework.is_megatron_core() {
+                // Aleph Alpha's `scaling` is priced for published rows only: no
+                // plan is made for it, so its rows feed no plan's band or region,
+                // nor the pool a framework with no runs (ScaleTorch) borrows, which
+                // one paper's 134 runs on one GPU, many of them near-duplicates,
+                // would outweigh every other framework's.
+                let planned =
+                    case.assumptions.framework != sextant_planner::cost::Framework::Scaling;
+                if !case.assumptions.framework.is_megatron_core() && planned {
                     let err = e.step_secs / case.measured_step_secs() - 1.0;
                     other_frameworks.push(ErrorSample {
                         id: case.id.clone(),

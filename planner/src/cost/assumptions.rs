@@ -359,6 +359,37 @@ impl Framework {
         *self == Framework::MegatronCore
     }
 
+    /// What `cfg` asks that this framework cannot run, in one line; `Ok` where it
+    /// can. Only Aleph Alpha's `scaling` is checked here (737f855): its optimizer
+    /// shards nothing but its own state (`zero: true`, ZeRO-1) and keeps FP32 Adam
+    /// moments (torch's AdamW on FP32 shards); its pipeline is DeepSpeed's
+    /// `TrainSchedule` (1F1B, no virtual stages); it has no context or expert
+    /// parallelism; it checkpoints every layer or none (`every_layer`,
+    /// `disabled`; `every_pipe_stage` is not priced). The search and the other
+    /// frameworks' rules live elsewhere (`config`, the exports).
+    pub fn check_config(self, cfg: &crate::config::ParallelConfig) -> Result<(), String> {
+        use crate::config::{Recompute, Zero};
+        if self != Framework::Scaling {
+            return Ok(());
+        }
+        let why = if matches!(cfg.zero, Zero::Zero2 | Zero::Zero3) {
+            "ZeRO 0 or 1 (its `zero: true` shards the optimizer state only)"
+        } else if cfg.vpp > 1 || cfg.schedule != crate::schedule::Schedule::OneFOneB {
+            "the 1F1B schedule without virtual stages (DeepSpeed's TrainSchedule)"
+        } else if cfg.cp > 1 {
+            "no context parallelism"
+        } else if cfg.ep > 1 || cfg.etp > 1 {
+            "no expert parallelism"
+        } else if cfg.recompute == Recompute::Selective {
+            "full recomputation of every layer or none"
+        } else if cfg.bf16_moments {
+            "FP32 Adam moments (torch's AdamW on FP32 shards)"
+        } else {
+            return Ok(());
+        };
+        Err(format!("framework scaling runs {why}"))
+    }
+
     /// Whether sharded gradients are reduced once per step, after the last
     /// micro-batch, instead of after every one: torchtitan's pipeline stages
     /// (torch.distributed.pipelining `PipelineStage.backward_maybe_with_nosync`)

@@ -30,6 +30,11 @@ struct StageSync {
     terms: Vec<CommTerm>,
     exposed: f64,
     overlapped: f64,
+    /// What follows a synchronisation of the whole step (`scaling`'s parameter
+    /// gather comes after its gradient norm is summed over every stage), which
+    /// no drain slack hides, and its terms.
+    after_step: f64,
+    after_terms: Vec<CommTerm>,
 }
 
 /// The compute a stage's synchronisation can hide behind: one micro-batch's
@@ -68,6 +73,8 @@ pub(super) fn dp_sync(
     let drains = !cfg.schedule.splits_weight_grad();
     let mut dp_exposed_max = 0.0f64;
     let mut dp_terms: Vec<CommTerm> = Vec::new();
+    let mut after_max = 0.0f64;
+    let mut after_terms: Vec<CommTerm> = Vec::new();
     let mut overlapped_total = overlapped_layers;
     let mut optimizer_secs = 0.0f64;
     for s in stages {
@@ -89,7 +96,14 @@ pub(super) fn dp_sync(
             mut terms,
             exposed,
             overlapped,
+            after_step,
+            after_terms: after,
         } = stage_sync(c, s, dense_p, expert_p, &win);
+        // The slowest stage's, after every stage's slack-hidden part.
+        if after_step > after_max || (after_terms.is_empty() && !after.is_empty()) {
+            after_max = after_max.max(after_step);
+            after_terms = after;
+        }
         // Exposure beyond this stage's drain slack delays the step.
         let stage_exposed = (exposed - slack).max(0.0);
         if stage_exposed >= dp_exposed_max && (!terms.is_empty() || dp_terms.is_empty()) {
@@ -113,11 +127,20 @@ pub(super) fn dp_sync(
         let (_, _, opt_bytes) =
             memory::model_state(cfg, dense_p, expert_p, Framework::MegatronCore);
         let owned = opt_bytes / memory::optimizer_bytes(cfg);
-        // `scaling` scales and takes the norm of every BF16 gradient before the
-        // step, its whole stage's, not the shard (`param.grad.mul_`, `norm`:
-        // 2 + 2 + 2 bytes).
-        let norm_pass = if c.a.framework == Framework::Scaling {
-            6.0 * mem.params
+        // `scaling`'s passes over the whole stage's gradients, not the shard
+        // (parameter_group.py, allreduce.py at 737f855): each all-reduce bucket
+        // flattened, divided, (ZeRO-1: cast to FP32 and back,) and copied into the
+        // gradients: 24 bytes either way; the loss-scale division and the norm
+        // (`mul_`, `norm`) of the BF16 gradients (ZeRO-1: 2 + 2 + 2) or of their
+        // FP32 copies (ZeRO-0: 4 + 4 + 4); under ZeRO-1 the gathered shards
+        // copied out of the list all-gather's buffer (2 + 2).
+        let stage_passes = if c.a.framework == Framework::Scaling {
+            let per = if cfg.zero == Zero::None {
+                24.0 + 12.0
+            } else {
+                24.0 + 6.0 + 4.0
+            };
+            per * mem.params
         } else {
             0.0
         };
@@ -128,16 +151,22 @@ pub(super) fn dp_sync(
             // scales them in place (2 + 4); with data parallelism the FP32
             // buckets are first copied to BF16 gradients (4 + 2).
             Framework::ScaleTorch => 14.0 + 6.0 + if cfg.dp > 1 { 6.0 } else { 0.0 },
-            // `scaling` on the shard it owns (parameter_group.py at 737f855): a
-            // zeroed FP32 gradient (4), the BF16 gradient copied into it (2 + 4),
-            // torch's AdamW with its decoupled weight decay (16 + 12, and 4 + 4),
-            // clipping (4 + 4), the FP32 weight copied to the BF16 one (4 + 2).
-            // BF16 moments move 8 bytes fewer.
+            // `scaling` on the parameters it steps (parameter_group.py at
+            // 737f855): under ZeRO-1 a zeroed FP32 gradient for its shard (4) and
+            // the BF16 gradient copied into it (2 + 4), under ZeRO-0 every
+            // gradient cast to FP32 (2 + 4); torch's multi-tensor AdamW, its
+            // default: the decoupled weight decay (4 + 4), `lerp_` of the first
+            // moment (4 + 4 + 4), `mul_` and `addcmul_` of the second (4 + 4, and
+            // 4 + 4 + 4 + 4), its `sqrt`, bias correction and `eps` (3 x (4 + 4)),
+            // `addcdiv_` into the weight (4 + 4 + 4 + 4): 84; clipping (4 + 4,
+            // counted every step though it runs only above the threshold); the
+            // FP32 weight copied to the BF16 one (4 + 2). Its moments are FP32
+            // (`Framework::check_config`).
             Framework::Scaling => {
-                if cfg.bf16_moments {
-                    52.0
+                if cfg.zero == Zero::None {
+                    6.0 + 84.0 + 8.0 + 6.0
                 } else {
-                    60.0
+                    10.0 + 84.0 + 8.0 + 6.0
                 }
             }
             Framework::MegatronCore | Framework::Nanotron | Framework::Torchtitan => {
@@ -148,11 +177,12 @@ pub(super) fn dp_sync(
                 }
             }
         };
-        optimizer_secs = optimizer_secs.max(c.mem(owned * per_param + norm_pass));
+        optimizer_secs = optimizer_secs.max(c.mem(owned * per_param + stage_passes));
     }
+    dp_terms.extend(after_terms);
     DpSync {
         terms: dp_terms,
-        exposed: dp_exposed_max,
+        exposed: dp_exposed_max + after_max,
         overlapped: overlapped_total,
         optimizer_secs,
     }
@@ -296,14 +326,13 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
 }
 
 /// `scaling`'s synchronisation ([`Framework::Scaling`]), none of it overlapped:
-/// after the last backward every gradient is all-reduced in FP32, a bucket of
-/// [`memory::SCALING_BUCKET_ELEMENTS`] at a time, each bucket flattened (2 + 2
-/// bytes per element), divided (2 + 2), cast to FP32 (2 + 4), all-reduced, cast
-/// back (4 + 2) and copied into the gradients (2 + 2): 24 bytes of copies per
-/// element (`allreduce.py`). Under its ZeRO-1 (`zero: true`) the step's
-/// updated BF16 parameters are then all-gathered in pieces of the same size
-/// (`step_sequel`). The stage's drain still hides what its earlier finish allows
-/// ([`dp_sync`]).
+/// after the last backward every gradient is all-reduced in FP32, about
+/// [`memory::SCALING_BUCKET_ELEMENTS`] at a time (`allreduce.py`; the buckets'
+/// copies are the optimizer's passes, [`dp_sync`]), which the stage's drain
+/// slack may hide. Under its ZeRO-1 (`zero: true`) the step's updated BF16
+/// parameters are then all-gathered in pieces of the same size (`step_sequel`),
+/// after the gradient norm has been summed over every stage (`.item()` on the
+/// model- and pipe-parallel groups): no stage's slack hides that.
 fn scaling_sync(c: &Ctx, sh: &Shard, sync: &mut StageSync) {
     let cfg = c.cfg;
     let group = sh.group;
@@ -311,16 +340,8 @@ fn scaling_sync(c: &Ctx, sh: &Shard, sync: &mut StageSync) {
         .ceil()
         .max(1.0);
     let grad_bytes = sh.params * 4.0;
-    let grad_total = c.coll(Collective::AllReduce, grad_bytes / buckets, group) * buckets
-        + c.mem(sh.params * 24.0);
-    let gather = cfg.zero != Zero::None;
-    let param_bytes = sh.params * memory::WEIGHT_BYTES;
-    let gather_total = if gather {
-        c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets
-    } else {
-        0.0
-    };
-    sync.exposed += grad_total + gather_total;
+    let grad_total = c.coll(Collective::AllReduce, grad_bytes / buckets, group) * buckets;
+    sync.exposed += grad_total;
     sync.terms.push(CommTerm {
         kind: sh.grad_kind,
         collective: Collective::AllReduce,
@@ -332,8 +353,11 @@ fn scaling_sync(c: &Ctx, sh: &Shard, sync: &mut StageSync) {
         exposed_secs: grad_total,
         overlapped_secs: 0.0,
     });
-    if gather {
-        sync.terms.push(CommTerm {
+    if cfg.zero != Zero::None {
+        let param_bytes = sh.params * memory::WEIGHT_BYTES;
+        let gather_total = c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets;
+        sync.after_step += gather_total;
+        sync.after_terms.push(CommTerm {
             kind: sh.param_kind,
             collective: Collective::AllGather,
             group,

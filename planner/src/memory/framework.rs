@@ -110,10 +110,10 @@ pub fn framework_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldP
     }
 }
 
-/// Elements of one of `scaling`'s gradient all-reduce buckets
+/// Elements after which one of `scaling`'s gradient all-reduce buckets closes
 /// (`OptimizerConfig.allreduce_bucket_size`, core/optimizer/optimizer_config.py
-/// at 737f855): gradients are flattened, cast to FP32 and all-reduced this many
-/// at a time ([`crate::cost::Framework::Scaling`]).
+/// at 737f855): gradients are flattened, cast to FP32 and all-reduced about this
+/// many at a time ([`crate::cost::Framework::Scaling`]).
 pub const SCALING_BUCKET_ELEMENTS: f64 = 500e6;
 
 /// Bytes a framework holds only from the end of the last backward through the
@@ -126,14 +126,26 @@ pub const SCALING_BUCKET_ELEMENTS: f64 = 500e6;
 /// micro-batch), kept through the optimizer step until `model.reset()`
 /// (tools/train.py:365-367): 2 bytes per parameter. `scaling` (737f855), with
 /// data parallelism, all-reduces its gradients a bucket at a time after the last
-/// backward (`allreduce_bucket`, core/optimizer/allreduce.py): the bucket's
-/// flattened BF16 copy and its FP32 cast, 2 + 4 bytes per element of a bucket of
-/// at most [`SCALING_BUCKET_ELEMENTS`]. Other frameworks: none.
+/// backward (`allreduce_no_retain`, core/optimizer/allreduce.py), a bucket closing
+/// once it holds more than [`SCALING_BUCKET_ELEMENTS`], so at most that and one
+/// more tensor (bounded here by the stage's largest layer or its embedding and
+/// output layer): under ZeRO-1 the bucket's flattened BF16 copy and its FP32
+/// cast (2 + 4 bytes per element), then the FP32 gradient of the shard it owns
+/// (4 per owned parameter), whichever is larger; under ZeRO-0 every gradient is
+/// first cast to FP32 (2 more bytes per parameter) and the FP32 bucket is
+/// flattened (4 per element). Other frameworks: none.
 pub fn step_buffers(framework: Framework, cfg: &ParallelConfig, held: HeldParams) -> f64 {
     match framework {
         Framework::ScaleTorch if cfg.dp > 1 => 2.0 * held.all,
         Framework::Scaling if cfg.dp * cfg.cp > 1 => {
-            (2.0 + 4.0) * held.all.min(SCALING_BUCKET_ELEMENTS)
+            let bucket = held
+                .all
+                .min(SCALING_BUCKET_ELEMENTS + held.layer.max(held.root));
+            if cfg.zero == Zero::None {
+                2.0 * held.all + 4.0 * bucket
+            } else {
+                ((2.0 + 4.0) * bucket).max(4.0 * held.all / (cfg.dp * cfg.cp) as f64)
+            }
         }
         Framework::Scaling
         | Framework::ScaleTorch

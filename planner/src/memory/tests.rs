@@ -445,13 +445,16 @@ fn scaletorch_keeps_bf16_state_and_fp32_buckets() {
 }
 
 /// Aleph Alpha's `scaling` keeps BF16 gradients on the parameters (2 bytes
-/// whatever Megatron's switch says) beside the FP32 shard and moments, and at the
-/// step one all-reduce bucket's flattened BF16 copy and FP32 cast: 6 bytes per
-/// element of at most 500M elements, only with data parallelism.
+/// whatever Megatron's switch says) beside the FP32 shard and moments. At the
+/// step, with data parallelism, one all-reduce bucket (500M elements and at most
+/// one more tensor): under ZeRO-1 its BF16 copy and FP32 cast (6 bytes each), or
+/// the owned FP32 gradient shard if larger; under ZeRO-0 every gradient cast to
+/// FP32 (2 more bytes each) and the FP32 bucket (4).
 #[test]
 fn scaling_keeps_bf16_gradients_and_one_fp32_bucket_at_the_step() {
     let mut c = cfg(1, false, Recompute::None);
     c.dp = 4;
+    c.zero = Zero::DistOpt;
     let (_, g, _) = model_state(&c, 8.0, 0.0, Framework::Scaling);
     assert_eq!(g, 16.0);
     let (w, _, o) = model_state(&c, 8.0, 0.0, Framework::MegatronCore);
@@ -463,8 +466,26 @@ fn scaling_keeps_bf16_gradients_and_one_fp32_bucket_at_the_step() {
         root: 5.0,
     };
     assert_eq!(step_buffers(Framework::Scaling, &c, small), 600.0);
-    let big = HeldParams { all: 2e9, ..small };
-    assert_eq!(step_buffers(Framework::Scaling, &c, big), 6.0 * 500e6);
+    // A bucket closes past 500M elements: with a 1.2e9-element layer it holds
+    // the 500M and that tensor.
+    let big = HeldParams {
+        all: 4e9,
+        layer: 1.2e9,
+        root: 0.0,
+    };
+    assert_eq!(step_buffers(Framework::Scaling, &c, big), 6.0 * 1.7e9);
+    // The owned FP32 shard, when larger than the bucket's copies.
+    let wide = HeldParams {
+        all: 4e10,
+        layer: 1e6,
+        root: 0.0,
+    };
+    assert_eq!(step_buffers(Framework::Scaling, &c, wide), 4.0 * 4e10 / 4.0);
+    c.zero = Zero::None;
+    assert_eq!(
+        step_buffers(Framework::Scaling, &c, big),
+        2.0 * 4e9 + 4.0 * 1.7e9
+    );
     assert_eq!(framework_buffers(Framework::Scaling, &c, big), 0.0);
     c.dp = 1;
     assert_eq!(step_buffers(Framework::Scaling, &c, big), 0.0);

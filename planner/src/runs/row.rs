@@ -286,13 +286,6 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
     // The attention kernel: stated by the row or its stack, else the stack's era
     // (fused flash attention on the Megatron-Core stack, unfused softmax on 2021-22's).
     let (flash_attention, loss, framework) = kernels_for(r, modern)?;
-    if framework == Framework::Scaling && matches!(zero, Zero::Zero2 | Zero::Zero3) {
-        return Err(RowError::cell(
-            "zero",
-            get(r, "zero"),
-            "0 or 1 with framework scaling (its optimizer shards only its own state: `zero: true` is ZeRO-1)",
-        ));
-    }
     // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
     // NVLink domain (see the module notes); other frameworks only where the row
     // says so.
@@ -351,6 +344,9 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
         // Every published row ran Megatron's schedule for its vpp.
         schedule: Schedule::default_for(vpp),
     };
+    framework
+        .check_config(&config)
+        .map_err(|e| RowError::column("framework", e))?;
     let (metric, value) = metric_for(r)?;
     let moe = model.moe.is_some();
     let moments_stated = bf16_moments.is_some();

@@ -384,19 +384,30 @@ fn compiled_loss_only_for_torchtitan_rows() {
     assert_eq!(c.assumptions.loss, crate::cost::LossKernel::Compiled);
 }
 
-/// `framework = scaling` (Aleph Alpha's) has ZeRO-1 at most: a row that states
-/// ZeRO-2 or 3 with it is refused, naming the column; with ZeRO-1 it is priced as
-/// scaling.
+/// `framework = scaling` (Aleph Alpha's) runs ZeRO 0 or 1, 1F1B without
+/// virtual stages, no CP or EP, full recomputation or none and FP32 moments
+/// (`Framework::check_config`): a row that states anything else is refused,
+/// naming what scaling runs; with ZeRO-1 it is priced as scaling.
 #[test]
-fn scaling_rows_state_zero_0_or_1() {
+fn scaling_rows_state_what_scaling_runs() {
     let with = nemotron_with;
-    for zero in ["2", "3"] {
-        let e = with(&[("framework", "scaling"), ("zero", zero)])
+    for (col, value, says) in [
+        ("zero", "2", "ZeRO 0 or 1"),
+        ("zero", "3", "ZeRO 0 or 1"),
+        ("vpp", "2", "without virtual stages"),
+        (
+            "recompute",
+            "selective",
+            "full recomputation of every layer or none",
+        ),
+        ("optimizer_moments", "bf16", "FP32 Adam moments"),
+    ] {
+        let e = with(&[("framework", "scaling"), ("zero", "1"), (col, value)])
             .unwrap_err()
             .reason;
         assert!(
-            e.contains("column 'zero'") && e.contains("framework scaling"),
-            "{e}"
+            e.contains("column 'framework'") && e.contains(says),
+            "{col} {value}: {e}"
         );
     }
     let c = with(&[("framework", "scaling"), ("zero", "1")]).unwrap();

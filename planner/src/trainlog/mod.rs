@@ -72,8 +72,10 @@ pub struct IterationLine {
     pub tflops_per_gpu: Option<f64>,
     /// A fingerprint of the record's whole text (every field after the iteration
     /// marker: its time, loss, learning rate, norms, ...), for telling one run's
-    /// log copied twice from two runs whose coarse times happen to agree: two runs
-    /// rarely print the same loss to the digit. In-process only, not stable across
+    /// log copied twice from two runs whose coarse times happen to agree: runs
+    /// that differ in their losses differ here. A deterministic rerun in a format
+    /// that prints coarse times and short losses (NeMo 2: 10 ms, four significant
+    /// digits) can still match its first run. In-process only, not stable across
     /// builds.
     pub record: u64,
 }
