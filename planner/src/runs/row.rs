@@ -286,6 +286,14 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
     // The attention kernel: stated by the row or its stack, else the stack's era
     // (fused flash attention on the Megatron-Core stack, unfused softmax on 2021-22's).
     let (flash_attention, loss, framework) = kernels_for(r, modern)?;
+    // The era defaults are Megatron's; `scaling` runs FlashAttention or its own
+    // unfused attention as installed, so its rows say which.
+    if framework == Framework::Scaling && get(r, "attention").is_empty() {
+        return Err(RowError::column(
+            "attention",
+            "a scaling row states its attention kernel (flash or unfused): scaling runs either, as installed",
+        ));
+    }
     // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
     // NVLink domain (see the module notes); other frameworks only where the row
     // says so.

@@ -402,16 +402,34 @@ fn scaling_rows_state_what_scaling_runs() {
         ),
         ("optimizer_moments", "bf16", "FP32 Adam moments"),
     ] {
-        let e = with(&[("framework", "scaling"), ("zero", "1"), (col, value)])
-            .unwrap_err()
-            .reason;
+        let e = with(&[
+            ("framework", "scaling"),
+            ("zero", "1"),
+            ("attention", "flash"),
+            (col, value),
+        ])
+        .unwrap_err()
+        .reason;
         assert!(
             e.contains("column 'framework'") && e.contains(says),
             "{col} {value}: {e}"
         );
     }
-    let c = with(&[("framework", "scaling"), ("zero", "1")]).unwrap();
+    let c = with(&[
+        ("framework", "scaling"),
+        ("zero", "1"),
+        ("attention", "flash"),
+    ])
+    .unwrap();
     assert_eq!(c.assumptions.framework, crate::cost::Framework::Scaling);
+    // Its attention kernel is stated, not taken from Megatron's era defaults.
+    let e = with(&[("framework", "scaling"), ("zero", "1"), ("attention", "")])
+        .unwrap_err()
+        .reason;
+    assert!(
+        e.contains("column 'attention'") && e.contains("scaling"),
+        "{e}"
+    );
 }
 
 /// `eager_ops` names the layer's element-wise operations that a row's code runs as
