@@ -822,20 +822,25 @@ fn a_log_given_twice_is_refused() {
         megatron_log(&run_times(6.0, 30, 7), 8, 4, 2, 1, 128),
     )
     .unwrap();
-    let o = sextant(&[
-        "calibrate",
-        "--log",
-        log,
-        "--plan",
-        &a,
-        "--log",
-        other.to_str().unwrap(),
-        "--plan",
-        &b,
-        "-o",
-        out,
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    // Calibrating from `log` (plan `a`) and `second` (its plan) succeeds.
+    let two_runs = |second: &std::path::Path, plan: &str| {
+        let o = sextant(&[
+            "calibrate",
+            "--log",
+            log,
+            "--plan",
+            &a,
+            "--log",
+            second.to_str().unwrap(),
+            "--plan",
+            plan,
+            "-o",
+            out,
+            "--force",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    two_runs(&other, &b);
     // A second run of the same configuration whose times, printed to 0.1 ms,
     // agree line for line with the first's but whose losses differ is a second
     // run, not a copy.
@@ -843,19 +848,5 @@ fn a_log_given_twice_is_refused() {
     let relossed = text.replace("E1 | loss scale", "E0 | loss scale");
     assert_ne!(relossed, text);
     std::fs::write(&rerun, relossed).unwrap();
-    let o = sextant(&[
-        "calibrate",
-        "--log",
-        log,
-        "--plan",
-        &a,
-        "--log",
-        rerun.to_str().unwrap(),
-        "--plan",
-        &a,
-        "-o",
-        out,
-        "--force",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    two_runs(&rerun, &a);
 }

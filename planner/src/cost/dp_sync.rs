@@ -226,17 +226,13 @@ fn stage_sync(c: &Ctx, s: &StageSummary, dense_p: f64, expert_p: f64, win: &Wind
         let g = c.pp_group();
         let secs = c.coll(Collective::AllReduce, bytes, g);
         sync.exposed += secs;
-        sync.terms.push(CommTerm {
-            kind: CommKind::DpGrad,
-            collective: Collective::AllReduce,
-            group: g,
-            tier: g.tier(),
-            bytes_per_call: bytes,
-            calls_per_step: 1.0,
-            total_secs: secs,
-            exposed_secs: secs,
-            overlapped_secs: 0.0,
-        });
+        sync.terms.push(unhidden(
+            CommKind::DpGrad,
+            Collective::AllReduce,
+            g,
+            (bytes, 1.0),
+            secs,
+        ));
     }
     sync
 }
@@ -342,32 +338,46 @@ fn scaling_sync(c: &Ctx, sh: &Shard, sync: &mut StageSync) {
     let grad_bytes = sh.params * 4.0;
     let grad_total = c.coll(Collective::AllReduce, grad_bytes / buckets, group) * buckets;
     sync.exposed += grad_total;
-    sync.terms.push(CommTerm {
-        kind: sh.grad_kind,
-        collective: Collective::AllReduce,
+    sync.terms.push(unhidden(
+        sh.grad_kind,
+        Collective::AllReduce,
         group,
-        tier: group.tier(),
-        bytes_per_call: grad_bytes / buckets,
-        calls_per_step: buckets,
-        total_secs: grad_total,
-        exposed_secs: grad_total,
-        overlapped_secs: 0.0,
-    });
+        (grad_bytes / buckets, buckets),
+        grad_total,
+    ));
     if cfg.zero != Zero::None {
         let param_bytes = sh.params * memory::WEIGHT_BYTES;
         let gather_total = c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets;
         sync.after_step += gather_total;
-        sync.after_terms.push(CommTerm {
-            kind: sh.param_kind,
-            collective: Collective::AllGather,
+        sync.after_terms.push(unhidden(
+            sh.param_kind,
+            Collective::AllGather,
             group,
-            tier: group.tier(),
-            bytes_per_call: param_bytes / buckets,
-            calls_per_step: buckets,
-            total_secs: gather_total,
-            exposed_secs: gather_total,
-            overlapped_secs: 0.0,
-        });
+            (param_bytes / buckets, buckets),
+            gather_total,
+        ));
+    }
+}
+
+/// A term none of whose `secs` is hidden: `calls` (bytes per call, calls per
+/// step) of `collective` over `group`.
+fn unhidden(
+    kind: CommKind,
+    collective: Collective,
+    group: Placement,
+    calls: (f64, f64),
+    secs: f64,
+) -> CommTerm {
+    CommTerm {
+        kind,
+        collective,
+        group,
+        tier: group.tier(),
+        bytes_per_call: calls.0,
+        calls_per_step: calls.1,
+        total_secs: secs,
+        exposed_secs: secs,
+        overlapped_secs: 0.0,
     }
 }
 
