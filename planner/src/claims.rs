@@ -377,6 +377,29 @@ k22,test,a100-80g,8,8,gpt-22b,48,6144,24576,64,64,51200,2048,,,,,8,1,1,1,1,false
         assert!(!s.assumptions.flash_attention);
     }
 
+    /// The space `validate --search` gives an Aleph Alpha `scaling` row holds
+    /// only what `Framework::check_config` accepts: the two statements of what
+    /// scaling runs agree.
+    #[test]
+    fn scaling_searches_only_what_scaling_runs() {
+        let csv = CSV
+            .replace(",note\n", ",note,framework,attention\n")
+            .replace(
+                ",1,4,4,full,0,fp16,iter_s,1.42,\n",
+                ",1,4,4,full,1,bf16,iter_s,1.42,,scaling,flash\n",
+            );
+        let c = crate::runs::parse_runs_with(&csv, None)
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert_eq!(c.assumptions.framework, crate::cost::Framework::Scaling);
+        let r = crate::search::search(&c.model, &c.cluster, &c.workload, &stack_space(&c), 50);
+        assert!(!r.top.is_empty());
+        for cand in &r.top {
+            assert_eq!(c.assumptions.framework.check_config(&cand.config), Ok(()));
+        }
+    }
+
     #[test]
     fn walk_factors_multiply_to_the_claim() {
         let c = claim(&case()).unwrap();
