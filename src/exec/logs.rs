@@ -94,11 +94,11 @@ pub fn check_log_against_plan(l: &ReadLog, plan_path: &str, plan: &PlanFile) -> 
 
 /// Whether two logs hold the same run: no setting both state differs, and at
 /// least half of the shorter one's measured lines (after its warm-up) appear in
-/// the other as the same record: the same iteration and the same text after its
-/// marker (time, loss, learning rate, norms, ...). Independent runs may share an
-/// (iteration, time) pair where a format prints coarse times (NeMo 2's seconds to
-/// two decimals), but not the loss and the rest on half of their lines; a copy, or
-/// a copy cut short or trimmed, shares them all.
+/// the other as the same record: the same iteration, step time and loss values
+/// (`IterationLine::record`). Independent runs may share an (iteration, time)
+/// pair where a format prints coarse times (NeMo 2's seconds to two decimals),
+/// but not the loss too on half of their lines; a copy, cut short, trimmed or
+/// respaced, shares them all.
 fn same_run(a: &ReadLog, b: &ReadLog) -> bool {
     let stated_b = b.log.stated.stated();
     let contradicts = a

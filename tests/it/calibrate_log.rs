@@ -776,12 +776,41 @@ fn a_log_given_twice_is_refused() {
     let cut = dir.path("tail.log");
     let keep = tail.len() - 20;
     std::fs::write(&cut, tail[keep..].join("\n") + "\n").unwrap();
+    // Copies edited in their spacing, their number spelling or the fields beyond
+    // the time and the loss are still the same run.
+    let squeezed = text
+        .split(' ')
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let edits = [
+        ("squeezed.log", squeezed),
+        ("tabbed.log", text.replace("| ", "|\t")),
+        (
+            "spelled.log",
+            text.replace("E-0", "e-0").replace("E1 |", "e1 |"),
+        ),
+        (
+            "dropped.log",
+            text.replace(" number of nan iterations:   0 |", ""),
+        ),
+    ];
+    let mut edited = Vec::new();
+    for (name, body) in &edits {
+        assert_ne!(body, &text, "{name}");
+        let path = dir.path(name);
+        std::fs::write(&path, body).unwrap();
+        edited.push(path.to_str().unwrap().to_string());
+    }
     for second in [
         log,
         dotted.as_str(),
         copy.to_str().unwrap(),
         cut.to_str().unwrap(),
-    ] {
+    ]
+    .into_iter()
+    .chain(edited.iter().map(String::as_str))
+    {
         fails_with_one_line(
             &[
                 "calibrate",

@@ -70,22 +70,39 @@ pub struct IterationLine {
     pub global_batch: Option<u64>,
     /// Megatron's own model-FLOP count per second per GPU, when logged.
     pub tflops_per_gpu: Option<f64>,
-    /// A fingerprint of the record's whole text (every field after the iteration
-    /// marker: its time, loss, learning rate, norms, ...), for telling one run's
-    /// log copied twice from two runs whose coarse times happen to agree: runs
-    /// that differ in their losses differ here. A deterministic rerun in a format
-    /// that prints coarse times and short losses (NeMo 2: 10 ms, four significant
-    /// digits) can still match its first run. In-process only, not stable across
-    /// builds.
+    /// A fingerprint of the record's values (its iteration, its step time and
+    /// every loss field's number), for telling one run's log copied twice from
+    /// two runs whose coarse times happen to agree: runs that differ in their
+    /// losses differ here, while a copy whose spacing, number spelling or other
+    /// fields were edited does not. A deterministic rerun in a format that prints
+    /// coarse times and short losses (NeMo 2: 10 ms, four significant digits) can
+    /// still match its first run. In-process only, not stable across builds.
     pub record: u64,
 }
 
-/// [`IterationLine::record`] of a record's text, spaces at its ends ignored.
-pub fn record_fingerprint(iteration: u64, text: &str) -> u64 {
+/// [`IterationLine::record`] of a record: the iteration, the step time and, of
+/// `fields` (key, value), every one whose key names a loss, by its number (keys
+/// compared without case or repeated spaces; a value that is no number is left
+/// out).
+pub fn record_fingerprint(iteration: u64, step_secs: f64, fields: &[(&str, &str)]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     iteration.hash(&mut h);
-    text.trim().hash(&mut h);
+    step_secs.to_bits().hash(&mut h);
+    for (key, value) in fields {
+        let key = key
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_ascii_lowercase();
+        if !key.contains("loss") {
+            continue;
+        }
+        if let Ok(v) = value.trim().parse::<f64>() {
+            key.hash(&mut h);
+            v.to_bits().hash(&mut h);
+        }
+    }
     h.finish()
 }
 

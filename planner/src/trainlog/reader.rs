@@ -124,7 +124,7 @@ impl LogReader {
                     step_secs: step,
                     global_batch: count(get(&fields, "global batch size")),
                     tflops_per_gpu: tflops,
-                    record: super::record_fingerprint(iteration, text),
+                    record: super::record_fingerprint(iteration, step, &fields),
                 },
             )
         } else if text.contains("train_step_timing in s") {
@@ -140,7 +140,7 @@ impl LogReader {
                     step_secs: step,
                     global_batch: count(get(&nemo_fields, "global_batch_size")),
                     tflops_per_gpu: None,
-                    record: super::record_fingerprint(iteration, text),
+                    record: super::record_fingerprint(iteration, step, &nemo_fields),
                 },
             )
         } else {
