@@ -384,6 +384,8 @@ impl Framework {
             "full recomputation of every layer or none"
         } else if cfg.bf16_moments {
             "FP32 Adam moments (torch's AdamW on FP32 shards)"
+        } else if cfg.overlap.tp_comm {
+            "no TP communication overlap"
         } else {
             return Ok(());
         };

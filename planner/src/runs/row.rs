@@ -294,6 +294,32 @@ pub(super) fn case(r: &Row) -> Result<RunCase, RowError> {
             "a scaling row states its attention kernel (flash or unfused): scaling runs either, as installed",
         ));
     }
+    if framework == Framework::Scaling {
+        // Megatron's and Transformer Engine's switches, which scaling does not
+        // have: a row that states one is refused rather than priced as Megatron.
+        for (column, neutral) in [
+            ("pp_layout", ""),
+            ("mtp_layers", "0"),
+            ("tp_comm_overlap", "false"),
+            ("cuda_graphs", "none"),
+            ("cross_entropy", ""),
+        ] {
+            let v = get(r, column);
+            if !v.is_empty() && v != neutral {
+                return Err(RowError::column(
+                    column,
+                    format!(
+                        "framework scaling has no such switch (Megatron's): leave it blank{}",
+                        if neutral.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" or {neutral}")
+                        }
+                    ),
+                ));
+            }
+        }
+    }
     // Megatron-Core MoE recipes overlap the EP all-to-all when it crosses the
     // NVLink domain (see the module notes); other frameworks only where the row
     // says so.

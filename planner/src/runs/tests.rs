@@ -415,6 +415,28 @@ fn scaling_rows_state_what_scaling_runs() {
             "{col} {value}: {e}"
         );
     }
+    // Megatron's and Transformer Engine's switches are refused, naming the column.
+    for (col, value) in [
+        ("pp_layout", "Et*30|t*10L"),
+        ("mtp_layers", "1"),
+        ("tp_comm_overlap", "true"),
+        ("cuda_graphs", "full_iteration"),
+        ("cross_entropy", "te"),
+    ] {
+        let e = with(&[
+            ("framework", "scaling"),
+            ("zero", "1"),
+            ("attention", "flash"),
+            (col, value),
+        ])
+        .unwrap_err()
+        .reason;
+        assert!(
+            e.contains(&format!("column '{col}'"))
+                && e.contains("framework scaling has no such switch"),
+            "{col} {value}: {e}"
+        );
+    }
     let c = with(&[
         ("framework", "scaling"),
         ("zero", "1"),
