@@ -1155,17 +1155,16 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
             .iter()
             .enumerate()
             .map(|(i, (name, p))| {
-                serde_json::json!({"component": name, "predicted_secs": unsigned_zero(*p),
-                    "measured_secs": unsigned_zero(measured(name)),
-                    "calibrated_secs": after.as_ref().map(|v| unsigned_zero(v[i].1))})
+                serde_json::json!({"component": name, "predicted_secs": p,
+                    "measured_secs": measured(name),
+                    "calibrated_secs": after.as_ref().map(|v| v[i].1)})
             })
             .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({"plan_hash": hash, "device": run.device, "rows": rows})
+            crate::render::json_text(
+                serde_json::json!({"plan_hash": hash, "device": run.device, "rows": rows})
             )
-            .expect("json")
         );
         return Ok(());
     }

@@ -1083,7 +1083,7 @@ fn cmd_validate(a: ValidateArgs) -> Result<()> {
                 "scales": scales.iter().map(|(s, p, k)| serde_json::json!({"held_out": s, "profile": p, "scale": k})).collect::<Vec<_>>(),
             })),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", render::json_text(v));
         return Ok(());
     }
     print!(

@@ -109,6 +109,23 @@ pub fn fully_sharded(framework: sextant_planner::cost::Framework, gpus: u64) -> 
     }
 }
 
+/// `v` as indented JSON text with no negative zero: an empty `f64` sum is -0.0,
+/// and JSON readers keep its sign (the text tables print zero without one).
+pub fn json_text(mut v: serde_json::Value) -> String {
+    fn unsign(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Number(n) if n.as_f64() == Some(0.0) && n.is_f64() => {
+                *v = serde_json::Value::from(0.0);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(unsign),
+            serde_json::Value::Object(o) => o.values_mut().for_each(unsign),
+            _ => {}
+        }
+    }
+    unsign(&mut v);
+    serde_json::to_string_pretty(&v).expect("a JSON value serialises")
+}
+
 /// "1 GPU", "8 GPUs".
 pub fn gpu_count(n: u64) -> String {
     format!("{n} GPU{}", if n == 1 { "" } else { "s" })

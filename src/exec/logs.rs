@@ -458,22 +458,20 @@ pub fn compare(a: CompareLog) -> Result<()> {
             .iter()
             .map(|r| {
                 serde_json::json!({"component": r.name, "unit": r.unit,
-                    "predicted": super::unsigned_zero(r.predicted),
-                    "measured": r.measured.map(super::unsigned_zero),
-                    "calibrated": r.calibrated.map(super::unsigned_zero)})
+                    "predicted": r.predicted, "measured": r.measured,
+                    "calibrated": r.calibrated})
             })
             .collect();
         let s = &l.summary;
         println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
+            crate::render::json_text(serde_json::json!({
                 "log": a.log, "format": l.log.format.name(), "plan": a.plan,
                 "profile": plan.hardware.name,
                 "iterations_kept": s.kept, "warmup_dropped": s.warmup,
                 "rampup_dropped": s.rampup, "unreadable_lines": l.log.unreadable_lines,
                 "bad_time_lines": l.log.bad_time_lines,
                 "rows": rows}))
-            .expect("json")
         );
         return Ok(());
     }
@@ -529,14 +527,24 @@ mod tests {
         assert_eq!(super::cell(1.5).trim(), "1.5000");
     }
 
-    /// compare --json writes its numbers through `unsigned_zero`: JSON readers
-    /// keep a negative zero's sign.
+    /// The JSON outputs write no negative zero (`render::json_text`): JSON
+    /// readers keep its sign; other numbers pass as they are.
     #[test]
     fn json_numbers_carry_no_negative_zero() {
-        let z = super::super::unsigned_zero(-0.0);
-        assert!(z == 0.0 && z.is_sign_positive());
-        assert_eq!(serde_json::json!(z).to_string(), "0.0");
         assert_eq!(serde_json::json!(-0.0f64).to_string(), "-0.0");
+        let v = serde_json::json!({"a": -0.0f64, "b": [1, -0.0f64, -0.25], "c": {"d": -0.0f64}});
+        let text = crate::render::json_text(v);
+        assert!(
+            !text.contains("-0.0,") && !text.contains("-0.0\n"),
+            "{text}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            back,
+            serde_json::json!({"a": 0.0, "b": [1, 0.0, -0.25], "c": {"d": 0.0}})
+        );
+        assert!(back["a"].as_f64().unwrap().is_sign_positive());
         assert_eq!(super::super::unsigned_zero(-0.25), -0.25);
+        assert!(super::super::unsigned_zero(-0.0).is_sign_positive());
     }
 }
