@@ -62,6 +62,7 @@ use cudarc::driver::{
 use ffi::nccl;
 pub(crate) use ffi::nccl::Comm;
 pub(crate) use ffi::{Blas, DevSpan, Gate, Pool, PoolBytes};
+use ffi::{BlasInit, BLAS_WORKSPACE_BYTES};
 
 /// The oldest driver the backend runs on, as `cuDriverGetVersion` says it: CUDA 12.8.
 pub const MIN_DRIVER: c_int = 12080;
@@ -294,12 +295,21 @@ pub(crate) fn blas_status(e: CublasError) -> BlasStatus {
     BlasStatus(format!("{:?}", e.0))
 }
 
-/// A cuBLAS handle on `stream` (its context bound to this thread first).
-pub(crate) fn new_blas(stream: &CudaStream, ordinal: usize) -> Result<Blas, CudaError> {
+/// A cuBLAS handle on `stream` (its context bound to this thread first), with its
+/// workspace.
+pub(crate) fn new_blas(stream: &Arc<CudaStream>, ordinal: usize) -> Result<Blas, CudaError> {
     bind(stream.context())?;
-    Blas::new(stream).map_err(|e| CudaError::BlasHandle {
-        ordinal,
-        status: blas_status(e),
+    Blas::new(stream).map_err(|e| match e {
+        BlasInit::Handle(e) => CudaError::BlasHandle {
+            ordinal,
+            status: blas_status(e),
+        },
+        BlasInit::Workspace(e) => CudaError::Alloc {
+            ordinal,
+            what: "the cuBLAS workspace".into(),
+            bytes: BLAS_WORKSPACE_BYTES as u64,
+            status: describe(e),
+        },
     })
 }
 

@@ -31,6 +31,8 @@ static int compute_ok(int c) { return c == 68 || c == 69 || c == 74 || c == 75 |
 typedef struct handle {
     uint32_t magic;
     void *stream;
+    /* The user's workspace (cublasSetWorkspace), 0 for the library's own. */
+    unsigned long long workspace, workspace_bytes;
     struct handle *next;
 } handle_t;
 
@@ -94,6 +96,26 @@ int cublasSetStream_v2(void *h, void *stream) {
         return S_INVALID_VALUE;
     }
     x->stream = stream;
+    /* As cuBLAS documents: setting the stream puts the default workspace back. */
+    x->workspace = 0;
+    x->workspace_bytes = 0;
+    return S_OK;
+}
+/* cuBLAS requires a workspace aligned to 256 bytes; it must be device memory the
+ * handle may use until it is destroyed or given another (re-checked at each GEMM). */
+int cublasSetWorkspace_v2(void *h, void *workspace, size_t bytes) {
+    handle_t *x = live(h);
+    if (!x) return S_NOT_INITIALIZED;
+    const fake_driver *d = fake_driver_get("libcublas.so.13");
+    if (!d) return S_NOT_INITIALIZED;
+    unsigned long long p = (unsigned long long)(uintptr_t)workspace;
+    if (bytes > 0 && (p % 256 != 0)) {
+        violation("cublasSetWorkspace_v2: workspace %p is not aligned to 256 bytes", workspace);
+        return S_INVALID_VALUE;
+    }
+    if (bytes > 0 && d->extent(p, bytes, "cublasSetWorkspace_v2", "workspace")) return S_INVALID_VALUE;
+    x->workspace = bytes > 0 ? p : 0;
+    x->workspace_bytes = bytes;
     return S_OK;
 }
 int cublasGetStream_v2(void *h, void **stream) {
@@ -190,6 +212,8 @@ static int gemm(const char *name, void *h, int ta, int tb, int m, int n, int k, 
     if (!x) return S_NOT_INITIALIZED;
     const fake_driver *d = fake_driver_get("libcublas.so.13");
     if (!d) return S_NOT_INITIALIZED;
+    if (x->workspace_bytes && d->extent(x->workspace, x->workspace_bytes, name, "the handle's workspace (freed before the handle?)"))
+        return S_INVALID_VALUE;
     int rows_a = ta == OP_N ? m : k, cols_a = ta == OP_N ? k : m;
     int rows_b = tb == OP_N ? k : n, cols_b = tb == OP_N ? n : k;
     if (m < 0 || n < 0 || k < 0 || batch < 0 || ta < OP_N || ta > OP_C || tb < OP_N || tb > OP_C ||

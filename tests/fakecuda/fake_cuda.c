@@ -150,8 +150,11 @@ static CUresult new_alloc_locked(CUdeviceptr *out, size_t bytes, int pooled) {
     unsigned long long grow = 0;
     if (pooled && pool.used + bytes > pool.reserved) grow = pool.used + bytes - pool.reserved;
     if ((pooled ? grow : bytes) > free_bytes_locked()) return OUT_OF_MEMORY;
-    char *m = malloc(bytes);
-    if (!m) return OUT_OF_MEMORY;
+    /* 256-byte aligned, as cuMemAlloc's allocations are (cuBLAS checks its
+     * workspace's alignment). */
+    void *mem = NULL;
+    if (posix_memalign(&mem, 256, bytes) != 0) return OUT_OF_MEMORY;
+    char *m = mem;
     memset(m, 0xff, bytes);
     if (nallocs == cap_allocs) {
         size_t c = cap_allocs ? 2 * cap_allocs : 64;

@@ -622,12 +622,13 @@ fn exec_backend_cuda_faults_on_the_fakes() {
     let dir = TempDir::new("cudalibs-faults");
     let f = fakes(&dir);
     let plan = small_plan(&dir, "faults", true);
-    let check = |env: &[(&str, &str)], needles: &[&str]| {
+    // `libraries`: how many fakes were used (and so report) before the fault.
+    let check_with = |env: &[(&str, &str)], needles: &[&str], libraries: usize| {
         let (o, run) = exec_on(&dir, &plan, Some(&f), env, "fault.json");
         let err = crate::common::stderr(&o);
         assert!(!o.status.success(), "{env:?} succeeded: {err}");
         assert!(!err.contains("panicked"), "{err}");
-        let rest = fakes_clean(&err, 1);
+        let rest = fakes_reported(&err, 1, libraries);
         let lines: Vec<&str> = rest.lines().collect();
         assert_eq!(lines.len(), 2, "{env:?}: {rest}");
         assert!(lines[0].starts_with("error: rank 0, "), "{rest}");
@@ -647,13 +648,21 @@ fn exec_backend_cuda_faults_on_the_fakes() {
         let failure = run.failure.unwrap();
         assert!(needles.iter().all(|n| failure.contains(n)), "{failure}");
     };
-    // The first allocation (the weights), then the first stored activation.
-    check(
+    let check = |env: &[(&str, &str)], needles: &[&str]| check_with(env, needles, 3);
+    // The first allocation (the cuBLAS workspace, before any handle or
+    // communicator: only the driver's fake was used), the weights, then the first
+    // stored activation.
+    check_with(
         &[("SEXTANT_FAKE_OOM_AT", "1")],
+        &["allocating 33554432 bytes for the cuBLAS workspace on CUDA device 0: CUDA_ERROR_OUT_OF_MEMORY"],
+        1,
+    );
+    check(
+        &[("SEXTANT_FAKE_OOM_AT", "2")],
         &["out of memory on CUDA device 0: the weights needs"],
     );
     check(
-        &[("SEXTANT_FAKE_OOM_AT", "9")],
+        &[("SEXTANT_FAKE_OOM_AT", "10")],
         &[
             "step 0",
             "out of memory on CUDA device 0: the stored activations of chunk 0",

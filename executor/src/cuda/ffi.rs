@@ -436,17 +436,43 @@ impl Gate {
 
 // ---- cuBLAS --------------------------------------------------------------------
 
-/// A cuBLAS handle bound to one stream. cudarc's `CudaBlas` unwraps
-/// `cublasDestroy` in its `Drop`: a failure there while a panic unwinds aborts the
-/// process past `cuda::guarded`. Dropping this ignores a failed destroy.
-pub(crate) struct Blas(blas_sys::cublasHandle_t);
+/// The workspace every handle gets: the cuBLAS API reference (`cublasSetWorkspace`)
+/// recommends 32 MiB on Hopper and 4 MiB before it, as PyTorch sets. On one H200
+/// (cuBLAS 13.1), GEMMs of 2^33 multiply-adds and more ran at a median 0.93 of
+/// `torch.matmul`'s speed without it and 0.95 with it (`scripts/gemm_vs_torch.py`,
+/// one run each on different machines; docs/executor.md has the runs).
+pub(crate) const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Why a handle could not be made: the handle itself, or its workspace.
+pub(crate) enum BlasInit {
+    Handle(blas::CublasError),
+    Workspace(DriverError),
+}
+
+/// A cuBLAS handle bound to one stream, with its own workspace. cudarc's `CudaBlas`
+/// unwraps `cublasDestroy` in its `Drop`: a failure there while a panic unwinds
+/// aborts the process past `cuda::guarded`. Dropping this ignores a failed destroy,
+/// then frees the workspace (fields drop after `drop`).
+pub(crate) struct Blas(blas_sys::cublasHandle_t, DevBuf);
 
 impl Blas {
-    /// A handle on `stream`, whose context must be current on this thread.
-    pub(crate) fn new(stream: &CudaStream) -> Result<Blas, blas::CublasError> {
-        let handle = Blas(blas::create_handle()?);
+    /// A handle on `stream`, whose context must be current on this thread, with a
+    /// [`BLAS_WORKSPACE_BYTES`] workspace from the stream's pool.
+    pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Blas, BlasInit> {
+        let workspace = DevBuf::alloc(stream, BLAS_WORKSPACE_BYTES).map_err(BlasInit::Workspace)?;
+        let handle = Blas(blas::create_handle().map_err(BlasInit::Handle)?, workspace);
         // SAFETY: a live handle and a live stream of the context current on this thread.
-        unsafe { blas::set_stream(handle.0, stream.cu_stream() as _) }?;
+        unsafe { blas::set_stream(handle.0, stream.cu_stream() as _) }.map_err(BlasInit::Handle)?;
+        // After the stream: `cublasSetStream` puts the default workspace back.
+        let span = handle.1.span();
+        // SAFETY: a live handle; the workspace is a live allocation of `span.bytes`
+        // bytes on this handle's stream, owned by the handle and freed only after
+        // the handle is destroyed.
+        unsafe {
+            blas_sys::cublasSetWorkspace_v2(handle.0, span.addr as *mut c_void, span.bytes as usize)
+        }
+        .result()
+        .map_err(BlasInit::Handle)?;
         Ok(handle)
     }
 
