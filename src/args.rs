@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::flags::{DispatcherFlag, LossFlag, PrecisionFlag, ScheduleFlag};
+use sextant_planner::calibration::Target;
 use sextant_planner::config::{Dispatcher, Overlap, Precision, RecomputeModules, Workload};
 use sextant_planner::cost::{Assumptions, CudaGraphs, LossKernel};
 use sextant_planner::hardware::ranges::show;
@@ -261,7 +262,7 @@ impl Common {
             if overlay.backend == "cpu" {
                 bail!("--calibration '{path}' was measured by the CPU test backend on '{}': it describes that CPU, not {}; calibrate from a CUDA run", overlay.device, profile.gpu.name);
             }
-            profile = sextant_planner::calibration::apply(&profile, &overlay)
+            profile = sextant_planner::calibration::apply(&profile, &overlay, Target::Stack)
                 .map_err(|e| anyhow::anyhow!("--calibration '{path}': {e}"))?;
         }
         if let Some(h) = self.mem_headroom {

@@ -13,7 +13,9 @@ use sextant_executor::program::{self, Options};
 use sextant_executor::rendezvous::{bind_root, launch_env, rendezvous, LaunchEnv};
 use sextant_planner::banded::{estimate_with, simulated};
 use sextant_planner::bench::{overlay as bench_overlay, BenchFile};
-use sextant_planner::calibration::{apply, calibrate, duplicates, MeasuredRun, Overlay};
+use sextant_planner::calibration::{
+    apply, bare_gemm_ratio, calibrate, duplicates, MeasuredRun, Overlay, Target,
+};
 use sextant_planner::cost::{Assumptions, CommKind};
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile};
 use sextant_planner::plan::PlanFile;
@@ -853,12 +855,46 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
     );
     if overlay.backend == "cpu" {
         println!("  (measured by the CPU test backend: it describes this CPU, and `sextant plan --calibration` refuses it)");
+    } else {
+        print_planning_effect(&profile, &overlay);
+        if overlay.attention.is_some() {
+            println!("  the attention efficiency above is the executor's (batched GEMMs and a separate softmax, not the fused kernel training stacks run): planning keeps the profile's attention curves");
+        }
     }
     println!("Overlay written to {}", a.out);
     Ok(())
 }
 
 /// `calibrate --bench`: an overlay from benchmark files (`sextant bench`).
+/// What `plan --calibration` makes of a bare-hardware overlay
+/// ([`Target::Stack`]), said after `calibrate` writes one.
+fn print_planning_effect(profile: &HardwareProfile, overlay: &Overlay) {
+    let large = overlay
+        .gemm_points
+        .iter()
+        .filter(|g| {
+            g.dtype == "bf16"
+                && matches!(
+                    g.class.as_str(),
+                    "attention_proj" | "mlp" | "moe_experts" | "sweep"
+                )
+        })
+        .count();
+    match (
+        profile.bare_gemm_bf16(),
+        bare_gemm_ratio(profile, &overlay.gemm_points),
+    ) {
+        (Some(bare), Some(r)) => println!(
+            "  for planning (plan/estimate --calibration, compare --log): this GPU's {large} large BF16 GEMMs ran at {r:.3} of the profile's bare-GEMM level ({bare:.3} of peak, with its shape curve), so its fitted GEMM and attention efficiencies (what training stacks sustain) are multiplied by {r:.3}; the measured levels above replace them only in `compare` with a measured run"
+        ),
+        (None, _) => println!(
+            "  for planning: refused, profile '{}' states no bare-GEMM level (efficiency.gemm_bf16_bare or a BF16 curve) to read these GEMMs against",
+            shown(&profile.name)
+        ),
+        (Some(_), None) => println!("  for planning: no large BF16 GEMM measured, nothing to carry over"),
+    }
+}
+
 fn calibrate_bench(a: &CalibrateArgs) -> Result<()> {
     let Some(hw) = &a.hardware else {
         bail!("calibrate --bench needs --hardware PROFILE (e.g. h100-sxm, or a profile JSON): a benchmark file names its GPU, not the profile to calibrate");
@@ -895,7 +931,7 @@ fn calibrate_bench(a: &CalibrateArgs) -> Result<()> {
     let e = &profile.efficiency;
     match &overlay.gemm_curve {
         Some(c) => println!(
-            "  GEMM: the measured BF16 curve ({} shapes) replaces the profile's; its best point, {:.1} TFLOP/s, is {} of the BF16 peak (profile: {})",
+            "  GEMM: the measured BF16 curve ({} shapes); its best point, {:.1} TFLOP/s, is {} of the BF16 peak (profile, fitted on training runs: {})",
             overlay.gemm_points.iter().filter(|g| g.class == "sweep").count(),
             c.best_tflops(),
             show(overlay.gemm_bf16),
@@ -946,6 +982,7 @@ fn calibrate_bench(a: &CalibrateArgs) -> Result<()> {
     for n in &fit.not_used {
         println!("  not used: {n}");
     }
+    print_planning_effect(&profile, &overlay);
     println!("Overlay written to {}", a.out);
     Ok(())
 }
@@ -1137,7 +1174,7 @@ pub fn cmd_compare(a: CompareArgs) -> Result<()> {
             let o = read_overlay(p)?;
             Some(predicted_components(
                 &run,
-                &apply(&plan.hardware, &o).map_err(|e| anyhow!(e))?,
+                &apply(&plan.hardware, &o, Target::Executor).map_err(|e| anyhow!(e))?,
                 plan.assumptions,
             )?)
         }

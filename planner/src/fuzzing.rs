@@ -6,6 +6,7 @@
 //! text and, when it parses, runs the cheap pure code downstream of the parser. An
 //! `Err` anywhere is fine; a panic is a bug. Nothing here reads a file.
 
+use crate::calibration::Target;
 use crate::config::{
     Dispatcher, Layout, Overlap, ParallelConfig, Precision, Recompute, Workload, Zero,
 };
@@ -185,7 +186,9 @@ pub fn fuzz_run_json(data: &[u8]) {
         return;
     };
     if let Ok(o) = crate::calibration::calibrate(std::slice::from_ref(&r), &profile) {
-        let _ = crate::calibration::apply(&profile, &o);
+        for target in [Target::Stack, Target::Executor] {
+            let _ = crate::calibration::apply(&profile, &o, target);
+        }
     }
     if let Ok(mut cluster) = Cluster::new(profile, r.world_size) {
         cluster.allow_tp_beyond_nvlink = true;
@@ -204,11 +207,18 @@ pub fn fuzz_overlay_json(data: &[u8]) {
     let Ok(profile) = builtin_profile(&o.profile) else {
         return;
     };
-    let Ok(p) = crate::calibration::apply(&profile, &o) else {
-        return;
-    };
+    for target in [Target::Stack, Target::Executor] {
+        let Ok(p) = crate::calibration::apply(&profile, &o, target) else {
+            continue;
+        };
+        let gpus = 2 * p.node.gpus_per_node;
+        evaluate_small(p, gpus);
+    }
+}
+
+/// One small GPT priced on `gpus` GPUs of a (calibrated) profile.
+fn evaluate_small(p: HardwareProfile, gpus: u64) {
     let model = crate::presets::gpt("fuzz", "fuzz", 4, 1024, 16);
-    let gpus = 2 * p.node.gpus_per_node;
     if let Ok(cluster) = Cluster::new(p, gpus) {
         let _ = cost::evaluate(
             &model,
@@ -264,19 +274,11 @@ pub fn fuzz_bench_json(data: &[u8]) {
         let Ok((o, _)) = crate::bench::overlay(std::slice::from_ref(&f), &profile) else {
             continue;
         };
-        let Ok(p) = crate::calibration::apply(&profile, &o) else {
-            continue;
-        };
-        let model = crate::presets::gpt("fuzz", "fuzz", 4, 1024, 16);
-        let gpus = p.node.gpus_per_node;
-        if let Ok(cluster) = Cluster::new(p, gpus) {
-            let _ = cost::evaluate(
-                &model,
-                &cluster,
-                &workload(2048, gpus),
-                &single(gpus),
-                cost::Assumptions::default(),
-            );
+        for target in [Target::Stack, Target::Executor] {
+            if let Ok(p) = crate::calibration::apply(&profile, &o, target) {
+                let gpus = p.node.gpus_per_node;
+                evaluate_small(p, gpus);
+            }
         }
     }
 }

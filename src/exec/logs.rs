@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
-use sextant_planner::calibration::apply;
+use sextant_planner::calibration::{apply, Target};
 use sextant_planner::hardware::{HardwareProfile, GIB};
 use sextant_planner::kineto::KernelTimes;
 use sextant_planner::logfit::{self, LogCase, PredictedKernels};
@@ -252,7 +252,7 @@ pub fn calibrate(a: CalibrateLogs) -> Result<()> {
     let overlay = logfit::overlay(&fit, &cases, &format!("{format} training log(s)"));
     overlay.validate().map_err(|e| anyhow!("{e}"))?;
     // What the overlay makes of the profile must be a valid profile.
-    apply(&plans[0].hardware, &overlay).map_err(|e| anyhow!(e))?;
+    apply(&plans[0].hardware, &overlay, Target::Stack).map_err(|e| anyhow!(e))?;
     write_new(
         Path::new(a.out),
         &serde_json::to_string_pretty(&overlay).expect("overlay serialises"),
@@ -442,7 +442,8 @@ pub fn compare(a: CompareLog) -> Result<()> {
             if o.backend == "cpu" {
                 bail!("--calibration '{p}' was measured by the CPU test backend: it describes that CPU, not {}", plan.hardware.gpu.name);
             }
-            let hw = apply(&plan.hardware, &o).map_err(|e| anyhow!("--calibration '{p}': {e}"))?;
+            let hw = apply(&plan.hardware, &o, Target::Stack)
+                .map_err(|e| anyhow!("--calibration '{p}': {e}"))?;
             Some(rows(&plan, &hw, &l, trace.as_ref())?)
         }
         None => None,

@@ -37,6 +37,7 @@ fn scalar_fields() -> Vec<(String, Get)> {
         network.nic_gbytes_per_s,
         network.latency_us,
         efficiency.gemm_bf16,
+        efficiency.gemm_bf16_bare,
         efficiency.gemm_fp8,
         efficiency.gemm_overhead_us,
         efficiency.attention_fwd,
@@ -631,6 +632,11 @@ pub fn hostile_profiles_and_calibrations() {
     ] {
         gpu[k] = x;
     }
+    // Planning reads GPU levels against timed BF16 GEMMs (the CPU run's are f32):
+    // one at 0.7 of the H100's peak.
+    let secs = 2.0 * 4096f64.powi(3) / (0.7 * 989e12);
+    gpu["gemm_points"] = json!([{"class": "mlp", "m": 4096, "n": 4096, "k": 4096,
+        "dtype": "bf16", "calls": 1, "median_secs": secs, "tflops": 0.7 * 989.0}]);
     let ok = write(&dir, "o-gpu.json", &gpu);
     let o = sextant(&["plan", "--model", "8b", "--gpus", "8", "--calibration", &ok]);
     assert!(o.status.success(), "{}", stderr(&o));

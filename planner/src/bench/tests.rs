@@ -156,7 +156,7 @@ fn bench_files_make_an_overlay_the_profile_takes() {
     assert_eq!(mlp.calls, 20);
     // Through the file format and onto the profile.
     let o = Overlay::from_json(&serde_json::to_string(&o).unwrap()).unwrap();
-    let p = crate::calibration::apply(&h100, &o).unwrap();
+    let p = crate::calibration::apply(&h100, &o, crate::calibration::Target::Executor).unwrap();
     assert_eq!(p.gemm_curves, gemm.gemm_curves);
     assert_eq!(p.efficiency.gemm_bf16, o.gemm_bf16.unwrap());
     assert_eq!(p.efficiency.hbm, o.hbm.unwrap());
@@ -165,6 +165,15 @@ fn bench_files_make_an_overlay_the_profile_takes() {
     let f = p.gemm_shape_factor(false, 4096.0, 4096.0, 4096.0).unwrap();
     assert!((f - 1.0).abs() < 1e-12);
     p.validate().unwrap();
+    // For planning, the profile keeps its fitted level and curves, moved by the
+    // measured GEMMs' speed against its bare curve; HBM is replaced the same way.
+    let s = crate::calibration::apply(&h100, &o, crate::calibration::Target::Stack).unwrap();
+    let r = crate::calibration::bare_gemm_ratio(&h100, &o.gemm_points).unwrap();
+    assert!(r > 0.3 && r < 1.5, "{r}");
+    assert!((s.efficiency.gemm_bf16 - r * h100.efficiency.gemm_bf16).abs() < 1e-12);
+    assert_eq!(s.gemm_curves, h100.gemm_curves);
+    assert_eq!(s.efficiency.hbm, o.hbm.unwrap());
+    s.validate().unwrap();
 }
 
 /// What the overlay refuses, each in one line.

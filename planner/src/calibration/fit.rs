@@ -220,6 +220,10 @@ pub enum CalibrationError {
         name: String,
         error: crate::hardware::OutOfRange,
     },
+    #[error("profile '{profile}' states no bare GEMM level (efficiency.gemm_bf16_bare, or a BF16 GEMM curve) to read a bare-GEMM measurement against: add the GPU's best measured matmul as efficiency.gemm_bf16_bare (a fraction of the BF16 peak) to plan with this calibration")]
+    NoBareReference { profile: String },
+    #[error("the calibration overlay states measured levels but holds no timed large BF16 GEMM (projection, MLP, expert or benchmark grid point) to read them against the profile: make it with `sextant calibrate` from a CUDA run or `sextant calibrate --bench`")]
+    NoBareGemm,
     #[error("the calibration overlay was measured for profile '{overlay}', not '{profile}'")]
     WrongProfile { overlay: String, profile: String },
     #[error("{0}")]
@@ -352,8 +356,69 @@ pub fn calibrate(
     Ok(overlay)
 }
 
-/// The profile with the overlay's measured constants in place of its own.
-pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, CalibrationError> {
+/// What a calibrated profile will predict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A training stack (`plan`, `estimate`, `compare --log`). The profile's GEMM and
+    /// attention efficiencies were fitted on published training runs and sit below
+    /// what bare cuBLAS reaches (H100: 0.644 of peak at the curve's best shape,
+    /// against 0.81 for a bare GEMM there); the executor and `sextant bench` time bare
+    /// GEMMs. Their measurement therefore moves those efficiencies by this GPU's
+    /// speed relative to the profile's bare reference ([`bare_gemm_ratio`]) instead
+    /// of replacing them, and the executor's attention (batched GEMMs, not the fused
+    /// kernel training stacks run) is not carried over. Collectives, HBM bandwidth
+    /// and latencies are bare measurements in the profile too, and are replaced.
+    Stack,
+    /// The executor's own runs (`compare` with a measured run): the measured levels
+    /// replace the profile's, as the executor ran them.
+    Executor,
+}
+
+/// The GEMM classes a bare-GEMM ratio is taken over: the large ones (the attention
+/// core and the router are small batched or skinny products).
+fn large_class(class: &str) -> bool {
+    matches!(class, "attention_proj" | "mlp" | "moe_experts" | "sweep")
+}
+
+/// How fast this GPU ran bare BF16 GEMMs against the profile's reference for them:
+/// the time the profile gives the measured GEMMs at its bare level
+/// ([`HardwareProfile::bare_gemm_bf16`], with its shape curve) over their measured
+/// time, summed over the large GEMMs (so the long ones weigh most). `None` without
+/// a reference level or a measured large BF16 GEMM.
+pub fn bare_gemm_ratio(profile: &HardwareProfile, points: &[GemmPoint]) -> Option<f64> {
+    let bare = profile.bare_gemm_bf16()?;
+    let peak = profile.peak_flops(false);
+    let overhead = profile.efficiency.gemm_overhead_us * 1e-6;
+    let (mut reference, mut measured) = (0.0, 0.0);
+    for g in points {
+        let timed = g.median_secs.is_finite() && g.median_secs > 0.0;
+        if g.dtype != "bf16" || !large_class(&g.class) || !timed {
+            continue;
+        }
+        let (m, n, k) = (g.m as f64, g.n as f64, g.k as f64);
+        let t = match profile.gemm_shape_factor(false, m, n, k) {
+            Some(shape) => gemm_flops(g) / (peak * bare * shape),
+            None => gemm_flops(g) / (peak * bare) + overhead,
+        };
+        reference += t;
+        measured += g.median_secs;
+    }
+    let r = reference / measured;
+    (measured > 0.0 && r.is_finite() && r > 0.0).then_some(r)
+}
+
+/// Whether an overlay holds bare-hardware measurements (an executor run or
+/// `sextant bench`), as opposed to a fit on training logs alone.
+fn bare_measurement(o: &Overlay) -> bool {
+    o.gemm_bf16.is_some() || o.attention.is_some() || o.gemm_curve.is_some()
+}
+
+/// The profile with the overlay's measurements applied for `target` ([`Target`]).
+pub fn apply(
+    profile: &HardwareProfile,
+    o: &Overlay,
+    target: Target,
+) -> Result<HardwareProfile, CalibrationError> {
     if o.profile != profile.name {
         return Err(CalibrationError::WrongProfile {
             // From the user's file: escaped and cut before it is echoed.
@@ -371,7 +436,8 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
     } else {
         format!("measured: sextant bench: {}", o.benchmarks.join("; "))
     };
-    if let Some(x) = o.gemm_overhead_us {
+    let executor = target == Target::Executor;
+    if let (Some(x), true) = (o.gemm_overhead_us, executor) {
         p.efficiency.gemm_overhead_us = x;
     }
     if let Some(x) = o.nvlink_latency_us {
@@ -386,7 +452,31 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
             q.latency_us = x;
         }
     }
-    if let Some(x) = o.gemm_bf16 {
+    if !executor && bare_measurement(o) {
+        if profile.bare_gemm_bf16().is_none() {
+            return Err(CalibrationError::NoBareReference {
+                profile: profile.name.clone(),
+            });
+        }
+        let ratio = bare_gemm_ratio(profile, &o.gemm_points).ok_or(CalibrationError::NoBareGemm)?;
+        let e = &mut p.efficiency;
+        e.gemm_bf16 *= ratio;
+        e.gemm_fp8 *= ratio;
+        e.attention_fwd *= ratio;
+        e.attention_bwd *= ratio;
+        for field in [
+            "efficiency.gemm_bf16",
+            "efficiency.gemm_fp8",
+            "efficiency.attention_fwd",
+        ] {
+            let old = p.sources.get(field).cloned().unwrap_or_default();
+            p.sources.insert(
+                field.into(),
+                format!("{old}; x{ratio:.4}: this GPU's bare BF16 GEMMs against the profile's bare level ({note})"),
+            );
+        }
+    }
+    if let (Some(x), true) = (o.gemm_bf16, executor) {
         // The measured fit (efficiency plus a cost per call) replaces the public
         // shape curve rather than stacking on it.
         p.gemm_curves.clear();
@@ -394,7 +484,7 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
         p.sources
             .insert("efficiency.gemm_bf16".into(), note.clone());
     }
-    if let Some(c) = &o.gemm_curve {
+    if let (Some(c), true) = (&o.gemm_curve, executor) {
         // A measured curve: the shape dependence again, at the measured level.
         p.gemm_curves.retain(|d| d.dtype != c.dtype);
         p.gemm_curves.push(c.clone());
@@ -403,7 +493,7 @@ pub fn apply(profile: &HardwareProfile, o: &Overlay) -> Result<HardwareProfile, 
         p.efficiency.hbm = x;
         p.sources.insert("efficiency.hbm".into(), note.clone());
     }
-    if let Some(x) = o.attention {
+    if let (Some(x), true) = (o.attention, executor) {
         // A measured level at the executed shapes replaces the public curve too.
         p.attention_curves.clear();
         p.efficiency.attention_fwd = x;

@@ -27,7 +27,8 @@ mod tests;
 
 pub(crate) use fit::fit_collectives;
 pub use fit::{
-    apply, calibrate, duplicates, fit_two, on_fake_libraries, same_measurement, CalibrationError,
+    apply, bare_gemm_ratio, calibrate, duplicates, fit_two, on_fake_libraries, same_measurement,
+    CalibrationError, Target,
 };
 
 pub const RUN_SCHEMA_VERSION: u32 = 1;

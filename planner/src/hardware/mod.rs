@@ -101,6 +101,13 @@ pub struct NetworkPoint {
 pub struct Efficiency {
     /// Fraction of BF16/FP16 peak that large training GEMMs sustain.
     pub gemm_bf16: f64,
+    /// Fraction of BF16 peak that a bare cuBLAS (hipBLASLt) GEMM reaches at its best
+    /// shape on this GPU: the reference that the executor's and `sextant bench`'s
+    /// measurements are compared with before they move `gemm_bf16` (see
+    /// [`HardwareProfile::bare_gemm_bf16`]). 0: the BF16 curve's best point (and not
+    /// written).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gemm_bf16_bare: f64,
     /// Fraction of FP8 peak that large FP8 training GEMMs sustain.
     #[serde(default)]
     pub gemm_fp8: f64,
@@ -218,6 +225,23 @@ impl HardwareProfile {
     /// that has it (b200, gb200-nvl72) is read as having it too.
     pub fn runs_mxfp8(&self) -> bool {
         self.gpu.mxfp8 || builtin::builtin_profile(&self.name).is_ok_and(|b| b.gpu.mxfp8)
+    }
+
+    /// The fraction of BF16 peak a bare GEMM reaches at its best shape on this GPU:
+    /// `efficiency.gemm_bf16_bare` where stated, else the best point of the BF16
+    /// curve (a measured table of bare GEMMs); `None` with neither. Training stacks
+    /// sustain less (`gemm_bf16`, fitted on published runs); a measurement of bare
+    /// GEMMs on the user's GPUs is read against this level, not against that one.
+    pub fn bare_gemm_bf16(&self) -> Option<f64> {
+        if self.efficiency.gemm_bf16_bare > 0.0 {
+            return Some(self.efficiency.gemm_bf16_bare);
+        }
+        let peak = self.gpu.peak_tflops.bf16;
+        self.gemm_curves
+            .iter()
+            .find(|c| c.dtype == GemmDtype::Bf16)
+            .map(|c| c.best_tflops() / peak)
+            .filter(|x| x.is_finite() && *x > 0.0)
     }
 
     /// The shape factor of a GEMM ([`GemmCurve::shape_factor`]) from the curve of its

@@ -52,7 +52,7 @@ impl HardwareProfile {
             &self.efficiency,
             &self.memory,
         );
-        let checks: [(&str, f64, Range); 25] = [
+        let checks: [(&str, f64, Range); 26] = [
             ("gpu.peak_tflops.bf16", g.peak_tflops.bf16, PEAK_TFLOPS),
             ("gpu.peak_tflops.fp16", g.peak_tflops.fp16, PEAK_TFLOPS),
             (
@@ -74,6 +74,11 @@ impl HardwareProfile {
             ),
             ("network.latency_us", w.latency_us, LATENCY_US),
             ("efficiency.gemm_bf16", e.gemm_bf16, EFFICIENCY),
+            (
+                "efficiency.gemm_bf16_bare",
+                e.gemm_bf16_bare,
+                EFFICIENCY.or_zero(),
+            ),
             ("efficiency.gemm_fp8", e.gemm_fp8, EFFICIENCY.or_zero()),
             (
                 "efficiency.gemm_overhead_us",
