@@ -19,6 +19,7 @@ mod export_safety;
 mod exports;
 mod files;
 mod fuzz_replay;
+mod gpu_runs;
 mod profiles;
 mod properties;
 mod published;
