@@ -14,7 +14,7 @@ use sextant_executor::rendezvous::{bind_root, launch_env, rendezvous, LaunchEnv}
 use sextant_planner::banded::{estimate_with, simulated};
 use sextant_planner::bench::{overlay as bench_overlay, BenchFile};
 use sextant_planner::calibration::{
-    apply, bare_gemm_ratio, calibrate, duplicates, MeasuredRun, Overlay, Target,
+    apply, bare_gemm_ratio, bare_measurement, calibrate, duplicates, MeasuredRun, Overlay, Target,
 };
 use sextant_planner::cost::{Assumptions, CommKind};
 use sextant_planner::hardware::{builtin_profile, Cluster, HardwareProfile};
@@ -865,36 +865,29 @@ pub fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
     Ok(())
 }
 
-/// `calibrate --bench`: an overlay from benchmark files (`sextant bench`).
-/// What `plan --calibration` makes of a bare-hardware overlay
-/// ([`Target::Stack`]), said after `calibrate` writes one.
+/// What `plan --calibration` makes of an overlay ([`Target::Stack`]), said after
+/// `calibrate` writes one: the same [`apply`] a plan runs, so the two cannot
+/// disagree.
 fn print_planning_effect(profile: &HardwareProfile, overlay: &Overlay) {
-    let large = overlay
-        .gemm_points
-        .iter()
-        .filter(|g| {
-            g.dtype == "bf16"
-                && matches!(
-                    g.class.as_str(),
-                    "attention_proj" | "mlp" | "moe_experts" | "sweep"
-                )
-        })
-        .count();
-    match (
-        profile.bare_gemm_bf16(),
-        bare_gemm_ratio(profile, &overlay.gemm_points),
-    ) {
-        (Some(bare), Some(r)) => println!(
-            "  for planning (plan/estimate --calibration, compare --log): this GPU's {large} large BF16 GEMMs ran at {r:.3} of the profile's bare-GEMM level ({bare:.3} of peak, with its shape curve), so its fitted GEMM and attention efficiencies (what training stacks sustain) are multiplied by {r:.3}; the measured levels above replace them only in `compare` with a measured run"
+    let bare = bare_measurement(overlay);
+    match apply(profile, overlay, Target::Stack) {
+        Err(e) => println!("  for planning: refused: {e}"),
+        Ok(_) if !bare => println!(
+            "  for planning (plan/estimate --calibration, compare --log): the measured HBM and collective figures replace the profile's; no GEMM level was measured"
         ),
-        (None, _) => println!(
-            "  for planning: refused, profile '{}' states no bare-GEMM level (efficiency.gemm_bf16_bare or a BF16 curve) to read these GEMMs against",
-            shown(&profile.name)
-        ),
-        (Some(_), None) => println!("  for planning: no large BF16 GEMM measured, nothing to carry over"),
+        Ok(p) => {
+            let r = bare_gemm_ratio(profile, &overlay.gemm_points).unwrap_or(f64::NAN);
+            println!(
+                "  for planning (plan/estimate --calibration, compare --log): this GPU's large BF16 GEMMs ran at {r:.3} of the profile's bare-GEMM level ({:.3} of peak, with its shape curve), so its fitted GEMM level (what training stacks sustain) goes from {} to {:.3}, FP8 likewise; attention and the curves stay; the measured levels above replace the profile's only in `compare` with a measured run",
+                profile.bare_gemm_bf16().unwrap_or(f64::NAN),
+                profile.efficiency.gemm_bf16,
+                p.efficiency.gemm_bf16
+            );
+        }
     }
 }
 
+/// `calibrate --bench`: an overlay from benchmark files (`sextant bench`).
 fn calibrate_bench(a: &CalibrateArgs) -> Result<()> {
     let Some(hw) = &a.hardware else {
         bail!("calibrate --bench needs --hardware PROFILE (e.g. h100-sxm, or a profile JSON): a benchmark file names its GPU, not the profile to calibrate");

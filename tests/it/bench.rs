@@ -378,7 +378,7 @@ mod on_the_fakes {
         for want in [
             "Calibrated 'h100-sxm' from 3 benchmark file(s) on NVIDIA H100 80GB HBM3:",
             "GEMM: the measured BF16 curve (8 shapes); its best point, ",
-            "for planning (plan/estimate --calibration, compare --log): this GPU's ",
+            "for planning: refused: the overlay's GEMMs ran ",
             "the curve against the plan's ",
             "HBM: a 1048576-byte copy at ",
             "intra-node bus bandwidth: not measured (no collective over 2 or more GPUs)",
@@ -398,7 +398,7 @@ mod on_the_fakes {
         // `compare` with a measured run takes the measured levels as they are; a
         // plan reads the GEMMs against the H100's bare curve, where the fakes' made-up
         // rate at these small shapes is 2.4x what an H100 does: the fitted level
-        // scaled by that passes the peak, which is refused in one line.
+        // scaled by that passes the peak, which is refused in one line naming it.
         let o = crate::common::sextant(&[
             "plan",
             "--model",
@@ -413,9 +413,8 @@ mod on_the_fakes {
         let e = stderr(&o);
         assert!(!o.status.success() && e.lines().count() == 1, "{e}");
         assert!(
-            e.contains("makes an invalid profile")
-                && e.contains("'efficiency.gemm_bf16'")
-                && e.contains("out of range"),
+            e.contains("the bare-GEMM level of profile 'h100-sxm'")
+                && e.contains("is 'h100-sxm' the profile of the GPU they ran on"),
             "{e}"
         );
         // One file per benchmark.

@@ -27,8 +27,8 @@ mod tests;
 
 pub(crate) use fit::fit_collectives;
 pub use fit::{
-    apply, bare_gemm_ratio, calibrate, duplicates, fit_two, on_fake_libraries, same_measurement,
-    CalibrationError, Target,
+    apply, bare_gemm_ratio, bare_measurement, calibrate, duplicates, fit_two, on_fake_libraries,
+    same_measurement, CalibrationError, Target,
 };
 
 pub const RUN_SCHEMA_VERSION: u32 = 1;
@@ -224,15 +224,7 @@ impl MeasuredRun {
             )));
         }
         for g in &r.gemms {
-            let dims_ok = [g.m, g.n, g.k]
-                .iter()
-                .all(|d| (1..=MAX_GEMM_DIM).contains(d));
-            if !dims_ok || g.calls > MAX_CALLS || !time_ok(g.median_secs) {
-                return Err(InputError::Workload(format!(
-                    "measured run: GEMM {} {}x{}x{}: m, n, k must be 1 to {MAX_GEMM_DIM}, calls at most {MAX_CALLS}, median_secs 0 or {} to {} (got {} calls, {} s)",
-                    g.class.escape_debug(), g.m, g.n, g.k, show(SAMPLE_SECS.0), show(SAMPLE_SECS.1), g.calls, show(g.median_secs)
-                )));
-            }
+            check_gemm_point(g, "measured run")?;
         }
         for c in &r.collectives {
             if !(1..=MAX_GPUS).contains(&c.ranks)
@@ -386,6 +378,23 @@ pub fn scale_efficiencies(profile: &HardwareProfile, s: &Scales) -> HardwareProf
     p
 }
 
+/// A GEMM point's sizes, calls and time, as a run or an overlay may hold them, so
+/// that the fits and the planning ratio stay finite: a median of 1e-310 s or a
+/// 1e30-row GEMM is no measurement.
+fn check_gemm_point(g: &GemmPoint, what: &str) -> Result<(), InputError> {
+    let dims_ok = [g.m, g.n, g.k]
+        .iter()
+        .all(|d| (1..=MAX_GEMM_DIM).contains(d));
+    let time_ok = g.median_secs == 0.0 || (SAMPLE_SECS.0..=SAMPLE_SECS.1).contains(&g.median_secs);
+    if !dims_ok || g.calls > MAX_CALLS || !time_ok {
+        return Err(InputError::Workload(format!(
+            "{what}: GEMM {} {}x{}x{}: m, n, k must be 1 to {MAX_GEMM_DIM}, calls at most {MAX_CALLS}, median_secs 0 or {} to {} (got {} calls, {} s)",
+            g.class.escape_debug(), g.m, g.n, g.k, show(SAMPLE_SECS.0), show(SAMPLE_SECS.1), g.calls, show(g.median_secs)
+        )));
+    }
+    Ok(())
+}
+
 impl Overlay {
     pub fn from_json(text: &str) -> Result<Overlay, InputError> {
         let o: Overlay = crate::json::from_str_known(text, "calibration overlay")?;
@@ -418,6 +427,9 @@ impl Overlay {
                     ))
                 })?;
             }
+        }
+        for g in &self.gemm_points {
+            check_gemm_point(g, "calibration overlay")?;
         }
         let time_ok = |x: f64| (SAMPLE_SECS.0..=SAMPLE_SECS.1).contains(&x);
         for l in &self.log_points {

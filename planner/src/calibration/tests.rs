@@ -285,9 +285,9 @@ fn bare_overlay(p: &HardwareProfile, slow: f64) -> Overlay {
 }
 
 /// For planning a training stack, bare GEMMs measured 10% slower than the
-/// profile's bare level take 10% off its fitted GEMM and attention efficiencies
-/// (FP8 too), keep its curves and per-call cost, and carry nothing of the
-/// executor's batched-GEMM attention; bare quantities (HBM) are replaced. For the
+/// profile's bare level take 10% off its fitted GEMM efficiencies (FP8 too), keep
+/// its curves, per-call cost and attention, and carry nothing of the executor's
+/// batched-GEMM attention; bare quantities (HBM) are replaced. For the
 /// executor's own runs the measured levels replace the profile's.
 #[test]
 fn planning_moves_the_fitted_levels_by_the_bare_ratio() {
@@ -298,14 +298,13 @@ fn planning_moves_the_fitted_levels_by_the_bare_ratio() {
         assert!((r - 0.9).abs() < 1e-9, "{name}: {r}");
         let s = apply(&p, &o, Target::Stack).unwrap();
         let (e, e0) = (&s.efficiency, &p.efficiency);
-        for (x, x0) in [
-            (e.gemm_bf16, e0.gemm_bf16),
-            (e.gemm_fp8, e0.gemm_fp8),
-            (e.attention_fwd, e0.attention_fwd),
-            (e.attention_bwd, e0.attention_bwd),
-        ] {
+        for (x, x0) in [(e.gemm_bf16, e0.gemm_bf16), (e.gemm_fp8, e0.gemm_fp8)] {
             assert!((x - 0.9 * x0).abs() < 1e-12, "{name}: {x} against {x0}");
         }
+        assert_eq!(
+            (e.attention_fwd, e.attention_bwd),
+            (e0.attention_fwd, e0.attention_bwd)
+        );
         assert_eq!(e.gemm_overhead_us, e0.gemm_overhead_us);
         assert_eq!(e.hbm, 0.89);
         assert_eq!(s.gemm_curves, p.gemm_curves);
@@ -351,4 +350,36 @@ fn planning_needs_a_bare_reference() {
     logs.gemm_scale = Some(0.9);
     let s = apply(&p, &logs, Target::Stack).unwrap();
     assert!((s.efficiency.gemm_bf16 - 0.9 * p.efficiency.gemm_bf16).abs() < 1e-12);
+}
+
+/// Levels are multiplied, so a profile that carries a calibration (a plan made
+/// with --calibration) takes no second one; GEMMs faster than the profile's bare
+/// level by more than its fitted level allows are refused, naming the profile;
+/// an overlay of HBM alone needs no bare level.
+#[test]
+fn planning_refuses_a_second_calibration_and_impossible_speed() {
+    let p = crate::hardware::builtin_profile("h100-sxm").unwrap();
+    let o = bare_overlay(&p, 1.0 / 0.9);
+    let once = apply(&p, &o, Target::Stack).unwrap();
+    for target in [Target::Stack, Target::Executor] {
+        let e = apply(&once, &o, target).unwrap_err().to_string();
+        assert!(e.contains("carries a calibration already"), "{e}");
+    }
+    // 2x the bare level: 0.644 x 2 is above the peak.
+    let e = apply(&p, &bare_overlay(&p, 0.5), Target::Stack)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ran 2.000x the bare-GEMM level of profile 'h100-sxm'"),
+        "{e}"
+    );
+    // HBM alone, on a profile with no bare level.
+    let mut bare_less = p.clone();
+    bare_less.gemm_curves.clear();
+    let mut hbm = bare_overlay(&p, 1.0);
+    (hbm.gemm_bf16, hbm.attention, hbm.gemm_overhead_us) = (None, None, None);
+    hbm.gemm_points.clear();
+    let s = apply(&bare_less, &hbm, Target::Stack).unwrap();
+    assert_eq!(s.efficiency.hbm, 0.89);
+    assert_eq!(s.efficiency.gemm_bf16, p.efficiency.gemm_bf16);
 }
