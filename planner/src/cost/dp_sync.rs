@@ -330,32 +330,29 @@ fn group_sync(c: &Ctx, sh: &Shard, win: &Window, sync: &mut StageSync) {
 /// after the gradient norm has been summed over every stage (`.item()` on the
 /// model- and pipe-parallel groups): no stage's slack hides that.
 fn scaling_sync(c: &Ctx, sh: &Shard, sync: &mut StageSync) {
-    let cfg = c.cfg;
     let group = sh.group;
     let buckets = (sh.params / memory::SCALING_BUCKET_ELEMENTS)
         .ceil()
         .max(1.0);
-    let grad_bytes = sh.params * 4.0;
-    let grad_total = c.coll(Collective::AllReduce, grad_bytes / buckets, group) * buckets;
+    // `bytes` in `buckets` calls of one collective: its time and its term.
+    let bucketed = |kind, op, bytes: f64| {
+        let total = c.coll(op, bytes / buckets, group) * buckets;
+        (
+            total,
+            unhidden(kind, op, group, (bytes / buckets, buckets), total),
+        )
+    };
+    let (grad_total, grad_term) = bucketed(sh.grad_kind, Collective::AllReduce, sh.params * 4.0);
     sync.exposed += grad_total;
-    sync.terms.push(unhidden(
-        sh.grad_kind,
-        Collective::AllReduce,
-        group,
-        (grad_bytes / buckets, buckets),
-        grad_total,
-    ));
-    if cfg.zero != Zero::None {
-        let param_bytes = sh.params * memory::WEIGHT_BYTES;
-        let gather_total = c.coll(Collective::AllGather, param_bytes / buckets, group) * buckets;
-        sync.after_step += gather_total;
-        sync.after_terms.push(unhidden(
+    sync.terms.push(grad_term);
+    if c.cfg.zero != Zero::None {
+        let (gather_total, gather_term) = bucketed(
             sh.param_kind,
             Collective::AllGather,
-            group,
-            (param_bytes / buckets, buckets),
-            gather_total,
-        ));
+            sh.params * memory::WEIGHT_BYTES,
+        );
+        sync.after_step += gather_total;
+        sync.after_terms.push(gather_term);
     }
 }
 

@@ -391,6 +391,18 @@ fn compiled_loss_only_for_torchtitan_rows() {
 #[test]
 fn scaling_rows_state_what_scaling_runs() {
     let with = nemotron_with;
+    // A scaling row (ZeRO-1, flash attention) with one more column set: the reason
+    // it is refused.
+    let refused = |col: &'static str, value: &'static str| {
+        with(&[
+            ("framework", "scaling"),
+            ("zero", "1"),
+            ("attention", "flash"),
+            (col, value),
+        ])
+        .unwrap_err()
+        .reason
+    };
     for (col, value, says) in [
         ("zero", "2", "ZeRO 0 or 1"),
         ("zero", "3", "ZeRO 0 or 1"),
@@ -402,14 +414,7 @@ fn scaling_rows_state_what_scaling_runs() {
         ),
         ("optimizer_moments", "bf16", "FP32 Adam moments"),
     ] {
-        let e = with(&[
-            ("framework", "scaling"),
-            ("zero", "1"),
-            ("attention", "flash"),
-            (col, value),
-        ])
-        .unwrap_err()
-        .reason;
+        let e = refused(col, value);
         assert!(
             e.contains("column 'framework'") && e.contains(says),
             "{col} {value}: {e}"
@@ -423,14 +428,7 @@ fn scaling_rows_state_what_scaling_runs() {
         ("cuda_graphs", "full_iteration"),
         ("cross_entropy", "te"),
     ] {
-        let e = with(&[
-            ("framework", "scaling"),
-            ("zero", "1"),
-            ("attention", "flash"),
-            (col, value),
-        ])
-        .unwrap_err()
-        .reason;
+        let e = refused(col, value);
         assert!(
             e.contains(&format!("column '{col}'"))
                 && e.contains("framework scaling has no such switch"),
