@@ -442,16 +442,28 @@ pub fn apply(
     o.validate().map_err(CalibrationError::Overlay)?;
     // Levels are multiplied (log scales, the bare ratio): a second overlay on a
     // profile that carries one would apply it twice.
-    if profile.sources.values().any(|v| v.contains(CALIBRATED)) {
+    // Plan files from before the flag carry only the source notes.
+    if profile.calibrated || profile.sources.values().any(|v| v.contains(CALIBRATED)) {
         return Err(CalibrationError::AlreadyCalibrated {
             profile: crate::json::one_line(&profile.name, 60),
         });
     }
     let mut p = profile.clone();
+    p.calibrated = true;
+    // From the user's file, into plan files and reports: escaped and cut.
     let note = if o.benchmarks.is_empty() {
-        format!("{CALIBRATED} calibrate on {} ({})", o.device, o.backend)
+        format!(
+            "{CALIBRATED} calibrate on {} ({})",
+            crate::json::one_line(&o.device, 120),
+            crate::json::one_line(&o.backend, 20)
+        )
     } else {
-        format!("{CALIBRATED} bench: {}", o.benchmarks.join("; "))
+        let lines: Vec<String> = o
+            .benchmarks
+            .iter()
+            .map(|b| crate::json::one_line(b, 200))
+            .collect();
+        format!("{CALIBRATED} bench: {}", lines.join("; "))
     };
     let executor = target == Target::Executor;
     if let (Some(x), true) = (o.gemm_overhead_us, executor) {
@@ -502,6 +514,8 @@ pub fn apply(
         // shape curve rather than stacking on it.
         p.gemm_curves.clear();
         p.efficiency.gemm_bf16 = x;
+        // The executor's own level is bare: no separate bare reference remains.
+        p.efficiency.gemm_bf16_bare = 0.0;
         p.sources
             .insert("efficiency.gemm_bf16".into(), note.clone());
     }

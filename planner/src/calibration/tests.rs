@@ -361,10 +361,29 @@ fn planning_refuses_a_second_calibration_and_impossible_speed() {
     let p = crate::hardware::builtin_profile("h100-sxm").unwrap();
     let o = bare_overlay(&p, 1.0 / 0.9);
     let once = apply(&p, &o, Target::Stack).unwrap();
-    for target in [Target::Stack, Target::Executor] {
-        let e = apply(&once, &o, target).unwrap_err().to_string();
+    assert!(once.calibrated && !p.calibrated);
+    // The flag, or (plan files from before it) the source notes, refuse it alike.
+    let mut flag_only = once.clone();
+    flag_only.sources.clear();
+    let mut notes_only = once.clone();
+    notes_only.calibrated = false;
+    for (profile, target) in [
+        (&flag_only, Target::Stack),
+        (&notes_only, Target::Stack),
+        (&flag_only, Target::Executor),
+    ] {
+        let e = apply(profile, &o, target).unwrap_err().to_string();
         assert!(e.contains("carries a calibration already"), "{e}");
     }
+    // The overlay's device line reaches plan files escaped and cut.
+    let mut hostile = o.clone();
+    hostile.device = format!("\u{1b}[2J{}", "x".repeat(10_000));
+    let s = apply(&p, &hostile, Target::Stack).unwrap();
+    let note = &s.sources["efficiency.gemm_bf16"];
+    assert!(
+        !note.contains('\u{1b}') && note.len() < p.sources["efficiency.gemm_bf16"].len() + 400,
+        "{note}"
+    );
     // 2x the bare level: 0.644 x 2 is above the peak.
     let e = apply(&p, &bare_overlay(&p, 0.5), Target::Stack)
         .unwrap_err()

@@ -215,6 +215,11 @@ pub struct HardwareProfile {
     /// Field path -> where its value comes from.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
+    /// Set by `calibration::apply`: the profile carries a calibration overlay (as
+    /// in a plan made with `--calibration`), so it takes no second one. Not
+    /// written when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub calibrated: bool,
 }
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;

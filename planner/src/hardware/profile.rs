@@ -121,6 +121,35 @@ impl HardwareProfile {
                 return err(field, problem.to_string());
             }
         }
+        // The bare GEMM level (stated, or the BF16 curve's best point) is what a
+        // calibration's measured GEMMs are read against: within the peak, and at
+        // least what a training stack sustains.
+        if let Some(b) = self.bare_gemm_bf16() {
+            let field = if e.gemm_bf16_bare > 0.0 {
+                "efficiency.gemm_bf16_bare"
+            } else {
+                "gemm_curves"
+            };
+            if b > EFFICIENCY.hi {
+                return err(
+                    field,
+                    format!(
+                        "a bare BF16 GEMM at {} of the BF16 peak is above the peak",
+                        show(b)
+                    ),
+                );
+            }
+            if b < e.gemm_bf16 {
+                return err(
+                    field,
+                    format!(
+                        "a bare BF16 GEMM at {} of the BF16 peak is below efficiency.gemm_bf16 ({}): a bare GEMM is at least as fast as a training stack's",
+                        show(b),
+                        show(e.gemm_bf16)
+                    ),
+                );
+            }
+        }
         if self.memory.reserve_gib >= self.gpu.hbm_gib {
             return err(
                 "memory.reserve_gib",

@@ -389,3 +389,35 @@ fn jobs_on_rack_scale_domains_are_placed_in_segments() {
         8
     );
 }
+
+/// The bare GEMM level a calibration is read against lies within the peak and at
+/// or above the fitted training-stack level, whether stated or taken from the
+/// BF16 curve's best point; every built-in profile satisfies it.
+#[test]
+fn bare_gemm_level_is_within_peak_and_above_the_fitted_level() {
+    for p in builtin_profiles() {
+        let b = p.bare_gemm_bf16().unwrap();
+        assert!(b <= 1.0 && b >= p.efficiency.gemm_bf16, "{}: {b}", p.name);
+    }
+    let h100 = builtin_profile("h100-sxm").unwrap();
+    let mut fast = serde_json::to_value(&h100).unwrap();
+    for c in fast["gemm_curves"].as_array_mut().unwrap() {
+        for pt in c["points"].as_array_mut().unwrap() {
+            pt[3] = serde_json::json!(5000.0);
+        }
+    }
+    let e = HardwareProfile::from_json(&fast.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("'gemm_curves'") && e.contains("above the peak"),
+        "{e}"
+    );
+    let mut low = h100.clone();
+    low.efficiency.gemm_bf16_bare = 0.3;
+    let e = low.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("'efficiency.gemm_bf16_bare'") && e.contains("below efficiency.gemm_bf16"),
+        "{e}"
+    );
+}
